@@ -1,0 +1,93 @@
+/**
+ * Typed errors. Callers test with the predicates at the bottom (or `instanceof`), never by matching text.
+ *
+ * Every error carries a stable `name`, a `retriable` flag that the retry helper honours, an optional `cause`
+ * and context fields that say what was being done.
+ *
+ * @packageDocumentation
+ */
+
+/** Options shared by every rxrl error. */
+export interface RxrlErrorOptions {
+  /** The underlying error, if any. */
+  readonly cause?: unknown;
+  /** Whether repeating the same operation may succeed. Defaults to `false`. */
+  readonly retriable?: boolean;
+  /** Structured context (ids, keys, sizes) for logs. */
+  readonly context?: Readonly<Record<string, unknown>>;
+}
+
+/** Base class of every error rxrl throws on purpose. */
+export class RxrlError extends Error {
+  override readonly name: string = 'RxrlError';
+  /** Whether repeating the same operation may succeed. */
+  readonly retriable: boolean;
+  /** Structured context for logs. */
+  readonly context: Readonly<Record<string, unknown>>;
+
+  constructor(message: string, options: RxrlErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.retriable = options.retriable ?? false;
+    this.context = options.context ?? {};
+  }
+}
+
+/** A configuration value or option is invalid. Never retriable. */
+export class ConfigError extends RxrlError {
+  override readonly name = 'ConfigError';
+}
+
+/** Input data (a task, a message, a file line) could not be decoded or failed its schema. Never retriable. */
+export class DecodeError extends RxrlError {
+  override readonly name = 'DecodeError';
+}
+
+/** A requested TF.js backend is not installed or failed to initialize. */
+export class BackendUnavailableError extends RxrlError {
+  override readonly name = 'BackendUnavailableError';
+}
+
+/** A rollout engine failed to produce a response. Retriable unless said otherwise. */
+export class EngineError extends RxrlError {
+  override readonly name = 'EngineError';
+}
+
+/** Work was cancelled through an `AbortSignal`. */
+export class AbortError extends RxrlError {
+  override readonly name = 'AbortError';
+}
+
+/** A tensor shape or size did not match what a function documents. A programmer error: never retriable. */
+export class ShapeError extends RxrlError {
+  override readonly name = 'ShapeError';
+}
+
+/** True for any error rxrl raised on purpose. */
+export function isRxrlError(error: unknown): error is RxrlError {
+  return error instanceof RxrlError;
+}
+
+/** True when the error says the operation may succeed if repeated. */
+export function isRetriable(error: unknown): boolean {
+  return error instanceof RxrlError && error.retriable;
+}
+
+/** True when the error (or a DOMException from `AbortSignal`) reports a cancellation. */
+export function isAbortError(error: unknown): boolean {
+  return (
+    error instanceof AbortError ||
+    (typeof error === 'object' && error !== null && (error as { name?: unknown }).name === 'AbortError')
+  );
+}
+
+/** Throws an {@link AbortError} if the signal has fired. */
+export function throwIfAborted(signal: AbortSignal | undefined, context?: Record<string, unknown>): void {
+  if (signal?.aborted) {
+    throw new AbortError('operation aborted', { cause: signal.reason, context });
+  }
+}
+
+/** Exhaustiveness helper for `switch` statements over string-literal unions. */
+export function assertNever(value: never, what = 'value'): never {
+  throw new ConfigError(`unexpected ${what}: ${String(value)}`);
+}

@@ -1,0 +1,136 @@
+/**
+ * Core vocabulary of rxrl: tasks, trajectories, groups, batches and policy versions.
+ *
+ * These are plain data: no tensors, so they can cross an `await`, a worker boundary or a Kafka topic without
+ * anyone having to dispose of them. Tensors live only inside the model, the trainer and the pure math in
+ * `lib/algos/`.
+ *
+ * @packageDocumentation
+ */
+
+/** Names the model (policy) a trajectory was sampled from; trajectory stores are kept per tag. */
+export type ModelTag = string;
+
+/**
+ * The number of train steps whose weights the rollout engines have received. Version 0 is the initial
+ * checkpoint; the train step `s` (0-based) produces version `s + 1`.
+ */
+export type PolicyVersion = number;
+
+/** Why a generation ended. */
+export type FinishReason =
+  /** The stop token was sampled. */
+  | 'stop'
+  /** `maxTokens` was reached. */
+  | 'length'
+  /** The request was cancelled (an `AbortSignal` fired); the response holds what was generated so far. */
+  | 'abort';
+
+/** One data item. A task is repeated `groupSize` times to form a GRPO group. */
+export interface Task {
+  /** Stable, unique id of the data item (dedup and checkpoint key). */
+  readonly id: string;
+  /** The prompt as text. Engines tokenize it with their own tokenizer. */
+  readonly prompt: string;
+  /** Reference answer the evaluator scores against, when the task has one. */
+  readonly answer?: string;
+  /** Free-form, JSON-serializable data for evaluators and recipes. */
+  readonly metadata?: Readonly<Record<string, unknown>>;
+}
+
+/** One sampled response to a task, with everything the trainer needs to score and train on it. */
+export interface Trajectory {
+  /** Unique id of this trajectory (`${groupId}/${runId}` unless the rollout worker says otherwise). */
+  readonly id: string;
+  /** Id of the task this trajectory answers. */
+  readonly taskId: string;
+  /** Id of the GRPO group: every sample of one task in one epoch shares it. */
+  readonly groupId: string;
+  /** Index of this sample inside its group, `0 .. groupSize-1`. */
+  readonly runId: number;
+  /** Model that produced it. */
+  readonly modelTag: ModelTag;
+  /** The oldest policy version whose weights produced any of its tokens. */
+  readonly policyVersion: PolicyVersion;
+  /** Prompt token ids, `[P]`. */
+  readonly promptTokens: readonly number[];
+  /** Response token ids, `[R]`, including the stop token when one was sampled. */
+  readonly responseTokens: readonly number[];
+  /** Rollout-time log-probability of each response token under the sampling policy, `[R]`. */
+  readonly logprobs: readonly number[];
+  /** 1 where a response token is the policy's own and should be trained on, 0 otherwise, `[R]`. */
+  readonly lossMask: readonly number[];
+  /** Scalar reward from the evaluator. */
+  readonly reward: number;
+  /** Why generation ended. */
+  readonly finishReason: FinishReason;
+  /** Scalar evaluator metrics (for example `accuracy`, `format`). */
+  readonly metrics: Readonly<Record<string, number>>;
+  /** The task this trajectory answers (kept so evaluators and logs can see it). */
+  readonly task: Task;
+}
+
+/** The trajectories of one prompt: the unit GRPO normalizes over. */
+export interface Group {
+  /** Group key: one element per grouping level (for example `[taskId]` or `[taskId, groupId]`). */
+  readonly key: readonly string[];
+  /** Model that produced every trajectory in the group. */
+  readonly modelTag: ModelTag;
+  /** Trajectories of the group, ordered by `runId`. */
+  readonly trajectories: readonly Trajectory[];
+}
+
+/**
+ * A columnar, padded training batch (row-major typed arrays). `B` rows, `P` prompt columns (prompts are
+ * left-padded), `R` response columns (responses are right-padded), `T = P + R`.
+ *
+ * Arrays aligned with the response (`[B, R]`) describe response tokens only, as verl does; `inputIds`,
+ * `attentionMask` and `positionIds` (`[B, T]`) describe the whole sequence.
+ */
+export interface Batch {
+  /** Number of rows `B`. */
+  readonly size: number;
+  /** Prompt width `P` (columns `0 .. P-1` of the full sequence). */
+  readonly promptLength: number;
+  /** Response width `R` (columns `P .. T-1` of the full sequence). */
+  readonly responseLength: number;
+  /** Token ids `[B, T]`, pad id where `attentionMask` is 0. */
+  readonly inputIds: Int32Array;
+  /** 1 for real tokens, 0 for padding, `[B, T]`. */
+  readonly attentionMask: Float32Array;
+  /** Position of each token counted from the first real token of its row, `[B, T]` (0 on padding). */
+  readonly positionIds: Int32Array;
+  /** 1 for real response tokens, `[B, R]`. */
+  readonly responseMask: Float32Array;
+  /** 1 for response tokens that enter the loss (`responseMask` ∧ trajectory loss mask), `[B, R]`. */
+  readonly lossMask: Float32Array;
+  /** Rollout-time log-probs of the response tokens, `[B, R]` (0 on padding). */
+  readonly oldLogprobs: Float32Array;
+  /** Reference-policy log-probs of the response tokens, `[B, R]`, when a reference policy is used. */
+  readonly refLogprobs?: Float32Array;
+  /** Per-token advantages, `[B, R]`. */
+  readonly advantages: Float32Array;
+  /** Per-token rewards (scalar reward on the last response token, minus any KL penalty), `[B, R]`. */
+  readonly tokenRewards: Float32Array;
+  /** Per-row metadata. */
+  readonly meta: BatchMeta;
+}
+
+/** Per-row and per-batch metadata of a {@link Batch}. */
+export interface BatchMeta {
+  /** Trajectory id of each row, `[B]`. */
+  readonly trajectoryIds: readonly string[];
+  /** Task id of each row, `[B]`. */
+  readonly taskIds: readonly string[];
+  /** Group id of each row, `[B]`. */
+  readonly groupIds: readonly string[];
+  /** Policy version that produced each row, `[B]`. */
+  readonly policyVersions: readonly PolicyVersion[];
+  /** Scalar reward of each row, `[B]`. */
+  readonly rewards: readonly number[];
+  /** Model that produced the rows. */
+  readonly modelTag: ModelTag;
+}
+
+/** Scalar metrics keyed by namespaced names such as `actor/pg_clipfrac` or `rollout/staleness_max`. */
+export type Metrics = Record<string, number>;

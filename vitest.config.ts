@@ -1,0 +1,12 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['spec/**/*.spec.ts'],
+    exclude: ['dist/**', 'node_modules/**'],
+    testTimeout: 60_000,
+    hookTimeout: 120_000,
+    // tfjs keeps one global engine per process; isolate each file in its own fork.
+    pool: 'forks',
+  },
+});
