@@ -52,6 +52,11 @@ export class EngineError extends RxrlError {
   override readonly name = 'EngineError';
 }
 
+/** An evaluator failed or returned a non-finite reward. Never retriable. */
+export class EvaluationError extends RxrlError {
+  override readonly name = 'EvaluationError';
+}
+
 /** Work was cancelled through an `AbortSignal`. */
 export class AbortError extends RxrlError {
   override readonly name = 'AbortError';

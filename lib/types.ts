@@ -36,6 +36,8 @@ export interface Task {
   readonly answer?: string;
   /** Free-form, JSON-serializable data for evaluators and recipes. */
   readonly metadata?: Readonly<Record<string, unknown>>;
+  /** Pass over the data this task was loaded in (set by the loader; 0 when absent). */
+  readonly epoch?: number;
 }
 
 /** One sampled response to a task, with everything the trainer needs to score and train on it. */
@@ -134,3 +136,24 @@ export interface BatchMeta {
 
 /** Scalar metrics keyed by namespaced names such as `actor/pg_clipfrac` or `rollout/staleness_max`. */
 export type Metrics = Record<string, number>;
+
+/** A sample that failed (engine error, evaluator error, non-finite reward). Its group shrinks by one. */
+export interface SampleFailure {
+  readonly kind: 'sample-failure';
+  /** Id the trajectory would have had. */
+  readonly id: string;
+  readonly taskId: string;
+  readonly groupId: string;
+  readonly runId: number;
+  readonly modelTag: ModelTag;
+  /** What went wrong. */
+  readonly error: Error;
+}
+
+/** What a rollout emits: a trajectory, or the report of a sample that failed. */
+export type RolloutOutput = Trajectory | SampleFailure;
+
+/** True when a rollout output reports a failed sample. */
+export function isSampleFailure(output: RolloutOutput): output is SampleFailure {
+  return (output as Partial<SampleFailure>).kind === 'sample-failure';
+}

@@ -1,0 +1,186 @@
+/**
+ * The task loader: a pull-based IxJS `AsyncIterable<Task>`. Nothing is read before it is asked for, so the
+ * admission gate decides when data enters the pipeline, and the position is checkpointable.
+ *
+ * @packageDocumentation
+ */
+import { createReadStream } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
+import { AsyncIterableX } from 'ix/asynciterable';
+import { ConfigError, DecodeError } from '../errors.js';
+import { createRng, mixSeed, shuffledIndices } from '../random.js';
+import type { Task } from '../types.js';
+
+/** Where tasks come from: an array, any (async) iterable such as a generator, or a JSONL file. */
+export type TaskSource = readonly Task[] | Iterable<Task> | AsyncIterable<Task> | { readonly jsonl: string };
+
+/** Position of a loader in its stream: the next task it yields is `index` of epoch `epoch`. */
+export interface LoaderPosition {
+  readonly epoch: number;
+  readonly index: number;
+}
+
+/** Options of {@link loadTasks}. */
+export interface LoadTasksOptions {
+  /** Passes over the data; `Infinity` repeats forever. Default 1. Sources that are one-shot iterables allow 1. */
+  readonly epochs?: number;
+  /** Shuffle each epoch (needs the whole epoch in memory; arrays and files only). Default false. */
+  readonly shuffle?: boolean;
+  /** Seed of the shuffle; epoch `e` uses a stream derived from `(seed, e)`. Default 0. */
+  readonly seed?: number;
+  /** Resume from this position (tasks before it are skipped without being yielded). */
+  readonly start?: LoaderPosition;
+}
+
+/** A loader of tasks that knows its position. Each task it yields carries its `epoch`. */
+export class TaskLoader extends AsyncIterableX<Task> {
+  private pos: LoaderPosition;
+  private readonly epochs: number;
+  private readonly shuffle: boolean;
+  private readonly seed: number;
+
+  constructor(
+    private readonly source: TaskSource,
+    options: LoadTasksOptions = {},
+  ) {
+    super();
+    this.epochs = options.epochs ?? 1;
+    this.shuffle = options.shuffle ?? false;
+    this.seed = options.seed ?? 0;
+    this.pos = options.start ?? { epoch: 0, index: 0 };
+    if (!(this.epochs >= 1)) {
+      throw new ConfigError(`loader epochs must be >= 1, got ${this.epochs}`, { context: { key: 'epochs' } });
+    }
+    const oneShot = !Array.isArray(source) && !isJsonl(source);
+    if (oneShot && (this.epochs !== 1 || this.shuffle)) {
+      throw new ConfigError('epochs > 1 and shuffle need an array or a JSONL file as the task source', {
+        context: { key: this.shuffle ? 'shuffle' : 'epochs' },
+      });
+    }
+  }
+
+  /** The position of the next task to be yielded (for checkpoints). */
+  get position(): LoaderPosition {
+    return this.pos;
+  }
+
+  async *[Symbol.asyncIterator](signal?: AbortSignal): AsyncIterator<Task> {
+    for (let epoch = this.pos.epoch; epoch < this.epochs; epoch++) {
+      const skip = epoch === this.pos.epoch ? this.pos.index : 0;
+      let index = 0;
+      for await (const task of this.epochTasks(epoch, signal)) {
+        if (index >= skip) {
+          this.pos = { epoch, index: index + 1 };
+          yield { ...task, epoch };
+        }
+        index++;
+      }
+      this.pos = { epoch: epoch + 1, index: 0 };
+    }
+  }
+
+  private async *epochTasks(epoch: number, signal?: AbortSignal): AsyncIterable<Task> {
+    const source = this.source;
+    if (!this.shuffle) {
+      if (isJsonl(source)) {
+        yield* readJsonl(source.jsonl, signal);
+      } else {
+        yield* source as Iterable<Task> | AsyncIterable<Task>;
+      }
+      return;
+    }
+    const all = isJsonl(source) ? await readJsonlAll(source.jsonl) : (source as readonly Task[]);
+    for (const i of shuffledIndices(all.length, createRng(mixSeed(this.seed, epoch)))) {
+      signal?.throwIfAborted();
+      yield all[i];
+    }
+  }
+}
+
+/**
+ * Creates a pull-based task loader.
+ *
+ * @example
+ * ```ts
+ * import { loadTasks } from 'rxrl';
+ * const loader = loadTasks({ jsonl: 'data/train.jsonl' }, { epochs: 2, shuffle: true, seed: 7 });
+ * for await (const task of loader) console.log(task.id, task.epoch);
+ * ```
+ * @param source - an array, a (async) iterable or `{ jsonl: path }`.
+ * @param options - epochs, seeded shuffle and resume position.
+ * @returns a {@link TaskLoader}: an IxJS `AsyncIterableX<Task>` with a `position`.
+ */
+export function loadTasks(source: TaskSource, options?: LoadTasksOptions): TaskLoader {
+  return new TaskLoader(source, options);
+}
+
+function isJsonl(source: TaskSource): source is { readonly jsonl: string } {
+  return typeof source === 'object' && source !== null && 'jsonl' in source;
+}
+
+/** Parses and validates one JSONL line as a {@link Task}; throws {@link DecodeError} naming file and line. */
+export function parseTaskLine(line: string, where: { file: string; line: number }): Task {
+  let value: unknown;
+  try {
+    value = JSON.parse(line);
+  } catch (cause) {
+    throw new DecodeError(`${where.file}:${where.line}: not valid JSON`, { cause, context: where });
+  }
+  return validateTask(value, where);
+}
+
+/** Checks that a value has the shape of a {@link Task}; throws {@link DecodeError} otherwise. */
+export function validateTask(value: unknown, where: Record<string, unknown> = {}): Task {
+  const at = 'file' in where ? `${String(where.file)}:${String(where.line)}: ` : '';
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new DecodeError(`${at}a task must be a JSON object`, { context: where });
+  }
+  const record = value as Record<string, unknown>;
+  const id = record.id;
+  if (!(typeof id === 'string' && id.length > 0) && typeof id !== 'number') {
+    throw new DecodeError(`${at}task field 'id' must be a non-empty string or a number`, { context: where });
+  }
+  if (typeof record.prompt !== 'string') {
+    throw new DecodeError(`${at}task field 'prompt' must be a string`, { context: where });
+  }
+  if (record.answer !== undefined && typeof record.answer !== 'string') {
+    throw new DecodeError(`${at}task field 'answer' must be a string when present`, { context: where });
+  }
+  const metadata = record.metadata;
+  if (metadata !== undefined && (typeof metadata !== 'object' || metadata === null || Array.isArray(metadata))) {
+    throw new DecodeError(`${at}task field 'metadata' must be an object when present`, { context: where });
+  }
+  return {
+    id: String(id),
+    prompt: record.prompt,
+    ...(record.answer === undefined ? {} : { answer: record.answer as string }),
+    ...(metadata === undefined ? {} : { metadata: metadata as Record<string, unknown> }),
+  };
+}
+
+async function* readJsonl(file: string, signal?: AbortSignal): AsyncIterable<Task> {
+  const stream = createReadStream(file, { encoding: 'utf8' });
+  const lines = createInterface({ input: stream, crlfDelay: Infinity });
+  let line = 0;
+  try {
+    for await (const text of lines) {
+      line++;
+      signal?.throwIfAborted();
+      if (text.trim() === '') continue;
+      yield parseTaskLine(text, { file, line });
+    }
+  } finally {
+    lines.close();
+    stream.destroy();
+  }
+}
+
+async function readJsonlAll(file: string): Promise<Task[]> {
+  const text = await readFile(file, 'utf8');
+  const tasks: Task[] = [];
+  text.split('\n').forEach((row, i) => {
+    if (row.trim() !== '') tasks.push(parseTaskLine(row, { file, line: i + 1 }));
+  });
+  return tasks;
+}

@@ -1,0 +1,123 @@
+/**
+ * The admission gate: decides when the loader may be pulled, which is how staleness is bounded
+ * (admission control, not discard-and-retry).
+ *
+ * @packageDocumentation
+ */
+import { AbortError, ConfigError } from '../errors.js';
+import type { PolicyVersion } from '../types.js';
+
+/** How far rollouts may run ahead of training. */
+export type StalenessMode = 'sync' | 'batch-async' | 'fully-async';
+
+/** Options of {@link AdmissionGate}. */
+export interface AdmissionGateOptions {
+  /** Staleness mode. */
+  readonly mode: StalenessMode;
+  /** Tasks (groups) per batch: tasks are admitted in whole batches. */
+  readonly tasksPerBatch: number;
+  /** η for `batch-async` (≥ 1). Ignored by the other modes. Default 1. */
+  readonly stalenessThreshold?: number;
+  /** `fully-async` only: most tasks admitted but not yet trained (in flight + buffered). Default 4 batches. */
+  readonly capacity?: number;
+}
+
+interface Waiter {
+  readonly ready: () => boolean;
+  readonly resolve: () => void;
+}
+
+/**
+ * Batch `b` (0-based) may start only when the published version is at least `b − η`: η = 0 in `sync`,
+ * η = `stalenessThreshold` in `batch-async`. In `fully-async` a task may start while fewer than `capacity`
+ * admitted tasks are untrained.
+ */
+export class AdmissionGate {
+  readonly mode: StalenessMode;
+  readonly tasksPerBatch: number;
+  /** η: how many versions a batch may start ahead of the weights (Infinity in fully-async). */
+  readonly eta: number;
+  readonly capacity: number;
+  private published: PolicyVersion = 0;
+  private trainedTasks = 0;
+  private waiters: Waiter[] = [];
+
+  constructor(options: AdmissionGateOptions) {
+    this.mode = options.mode;
+    this.tasksPerBatch = options.tasksPerBatch;
+    if (!Number.isInteger(this.tasksPerBatch) || this.tasksPerBatch < 1) {
+      throw new ConfigError(`tasksPerBatch must be an integer >= 1, got ${this.tasksPerBatch}`);
+    }
+    switch (options.mode) {
+      case 'sync':
+        this.eta = 0;
+        break;
+      case 'batch-async': {
+        const eta = options.stalenessThreshold ?? 1;
+        if (!Number.isInteger(eta) || eta < 1) {
+          throw new ConfigError(`stalenessThreshold must be an integer >= 1 in batch-async mode, got ${eta}`);
+        }
+        this.eta = eta;
+        break;
+      }
+      case 'fully-async':
+        this.eta = Infinity;
+        break;
+      default:
+        throw new ConfigError(
+          `unknown staleness mode '${String(options.mode)}'; valid: sync, batch-async, fully-async`,
+        );
+    }
+    this.capacity = options.capacity ?? 4 * this.tasksPerBatch;
+    if (!(this.capacity >= 1)) throw new ConfigError(`capacity must be >= 1, got ${this.capacity}`);
+  }
+
+  /** The latest published policy version. */
+  get version(): PolicyVersion {
+    return this.published;
+  }
+
+  /** Records that engines hold `version` and that `trainedTasks` more tasks have been trained. */
+  publish(version: PolicyVersion, trainedTasks = this.tasksPerBatch): void {
+    if (version > this.published) this.published = version;
+    this.trainedTasks += trainedTasks;
+    this.wake();
+  }
+
+  /** True when the task with 0-based admission index `index` may start now. */
+  mayAdmit(index: number): boolean {
+    if (this.mode === 'fully-async') return index - this.trainedTasks < this.capacity;
+    const batch = Math.floor(index / this.tasksPerBatch);
+    return this.published >= batch - this.eta;
+  }
+
+  /** Resolves once task `index` may start; rejects with {@link AbortError} if `signal` fires first. */
+  waitToAdmit(index: number, signal?: AbortSignal): Promise<void> {
+    if (this.mayAdmit(index)) return Promise.resolve();
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => {
+        this.waiters = this.waiters.filter((w) => w !== waiter);
+        reject(new AbortError('admission wait aborted', { cause: signal?.reason }));
+      };
+      const waiter: Waiter = {
+        ready: () => this.mayAdmit(index),
+        resolve: () => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
+        },
+      };
+      if (signal?.aborted) return onAbort();
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.waiters.push(waiter);
+    });
+  }
+
+  private wake(): void {
+    const still: Waiter[] = [];
+    for (const waiter of this.waiters) {
+      if (waiter.ready()) waiter.resolve();
+      else still.push(waiter);
+    }
+    this.waiters = still;
+  }
+}

@@ -1,0 +1,149 @@
+import { Observable, concatMap, mergeMap, range, map, type OperatorFunction } from 'rxjs';
+import type { GenerateRequest, RolloutEngine } from '../lib/engine/types.js';
+import { ConfigError, EvaluationError, isAbortError } from '../lib/errors.js';
+import type { Evaluator } from '../lib/evaluator.js';
+import { hashString, mixSeed } from '../lib/random.js';
+import type { ModelTag, RolloutOutput, SampleFailure, Task, Trajectory } from '../lib/types.js';
+
+/** Options of {@link rollout}. */
+export interface RolloutOptions {
+  /** Samples per task: the GRPO group size (≥ 1). */
+  readonly samplesPerTask: number;
+  /** Most samples in flight at once across all tasks (≥ 1, finite). */
+  readonly concurrency: number;
+  /** Scores each response. */
+  readonly evaluator: Evaluator;
+  /** Largest number of new tokens per response. */
+  readonly maxTokens: number;
+  /** Sampling temperature. Default 1. */
+  readonly temperature?: number;
+  /** Nucleus mass. Default 1. */
+  readonly topP?: number;
+  /** Base seed; each sample's seed is derived from it, its group id and run id. Default 0. */
+  readonly seed?: number;
+  /** Tag written on trajectories. Default `engine.modelTag`. */
+  readonly modelTag?: ModelTag;
+  /** Cancels every rollout; the stream then errors with the abort. */
+  readonly signal?: AbortSignal;
+}
+
+/**
+ * Expands each task into its GRPO group and samples every member from `engine`, with at most `concurrency`
+ * samples in flight. Each response is scored by the evaluator. A sample that fails (engine error, evaluator
+ * error, non-finite reward) is emitted as a {@link SampleFailure} so its group can shrink instead of waiting;
+ * the stream goes on.
+ *
+ * ```
+ * task:     --a---------b-------|
+ * rollout(engine, { samplesPerTask: 2, concurrency: 4, … })
+ * output:   ------a0-a1------b1-b0|        (aN = trajectory runId N of task a; completion order)
+ * ```
+ *
+ * @example
+ * ```ts
+ * import { from } from 'rxjs';
+ * import { rollout } from 'rxrl/operators';
+ * from(tasks).pipe(rollout(engine, { samplesPerTask: 8, concurrency: 64, maxTokens: 16, evaluator }))
+ *   .subscribe((t) => console.log(t.id));
+ * ```
+ * @param engine - the rollout engine sampling responses.
+ * @param options - group size, concurrency, evaluator and sampling parameters.
+ * @returns an operator from tasks to trajectories (and sample failures), in completion order.
+ * @see groupTrajectories
+ */
+export function rollout(engine: RolloutEngine, options: RolloutOptions): OperatorFunction<Task, RolloutOutput> {
+  const { samplesPerTask, concurrency } = options;
+  if (!Number.isInteger(samplesPerTask) || samplesPerTask < 1) {
+    throw new ConfigError(`rollout samplesPerTask must be an integer >= 1, got ${samplesPerTask}`);
+  }
+  if (!Number.isInteger(concurrency) || concurrency < 1) {
+    throw new ConfigError(`rollout concurrency must be a finite integer >= 1, got ${concurrency}`);
+  }
+  return (source) =>
+    source.pipe(
+      concatMap((task) => range(0, samplesPerTask).pipe(map((runId) => ({ task, runId })))),
+      mergeMap(({ task, runId }) => sampleOnce(engine, task, runId, options), concurrency),
+    );
+}
+
+/** Group id of a task in its epoch: samples of one task in one epoch share it. */
+export function groupIdOf(task: Task): string {
+  return `${task.id}@${task.epoch ?? 0}`;
+}
+
+function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: RolloutOptions): Observable<RolloutOutput> {
+  return new Observable<RolloutOutput>((subscriber) => {
+    const controller = new AbortController();
+    const signal = options.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
+    const groupId = groupIdOf(task);
+    const modelTag = options.modelTag ?? engine.modelTag;
+    const id = `${groupId}/${runId}`;
+    generateAndScore(engine, task, { id, groupId, runId, modelTag }, options, signal).then(
+      (trajectory) => {
+        subscriber.next(trajectory);
+        subscriber.complete();
+      },
+      (error: unknown) => {
+        if (options.signal?.aborted && isAbortError(error)) {
+          subscriber.error(error);
+          return;
+        }
+        const failure: SampleFailure = {
+          kind: 'sample-failure',
+          id,
+          taskId: task.id,
+          groupId,
+          runId,
+          modelTag,
+          error: error instanceof Error ? error : new Error(String(error)),
+        };
+        subscriber.next(failure);
+        subscriber.complete();
+      },
+    );
+    return () => controller.abort();
+  });
+}
+
+async function generateAndScore(
+  engine: RolloutEngine,
+  task: Task,
+  ids: { id: string; groupId: string; runId: number; modelTag: ModelTag },
+  options: RolloutOptions,
+  signal: AbortSignal,
+): Promise<Trajectory> {
+  const promptTokens = engine.tokenizer.encode(task.prompt, { addBos: true });
+  const request: GenerateRequest = {
+    promptTokens,
+    maxTokens: options.maxTokens,
+    temperature: options.temperature ?? 1,
+    topP: options.topP ?? 1,
+    seed: mixSeed(options.seed ?? 0, hashString(ids.groupId), ids.runId),
+  };
+  const [response] = await engine.generate([request], signal);
+  const text = engine.tokenizer.decode(response.tokens);
+  let result;
+  try {
+    result = await options.evaluator.evaluate(task, text, signal);
+  } catch (cause) {
+    throw new EvaluationError(`evaluator failed on task ${task.id}`, { cause, context: { taskId: task.id } });
+  }
+  if (!Number.isFinite(result.reward)) {
+    throw new EvaluationError(`evaluator returned a non-finite reward (${result.reward}) for task ${task.id}`, {
+      context: { taskId: task.id, reward: result.reward },
+    });
+  }
+  return {
+    ...ids,
+    taskId: task.id,
+    policyVersion: response.policyVersion,
+    promptTokens,
+    responseTokens: response.tokens,
+    logprobs: response.logprobs,
+    lossMask: response.tokens.map(() => 1),
+    reward: result.reward,
+    finishReason: response.finishReason,
+    metrics: result.metrics ?? {},
+    task,
+  };
+}
