@@ -1,0 +1,89 @@
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { loadTasks } from '../../lib/data/loader.js';
+import { ConfigError, DecodeError } from '../../lib/errors.js';
+import type { Task } from '../../lib/types.js';
+
+const tasks: Task[] = Array.from({ length: 6 }, (_, i) => ({ id: `t${i}`, prompt: `p${i}`, answer: `a${i}` }));
+
+async function collect(iterable: AsyncIterable<Task>, limit = Infinity): Promise<Task[]> {
+  const out: Task[] = [];
+  for await (const t of iterable) {
+    out.push(t);
+    if (out.length >= limit) break;
+  }
+  return out;
+}
+
+describe('loadTasks', () => {
+  it('yields an array over several epochs, tagging each task with its epoch', async () => {
+    const out = await collect(loadTasks(tasks, { epochs: 2 }));
+    expect(out.map((t) => `${t.id}:${t.epoch}`)).toEqual([...tasks.map((t) => `${t.id}:0`), ...tasks.map((t) => `${t.id}:1`)]);
+  });
+
+  it('shuffles each epoch differently and reproducibly from the seed', async () => {
+    const a = (await collect(loadTasks(tasks, { epochs: 2, shuffle: true, seed: 3 }))).map((t) => t.id);
+    const b = (await collect(loadTasks(tasks, { epochs: 2, shuffle: true, seed: 3 }))).map((t) => t.id);
+    const c = (await collect(loadTasks(tasks, { epochs: 2, shuffle: true, seed: 4 }))).map((t) => t.id);
+    expect(a).toEqual(b);
+    expect(a).not.toEqual(c);
+    expect(a.slice(0, 6)).not.toEqual(a.slice(6));
+    expect([...a.slice(0, 6)].sort()).toEqual(tasks.map((t) => t.id).sort());
+  });
+
+  it('is pull-based: a generator is read only as far as asked, and its finally runs on break', async () => {
+    let read = 0;
+    let closed = false;
+    const source = (function* () {
+      try {
+        for (let i = 0; ; i++) {
+          read++;
+          yield { id: `g${i}`, prompt: 'x' };
+        }
+      } finally {
+        closed = true;
+      }
+    })();
+    const loader = loadTasks(source);
+    const iterator = loader[Symbol.asyncIterator]();
+    expect(read).toBe(0);
+    await iterator.next();
+    await iterator.next();
+    expect(read).toBe(2);
+    await iterator.return?.();
+    expect(closed).toBe(true);
+  });
+
+  it('records its position and resumes from it without repeating a task', async () => {
+    const loader = loadTasks(tasks, { epochs: 2, shuffle: true, seed: 1 });
+    const head = await collect(loader, 8);
+    expect(loader.position).toEqual({ epoch: 1, index: 2 });
+    const tail = await collect(loadTasks(tasks, { epochs: 2, shuffle: true, seed: 1, start: loader.position }));
+    const all = await collect(loadTasks(tasks, { epochs: 2, shuffle: true, seed: 1 }));
+    expect([...head, ...tail].map((t) => `${t.id}:${t.epoch}`)).toEqual(all.map((t) => `${t.id}:${t.epoch}`));
+  });
+
+  it('reads JSONL files lazily or shuffled, and names file and line of a malformed row', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-loader-'));
+    const good = join(dir, 'good.jsonl');
+    await writeFile(good, tasks.map((t) => JSON.stringify(t)).join('\n') + '\n\n');
+    expect((await collect(loadTasks({ jsonl: good }))).map((t) => t.id)).toEqual(tasks.map((t) => t.id));
+    expect(await collect(loadTasks({ jsonl: good }, { shuffle: true, seed: 2 }))).toHaveLength(6);
+
+    const bad = join(dir, 'bad.jsonl');
+    await writeFile(bad, `${JSON.stringify(tasks[0])}\n{"id": "x", "prompt": 3}\n`);
+    const error = await collect(loadTasks({ jsonl: bad })).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(DecodeError);
+    expect(error).toMatchObject({ context: { file: bad, line: 2 } });
+    const notJson = join(dir, 'notjson.jsonl');
+    await writeFile(notJson, '{"id": \n');
+    await expect(collect(loadTasks({ jsonl: notJson }))).rejects.toBeInstanceOf(DecodeError);
+  });
+
+  it('rejects epochs or shuffle over a one-shot source', () => {
+    expect(() => loadTasks((function* () {})(), { epochs: 2 })).toThrow(ConfigError);
+    expect(() => loadTasks(tasks, { epochs: 0 })).toThrow(ConfigError);
+  });
+});

@@ -1,0 +1,112 @@
+import { firstValueFrom, from, lastValueFrom, take, toArray } from 'rxjs';
+import { describe, expect, it } from 'vitest';
+import { rollout } from '../../operators/rollout.js';
+import { ConfigError, EngineError, EvaluationError } from '../../lib/errors.js';
+import type { Evaluator } from '../../lib/evaluator.js';
+import { isSampleFailure, type RolloutOutput, type Trajectory } from '../../lib/types.js';
+import { ScriptedEngine, task } from '../helpers/fixtures.js';
+
+const exact: Evaluator = { evaluate: (t, response) => ({ reward: response === t.answer ? 1 : 0, metrics: { len: response.length } }) };
+
+describe('rollout', () => {
+  it('expands each task into its group and scores every sample', async () => {
+    const engine = new ScriptedEngine(() => ({ tokens: [4, 3, 2], logprobs: [-1, -2, -3], finishReason: 'stop', policyVersion: 0 }));
+    const out = await lastValueFrom(
+      from([task('t1'), task('t2', 'xy', 'zz')]).pipe(
+        rollout(engine, { samplesPerTask: 3, concurrency: 4, maxTokens: 8, evaluator: exact }),
+        toArray(),
+      ),
+    );
+    const trajectories = out as Trajectory[];
+    expect(trajectories.map((t) => t.id).sort()).toEqual(['t1@0/0', 't1@0/1', 't1@0/2', 't2@0/0', 't2@0/1', 't2@0/2']);
+    const first = trajectories.find((t) => t.id === 't1@0/0')!;
+    expect(first).toMatchObject({
+      taskId: 't1',
+      groupId: 't1@0',
+      runId: 0,
+      modelTag: 'policy',
+      policyVersion: 0,
+      promptTokens: [1, 3, 4],
+      responseTokens: [4, 3, 2],
+      logprobs: [-1, -2, -3],
+      lossMask: [1, 1, 1],
+      reward: 1,
+      finishReason: 'stop',
+      metrics: { len: 2 },
+    });
+    expect(trajectories.find((t) => t.taskId === 't2')!.reward).toBe(0);
+  });
+
+  it('never has more samples in flight than its concurrency', async () => {
+    const engine = new ScriptedEngine(undefined, 3);
+    const tasks = Array.from({ length: 10 }, (_, i) => task(`t${i}`));
+    const out = await lastValueFrom(
+      from(tasks).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 5, maxTokens: 4, evaluator: exact }), toArray()),
+    );
+    expect(out).toHaveLength(40);
+    expect(engine.maxInFlight).toBe(5);
+  });
+
+  it('reports failed samples without failing the stream', async () => {
+    const engine = new ScriptedEngine((_, call) =>
+      call === 1 ? new EngineError('server said 500', { retriable: true }) : { tokens: [3], logprobs: [-1], finishReason: 'length', policyVersion: 0 },
+    );
+    let evaluations = 0;
+    const flaky: Evaluator = {
+      evaluate: () => {
+        evaluations++;
+        if (evaluations === 2) return { reward: Number.NaN };
+        if (evaluations === 3) throw new Error('evaluator crashed');
+        return { reward: 1 };
+      },
+    };
+    const out: RolloutOutput[] = await lastValueFrom(
+      from([task('t')]).pipe(rollout(engine, { samplesPerTask: 5, concurrency: 1, maxTokens: 4, evaluator: flaky }), toArray()),
+    );
+    const failures = out.filter(isSampleFailure);
+    expect(out).toHaveLength(5);
+    expect(failures.map((f) => f.error.name).sort()).toEqual(['EngineError', 'EvaluationError', 'EvaluationError']);
+    expect(failures.every((f) => f.groupId === 't@0')).toBe(true);
+    expect(failures.some((f) => f.error instanceof EvaluationError && /non-finite/.test(f.error.message))).toBe(true);
+  });
+
+  it('derives deterministic, distinct seeds per sample', async () => {
+    const seeds: number[] = [];
+    const engine = new ScriptedEngine((request) => {
+      seeds.push(request.seed!);
+      return { tokens: [3], logprobs: [-1], finishReason: 'stop', policyVersion: 0 };
+    });
+    const run = (): Promise<RolloutOutput[]> =>
+      lastValueFrom(from([task('t')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 1, maxTokens: 2, evaluator: exact, seed: 9 }), toArray()));
+    await run();
+    const firstSeeds = seeds.splice(0);
+    await run();
+    expect(seeds).toEqual(firstSeeds);
+    expect(new Set(firstSeeds).size).toBe(4);
+  });
+
+  it('cancels in-flight generations on unsubscribe (synchronous source with take)', async () => {
+    const engine = new ScriptedEngine(undefined, 20);
+    const first = await firstValueFrom(
+      from(Array.from({ length: 5 }, (_, i) => task(`t${i}`))).pipe(
+        rollout(engine, { samplesPerTask: 2, concurrency: 3, maxTokens: 2, evaluator: exact }),
+        take(1),
+      ),
+    );
+    expect(first.id).toBe('t0@0/0');
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    expect(engine.inFlight).toBe(0);
+  });
+
+  it('errors with the abort when its signal fires, and rejects bad options', async () => {
+    const controller = new AbortController();
+    const engine = new ScriptedEngine(undefined, 50);
+    const done = lastValueFrom(
+      from([task('t')]).pipe(rollout(engine, { samplesPerTask: 2, concurrency: 2, maxTokens: 2, evaluator: exact, signal: controller.signal })),
+    );
+    setTimeout(() => controller.abort(), 5);
+    await expect(done).rejects.toMatchObject({ name: 'AbortError' });
+    expect(() => rollout(engine, { samplesPerTask: 0, concurrency: 1, maxTokens: 1, evaluator: exact })).toThrow(ConfigError);
+    expect(() => rollout(engine, { samplesPerTask: 1, concurrency: Infinity, maxTokens: 1, evaluator: exact })).toThrow(ConfigError);
+  });
+});

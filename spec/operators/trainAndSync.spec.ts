@@ -1,0 +1,100 @@
+import { Subject, from, lastValueFrom, take, toArray } from 'rxjs';
+import { describe, expect, it } from 'vitest';
+import { syncWeights } from '../../operators/syncWeights.js';
+import { train } from '../../operators/train.js';
+import type { NamedWeights } from '../../lib/engine/types.js';
+import type { StepResult, Trainer } from '../../lib/train/types.js';
+import type { Batch } from '../../lib/types.js';
+import { collate } from '../../lib/data/collate.js';
+import { ScriptedEngine, traj } from '../helpers/fixtures.js';
+
+const weights: NamedWeights = new Map([['w', { shape: [1], data: new Float32Array([0.5]) }]]);
+
+class SlowTrainer implements Trainer {
+  readonly modelTag = 'policy';
+  step = 0;
+  active = 0;
+  maxActive = 0;
+  constructor(private readonly fail = -1) {}
+  async trainStep(batch: Batch, signal?: AbortSignal): Promise<StepResult> {
+    this.active++;
+    this.maxActive = Math.max(this.maxActive, this.active);
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 5));
+      signal?.throwIfAborted();
+      if (this.step === this.fail) throw new Error('trainer broke');
+      const step = this.step++;
+      return { step, version: step + 1, metrics: { 'actor/rows': batch.size }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: () => weights };
+    } finally {
+      this.active--;
+    }
+  }
+}
+
+const batchOf = (name: string): Batch => collate([traj(`${name}@0`, 0), traj(`${name}@0`, 1)], { padId: 0, modelTag: 'policy' });
+
+describe('train', () => {
+  it('trains one batch at a time, in order, even when batches arrive together', async () => {
+    const trainer = new SlowTrainer();
+    const results = await lastValueFrom(from(['a', 'b', 'c'].map(batchOf)).pipe(train(trainer), toArray()));
+    expect(results.map((r) => [r.step, r.version, r.trajectoryIds[0]])).toEqual([
+      [0, 1, 'a@0/0'],
+      [1, 2, 'b@0/0'],
+      [2, 3, 'c@0/0'],
+    ]);
+    expect(trainer.maxActive).toBe(1);
+  });
+
+  it('passes trainer errors to the subscriber', async () => {
+    await expect(lastValueFrom(from(['a', 'b'].map(batchOf)).pipe(train(new SlowTrainer(1))))).rejects.toThrow('trainer broke');
+  });
+
+  it('stops after take and aborts the step on signal', async () => {
+    const trainer = new SlowTrainer();
+    const input = new Subject<Batch>();
+    const got: number[] = [];
+    input.pipe(train(trainer), take(1)).subscribe((r) => got.push(r.step));
+    input.next(batchOf('a'));
+    input.next(batchOf('b'));
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    expect(got).toEqual([0]);
+    expect(trainer.step).toBe(1);
+
+    const controller = new AbortController();
+    const done = lastValueFrom(from([batchOf('a')]).pipe(train(new SlowTrainer(), { signal: controller.signal })));
+    controller.abort();
+    await expect(done).rejects.toMatchObject({ name: 'AbortError' });
+  });
+});
+
+describe('syncWeights', () => {
+  it('publishes every step to every engine before passing it on', async () => {
+    const engines = [new ScriptedEngine(), new ScriptedEngine()];
+    const published: number[] = [];
+    const results = await lastValueFrom(
+      from(['a', 'b'].map(batchOf)).pipe(
+        train(new SlowTrainer()),
+        syncWeights(engines, {
+          onPublished: (v) => {
+            published.push(v);
+            expect(engines.every((e) => e.version === v)).toBe(true);
+          },
+        }),
+        toArray(),
+      ),
+    );
+    expect(results.map((r) => r.version)).toEqual([1, 2]);
+    expect(published).toEqual([1, 2]);
+    expect(engines.map((e) => e.loads.map((l) => l.version))).toEqual([
+      [1, 2],
+      [1, 2],
+    ]);
+    expect(engines[0].loads[0].names).toEqual(['w']);
+  });
+
+  it('passes load failures to the subscriber', async () => {
+    const engine = new ScriptedEngine();
+    engine.loadWeights = () => Promise.reject(new Error('disk full'));
+    await expect(lastValueFrom(from([batchOf('a')]).pipe(train(new SlowTrainer()), syncWeights([engine])))).rejects.toThrow('disk full');
+  });
+});
