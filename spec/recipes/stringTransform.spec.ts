@@ -1,0 +1,43 @@
+import { describe, expect, it } from 'vitest';
+import { applyTransform, partialCredit, partialCreditEvaluator, stringTransformTask } from '../../recipes/stringTransform.js';
+import { ConfigError } from '../../lib/errors.js';
+
+describe('string transformation recipe', () => {
+  it('scores with partial credit per position', () => {
+    expect(partialCredit('dcba', 'dcba')).toBe(1);
+    expect(partialCredit('dcba', 'dcxa')).toBe(0.75);
+    expect(partialCredit('dcba', 'dcbaa')).toBe(0.8);
+    expect(partialCredit('dcba', '')).toBe(0);
+    expect(partialCredit('dcba', 'abcd')).toBe(0);
+    expect(partialCreditEvaluator.evaluate({ id: 'x', prompt: 'abcd=', answer: 'dcba' }, 'dcba')).toMatchObject({
+      reward: 1,
+      metrics: { accuracy: 1, length_match: 1 },
+    });
+  });
+
+  it('applies each transform', () => {
+    expect(applyTransform('copy', 'abc', 'abcde')).toBe('abc');
+    expect(applyTransform('reverse', 'abc', 'abcde')).toBe('cba');
+    expect(applyTransform('shift', 'ade', 'abcde')).toBe('bea');
+  });
+
+  it('generates disjoint, reproducible splits covering every string', () => {
+    const a = stringTransformTask({ alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 5, seed: 1 });
+    const b = stringTransformTask({ alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 5, seed: 1 });
+    expect(a.train.length + a.validation.length).toBe(9 + 27);
+    expect(a.validation.map((t) => t.id)).toEqual(b.validation.map((t) => t.id));
+    const trainPrompts = new Set(a.train.map((t) => t.prompt));
+    expect(a.validation.some((t) => trainPrompts.has(t.prompt))).toBe(false);
+    expect(a.train[0].prompt.endsWith('=')).toBe(true);
+    expect(a.train[0].answer).toBe([...a.train[0].prompt.slice(0, -1)].reverse().join(''));
+    expect(a.randomPolicyReward).toBeGreaterThan(0);
+    expect(a.randomPolicyReward).toBeLessThan(0.3);
+  });
+
+  it('rejects bad options with typed errors', () => {
+    expect(() => stringTransformTask({ alphabet: 'aa' })).toThrow(ConfigError);
+    expect(() => stringTransformTask({ minLength: 3, maxLength: 2 })).toThrow(ConfigError);
+    expect(() => stringTransformTask({ transform: 'sort' as never })).toThrow(/copy, reverse, shift/);
+    expect(() => stringTransformTask({ alphabet: 'ab', minLength: 1, maxLength: 1, validationSize: 2 })).toThrow(ConfigError);
+  });
+});
