@@ -1,4 +1,4 @@
-import { Subject, of, take, throwError, concat } from 'rxjs';
+import { Observable, Subject, from, take, throwError, concat } from 'rxjs';
 import { TestScheduler } from 'rxjs/testing';
 import { beforeEach, describe, expect, it } from 'vitest';
 import { groupTrajectories } from '../../operators/groupTrajectories.js';
@@ -6,6 +6,7 @@ import { ConfigError } from '../../lib/errors.js';
 import type { Group, RolloutOutput } from '../../lib/types.js';
 import { failure, traj } from '../helpers/fixtures.js';
 
+const src = (...items: RolloutOutput[]): Observable<RolloutOutput> => from(items);
 const ids = (g: Group): string[] => g.trajectories.map((t) => t.id);
 
 describe('groupTrajectories', () => {
@@ -66,7 +67,7 @@ describe('groupTrajectories', () => {
 
   it('works with a synchronous source and take', () => {
     const out: Group[] = [];
-    of<RolloutOutput>(a0, a1, b0, b1)
+    src(a0, a1, b0, b1)
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2 }), take(1))
       .subscribe((g) => out.push(g));
     expect(out.map(ids)).toEqual([['a@0/0', 'a@0/1']]);
@@ -74,7 +75,7 @@ describe('groupTrajectories', () => {
 
   it('shrinks a group by its failed samples, and releases an all-failed group empty', () => {
     const out: Group[] = [];
-    of<RolloutOutput>(a0, failure('a@0', 1), failure('b@0', 0), failure('b@0', 1))
+    src(a0, failure('a@0', 1), failure('b@0', 0), failure('b@0', 1))
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, onIncomplete: 'drop' }))
       .subscribe((g) => out.push(g));
     expect(out.map((g) => [g.key[0], ids(g)])).toEqual([
@@ -85,7 +86,7 @@ describe('groupTrajectories', () => {
 
   it('drops a redelivered trajectory id', () => {
     const out: Group[] = [];
-    of<RolloutOutput>(a0, a0, a1)
+    src(a0, a0, a1)
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2 }))
       .subscribe((g) => out.push(g));
     expect(out.map(ids)).toEqual([['a@0/0', 'a@0/1']]);
@@ -93,7 +94,7 @@ describe('groupTrajectories', () => {
 
   it('passes through with no key, and releases leaf groups with several keys', () => {
     const single: Group[] = [];
-    of<RolloutOutput>(a0, failure('a@0', 1), b0).pipe(groupTrajectories({ groupSize: 5 })).subscribe((g) => single.push(g));
+    src(a0, failure('a@0', 1), b0).pipe(groupTrajectories({ groupSize: 5 })).subscribe((g) => single.push(g));
     expect(single.map((g) => [g.key, ids(g)])).toEqual([
       [['a@0/0'], ['a@0/0']],
       [['b@0/0'], ['b@0/0']],
@@ -103,7 +104,7 @@ describe('groupTrajectories', () => {
     const leaves: Group[] = [];
     const a2 = traj('a@0', 2);
     const a3 = traj('a@0', 3);
-    of<RolloutOutput>(a0, a1, a2, a3)
+    src(a0, a1, a2, a3)
       .pipe(groupTrajectories({ keys: ['taskId', even], groupSize: 2 }))
       .subscribe((g) => leaves.push(g));
     expect(leaves.map((g) => [g.key, ids(g)])).toEqual([
@@ -115,7 +116,7 @@ describe('groupTrajectories', () => {
   it('keeps stores per modelTag', () => {
     const out: Group[] = [];
     const other = traj('a@0', 1, { modelTag: 'other' });
-    of<RolloutOutput>(a0, other, a1)
+    src(a0, other, a1)
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, onIncomplete: 'release' }))
       .subscribe((g) => out.push(g));
     expect(out.map((g) => [g.modelTag, ids(g)])).toEqual([
@@ -141,7 +142,7 @@ describe('groupTrajectories', () => {
 
   it('errors when more groups are open than its capacity, and rejects bad options', () => {
     let error: unknown;
-    concat(of<RolloutOutput>(a0, b0), throwError(() => new Error('unreached')))
+    concat(src(a0, b0), throwError(() => new Error('unreached')))
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, capacity: 1 }))
       .subscribe({ error: (e: unknown) => (error = e) });
     expect(error).toBeInstanceOf(ConfigError);

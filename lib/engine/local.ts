@@ -1,0 +1,166 @@
+/**
+ * The in-process rollout engine: samples from a policy model held in this process, gathering concurrent
+ * requests into one batched generation (micro-batching with a size and a wait bound).
+ *
+ * @packageDocumentation
+ */
+import { AbortError, ConfigError } from '../errors.js';
+import type { ModelTag, PolicyVersion } from '../types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
+
+/** What the local engine needs of a model: batched sampling and weight replacement. */
+export interface SamplingModel {
+  /** Samples one response per request in one batched pass; responses are tagged with `version`. */
+  generate(
+    requests: readonly GenerateRequest[],
+    options: { readonly signal?: AbortSignal; readonly version?: PolicyVersion },
+  ): Promise<GenerateResponse[]>;
+  /** Replaces the weights. */
+  setWeights(weights: NamedWeights): void;
+}
+
+/** Options of {@link LocalEngine}. */
+export interface LocalEngineOptions {
+  /** Tokenizer of the model. */
+  readonly tokenizer: Tokenizer;
+  /** Model tag written on responses. Default `policy`. */
+  readonly modelTag?: ModelTag;
+  /** Most requests in one batched generation. Default 256. */
+  readonly maxBatchSize?: number;
+  /** How long an idle engine waits for more requests before starting a batch, in ms. Default 2. */
+  readonly maxWaitMs?: number;
+  /** Version of the weights the model holds now. Default 0. */
+  readonly version?: PolicyVersion;
+}
+
+interface Pending {
+  readonly request: GenerateRequest;
+  readonly signal?: AbortSignal;
+  readonly resolve: (response: GenerateResponse) => void;
+  readonly reject: (error: unknown) => void;
+}
+
+/**
+ * A {@link RolloutEngine} over an in-process model. Concurrent `generate` calls are gathered into batches of at
+ * most `maxBatchSize` requests; one batch runs at a time, and requests that arrive meanwhile form the next one.
+ * `loadWeights` waits for the running batch to finish, so every response is produced by one version.
+ */
+export class LocalEngine implements RolloutEngine {
+  readonly modelTag: ModelTag;
+  readonly tokenizer: Tokenizer;
+  private current: PolicyVersion;
+  private readonly maxBatchSize: number;
+  private readonly maxWaitMs: number;
+  private queue: Pending[] = [];
+  private running: Promise<void> | undefined;
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  /** Weight loads queued or running; no batch starts while one is pending. */
+  private loads = 0;
+  private lastLoad: Promise<void> = Promise.resolve();
+  /** Batches run so far and their sizes (for tests and metrics). */
+  readonly batchSizes: number[] = [];
+
+  constructor(
+    private readonly model: SamplingModel,
+    options: LocalEngineOptions,
+  ) {
+    this.tokenizer = options.tokenizer;
+    this.modelTag = options.modelTag ?? 'policy';
+    this.maxBatchSize = options.maxBatchSize ?? 256;
+    this.maxWaitMs = options.maxWaitMs ?? 2;
+    this.current = options.version ?? 0;
+    if (!Number.isInteger(this.maxBatchSize) || this.maxBatchSize < 1) {
+      throw new ConfigError(`maxBatchSize must be an integer >= 1, got ${this.maxBatchSize}`);
+    }
+    if (!(this.maxWaitMs >= 0)) throw new ConfigError(`maxWaitMs must be >= 0, got ${this.maxWaitMs}`);
+  }
+
+  get version(): PolicyVersion {
+    return this.current;
+  }
+
+  generate(requests: readonly GenerateRequest[], signal?: AbortSignal): Promise<GenerateResponse[]> {
+    if (signal?.aborted) return Promise.reject(new AbortError('generate aborted before it started'));
+    const responses = requests.map(
+      (request) =>
+        new Promise<GenerateResponse>((resolve, reject) => {
+          this.queue.push({ request, signal, resolve, reject });
+        }),
+    );
+    this.schedule();
+    return Promise.all(responses);
+  }
+
+  async loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void> {
+    this.loads++;
+    const previous = this.lastLoad;
+    const load = (async () => {
+      await previous;
+      while (this.running) await this.running;
+      this.model.setWeights(weights);
+      this.current = version;
+    })();
+    this.lastLoad = load.catch(() => undefined);
+    try {
+      await load;
+    } finally {
+      this.loads--;
+      this.schedule();
+    }
+  }
+
+  /** Starts a batch now if the queue is full, or after the wait bound if the engine is idle. */
+  private schedule(): void {
+    if (this.running || this.loads > 0 || this.queue.length === 0) return;
+    if (this.queue.length >= this.maxBatchSize || this.maxWaitMs === 0) {
+      this.startBatch();
+    } else if (this.timer === undefined) {
+      this.timer = setTimeout(() => this.startBatch(), this.maxWaitMs);
+    }
+  }
+
+  private startBatch(): void {
+    if (this.timer !== undefined) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    if (this.running || this.loads > 0 || this.queue.length === 0) return;
+    this.running = this.runBatch().finally(() => {
+      this.running = undefined;
+      this.schedule();
+    });
+  }
+
+  private async runBatch(): Promise<void> {
+    const batch = this.takeLive();
+    if (batch.length === 0) return;
+    this.batchSizes.push(batch.length);
+    const controller = new AbortController();
+    const onAbort = (): void => {
+      if (batch.every((p) => p.signal?.aborted)) controller.abort();
+    };
+    for (const p of batch) p.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      const responses = await this.model.generate(
+        batch.map((p) => p.request),
+        { signal: controller.signal, version: this.current },
+      );
+      batch.forEach((p, i) => (p.signal?.aborted ? p.reject(new AbortError('generate aborted')) : p.resolve(responses[i])));
+    } catch (error) {
+      for (const p of batch) p.reject(error);
+    } finally {
+      for (const p of batch) p.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Takes up to `maxBatchSize` queued requests, rejecting those already aborted. */
+  private takeLive(): Pending[] {
+    const batch: Pending[] = [];
+    while (batch.length < this.maxBatchSize && this.queue.length > 0) {
+      const next = this.queue.shift()!;
+      if (next.signal?.aborted) next.reject(new AbortError('generate aborted while queued'));
+      else batch.push(next);
+    }
+    return batch;
+  }
+}
