@@ -1,0 +1,230 @@
+/**
+ * The batched generation loop shared by the KV-cache and the full-recompute decoders: request validation,
+ * left padding, seeded per-request sampling, stop tokens, length limits, row retirement and cancellation.
+ *
+ * @packageDocumentation
+ */
+import type * as tf from '@tensorflow/tfjs-core';
+
+import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
+import { AbortError, ConfigError } from '../errors.js';
+import type { FinishReason, PolicyVersion } from '../types.js';
+import { createRng, type Rng } from './random.js';
+import { sampleToken } from './sampling.js';
+import { CHAR_EOS_ID } from './tokenizer.js';
+
+/** Options of a generate call. */
+export interface GenerateOptions {
+  /** Cancels between decoding steps: every unfinished row ends with `finishReason: 'abort'`. */
+  readonly signal?: AbortSignal;
+  /** Policy version reported in every response. Default 0. */
+  readonly version?: PolicyVersion;
+  /** Stop token of requests without `stopTokens`. Default {@link CHAR_EOS_ID}. */
+  readonly eosId?: number;
+}
+
+/** A left-padded prompt batch in plain memory (row-major, `[b, P]`). */
+export interface PromptBatch {
+  /** Rows `b`. */
+  readonly rows: number;
+  /** Padded prompt width `P`. */
+  readonly width: number;
+  /** Token ids `[b, P]`, pad id 0 on the left. */
+  readonly inputIds: Int32Array;
+  /** 1 for prompt tokens, 0 for padding, `[b, P]`. */
+  readonly attentionMask: Float32Array;
+  /** Position from each row's first real token, `[b, P]` (0 on padding). */
+  readonly positionIds: Int32Array;
+}
+
+/**
+ * One way of producing next-token logits for a batch that grows by one token per row per step. Tensors
+ * returned are owned by the caller.
+ */
+export interface StepDecoder {
+  /** Processes the prompts; returns the next-token logits `[b, V]`. */
+  start(batch: PromptBatch): tf.Tensor2D;
+  /**
+   * Appends one token per row and returns the following next-token logits `[b, V]`.
+   *
+   * @param tokens - The new token of each row, `[b]`.
+   * @param positions - Its position (from the row's first real token), `[b]`.
+   */
+  step(tokens: Int32Array, positions: Int32Array): tf.Tensor2D;
+  /** Keeps only the given rows (strictly increasing indices into the current batch). */
+  keepRows(rows: readonly number[]): void;
+  /** Releases all tensors. */
+  dispose(): void;
+}
+
+/** Padding id used for left padding of prompts. */
+export const PROMPT_PAD_ID = 0;
+
+interface RowState {
+  readonly request: GenerateRequest;
+  readonly rng: Rng;
+  readonly stop: ReadonlySet<number>;
+  readonly temperature: number;
+  readonly topP: number;
+  readonly tokens: number[];
+  readonly logprobs: number[];
+  finishReason: FinishReason | undefined;
+}
+
+/** Yields to the event loop so timers, sockets and abort signals get a turn between decoding steps. */
+function yieldToEventLoop(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
+/**
+ * Validates requests, then samples with `decoder` until every row has stopped, reached its `maxTokens` or the
+ * signal fired.
+ *
+ * @param decoder - Produces logits; disposed before this resolves.
+ * @param requests - One response is returned per request, in order.
+ * @param options - Cancellation, reported version, default stop token.
+ * @param limits - `vocabSize` (token ids must be below it) and `maxSeqLen` (prompt + `maxTokens` must fit).
+ * @throws {@link AbortError} when the signal has fired before any work started.
+ * @throws {@link ConfigError} for an invalid request.
+ */
+export async function runGeneration(
+  decoder: StepDecoder,
+  requests: readonly GenerateRequest[],
+  options: GenerateOptions,
+  limits: { readonly vocabSize: number; readonly maxSeqLen: number },
+): Promise<GenerateResponse[]> {
+  try {
+    const version = options.version ?? 0;
+    const eosId = options.eosId ?? CHAR_EOS_ID;
+    const states = requests.map((request, index) => initRow(request, index, eosId, limits));
+    if (options.signal?.aborted) {
+      throw new AbortError('generate aborted before it started', { cause: options.signal.reason });
+    }
+    const active = states.filter((s) => {
+      if (s.request.maxTokens === 0) {
+        s.finishReason = 'length';
+      }
+      return s.finishReason === undefined;
+    });
+    if (active.length > 0) {
+      await decodeLoop(decoder, active, options.signal, limits.vocabSize);
+    }
+    return states.map((s) => ({
+      tokens: s.tokens,
+      logprobs: s.logprobs,
+      finishReason: s.finishReason ?? 'abort',
+      policyVersion: version,
+    }));
+  } finally {
+    decoder.dispose();
+  }
+}
+
+async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortSignal | undefined, vocab: number): Promise<void> {
+  let active = rows;
+  let logits = decoder.start(padPrompts(active.map((s) => s.request.promptTokens)));
+  for (;;) {
+    let values: Float32Array;
+    try {
+      values = (await logits.data()) as Float32Array;
+    } finally {
+      logits.dispose();
+    }
+    const keep: number[] = [];
+    active.forEach((s, row) => {
+      const { token, logprob } = sampleToken(values, row * vocab, vocab, s, s.rng);
+      s.tokens.push(token);
+      s.logprobs.push(logprob);
+      if (s.stop.has(token)) {
+        s.finishReason = 'stop';
+      } else if (s.tokens.length >= s.request.maxTokens) {
+        s.finishReason = 'length';
+      } else {
+        keep.push(row);
+      }
+    });
+    if (keep.length === 0) {
+      return;
+    }
+    await yieldToEventLoop();
+    if (signal?.aborted) {
+      for (const row of keep) {
+        active[row].finishReason = 'abort';
+      }
+      return;
+    }
+    if (keep.length < active.length) {
+      decoder.keepRows(keep);
+      active = keep.map((row) => active[row]);
+    }
+    const tokens = Int32Array.from(active, (s) => s.tokens[s.tokens.length - 1]);
+    const positions = Int32Array.from(active, (s) => s.request.promptTokens.length + s.tokens.length - 1);
+    logits = decoder.step(tokens, positions);
+  }
+}
+
+function initRow(
+  request: GenerateRequest,
+  index: number,
+  eosId: number,
+  limits: { readonly vocabSize: number; readonly maxSeqLen: number },
+): RowState {
+  const invalid = (what: string): ConfigError =>
+    new ConfigError(`generate request ${index}: ${what}`, { context: { request: index } });
+  const { promptTokens, maxTokens } = request;
+  const temperature = request.temperature ?? 1;
+  const topP = request.topP ?? 1;
+  if (promptTokens.length === 0) {
+    throw invalid('promptTokens is empty');
+  }
+  if (!promptTokens.every((t) => Number.isInteger(t) && t >= 0 && t < limits.vocabSize)) {
+    throw invalid(`promptTokens must be integers in [0, ${limits.vocabSize})`);
+  }
+  if (!Number.isInteger(maxTokens) || maxTokens < 0) {
+    throw invalid(`maxTokens must be a non-negative integer, got ${maxTokens}`);
+  }
+  if (promptTokens.length + maxTokens > limits.maxSeqLen) {
+    throw invalid(`prompt (${promptTokens.length}) + maxTokens (${maxTokens}) exceeds maxSeqLen ${limits.maxSeqLen}`);
+  }
+  if (!(temperature >= 0) || !Number.isFinite(temperature)) {
+    throw invalid(`temperature must be finite and >= 0, got ${temperature}`);
+  }
+  if (!(topP > 0 && topP <= 1)) {
+    throw invalid(`topP must be in (0, 1], got ${topP}`);
+  }
+  const seed = request.seed ?? Math.floor(Math.random() * Number.MAX_SAFE_INTEGER);
+  return {
+    request,
+    rng: createRng(seed, 'sample'),
+    stop: new Set(request.stopTokens ?? [eosId]),
+    temperature,
+    topP,
+    tokens: [],
+    logprobs: [],
+    finishReason: undefined,
+  };
+}
+
+/**
+ * Left-pads prompts into one batch.
+ *
+ * @param prompts - Token ids of each row (non-empty).
+ * @returns The batch `[b, P]` with `P` the longest prompt.
+ */
+export function padPrompts(prompts: readonly (readonly number[])[]): PromptBatch {
+  const rows = prompts.length;
+  const width = Math.max(...prompts.map((p) => p.length));
+  const inputIds = new Int32Array(rows * width).fill(PROMPT_PAD_ID);
+  const attentionMask = new Float32Array(rows * width);
+  const positionIds = new Int32Array(rows * width);
+  prompts.forEach((prompt, r) => {
+    const pad = width - prompt.length;
+    prompt.forEach((token, i) => {
+      const at = r * width + pad + i;
+      inputIds[at] = token;
+      attentionMask[at] = 1;
+      positionIds[at] = i;
+    });
+  });
+  return { rows, width, inputIds, attentionMask, positionIds };
+}

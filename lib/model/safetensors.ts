@@ -1,0 +1,247 @@
+/**
+ * Reads and writes {@link NamedWeights} in the safetensors format, so checkpoints interoperate with Python's
+ * `safetensors` package.
+ *
+ * Layout: an unsigned 64-bit little-endian header length `N`; `N` bytes of UTF-8 JSON mapping each tensor
+ * name to `{ dtype, shape, data_offsets: [begin, end] }` (byte offsets into the data section) plus an optional
+ * `__metadata__` object of string values; then the data section, row-major little-endian. This module writes
+ * and reads `F32` tensors only; the header is padded with spaces to a multiple of 8 bytes, as the Python
+ * writer does.
+ *
+ * @packageDocumentation
+ */
+import { randomBytes } from 'node:crypto';
+import { readFile, rename, rm, writeFile } from 'node:fs/promises';
+
+import type { NamedWeights, WeightArray } from '../engine/types.js';
+import { DecodeError, ShapeError } from '../errors.js';
+
+/** Key of the free-form string metadata in a safetensors header. */
+export const SAFETENSORS_METADATA_KEY = '__metadata__';
+/** Bytes of the header-length prefix. */
+const LENGTH_PREFIX_BYTES = 8;
+/** Alignment of the data section, in bytes (the header is padded with spaces to reach it). */
+const HEADER_ALIGNMENT = 8;
+/** Bytes per `F32` element. */
+const F32_BYTES = 4;
+/** Largest header this reader accepts (the Python reader's limit is 100 MB). */
+export const SAFETENSORS_MAX_HEADER_BYTES = 100_000_000;
+
+/** String metadata stored in the `__metadata__` entry. */
+export type SafetensorsMetadata = Readonly<Record<string, string>>;
+
+/** Decoded contents of a safetensors file. */
+export interface SafetensorsContents {
+  /** Tensors by name, in file (header) order, as fresh `Float32Array`s. */
+  readonly weights: NamedWeights;
+  /** The `__metadata__` entry, or `{}`. */
+  readonly metadata: SafetensorsMetadata;
+}
+
+const hostIsLittleEndian = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+
+/**
+ * Encodes weights (all `F32`) and optional string metadata as safetensors bytes.
+ *
+ * @param weights - Tensors by name; each `data.length` must equal the product of its `shape`.
+ * @param metadata - Stored under `__metadata__`.
+ * @throws {@link ShapeError} when a tensor's data does not match its shape, or a name is reserved.
+ */
+export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsMetadata): Uint8Array {
+  const header: Record<string, unknown> = {};
+  if (metadata !== undefined && Object.keys(metadata).length > 0) {
+    header[SAFETENSORS_METADATA_KEY] = { ...metadata };
+  }
+  let offset = 0;
+  for (const [name, { shape, data }] of weights) {
+    if (name === SAFETENSORS_METADATA_KEY) {
+      throw new ShapeError(`tensor name '${name}' is reserved`, { context: { name } });
+    }
+    const size = shape.reduce((p, d) => p * d, 1);
+    if (size !== data.length) {
+      throw new ShapeError(`tensor '${name}' has ${data.length} values but shape [${shape.join(', ')}]`, {
+        context: { name, shape, length: data.length },
+      });
+    }
+    header[name] = { dtype: 'F32', shape: [...shape], data_offsets: [offset, offset + size * F32_BYTES] };
+    offset += size * F32_BYTES;
+  }
+  let json = new TextEncoder().encode(JSON.stringify(header));
+  const padding = (HEADER_ALIGNMENT - (json.length % HEADER_ALIGNMENT)) % HEADER_ALIGNMENT;
+  if (padding > 0) {
+    const padded = new Uint8Array(json.length + padding).fill(0x20);
+    padded.set(json);
+    json = padded;
+  }
+  const out = new Uint8Array(LENGTH_PREFIX_BYTES + json.length + offset);
+  new DataView(out.buffer).setBigUint64(0, BigInt(json.length), true);
+  out.set(json, LENGTH_PREFIX_BYTES);
+  let at = LENGTH_PREFIX_BYTES + json.length;
+  for (const { data } of weights.values()) {
+    writeF32(out, at, data);
+    at += data.length * F32_BYTES;
+  }
+  return out;
+}
+
+/**
+ * Decodes safetensors bytes holding `F32` tensors.
+ *
+ * @throws {@link DecodeError} when the length prefix, the JSON header, a dtype, a shape or the data offsets
+ *   are malformed (offsets must tile the data section exactly, as the Python reader requires).
+ */
+export function decodeSafetensors(bytes: Uint8Array): SafetensorsContents {
+  if (bytes.length < LENGTH_PREFIX_BYTES) {
+    throw malformed(`file has ${bytes.length} bytes, fewer than the ${LENGTH_PREFIX_BYTES}-byte length prefix`);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const headerLength = view.getBigUint64(0, true);
+  if (headerLength > BigInt(Math.min(SAFETENSORS_MAX_HEADER_BYTES, bytes.length - LENGTH_PREFIX_BYTES))) {
+    throw malformed(`header length ${headerLength} exceeds the file (${bytes.length} bytes) or the limit`);
+  }
+  const dataStart = LENGTH_PREFIX_BYTES + Number(headerLength);
+  let parsed: unknown;
+  try {
+    const text = new TextDecoder('utf-8', { fatal: true }).decode(bytes.subarray(LENGTH_PREFIX_BYTES, dataStart));
+    if (!text.startsWith('{')) {
+      throw new Error('header does not start with "{"');
+    }
+    parsed = JSON.parse(text);
+  } catch (cause) {
+    throw malformed('header is not a UTF-8 JSON object', cause);
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    throw malformed('header is not a JSON object');
+  }
+  const dataLength = bytes.length - dataStart;
+  const entries: { name: string; shape: number[]; begin: number; end: number }[] = [];
+  let metadata: Record<string, string> = {};
+  for (const [name, value] of Object.entries(parsed as Record<string, unknown>)) {
+    if (name === SAFETENSORS_METADATA_KEY) {
+      metadata = parseMetadata(value);
+      continue;
+    }
+    entries.push({ name, ...parseEntry(name, value, dataLength) });
+  }
+  const sorted = [...entries].sort((x, y) => x.begin - y.begin || x.end - y.end);
+  let expected = 0;
+  for (const e of sorted) {
+    if (e.begin !== expected) {
+      throw malformed(`tensor '${e.name}' starts at byte ${e.begin}, expected ${expected} (gap or overlap)`);
+    }
+    expected = e.end;
+  }
+  if (expected !== dataLength) {
+    throw malformed(`tensors cover ${expected} bytes of a ${dataLength}-byte data section`);
+  }
+  const weights = new Map<string, WeightArray>();
+  for (const e of entries) {
+    weights.set(e.name, { shape: e.shape, data: readF32(bytes, dataStart + e.begin, (e.end - e.begin) / F32_BYTES) });
+  }
+  return { weights, metadata };
+}
+
+/**
+ * Writes weights as a safetensors file (through a temporary file and a rename, so readers never see half a
+ * file).
+ *
+ * @param path - Destination file.
+ * @param weights - Tensors by name (`F32`).
+ * @param metadata - Stored under `__metadata__`.
+ */
+export async function saveSafetensors(path: string, weights: NamedWeights, metadata?: SafetensorsMetadata): Promise<void> {
+  const bytes = encodeSafetensors(weights, metadata);
+  const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+  try {
+    await writeFile(tmp, bytes);
+    await rename(tmp, path);
+  } catch (error) {
+    await rm(tmp, { force: true });
+    throw error;
+  }
+}
+
+/**
+ * Reads a safetensors file written by {@link saveSafetensors} or by Python's `safetensors` (F32 tensors).
+ *
+ * @throws {@link DecodeError} when the file is malformed.
+ */
+export async function loadSafetensors(path: string): Promise<SafetensorsContents> {
+  const bytes = await readFile(path);
+  try {
+    return decodeSafetensors(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+  } catch (error) {
+    if (error instanceof DecodeError) {
+      throw new DecodeError(`${path}: ${error.message}`, { cause: error.cause, context: { ...error.context, path } });
+    }
+    throw error;
+  }
+}
+
+function parseMetadata(value: unknown): Record<string, string> {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw malformed(`'${SAFETENSORS_METADATA_KEY}' is not an object`);
+  }
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(value as Record<string, unknown>)) {
+    if (typeof v !== 'string') {
+      throw malformed(`metadata value '${k}' is not a string`);
+    }
+    out[k] = v;
+  }
+  return out;
+}
+
+function parseEntry(name: string, value: unknown, dataLength: number): { shape: number[]; begin: number; end: number } {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw malformed(`entry '${name}' is not an object`);
+  }
+  const { dtype, shape, data_offsets: offsets } = value as Record<string, unknown>;
+  if (dtype !== 'F32') {
+    throw malformed(`tensor '${name}' has dtype ${JSON.stringify(dtype)}; only F32 is supported`);
+  }
+  if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) {
+    throw malformed(`tensor '${name}' has an invalid shape`);
+  }
+  if (
+    !Array.isArray(offsets) ||
+    offsets.length !== 2 ||
+    !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
+  ) {
+    throw malformed(`tensor '${name}' has invalid data_offsets`);
+  }
+  const [begin, end] = offsets as [number, number];
+  const size = (shape as number[]).reduce((p, d) => p * d, 1);
+  if (end < begin || end > dataLength || end - begin !== size * F32_BYTES) {
+    throw malformed(`tensor '${name}' data_offsets [${begin}, ${end}] do not fit shape [${shape.join(', ')}]`);
+  }
+  return { shape: [...(shape as number[])], begin, end };
+}
+
+function malformed(message: string, cause?: unknown): DecodeError {
+  return new DecodeError(`malformed safetensors: ${message}`, { cause, context: { format: 'safetensors' } });
+}
+
+function writeF32(out: Uint8Array, at: number, data: Float32Array): void {
+  if (hostIsLittleEndian) {
+    out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), at);
+    return;
+  }
+  const view = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  for (let i = 0; i < data.length; i++) {
+    view.setFloat32(at + i * F32_BYTES, data[i], true);
+  }
+}
+
+function readF32(bytes: Uint8Array, at: number, count: number): Float32Array {
+  const out = new Float32Array(count);
+  if (hostIsLittleEndian) {
+    new Uint8Array(out.buffer).set(bytes.subarray(at, at + count * F32_BYTES));
+    return out;
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  for (let i = 0; i < count; i++) {
+    out[i] = view.getFloat32(at + i * F32_BYTES, true);
+  }
+  return out;
+}
