@@ -116,6 +116,8 @@ export interface Batch {
   readonly tokenRewards: Float32Array;
   /** Per-row metadata. */
   readonly meta: BatchMeta;
+  /** Metrics gathered while preparing the batch (`critic/*`, `batch/*`), merged into the step's metrics. */
+  readonly metrics?: Metrics;
 }
 
 /** Per-row and per-batch metadata of a {@link Batch}. */

@@ -28,13 +28,12 @@ export interface CollateOptions {
  * `inputIds[b] = [pad × (P − p_b), prompt…, response…, pad × (R − r_b)]`; positions count from the first real
  * token; `tokenRewards[b, r_b − 1] = reward_b` (the scalar reward on the last response token).
  *
- * @param rows - trajectories, in batch order (non-empty).
+ * @param rows - trajectories, in batch order (may be empty: a batch of size 0, which trains nothing).
  * @param options - pad id, model tag and per-row advantages.
  * @returns the batch; its typed arrays are fresh (no tensors to dispose).
  */
 export function collate(rows: readonly Trajectory[], options: CollateOptions): Batch {
   const B = rows.length;
-  if (B === 0) throw new ShapeError('collate needs at least one trajectory');
   const { padId } = options;
   let P = 0;
   let R = options.minResponseLength ?? 0;

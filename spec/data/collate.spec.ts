@@ -23,8 +23,9 @@ describe('collate', () => {
     expect(batch.meta).toMatchObject({ trajectoryIds: ['a@0/0', 'a@0/1'], policyVersions: [0, 2], rewards: [0.5, 1] });
   });
 
-  it('rejects an empty batch and ragged trajectories', () => {
-    expect(() => collate([], { padId: 0, modelTag: 'p' })).toThrow(ShapeError);
+  it('collates no rows into an empty batch, and rejects ragged trajectories', () => {
+    const empty = collate([], { padId: 0, modelTag: 'p' });
+    expect([empty.size, empty.promptLength, empty.responseLength, empty.inputIds.length]).toEqual([0, 0, 0, 0]);
     expect(() => collate([traj('a@0', 0, { logprobs: [-1] })], { padId: 0, modelTag: 'p' })).toThrow(ShapeError);
   });
 });

@@ -1,0 +1,153 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { concatMap, type OperatorFunction } from 'rxjs';
+import { computeGroupAdvantages, type StdKind } from '../lib/algos/advantages.js';
+import { applyKlPenalty, type KlEstimatorName } from '../lib/algos/kl.js';
+import { type KlController, createKlController, updateKlController } from '../lib/algos/klController.js';
+import { readMetricsSync } from '../lib/algos/metrics.js';
+import { collate } from '../lib/data/collate.js';
+import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/types.js';
+
+/** A frozen reference policy that scores the response tokens of a batch. */
+export interface ReferencePolicy {
+  /** Log-probs of the response tokens of `batch` under the reference policy, `[B, R]` row-major. */
+  responseLogprobs(batch: Batch, signal?: AbortSignal): Promise<Float32Array>;
+}
+
+/** KL-in-reward settings of {@link grpoPrepare}. */
+export interface KlInRewardOptions {
+  /** Scores the response tokens under the reference policy. */
+  readonly reference: ReferencePolicy;
+  /** Coefficient controller (fixed or adaptive). */
+  readonly controller: KlController;
+  /** KL estimator. Default `k1`. */
+  readonly estimator?: KlEstimatorName;
+}
+
+/** Options of {@link grpoPrepare}. */
+export interface GrpoPrepareOptions {
+  /** Token id written on padding. */
+  readonly padId: number;
+  /** Divide advantages by the group std (GRPO); `false` for Dr.GRPO. Default true. */
+  readonly normalizeByStd?: boolean;
+  /** Group std: `sample` (N−1) or `population`. Default `sample`. */
+  readonly std?: StdKind;
+  /** Added to the std. Default the algos' `ADVANTAGE_EPSILON`. */
+  readonly epsilon?: number;
+  /** Drop groups whose advantages are all 0 (zero variance, singletons, non-finite): DAPO's dynamic sampling. */
+  readonly filterZeroVariance?: boolean;
+  /** Subtract `β·KL(policy ‖ reference)` from the token rewards before scoring. */
+  readonly klInReward?: KlInRewardOptions;
+  /** Model tag of the batches. Default: the first group's. */
+  readonly modelTag?: ModelTag;
+  /** Cancels reference scoring. */
+  readonly signal?: AbortSignal;
+}
+
+/**
+ * Turns a batch of groups into a padded, columnar training {@link Batch}: token rewards (scalar reward on the last
+ * response token, optionally minus a KL penalty against a reference policy), group-normalized advantages
+ * broadcast over each row's loss mask, and the metrics of the preparation (`critic/*`, `batch/*`).
+ * A batch with no rows left (every group empty or filtered) is still emitted, with size 0, so the step counter
+ * and the admission gate move on.
+ *
+ * ```
+ * groups:  --[A,B]------[C,D]--|
+ * grpoPrepare({ padId: 0 })
+ * output:  --x----------y------|      x = Batch of A's and B's rows with advantages
+ * ```
+ *
+ * @example
+ * ```ts
+ * import { batchGroups, grpoPrepare } from 'rxrl/operators';
+ * groups$.pipe(batchGroups({ batchSize: 16 }), grpoPrepare({ padId: tokenizer.padId, std: 'sample' }));
+ * ```
+ * @param options - advantage estimator settings, zero-variance filter and KL in reward.
+ * @returns an operator from arrays of groups to batches.
+ * @see train
+ */
+export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<readonly Group[], Batch> {
+  const filter = options.filterZeroVariance ?? false;
+  let controller = options.klInReward ? createKlController(options.klInReward.controller) : undefined;
+  return (source) =>
+    source.pipe(
+      concatMap(async (groups) => {
+        const modelTag = options.modelTag ?? groups[0]?.modelTag ?? 'policy';
+        const rows: Trajectory[] = groups.flatMap((g) => g.trajectories);
+        const base = collate(rows, { padId: options.padId, modelTag });
+        const R = base.responseLength;
+        const metrics: Metrics = {
+          'batch/groups': groups.length,
+          'batch/groups_empty': groups.filter((g) => g.trajectories.length === 0).length,
+        };
+        let tokenRewards = base.tokenRewards; // [B, R]
+        let refLogprobs: Float32Array | undefined; // [B, R]
+        if (options.klInReward && controller && base.size > 0) {
+          refLogprobs = await options.klInReward.reference.responseLogprobs(base, options.signal);
+          const penalty = klPenalty(base, refLogprobs, controller.coef, options.klInReward.estimator ?? 'k1');
+          tokenRewards = penalty.tokenRewards;
+          Object.assign(metrics, penalty.metrics);
+          controller = updateKlController(controller, metrics['actor/reward_kl_penalty'], base.size);
+        }
+        // Scores are the per-row sums of the token rewards: the reward itself unless a KL penalty applies.
+        const scores = rows.map((_, b) => tokenRewards.subarray(b * R, (b + 1) * R).reduce((a, x) => a + x, 0));
+        const advantage = computeGroupAdvantages(scores, base.meta.groupIds, {
+          normalizeByStd: options.normalizeByStd,
+          std: options.std,
+          epsilon: options.epsilon,
+        });
+        Object.assign(metrics, advantage.metrics);
+
+        let kept = rows.map((_, i) => i);
+        if (filter) {
+          const informative = new Set(advantage.groups.filter((g) => g.kind === 'normal').map((g) => String(g.groupId)));
+          kept = kept.filter((i) => informative.has(rows[i].groupId));
+          metrics['batch/groups_filtered'] = advantage.groups.length - informative.size;
+          metrics['batch/rows_filtered'] = rows.length - kept.length;
+        }
+        const prepared = collate(
+          kept.map((i) => rows[i]),
+          {
+            padId: options.padId,
+            modelTag,
+            advantages: kept.map((i) => advantage.advantages[i]),
+            ...(refLogprobs ? { refLogprobs: kept.map((i) => refLogprobs!.subarray(i * R, (i + 1) * R)) } : {}),
+          },
+        );
+        metrics['batch/rows'] = prepared.size;
+        const finalRewards = options.klInReward ? selectRows(tokenRewards, R, kept, prepared.responseLength) : prepared.tokenRewards;
+        return { ...prepared, tokenRewards: finalRewards, metrics };
+      }),
+    );
+}
+
+/** Token rewards minus `coef·KL(policy ‖ reference)` over a batch's response tokens, with the penalty metrics. */
+function klPenalty(
+  batch: Batch,
+  refLogprobs: Float32Array,
+  coef: number,
+  estimator: KlEstimatorName,
+): { tokenRewards: Float32Array; metrics: Metrics } {
+  const shape: [number, number] = [batch.size, batch.responseLength];
+  const out = tf.tidy(() => {
+    const result = applyKlPenalty(
+      {
+        tokenRewards: tf.tensor2d(batch.tokenRewards, shape),
+        logprob: tf.tensor2d(batch.oldLogprobs, shape),
+        refLogprob: tf.tensor2d(refLogprobs, shape),
+        mask: tf.tensor2d(batch.responseMask, shape),
+      },
+      { coef, estimator },
+    );
+    return { tokenRewards: result.tokenRewards, metrics: result.metrics };
+  });
+  const tokenRewards = out.tokenRewards.dataSync() as Float32Array;
+  out.tokenRewards.dispose();
+  return { tokenRewards, metrics: readMetricsSync(out.metrics) };
+}
+
+/** Rows `index` of a `[B, width]` array, re-laid out with `newWidth` columns (`newWidth ≤ width`). */
+function selectRows(data: Float32Array, width: number, index: readonly number[], newWidth: number): Float32Array {
+  const out = new Float32Array(index.length * newWidth);
+  index.forEach((i, b) => out.set(data.subarray(i * width, i * width + newWidth), b * newWidth));
+  return out;
+}
