@@ -10,43 +10,9 @@ import {
 } from '../../lib/algos/index.js';
 import { ConfigError, ShapeError } from '../../lib/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix } from '../helpers/random.js';
-import { expectClose, expectNoLeak, mat, scalar, useCpuBackend, values } from './support.js';
+import { expectClose, expectNoLeak, mat, referenceAggregate, scalar, useCpuBackend, values } from './support.js';
 
 useCpuBackend();
-
-/** Plain-loop reference of every mode (float64). */
-function referenceAggregate(loss: number[][], mask: number[][], mode: LossAggMode, maxLength?: number): number {
-  const rows = loss.length;
-  const width = rows > 0 ? loss[0].length : 0;
-  const sums: number[] = [];
-  const counts: number[] = [];
-  for (let b = 0; b < rows; b++) {
-    let s = 0;
-    let n = 0;
-    for (let t = 0; t < width; t++) {
-      if (mask[b][t] > 0) {
-        s += loss[b][t];
-        n += 1;
-      }
-    }
-    sums.push(s);
-    counts.push(n);
-  }
-  const nonEmpty = counts.map((n, b) => ({ n, s: sums[b] })).filter(({ n }) => n > 0);
-  const total = (xs: number[]): number => xs.reduce((a, c) => a + c, 0);
-  switch (mode) {
-    case 'token-mean': {
-      const n = total(counts);
-      return n === 0 ? 0 : total(sums) / n;
-    }
-    case 'seq-mean-token-sum':
-      return nonEmpty.length === 0 ? 0 : total(nonEmpty.map(({ s }) => s)) / nonEmpty.length;
-    case 'seq-mean-token-mean':
-      return nonEmpty.length === 0 ? 0 : total(nonEmpty.map(({ s, n }) => s / n)) / nonEmpty.length;
-    case 'seq-mean-token-sum-norm':
-      return rows === 0 ? 0 : total(sums.map((s) => s / (maxLength ?? width))) / rows;
-  }
-}
 
 const LOSS = [
   [1, 2, 3],

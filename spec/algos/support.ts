@@ -5,6 +5,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-core/dist/register_all_gradients';
 import { beforeAll, expect } from 'vitest';
 
+import type { LossAggMode } from '../../lib/algos/index.js';
+
 /** Selects the cpu backend before the tests of the calling file. */
 export function useCpuBackend(): void {
   beforeAll(async () => {
@@ -80,4 +82,38 @@ export function expectMetricsClose(
 export function mat(rows: readonly (readonly number[])[], width?: number): tf.Tensor2D {
   const cols = width ?? rows[0]?.length ?? 0;
   return tf.tensor2d(rows.flat(), [rows.length, cols], 'float32');
+}
+
+/** Plain-loop reference of every mode (float64). */
+export function referenceAggregate(loss: number[][], mask: number[][], mode: LossAggMode, maxLength?: number): number {
+  const rows = loss.length;
+  const width = rows > 0 ? loss[0].length : 0;
+  const sums: number[] = [];
+  const counts: number[] = [];
+  for (let b = 0; b < rows; b++) {
+    let s = 0;
+    let n = 0;
+    for (let t = 0; t < width; t++) {
+      if (mask[b][t] > 0) {
+        s += loss[b][t];
+        n += 1;
+      }
+    }
+    sums.push(s);
+    counts.push(n);
+  }
+  const nonEmpty = counts.map((n, b) => ({ n, s: sums[b] })).filter(({ n }) => n > 0);
+  const total = (xs: number[]): number => xs.reduce((a, c) => a + c, 0);
+  switch (mode) {
+    case 'token-mean': {
+      const n = total(counts);
+      return n === 0 ? 0 : total(sums) / n;
+    }
+    case 'seq-mean-token-sum':
+      return nonEmpty.length === 0 ? 0 : total(nonEmpty.map(({ s }) => s)) / nonEmpty.length;
+    case 'seq-mean-token-mean':
+      return nonEmpty.length === 0 ? 0 : total(nonEmpty.map(({ s, n }) => s / n)) / nonEmpty.length;
+    case 'seq-mean-token-sum-norm':
+      return rows === 0 ? 0 : total(sums.map((s) => s / (maxLength ?? width))) / rows;
+  }
 }
