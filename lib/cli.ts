@@ -4,16 +4,65 @@
  *
  * @packageDocumentation
  */
+import { ConfigError, isRxrlError } from './errors.js';
 
 const usage = `rxrl — reinforcement-learning post-training as a reactive stream
 
 Usage:
-  rxrl start        train the bundled task end to end on the embedded policy
+  rxrl start [--steps N] [--seed N] [--mode sync|batch-async|fully-async] [--backend auto|wasm|cpu|tensorflow]
+                    train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
   rxrl --help       this text
+
+Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND.
+The last line on stdout is one JSON object with the run's summary.
 `;
 
+/** Reads `--name value` or `--name=value` from argv, else the environment variable, else undefined. */
+function option(argv: readonly string[], name: string, env: string): string | undefined {
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === `--${name}`) return argv[i + 1];
+    if (argv[i].startsWith(`--${name}=`)) return argv[i].slice(name.length + 3);
+  }
+  return process.env[env];
+}
+
+function integer(value: string | undefined, name: string): number | undefined {
+  if (value === undefined || value === '') return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new ConfigError(`${name} must be a non-negative integer, got '${value}'`);
+  return n;
+}
+
+async function start(argv: readonly string[]): Promise<number> {
+  const { runEmbedded } = await import('../pipelines/embedded.js');
+  const steps = integer(option(argv, 'steps', 'RXRL_STEPS'), 'steps');
+  const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
+  const mode = option(argv, 'mode', 'RXRL_MODE');
+  const backend = option(argv, 'backend', 'RXRL_BACKEND');
+  const controller = new AbortController();
+  process.once('SIGINT', () => controller.abort());
+  const summary = await runEmbedded({
+    ...(steps === undefined ? {} : { steps }),
+    ...(seed === undefined ? {} : { seed }),
+    ...(mode === undefined ? {} : { mode: mode as never }),
+    ...(backend === undefined ? {} : { backend: backend as never }),
+    signal: controller.signal,
+    onStep: (step, elapsed) => {
+      const m = step.metrics;
+      const line =
+        `step ${String(step.step + 1).padStart(4)}  reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}` +
+        `  loss ${(m['actor/pg_loss'] ?? 0).toFixed(4)}  entropy ${(m['actor/entropy'] ?? 0).toFixed(3)}` +
+        `  staleness ${m['rollout/staleness_max'] ?? 0}  ${elapsed.toFixed(1)}s`;
+      process.stderr.write(`${line}\n`);
+    },
+  });
+  const { lastStep: _last, ...printed } = summary;
+  process.stdout.write(`${JSON.stringify(printed)}\n`);
+  return 0;
+}
+
 async function main(argv: readonly string[]): Promise<number> {
-  const [command] = argv;
+  const [command, ...rest] = argv;
   switch (command) {
     case undefined:
     case '--help':
@@ -22,8 +71,11 @@ async function main(argv: readonly string[]): Promise<number> {
       process.stdout.write(usage);
       return 0;
     case 'start':
-      process.stdout.write('rxrl: the embedded GRPO run lands with the reactive loop; for now see README.md\n');
-      return 0;
+      if (rest.includes('--help')) {
+        process.stdout.write(usage);
+        return 0;
+      }
+      return start(rest);
     default:
       process.stderr.write(`rxrl: unknown command '${command}'\n\n${usage}`);
       return 2;
@@ -35,7 +87,8 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (error: unknown) => {
-    process.stderr.write(`rxrl: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+    const text = isRxrlError(error) ? `${error.name}: ${error.message}` : error instanceof Error ? (error.stack ?? error.message) : String(error);
+    process.stderr.write(`rxrl: ${text}\n`);
     process.exitCode = 1;
   },
 );

@@ -1,0 +1,411 @@
+/**
+ * The GRPO trainer: PPO-clipped policy-gradient steps on prepared batches, on TensorFlow.js.
+ *
+ * @packageDocumentation
+ */
+import * as tf from '@tensorflow/tfjs-core';
+import { type LossAggMode, aggregateLoss, parseLossAggMode } from '../algos/aggregate.js';
+import { truncatedImportanceWeights } from '../algos/importance.js';
+import { type KlEstimatorName, klLoss } from '../algos/kl.js';
+import { keepMetrics, readMetricsSync, type ScalarMetrics } from '../algos/metrics.js';
+import { ppoClipLoss } from '../algos/policyLoss.js';
+import type { NamedWeights } from '../engine/types.js';
+import { ConfigError, assertNever, throwIfAborted } from '../errors.js';
+import type { PolicyModel } from '../model/transformer.js';
+import { createRng, shuffledIndices } from '../random.js';
+import type { Batch, Metrics, ModelTag } from '../types.js';
+import type { StepResult, Trainer } from './types.js';
+
+/** Options of {@link GrpoTrainer}. */
+export interface GrpoTrainerOptions {
+  /** Adam learning rate. Default 1e-3. */
+  readonly learningRate?: number;
+  /** Adam β1. Default 0.9. */
+  readonly adamBeta1?: number;
+  /** Adam β2. Default 0.999. */
+  readonly adamBeta2?: number;
+  /** Adam ε. Default 1e-8. */
+  readonly adamEpsilon?: number;
+  /** Clip gradients to this global L2 norm; `Infinity` turns clipping off. Default 1. */
+  readonly maxGradNorm?: number;
+  /** Rows per forward/backward pass; gradients of a mini-batch's micro-batches are accumulated. Default 64. */
+  readonly microBatchSize?: number;
+  /** Passes over each batch. Default 1. */
+  readonly ppoEpochs?: number;
+  /** Optimizer updates per pass (the batch is split into this many shuffled mini-batches). Default 1. */
+  readonly miniBatches?: number;
+  /** PPO lower clip range. Default 0.2. */
+  readonly clipLow?: number;
+  /** PPO upper clip range (DAPO raises it, e.g. 0.28). Default `clipLow`. */
+  readonly clipHigh?: number;
+  /** Dual-clip bound (> 1) for negative advantages. Default none. */
+  readonly clipRatioC?: number;
+  /** Loss aggregation. Default `token-mean`. */
+  readonly lossAggregation?: LossAggMode;
+  /** Constant length of `seq-mean-token-sum-norm`. Default the batch's response width. */
+  readonly maxLength?: number;
+  /** Coefficient of an entropy bonus. Default 0. */
+  readonly entropyCoef?: number;
+  /** KL to the reference policy as a loss term (needs `batch.refLogprobs` or a `reference` model). */
+  readonly klLoss?: { readonly coef: number; readonly estimator?: KlEstimatorName };
+  /** Frozen reference policy used for the KL loss when a batch carries no reference log-probs. */
+  readonly reference?: PolicyModel;
+  /**
+   * Decoupled PPO for stale data: the ratio is taken against the current weights before the update (the
+   * proximal policy), and each token is weighted by `min(π_prox/π_rollout, cap)`. Off by default (the ratio is
+   * then taken against the rollout-time log-probs).
+   */
+  readonly importanceCap?: number;
+  /** Model tag. Default `policy`. */
+  readonly modelTag?: ModelTag;
+  /** Seed of the mini-batch shuffle. Default 0. */
+  readonly seed?: number;
+}
+
+/** Token tensors of a group of rows. */
+interface RowTensors {
+  readonly ids: tf.Tensor2D; // [b, T]
+  readonly attention: tf.Tensor2D; // [b, T]
+  readonly positions: tf.Tensor2D; // [b, T]
+  readonly lossMask: tf.Tensor2D; // [b, R]
+  readonly oldLogprobs: tf.Tensor2D; // [b, R]
+  readonly advantages: tf.Tensor2D; // [b, R]
+  readonly refLogprobs?: tf.Tensor2D; // [b, R]
+}
+
+/** Clamp of the global-norm denominator. */
+const GRAD_NORM_EPSILON = 1e-6;
+
+/**
+ * Trains a {@link PolicyModel} with the GRPO objective: the PPO clipped surrogate over group-normalized
+ * advantages, optional KL-to-reference loss and entropy bonus; micro-batches with gradient accumulation,
+ * global-norm clipping and Adam. A non-finite loss or gradient skips the update and says so in the metrics
+ * (`actor/skipped_nonfinite`); the step still counts, so versions keep moving.
+ */
+export class GrpoTrainer implements Trainer {
+  readonly modelTag: ModelTag;
+  private steps = 0;
+  private readonly optimizer: tf.AdamOptimizer;
+  private readonly options: Required<
+    Pick<
+      GrpoTrainerOptions,
+      'maxGradNorm' | 'microBatchSize' | 'ppoEpochs' | 'miniBatches' | 'clipLow' | 'lossAggregation' | 'entropyCoef'
+    >
+  > &
+    GrpoTrainerOptions;
+  private readonly rng;
+
+  constructor(
+    readonly model: PolicyModel,
+    options: GrpoTrainerOptions = {},
+  ) {
+    this.modelTag = options.modelTag ?? 'policy';
+    this.options = {
+      ...options,
+      maxGradNorm: options.maxGradNorm ?? 1,
+      microBatchSize: options.microBatchSize ?? 64,
+      ppoEpochs: options.ppoEpochs ?? 1,
+      miniBatches: options.miniBatches ?? 1,
+      clipLow: options.clipLow ?? 0.2,
+      lossAggregation: parseLossAggMode(options.lossAggregation ?? 'token-mean'),
+      entropyCoef: options.entropyCoef ?? 0,
+    };
+    for (const key of ['microBatchSize', 'ppoEpochs', 'miniBatches'] as const) {
+      const value = this.options[key];
+      if (!Number.isInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`);
+    }
+    if (!(this.options.maxGradNorm > 0)) throw new ConfigError(`maxGradNorm must be > 0, got ${this.options.maxGradNorm}`);
+    const lr = options.learningRate ?? 1e-3;
+    if (!(lr > 0)) throw new ConfigError(`learningRate must be > 0, got ${lr}`);
+    if (options.importanceCap !== undefined && !(options.importanceCap >= 1)) {
+      throw new ConfigError(`importanceCap must be >= 1, got ${options.importanceCap}`);
+    }
+    this.optimizer = tf.train.adam(lr, options.adamBeta1 ?? 0.9, options.adamBeta2 ?? 0.999, options.adamEpsilon ?? 1e-8);
+    this.rng = createRng(options.seed ?? 0);
+  }
+
+  get step(): number {
+    return this.steps;
+  }
+
+  /** Copies of the current weights. */
+  getWeights(): NamedWeights {
+    return this.model.getWeights();
+  }
+
+  async trainStep(batch: Batch, signal?: AbortSignal): Promise<StepResult> {
+    throwIfAborted(signal);
+    const started = performance.now();
+    const step = this.steps;
+    const metrics: Metrics = { ...(batch.metrics ?? {}), ...stalenessMetrics(batch, step) };
+    let skipped = batch.size === 0;
+    if (!skipped) {
+      const { epochs, skippedUpdates } = await this.optimize(batch, metrics, signal);
+      skipped = skippedUpdates === epochs;
+      metrics['actor/skipped_nonfinite'] = skippedUpdates;
+    } else {
+      metrics['actor/skipped_empty'] = 1;
+    }
+    this.steps++;
+    const seconds = (performance.now() - started) / 1000;
+    const tokens = sum(batch.attentionMask);
+    metrics['timing/step_s'] = seconds;
+    metrics['perf/tokens'] = tokens;
+    metrics['perf/tokens_per_s'] = seconds > 0 ? tokens / seconds : 0;
+    metrics['training/global_step'] = step + 1;
+    const model = this.model;
+    return {
+      step,
+      version: step + 1,
+      metrics,
+      skipped,
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: () => model.getWeights(),
+    };
+  }
+
+  /**
+   * A supervised (cross-entropy) step on the response tokens of `batch` where `lossMask` is 1, for warm starts.
+   * Returns `{ loss, gradNorm, skipped }`.
+   */
+  sftStep(batch: Batch): { loss: number; gradNorm: number; skipped: boolean } {
+    const tensors = rowTensors(batch, 0, batch.size);
+    try {
+      const vars = this.model.trainableVariables();
+      const { value, grads } = tf.variableGrads(() => {
+        const logprob = this.responseLogprobs(tensors, batch).logprob;
+        return tf.neg(aggregateLoss(logprob, tensors.lossMask, 'token-mean')) as tf.Scalar;
+      }, vars);
+      const loss = value.dataSync()[0];
+      value.dispose();
+      const { norm, applied } = this.applyClipped(grads, Number.isFinite(loss));
+      return { loss, gradNorm: norm, skipped: !applied };
+    } finally {
+      tf.dispose(Object.values(tensors));
+    }
+  }
+
+  /** Releases the optimizer state (the model belongs to the caller). */
+  dispose(): void {
+    this.optimizer.dispose();
+  }
+
+  private async optimize(
+    batch: Batch,
+    metrics: Metrics,
+    signal?: AbortSignal,
+  ): Promise<{ epochs: number; skippedUpdates: number }> {
+    const { ppoEpochs, miniBatches, microBatchSize } = this.options;
+    const B = batch.size;
+    const all = rowTensors(batch, 0, B);
+    let proxLogprobs: tf.Tensor2D | undefined; // [B, R]
+    let isWeights: tf.Tensor2D | undefined; // [B, R]
+    let refLogprobs = all.refLogprobs; // [B, R]
+    const totals = new Map<string, { sum: number; weight: number }>();
+    const record = (values: Metrics, weight: number): void => {
+      for (const [key, value] of Object.entries(values)) {
+        const t = totals.get(key) ?? { sum: 0, weight: 0 };
+        t.sum += value * weight;
+        t.weight += weight;
+        totals.set(key, t);
+      }
+    };
+    let updates = 0;
+    let skippedUpdates = 0;
+    try {
+      if (this.options.importanceCap !== undefined) {
+        proxLogprobs = tf.tidy(() => this.responseLogprobs(all, batch).logprob);
+        const is = truncatedImportanceWeights(proxLogprobs, all.oldLogprobs, all.lossMask, {
+          cap: this.options.importanceCap,
+        });
+        isWeights = is.weights;
+        record(readMetricsSync(is.metrics), 1);
+      }
+      if (this.options.klLoss && !refLogprobs) {
+        const reference = this.options.reference;
+        if (!reference) throw new ConfigError('klLoss needs batch.refLogprobs or a reference model');
+        refLogprobs = tf.tidy(() => {
+          const lp = reference.tokenLogprobs(all.ids, all.attention, all.positions);
+          return sliceResponse(lp.logprobs, batch);
+        });
+      }
+      for (let epoch = 0; epoch < ppoEpochs; epoch++) {
+        const order = miniBatches > 1 ? shuffledIndices(B, this.rng) : [...Array(B).keys()];
+        const miniSize = Math.ceil(B / miniBatches);
+        for (let m = 0; m < B; m += miniSize) {
+          throwIfAborted(signal);
+          const mini = order.slice(m, m + miniSize);
+          const grads = new Map<string, tf.Tensor>();
+          let finite = true;
+          const miniWeight = this.lossWeight(batch, mini);
+          try {
+            for (let u = 0; u < mini.length; u += microBatchSize) {
+              const micro = mini.slice(u, u + microBatchSize);
+              const share = miniWeight > 0 ? this.lossWeight(batch, micro) / miniWeight : 0;
+              const index = tf.tensor1d(Int32Array.from(micro), 'int32');
+              const pick = (t: tf.Tensor2D | undefined): tf.Tensor2D | undefined =>
+                t === undefined ? undefined : (tf.gather(t, index) as tf.Tensor2D);
+              const part = tf.tidy(() => ({
+                ids: pick(all.ids)!,
+                attention: pick(all.attention)!,
+                positions: pick(all.positions)!,
+                lossMask: pick(all.lossMask)!,
+                oldLogprobs: pick(proxLogprobs ?? all.oldLogprobs)!,
+                advantages: pick(all.advantages)!,
+                ...(refLogprobs ? { refLogprobs: pick(refLogprobs)! } : {}),
+                ...(isWeights ? { isWeights: pick(isWeights)! } : {}),
+              }));
+              index.dispose();
+              let kept: ScalarMetrics = {};
+              const { value, grads: g } = tf.variableGrads(() => {
+                const out = this.loss(part, part.isWeights, batch);
+                kept = keepMetrics(out.metrics);
+                return tf.mul(out.loss, share) as tf.Scalar;
+              }, this.model.trainableVariables());
+              tf.dispose(Object.values(part));
+              const lossValue = value.dataSync()[0];
+              value.dispose();
+              if (!Number.isFinite(lossValue)) finite = false;
+              record(readMetricsSync(kept), micro.length);
+              for (const [name, grad] of Object.entries(g)) {
+                const prev = grads.get(name);
+                if (prev) {
+                  grads.set(name, tf.add(prev, grad));
+                  prev.dispose();
+                  grad.dispose();
+                } else {
+                  grads.set(name, grad);
+                }
+              }
+              await Promise.resolve();
+            }
+          } catch (error) {
+            tf.dispose([...grads.values()]);
+            throw error;
+          }
+          const { norm, applied } = this.applyClipped(Object.fromEntries(grads), finite);
+          record({ 'actor/grad_norm': norm }, 1);
+          updates++;
+          if (!applied) skippedUpdates++;
+        }
+      }
+    } finally {
+      tf.dispose([...Object.values(all), proxLogprobs, isWeights, refLogprobs].filter((t): t is tf.Tensor => !!t));
+    }
+    for (const [key, { sum: s, weight }] of totals) metrics[key] = weight > 0 ? s / weight : 0;
+    metrics['actor/updates'] = updates;
+    metrics['actor/lr'] = this.options.learningRate ?? 1e-3;
+    return { epochs: updates, skippedUpdates };
+  }
+
+  /** Weight of a set of rows in the aggregated loss: tokens for `token-mean`, non-empty rows otherwise. */
+  private lossWeight(batch: Batch, rows: readonly number[]): number {
+    const R = batch.responseLength;
+    let tokens = 0;
+    let nonEmpty = 0;
+    for (const b of rows) {
+      let n = 0;
+      for (let i = 0; i < R; i++) n += batch.lossMask[b * R + i];
+      tokens += n;
+      if (n > 0) nonEmpty++;
+    }
+    switch (this.options.lossAggregation) {
+      case 'token-mean':
+        return tokens;
+      case 'seq-mean-token-sum':
+      case 'seq-mean-token-mean':
+        return nonEmpty;
+      case 'seq-mean-token-sum-norm':
+        return rows.length;
+      default:
+        return assertNever(this.options.lossAggregation, 'loss aggregation');
+    }
+  }
+
+  /** Per-token response log-probs `[b, R]` and entropies of the current policy. */
+  private responseLogprobs(t: RowTensors, batch: Batch): { logprob: tf.Tensor2D; entropy: tf.Tensor2D } {
+    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions); // [b, T-1]
+    return { logprob: sliceResponse(out.logprobs, batch), entropy: sliceResponse(out.entropy, batch) };
+  }
+
+  private loss(t: RowTensors, isWeights: tf.Tensor2D | undefined, batch: Batch): { loss: tf.Scalar; metrics: ScalarMetrics } {
+    const { logprob, entropy } = this.responseLogprobs(t, batch); // [b, R]
+    const mode = this.options.lossAggregation;
+    const maxLength = this.options.maxLength ?? batch.responseLength;
+    const pg = ppoClipLoss(
+      { logprob, oldLogprob: t.oldLogprobs, advantages: t.advantages, mask: t.lossMask, ...(isWeights ? { importanceWeights: isWeights } : {}) },
+      { clipLow: this.options.clipLow, clipHigh: this.options.clipHigh, clipRatioC: this.options.clipRatioC, mode, maxLength },
+    );
+    const metrics: ScalarMetrics = { ...pg.metrics };
+    let loss = pg.loss;
+    const entropyMean = aggregateLoss(entropy, t.lossMask, mode, { maxLength });
+    metrics['actor/entropy'] = entropyMean;
+    if (this.options.entropyCoef !== 0) loss = tf.sub(loss, tf.mul(entropyMean, this.options.entropyCoef));
+    if (this.options.klLoss && t.refLogprobs) {
+      const kl = klLoss(
+        { logprob, refLogprob: t.refLogprobs, mask: t.lossMask },
+        { coef: this.options.klLoss.coef, estimator: this.options.klLoss.estimator ?? 'low_var_kl', mode, maxLength },
+      );
+      Object.assign(metrics, kl.metrics);
+      loss = tf.add(loss, kl.loss);
+    }
+    return { loss: loss as tf.Scalar, metrics };
+  }
+
+  /** Clips `grads` to the global norm and applies them when `finite`; disposes them. */
+  private applyClipped(grads: tf.NamedTensorMap, finite: boolean): { norm: number; applied: boolean } {
+    const tensors = Object.values(grads);
+    try {
+      const norm = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))).dataSync()[0];
+      if (!finite || !Number.isFinite(norm)) return { norm, applied: false };
+      const scale = Math.min(1, this.options.maxGradNorm / (norm + GRAD_NORM_EPSILON));
+      const clipped = Object.entries(grads).map(([name, g]) => ({ name, tensor: scale < 1 ? tf.mul(g, scale) : g }));
+      this.optimizer.applyGradients(clipped);
+      if (scale < 1) tf.dispose(clipped.map((c) => c.tensor));
+      return { norm, applied: true };
+    } finally {
+      tf.dispose(tensors);
+    }
+  }
+}
+
+/** `rollout/staleness_{min,mean,max}` of a batch trained at `step`: `step − policyVersion` per row. */
+export function stalenessMetrics(batch: Batch, step: number): Metrics {
+  const versions = batch.meta.policyVersions;
+  if (versions.length === 0) return {};
+  const staleness = versions.map((v) => step - v);
+  return {
+    'rollout/staleness_min': Math.min(...staleness),
+    'rollout/staleness_mean': staleness.reduce((a, b) => a + b, 0) / staleness.length,
+    'rollout/staleness_max': Math.max(...staleness),
+    'rollout/reward_mean': batch.meta.rewards.reduce((a, b) => a + b, 0) / batch.meta.rewards.length,
+    'response_length/mean': sum(batch.responseMask) / batch.size,
+  };
+}
+
+function rowTensors(batch: Batch, from: number, to: number): RowTensors {
+  const T = batch.promptLength + batch.responseLength;
+  const R = batch.responseLength;
+  const n = to - from;
+  return {
+    ids: tf.tensor2d(batch.inputIds.subarray(from * T, to * T), [n, T], 'int32'),
+    attention: tf.tensor2d(batch.attentionMask.subarray(from * T, to * T), [n, T]),
+    positions: tf.tensor2d(batch.positionIds.subarray(from * T, to * T), [n, T], 'int32'),
+    lossMask: tf.tensor2d(batch.lossMask.subarray(from * R, to * R), [n, R]),
+    oldLogprobs: tf.tensor2d(batch.oldLogprobs.subarray(from * R, to * R), [n, R]),
+    advantages: tf.tensor2d(batch.advantages.subarray(from * R, to * R), [n, R]),
+    ...(batch.refLogprobs ? { refLogprobs: tf.tensor2d(batch.refLogprobs.subarray(from * R, to * R), [n, R]) } : {}),
+  };
+}
+
+/** The response columns of a `[b, T-1]` next-token tensor: columns `P-1 … P+R-2` → `[b, R]`. */
+function sliceResponse(x: tf.Tensor2D, batch: Batch): tf.Tensor2D {
+  const [b] = x.shape;
+  return tf.slice(x, [0, batch.promptLength - 1], [b, batch.responseLength]); // [b, R]
+}
+
+function sum(values: ArrayLike<number>): number {
+  let s = 0;
+  for (let i = 0; i < values.length; i++) s += values[i];
+  return s;
+}

@@ -1,0 +1,123 @@
+import { EMPTY, Observable, fromEvent, take, takeUntil } from 'rxjs';
+import type { StdKind } from '../lib/algos/advantages.js';
+import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import { ConfigError } from '../lib/errors.js';
+import type { Evaluator } from '../lib/evaluator.js';
+import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
+import type { StepResult, Trainer } from '../lib/train/types.js';
+import type { Task } from '../lib/types.js';
+import { admit } from '../operators/admit.js';
+import { batchGroups } from '../operators/batchGroups.js';
+import { groupTrajectories } from '../operators/groupTrajectories.js';
+import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js';
+import { rollout } from '../operators/rollout.js';
+import { syncWeights } from '../operators/syncWeights.js';
+import { train } from '../operators/train.js';
+
+/** Configuration of {@link grpoPipeline}. */
+export interface GrpoPipelineConfig {
+  /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a ready loader (`AsyncIterable<Task>`). */
+  readonly tasks: TaskSource | AsyncIterable<Task>;
+  /** Loader options when `tasks` is not a loader already (epochs, seeded shuffle, resume position). */
+  readonly loader?: LoadTasksOptions;
+  /** Rollout engines; the first one samples, and all of them receive every new version. */
+  readonly engines: readonly RolloutEngine[];
+  /** Takes the train steps. */
+  readonly trainer: Trainer;
+  /** Scores responses. */
+  readonly evaluator: Evaluator;
+  /** Staleness mode. Default `sync`. */
+  readonly mode?: StalenessMode;
+  /** η of `batch-async`. Default 1. */
+  readonly stalenessThreshold?: number;
+  /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
+  readonly capacity?: number;
+  /** Tasks (groups) per train step. */
+  readonly batchSize: number;
+  /** Samples per task (GRPO group size). */
+  readonly groupSize: number;
+  /** Most samples in flight. Default `batchSize · groupSize`. */
+  readonly concurrency?: number;
+  /** Largest response length in tokens. */
+  readonly maxTokens: number;
+  /** Sampling temperature. Default 1. */
+  readonly temperature?: number;
+  /** Nucleus mass. Default 1. */
+  readonly topP?: number;
+  /** Stop after this many train steps. Default: when the loader is exhausted. */
+  readonly steps?: number;
+  /** Base seed of the sampling streams. Default 0. */
+  readonly seed?: number;
+  /** Advantage settings and the zero-variance filter. */
+  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
+  /** Optional KL penalty in the reward. */
+  readonly klInReward?: KlInRewardOptions;
+  /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
+  readonly signal?: AbortSignal;
+}
+
+/**
+ * The ready-made GRPO loop: loader ─admit─▶ rollout ─▶ groupTrajectories ─▶ batchGroups ─▶ grpoPrepare ─▶
+ * train ─▶ syncWeights, with the admission gate fed by each published version.
+ *
+ * @example
+ * ```ts
+ * import { grpoPipeline } from 'rxrl/pipelines';
+ * grpoPipeline({ tasks, engines: [engine], trainer, evaluator, batchSize: 16, groupSize: 8, maxTokens: 8, steps: 100 })
+ *   .subscribe((step) => console.log(step.step, step.metrics['rollout/reward_mean']));
+ * ```
+ * @param config - tasks, engines, trainer, evaluator, staleness mode and sizes.
+ * @returns a cold Observable of step results (one per train step); each subscription runs the loop once.
+ */
+export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult> {
+  const [engine] = config.engines;
+  if (engine === undefined) throw new ConfigError('grpoPipeline needs at least one rollout engine');
+  const { batchSize, groupSize } = config;
+  return new Observable<StepResult>((subscriber) => {
+    const gate = new AdmissionGate({
+      mode: config.mode ?? 'sync',
+      tasksPerBatch: batchSize,
+      stalenessThreshold: config.stalenessThreshold,
+      capacity: config.capacity,
+    });
+    const loader = isLoader(config.tasks) ? config.tasks : loadTasks(config.tasks as TaskSource, config.loader);
+    const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
+    const steps$ = admit(loader, gate).pipe(
+      rollout(engine, {
+        samplesPerTask: groupSize,
+        concurrency: config.concurrency ?? batchSize * groupSize,
+        evaluator: config.evaluator,
+        maxTokens: config.maxTokens,
+        temperature: config.temperature,
+        topP: config.topP,
+        seed: config.seed,
+        modelTag: config.trainer.modelTag,
+      }),
+      groupTrajectories({ keys: ['groupId'], groupSize }),
+      batchGroups({ batchSize }),
+      grpoPrepare({
+        padId: engine.tokenizer.padId,
+        normalizeByStd: config.advantage?.normalizeByStd,
+        std: config.advantage?.std,
+        filterZeroVariance: config.advantage?.filterZeroVariance,
+        klInReward: config.klInReward,
+        modelTag: config.trainer.modelTag,
+        signal: config.signal,
+      }),
+      train(config.trainer, { signal: config.signal }),
+      syncWeights(config.engines, { onPublished: (version) => gate.publish(version, batchSize) }),
+      config.steps === undefined ? (s) => s : take(config.steps),
+      takeUntil(aborted),
+    );
+    if (config.signal?.aborted) {
+      subscriber.complete();
+      return undefined;
+    }
+    return steps$.subscribe(subscriber);
+  });
+}
+
+function isLoader(tasks: TaskSource | AsyncIterable<Task>): tasks is AsyncIterable<Task> {
+  return typeof (tasks as AsyncIterable<Task>)[Symbol.asyncIterator] === 'function' && !Array.isArray(tasks);
+}
