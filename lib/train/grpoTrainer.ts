@@ -356,7 +356,9 @@ export class GrpoTrainer implements Trainer {
   private applyClipped(grads: tf.NamedTensorMap, finite: boolean): { norm: number; applied: boolean } {
     const tensors = Object.values(grads);
     try {
-      const norm = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))).dataSync()[0];
+      const normTensor = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))); // []
+      const norm = normTensor.dataSync()[0];
+      normTensor.dispose();
       if (!finite || !Number.isFinite(norm)) return { norm, applied: false };
       const scale = Math.min(1, this.options.maxGradNorm / (norm + GRAD_NORM_EPSILON));
       const clipped = Object.entries(grads).map(([name, g]) => ({ name, tensor: scale < 1 ? tf.mul(g, scale) : g }));

@@ -1,0 +1,151 @@
+import * as tf from '@tensorflow/tfjs-core';
+import '@tensorflow/tfjs-backend-cpu';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { collate } from '../../lib/data/collate.js';
+import { ConfigError } from '../../lib/errors.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
+import type { Batch, Trajectory } from '../../lib/types.js';
+import { traj } from '../helpers/fixtures.js';
+
+const config: PolicyConfig = { vocabSize: 9, dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 };
+
+function rows(model: PolicyModel): Trajectory[] {
+  // Two prompts, two responses each; log-probs are those of the current model so the PPO ratio starts at 1.
+  const shapes: [number[], number[], number][] = [
+    [[1, 3, 4], [5, 6, 2], 1],
+    [[1, 3, 4], [6, 2], 0],
+    [[1, 7], [8, 5, 5, 2], 1],
+    [[1, 7], [3, 2], 0],
+  ];
+  return shapes.map(([promptTokens, responseTokens, reward], i) => {
+    const t = traj(`g${i >> 1}@0`, i & 1, { promptTokens, responseTokens, reward, logprobs: responseTokens.map(() => 0), lossMask: responseTokens.map(() => 1) });
+    return { ...t, logprobs: responseLogprobs(model, t) };
+  });
+}
+
+function responseLogprobs(model: PolicyModel, t: Trajectory): number[] {
+  return tf.tidy(() => {
+    const ids = [...t.promptTokens, ...t.responseTokens];
+    const out = model.tokenLogprobs(
+      tf.tensor2d([ids], [1, ids.length], 'int32'),
+      tf.ones([1, ids.length]) as tf.Tensor2D,
+      tf.tensor2d([ids.map((_, i) => i)], [1, ids.length], 'int32'),
+    );
+    return [...out.logprobs.dataSync()].slice(t.promptTokens.length - 1);
+  });
+}
+
+function batchOf(model: PolicyModel, advantages = [1, -1, 1, -1]): Batch {
+  return collate(rows(model), { padId: 0, modelTag: 'policy', advantages });
+}
+
+describe('GrpoTrainer', () => {
+  beforeAll(async () => {
+    await tf.setBackend('cpu');
+  });
+
+  it('raises the log-prob of positive-advantage responses and lowers the others', async () => {
+    const model = PolicyModel.create(config, 3);
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-2 });
+    const before = rows(model);
+    const result = await trainer.trainStep(batchOf(model));
+    const after = rows(model);
+    const total = (t: Trajectory): number => t.logprobs.reduce((a, b) => a + b, 0);
+    expect(total(after[0])).toBeGreaterThan(total(before[0]));
+    expect(total(after[1])).toBeLessThan(total(before[1]));
+    expect(result).toMatchObject({ step: 0, version: 1, skipped: false });
+    expect(result.metrics['actor/pg_clipfrac']).toBe(0);
+    expect(Math.abs(result.metrics['actor/ppo_kl'])).toBeLessThan(1e-5);
+    expect(result.metrics['actor/grad_norm']).toBeGreaterThan(0);
+    expect(result.metrics['rollout/staleness_max']).toBe(0);
+    trainer.dispose();
+    model.dispose();
+  });
+
+  it('gives the same update with micro-batches (gradient accumulation) as with one pass', async () => {
+    const a = PolicyModel.create(config, 5);
+    const b = PolicyModel.create(config, 5);
+    for (const mode of ['token-mean', 'seq-mean-token-sum'] as const) {
+      const whole = new GrpoTrainer(a, { learningRate: 1e-2, microBatchSize: 4, lossAggregation: mode });
+      const micro = new GrpoTrainer(b, { learningRate: 1e-2, microBatchSize: 1, lossAggregation: mode });
+      const batch = batchOf(a);
+      await whole.trainStep(batch);
+      await micro.trainStep(batch);
+      const wa = a.getWeights();
+      const wb = b.getWeights();
+      for (const [name, w] of wa) {
+        const other = wb.get(name)!.data;
+        w.data.forEach((x, i) => expect(other[i]).toBeCloseTo(x, 5));
+      }
+      whole.dispose();
+      micro.dispose();
+    }
+    a.dispose();
+    b.dispose();
+  });
+
+  it('skips the update on a NaN loss and reports it, leaving weights unchanged', async () => {
+    const model = PolicyModel.create(config, 7);
+    const trainer = new GrpoTrainer(model);
+    const batch = batchOf(model, [Number.NaN, 1, 1, -1]);
+    const before = model.getWeights();
+    const result = await trainer.trainStep(batch);
+    expect(result.skipped).toBe(true);
+    expect(result.metrics['actor/skipped_nonfinite']).toBe(1);
+    expect(result.version).toBe(1);
+    for (const [name, w] of model.getWeights()) expect([...w.data]).toEqual([...before.get(name)!.data]);
+    trainer.dispose();
+    model.dispose();
+  });
+
+  it('leaks no tensors across steps with PPO epochs, mini-batches, KL loss and importance weights', async () => {
+    const model = PolicyModel.create(config, 9);
+    const reference = PolicyModel.create(config, 9);
+    const trainer = new GrpoTrainer(model, {
+      ppoEpochs: 2,
+      miniBatches: 2,
+      microBatchSize: 1,
+      klLoss: { coef: 0.1 },
+      reference,
+      importanceCap: 2,
+      entropyCoef: 0.01,
+      clipRatioC: 3,
+    });
+    const batch = batchOf(model);
+    await trainer.trainStep(batch); // creates the optimizer slots
+    const tensors = tf.memory().numTensors;
+    const result = await trainer.trainStep(batch);
+    expect(tf.memory().numTensors).toBe(tensors);
+    expect(result.metrics['actor/updates']).toBe(4);
+    expect(result.metrics['actor/kl_loss']).toBeGreaterThan(0);
+    expect(result.metrics['actor/is_weight_mean']).toBeGreaterThan(0);
+    trainer.dispose();
+    model.dispose();
+    reference.dispose();
+  });
+
+  it('counts an empty batch as a skipped step and rejects bad options', async () => {
+    const model = PolicyModel.create(config, 1);
+    const trainer = new GrpoTrainer(model);
+    const result = await trainer.trainStep(collate([], { padId: 0, modelTag: 'policy' }));
+    expect(result).toMatchObject({ step: 0, version: 1, skipped: true });
+    expect(() => new GrpoTrainer(model, { microBatchSize: 0 })).toThrow(ConfigError);
+    expect(() => new GrpoTrainer(model, { lossAggregation: 'sum' as never })).toThrow(ConfigError);
+    trainer.dispose();
+    model.dispose();
+  });
+
+  it('takes a supervised step that lowers the NLL of the response tokens', () => {
+    const model = PolicyModel.create(config, 11);
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-2 });
+    const batch = batchOf(model);
+    const first = trainer.sftStep(batch);
+    let last = first;
+    for (let i = 0; i < 5; i++) last = trainer.sftStep(batch);
+    expect(last.loss).toBeLessThan(first.loss);
+    expect(first.skipped).toBe(false);
+    trainer.dispose();
+    model.dispose();
+  });
+});
