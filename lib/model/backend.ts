@@ -259,13 +259,20 @@ function gradOfLeft(dy: tf.Tensor, bOperand: tf.Tensor, aShape: readonly number[
   return reduceToShape(plainMatMul(dy, swapLastAxes(bOperand)), aShape);
 }
 
-/** `dB` of `C = A @ B`; when `B` is a matrix and `A` has batch axes, one `[k, N] @ [N, n]` product. */
+/**
+ * `dB` of `C = A @ B`. When `B` is a matrix, `A` is flattened to `[N, k]` and the product is `Aᵀ · dy`, or
+ * `(dyᵀ · A)ᵀ` when `dy [N, n]` is the narrower one to transpose (transposes of `[N, ·]` activations dominate
+ * the cost; the extra `[n, k]` transpose is small).
+ */
 function gradOfRight(dy: tf.Tensor, aOperand: tf.Tensor, bShape: readonly number[]): tf.Tensor {
-  if (bShape.length === 2 && aOperand.rank > 2) {
+  if (bShape.length === 2) {
     const k = aOperand.shape[aOperand.rank - 1];
     const n = dy.shape[dy.rank - 1];
-    const a2 = tf.reshape(aOperand, [-1, k]); // [N, k]
-    const dy2 = tf.reshape(dy, [-1, n]); // [N, n]
+    const a2 = aOperand.rank === 2 ? aOperand : tf.reshape(aOperand, [-1, k]); // [N, k]
+    const dy2 = dy.rank === 2 ? dy : tf.reshape(dy, [-1, n]); // [N, n]
+    if (n < k) {
+      return tf.transpose(tf.matMul(tf.transpose(dy2), a2)); // [n, k] → [k, n]
+    }
     return tf.matMul(tf.transpose(a2), dy2); // [k, n]
   }
   return reduceToShape(tf.matMul(swapLastAxes(aOperand), dy), bShape);

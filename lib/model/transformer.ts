@@ -4,8 +4,8 @@
  * Architecture (per token, `d = dModel`, `H = nHeads`, `dh = d / H`):
  * ```
  * x = tokEmbedding[id] + posEmbedding[position]              one-hot products, no gather
- * repeat nLayers:  x += Wo · attn(RMSNorm(x) · Wq, Wk, Wv)    causal, padding keys masked
- *                  x += Wout · GELU(Wdown · RMSNorm(x))       tanh approximation of GELU
+ * repeat nLayers:  x += Wo · attn(RMSNorm(x) · [Wq Wk Wv])   causal, padding keys masked
+ *                  x += Wout · GELU(Win · RMSNorm(x))         tanh approximation of GELU
  * logits = RMSNorm(x) · lmHead                               separate (untied) head
  * ```
  * Positions are learned absolute embeddings indexed by explicit `positionIds` (the position counted from each
@@ -412,16 +412,25 @@ export class PolicyModel {
     let x = this.embed(inputIds, positionIds); // [B*T, d]
     const bias = attentionBias(tf.cast(attentionMask, 'float32'), T); // [B, 1, T, T]
     for (const block of this.blocks) {
-      const h = rmsNorm(x, block.attnNorm); // [B*T, d]
-      const q = this.splitHeads(tf.matMul(h, block.wq), B, T); // [B, H, T, dh]
-      const kT = this.splitHeadsT(tf.matMul(h, block.wk), B, T); // [B, H, dh, T]
-      const v = this.splitHeads(tf.matMul(h, block.wv), B, T); // [B, H, T, dh]
+      const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [B*T, d]
+      const q = this.splitHeads(qx, B, T); // [B, H, T, dh]
+      const kT = this.splitHeadsT(kx, B, T); // [B, H, dh, T]
+      const v = this.splitHeads(vx, B, T); // [B, H, T, dh]
       collect?.push({ kT, v });
       const o = this.attend(q, kT, v, bias); // [B*T, d]
       x = tf.add(x, tf.matMul(o, block.wo)); // [B*T, d]
       x = tf.add(x, this.mlp(x, block)); // [B*T, d]
     }
     return rmsNorm(x, this.finalNorm);
+  }
+
+  /**
+   * Queries, keys and values of `h [N, d]` as one `[N, d] · [d, 3d]` product (the three weights are
+   * concatenated on the fly; their gradients split back): `3 × [N, d]`.
+   */
+  private projectQkv(h: tf.Tensor2D, block: Block): tf.Tensor2D[] {
+    const wqkv = tf.concat([block.wq, block.wk, block.wv], 1); // [d, 3d]
+    return tf.split(tf.matMul(h, wqkv), 3, 1) as tf.Tensor2D[];
   }
 
   /** `[b*T, d] → [b, H, T, dh]`. */
@@ -501,10 +510,10 @@ export class PolicyModel {
       ) as tf.Tensor4D;
       const next: LayerCache[] = [];
       this.blocks.forEach((block, i) => {
-        const h = rmsNorm(x, block.attnNorm); // [b, d]
-        const q = this.splitHeads(tf.matMul(h, block.wq), b, 1); // [b, H, 1, dh]
-        const kNew = this.splitHeadsT(tf.matMul(h, block.wk), b, 1); // [b, H, dh, 1]
-        const vNew = this.splitHeads(tf.matMul(h, block.wv), b, 1); // [b, H, 1, dh]
+        const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [b, d]
+        const q = this.splitHeads(qx, b, 1); // [b, H, 1, dh]
+        const kNew = this.splitHeadsT(kx, b, 1); // [b, H, dh, 1]
+        const vNew = this.splitHeads(vx, b, 1); // [b, H, 1, dh]
         const kT = tf.concat([caches[i].kT, kNew], 3); // [b, H, dh, L+1]
         const v = tf.concat([caches[i].v, vNew], 2); // [b, H, L+1, dh]
         next.push({ kT, v });
@@ -540,11 +549,30 @@ function rmsNorm(x: tf.Tensor2D, scale: tf.Tensor): tf.Tensor2D {
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(meanSquare, RMS_NORM_EPS))), scale) as tf.Tensor2D;
 }
 
-/** GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. */
-function gelu(x: tf.Tensor2D): tf.Tensor2D {
-  const inner = tf.mul(tf.add(x, tf.mul(tf.mul(tf.square(x), x), GELU_CUBIC)), GELU_SQRT_2_OVER_PI);
-  return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1)) as tf.Tensor2D;
-}
+/** Scale of `z` in `GELU(x) = x · σ(z)`: `2·√(2/π)`, since `(1 + tanh(u)) / 2 = σ(2u)`. */
+const GELU_Z_SCALE = 2 * GELU_SQRT_2_OVER_PI;
+
+/**
+ * GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as the identical
+ * `x · σ(z)` with `z = 2√(2/π)·(x + 0.044715·x³)` (sigmoid is much faster than tanh on wasm), with a
+ * hand-written gradient `σ(z) + x·σ(z)·(1 − σ(z))·z'`, `z' = 2√(2/π)·(1 + 3·0.044715·x²)`.
+ */
+const gelu = tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
+  const x = args[0] as tf.Tensor;
+  const save = args[1] as tf.GradSaveFunc;
+  const x2 = tf.square(x);
+  const s = tf.sigmoid(tf.mul(x, tf.add(tf.mul(x2, GELU_Z_SCALE * GELU_CUBIC), GELU_Z_SCALE)));
+  save([x, s]);
+  return {
+    value: tf.mul(x, s),
+    gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+      const [xs, ss] = saved;
+      const dz = tf.add(tf.mul(tf.square(xs), GELU_Z_SCALE * 3 * GELU_CUBIC), GELU_Z_SCALE); // z'
+      const slope = tf.add(ss, tf.mul(tf.mul(xs, tf.mul(ss, tf.sub(1, ss))), dz));
+      return [tf.mul(dy as tf.Tensor, slope)];
+    },
+  };
+}) as (x: tf.Tensor2D) => tf.Tensor2D;
 
 /**
  * Additive attention bias for a full sequence: 0 where query `i` may see key `j` (`j ≤ i` and key `j` is

@@ -1,0 +1,139 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { beforeAll, describe, expect, it } from 'vitest';
+
+import { BackendUnavailableError, ConfigError } from '../../lib/errors.js';
+import { initBackend, installBackendFixes, type BackendKind } from '../../lib/model/backend.js';
+import { createRng, normalArray } from '../../lib/model/random.js';
+
+const TOLERANCE = 1e-4;
+const quiet = { info: (): void => undefined };
+
+function randn(shape: number[], seed: number): tf.Tensor {
+  const size = shape.reduce((p, d) => p * d, 1);
+  return tf.tensor(normalArray(size, 1, createRng(seed, 'spec')), shape);
+}
+
+/** Runs `f` on the named backend and returns plain arrays of its outputs. */
+async function on(backend: 'cpu' | 'wasm', f: () => tf.Tensor[]): Promise<Float32Array[]> {
+  await initBackend(backend, { logger: quiet });
+  const outs = f();
+  const values = outs.map((t) => t.dataSync() as Float32Array).map((a) => Float32Array.from(a));
+  tf.dispose(outs);
+  return values;
+}
+
+function expectClose(a: Float32Array, b: Float32Array, tol = TOLERANCE): void {
+  expect(a.length).toBe(b.length);
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) {
+    worst = Math.max(worst, Math.abs(a[i] - b[i]));
+  }
+  expect(worst).toBeLessThanOrEqual(tol);
+}
+
+describe('initBackend', () => {
+  it('forcing the tensorflow backend without tfjs-node throws BackendUnavailableError naming the package', async () => {
+    const error = await initBackend('tensorflow', { logger: quiet }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(BackendUnavailableError);
+    expect((error as Error).message).toContain('@tensorflow/tfjs-node');
+  });
+
+  it('auto falls back to wasm here and logs the choice once', async () => {
+    const records: { obj: Record<string, unknown>; msg: string }[] = [];
+    const name = await initBackend('auto', { logger: { info: (obj, msg) => records.push({ obj, msg }) } });
+    expect(name).toBe('wasm');
+    expect(tf.getBackend()).toBe('wasm');
+    expect(records).toHaveLength(1);
+    expect(records[0].obj).toMatchObject({ backend: 'wasm', requested: 'auto' });
+    expect(Object.keys(records[0].obj['tried'] as object)).toContain('tensorflow');
+  });
+
+  it('selects cpu and wasm by name, and rejects unknown names', async () => {
+    expect(await initBackend('cpu', { logger: quiet })).toBe('cpu');
+    expect(tf.getBackend()).toBe('cpu');
+    expect(await initBackend('wasm', { logger: quiet })).toBe('wasm');
+    expect(tf.getBackend()).toBe('wasm');
+    await expect(initBackend('gpu' as BackendKind, { logger: quiet })).rejects.toBeInstanceOf(ConfigError);
+  });
+});
+
+describe('wasm fixes agree with cpu', () => {
+  beforeAll(() => {
+    installBackendFixes();
+  });
+
+  it('BatchMatMul gradients (all flag combinations, batched and broadcast) match cpu', async () => {
+    const cases: { a: number[]; b: number[]; ta: boolean; tb: boolean }[] = [
+      { a: [5, 3], b: [3, 4], ta: false, tb: false },
+      { a: [3, 5], b: [3, 4], ta: true, tb: false },
+      { a: [5, 3], b: [4, 3], ta: false, tb: true },
+      { a: [3, 5], b: [4, 3], ta: true, tb: true },
+      { a: [2, 5, 3], b: [2, 3, 4], ta: false, tb: false },
+      { a: [2, 3, 5], b: [2, 4, 3], ta: true, tb: true },
+      { a: [2, 6, 3], b: [3, 4], ta: false, tb: false },
+      { a: [2, 3, 6, 3], b: [3, 4], ta: false, tb: false },
+      { a: [5, 3], b: [2, 3, 4], ta: false, tb: false },
+    ];
+    for (const [i, c] of cases.entries()) {
+      const run = (): tf.Tensor[] => {
+        const a = randn(c.a, 10 + i);
+        const b = randn(c.b, 20 + i);
+        const w = randn([...tf.matMul(a, b, c.ta, c.tb).shape], 30 + i);
+        const grads = tf.grads((x: tf.Tensor, y: tf.Tensor) => tf.sum(tf.mul(tf.matMul(x, y, c.ta, c.tb), w)))([a, b]);
+        return [tf.matMul(a, b, c.ta, c.tb), ...grads];
+      };
+      const cpu = await on('cpu', run);
+      const wasm = await on('wasm', run);
+      // Reference: the same gradients written out with explicit transposes on cpu.
+      const ref = await on('cpu', () => {
+        const a = randn(c.a, 10 + i);
+        const b = randn(c.b, 20 + i);
+        const out = tf.matMul(a, b, c.ta, c.tb);
+        const w = randn([...out.shape], 30 + i);
+        return [out, ...tf.grads((x: tf.Tensor, y: tf.Tensor) => tf.sum(tf.mul(tf.matMul(x, y, c.ta, c.tb), w)))([a, b])];
+      });
+      cpu.forEach((v, k) => expectClose(v, wasm[k]));
+      cpu.forEach((v, k) => expectClose(v, ref[k]));
+    }
+  });
+
+  it('BatchMatMul gradients equal finite differences', async () => {
+    await initBackend('cpu', { logger: quiet });
+    const a = randn([2, 3, 4], 1);
+    const b = randn([4, 2], 2);
+    const f = (x: tf.Tensor, y: tf.Tensor): tf.Scalar => tf.sum(tf.square(tf.matMul(x, y)));
+    const [da] = tf.grads(f)([a, b]);
+    const analytic = da.dataSync();
+    const base = a.dataSync();
+    const h = 1e-2;
+    for (const idx of [0, 5, 17, 23]) {
+      const plus = Float32Array.from(base);
+      const minus = Float32Array.from(base);
+      plus[idx] += h;
+      minus[idx] -= h;
+      const fp = f(tf.tensor(plus, a.shape), b).dataSync()[0];
+      const fm = f(tf.tensor(minus, a.shape), b).dataSync()[0];
+      expect(analytic[idx]).toBeCloseTo((fp - fm) / (2 * h), 2);
+    }
+  });
+
+  it('UnsortedSegmentSum on wasm matches cpu, and so does the gradient of gather', async () => {
+    const run = (): tf.Tensor[] => {
+      const x = randn([5, 3], 3);
+      const ids = tf.tensor1d([2, 0, 2, 7, 1], 'int32'); // 7 is out of range and dropped
+      const table = randn([6, 4], 4);
+      const idx = tf.tensor1d([1, 4, 1, 0], 'int32');
+      const w = randn([4, 4], 5);
+      const [dTable] = tf.grads((t: tf.Tensor) => tf.sum(tf.mul(tf.gather(t, idx, 0), w)))([table]);
+      const table3 = randn([2, 5, 3], 6);
+      const idx3 = tf.tensor1d([4, 4, 0], 'int32');
+      const w3 = randn([2, 3, 3], 7);
+      const [dTable3] = tf.grads((t: tf.Tensor) => tf.sum(tf.mul(tf.gather(t, idx3, 1), w3)))([table3]);
+      return [tf.unsortedSegmentSum(x, ids, 4), dTable, dTable3];
+    };
+    const cpu = await on('cpu', run);
+    const wasm = await on('wasm', run);
+    cpu.forEach((v, k) => expectClose(v, wasm[k]));
+    expect(Array.from(cpu[1].subarray(4, 8))).toEqual(Array.from(wasm[1].subarray(4, 8)));
+  });
+});
