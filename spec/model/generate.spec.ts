@@ -1,0 +1,166 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import { AbortError, ConfigError } from '../../lib/errors.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+
+const LOGPROB_TOLERANCE = 1e-4;
+const quiet = { info: (): void => undefined };
+const tok = new CharTokenizer();
+const CONFIG: PolicyConfig = { vocabSize: tok.vocabSize, dModel: 32, nLayers: 2, nHeads: 4, dFF: 64, maxSeqLen: 40 };
+
+/** Left-padded prompts of different lengths, different budgets and stop sets, so rows retire at different steps. */
+function requests(): GenerateRequest[] {
+  return [
+    { promptTokens: tok.encode('12+30=', { addBos: true }), maxTokens: 12, seed: 1, stopTokens: [] },
+    { promptTokens: tok.encode('a', { addBos: true }), maxTokens: 20, seed: 2, temperature: 0.7, stopTokens: [] },
+    { promptTokens: tok.encode('reverse: abcdef ->', { addBos: true }), maxTokens: 16, seed: 3, topP: 0.9 },
+    { promptTokens: tok.encode('q: 3*4?', { addBos: true }), maxTokens: 5, seed: 4, temperature: 0 },
+    // Many stop tokens: this row ends early with 'stop'.
+    { promptTokens: tok.encode('xyz', { addBos: true }), maxTokens: 20, seed: 5, stopTokens: [...Array(30).keys()].map((i) => i + 3) },
+  ];
+}
+
+function expectSame(a: GenerateResponse[], b: GenerateResponse[]): void {
+  expect(a.map((r) => r.tokens)).toEqual(b.map((r) => r.tokens));
+  expect(a.map((r) => r.finishReason)).toEqual(b.map((r) => r.finishReason));
+  a.forEach((r, i) => {
+    r.logprobs.forEach((lp, t) => expect(Math.abs(lp - b[i].logprobs[t])).toBeLessThanOrEqual(LOGPROB_TOLERANCE));
+  });
+}
+
+describe('PolicyModel.generate', () => {
+  let model: PolicyModel;
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: quiet });
+    model = PolicyModel.create(CONFIG, 11);
+  });
+  afterAll(() => {
+    model.dispose();
+  });
+
+  it('the KV cache gives the same tokens and log-probs as full recompute (left-padded, mixed lengths)', async () => {
+    const cached = await model.generate(requests());
+    const recomputed = await model.generateRecompute(requests());
+    expectSame(cached, recomputed);
+    expect(cached[4].finishReason).toBe('stop');
+    expect(cached[3].finishReason).toBe('length');
+    expect(cached[3].tokens).toHaveLength(5);
+    expect(cached[0].tokens).toHaveLength(12);
+    expect(new Set(cached.map((r) => r.tokens.length)).size).toBeGreaterThan(2);
+  });
+
+  it('is the same on wasm: cache vs recompute, and wasm vs cpu log-probs', async () => {
+    const cpu = await model.generate(requests());
+    const weights = model.getWeights();
+    await initBackend('wasm', { logger: quiet });
+    const onWasm = PolicyModel.fromWeights(CONFIG, weights);
+    const cached = await onWasm.generate(requests());
+    const recomputed = await onWasm.generateRecompute(requests());
+    onWasm.dispose();
+    await initBackend('cpu', { logger: quiet });
+    expectSame(cached, recomputed);
+    expectSame(cached, cpu);
+  });
+
+  it('is deterministic per seed, whatever else is in the batch', async () => {
+    const all = await model.generate(requests());
+    const again = await model.generate(requests());
+    expect(again.map((r) => r.tokens)).toEqual(all.map((r) => r.tokens));
+    const alone = await model.generate([requests()[1]]);
+    expect(alone[0].tokens).toEqual(all[1].tokens);
+    const reseeded = await model.generate([{ ...requests()[1], seed: 77 }]);
+    expect(reseeded[0].tokens).not.toEqual(all[1].tokens);
+  });
+
+  it('reports un-tempered log-probs that match tokenLogprobs on the full sequence', async () => {
+    const [res] = await model.generate([{ promptTokens: tok.encode('ab', { addBos: true }), maxTokens: 6, seed: 9, temperature: 0.5, stopTokens: [] }]);
+    const seq = [...tok.encode('ab', { addBos: true }), ...res.tokens];
+    const T = seq.length;
+    const lp = tf.tidy(() =>
+      model
+        .tokenLogprobs(
+          tf.tensor2d(seq, [1, T], 'int32'),
+          tf.ones([1, T]) as tf.Tensor2D,
+          tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
+        )
+        .logprobs.arraySync()[0],
+    );
+    res.logprobs.forEach((x, t) => expect(Math.abs(x - lp[3 - 1 + t])).toBeLessThanOrEqual(LOGPROB_TOLERANCE));
+  });
+
+  it('greedy (temperature 0) and a tiny top-p both pick the arg-max token', async () => {
+    const prompt = tok.encode('hello', { addBos: true });
+    const [greedy] = await model.generate([{ promptTokens: prompt, maxTokens: 8, temperature: 0, stopTokens: [] }]);
+    const [nucleus] = await model.generate([{ promptTokens: prompt, maxTokens: 8, topP: 1e-6, seed: 3, stopTokens: [] }]);
+    expect(nucleus.tokens).toEqual(greedy.tokens);
+    const seq = [...prompt, ...greedy.tokens.slice(0, 1)];
+    const first = tf.tidy(() => {
+      const T = prompt.length;
+      const logits = model.logits(
+        tf.tensor2d(prompt, [1, T], 'int32'),
+        tf.ones([1, T]) as tf.Tensor2D,
+        tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
+      );
+      return tf.argMax(tf.reshape(tf.slice(logits, [0, T - 1, 0], [1, 1, -1]), [-1])).dataSync()[0];
+    });
+    expect(seq[prompt.length]).toBe(first);
+  });
+
+  it('stops at stop tokens (kept in the output) and defaults to the eos id', async () => {
+    const stopAll = [...Array(tok.vocabSize).keys()];
+    const [res] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, seed: 1, stopTokens: stopAll }]);
+    expect(res.tokens).toHaveLength(1);
+    expect(res.finishReason).toBe('stop');
+    // With eos = every token we sample, the default stop set ends at once too.
+    const [greedy] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0, stopTokens: [] }]);
+    const [viaEos] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0 }], { eosId: greedy.tokens[0] });
+    expect(viaEos.tokens).toEqual([greedy.tokens[0]]);
+    expect(viaEos.finishReason).toBe('stop');
+  });
+
+  it('honours an abort between steps: all unfinished rows end with abort and keep their tokens', async () => {
+    const controller = new AbortController();
+    const pending = model.generate(requests(), { signal: controller.signal, version: 4 });
+    setImmediate(() => controller.abort());
+    const out = await pending;
+    expect(out.every((r) => r.policyVersion === 4)).toBe(true);
+    const aborted = out.filter((r) => r.finishReason === 'abort');
+    expect(aborted.length).toBeGreaterThan(0);
+    for (const r of aborted) {
+      expect(r.tokens.length).toBeGreaterThan(0);
+      expect(r.tokens.length).toBe(r.logprobs.length);
+    }
+    expect(Math.max(...out.map((r) => r.tokens.length))).toBeLessThan(12);
+  });
+
+  it('rejects with AbortError when already aborted, and validates requests', async () => {
+    const controller = new AbortController();
+    controller.abort();
+    await expect(model.generate(requests(), { signal: controller.signal })).rejects.toBeInstanceOf(AbortError);
+    await expect(model.generate([{ promptTokens: [], maxTokens: 3 }])).rejects.toBeInstanceOf(ConfigError);
+    await expect(model.generate([{ promptTokens: [1, 99], maxTokens: 3 }])).rejects.toBeInstanceOf(ConfigError);
+    await expect(model.generate([{ promptTokens: [1], maxTokens: 40 }])).rejects.toBeInstanceOf(ConfigError);
+    await expect(model.generate([{ promptTokens: [1], maxTokens: 3, topP: 0 }])).rejects.toBeInstanceOf(ConfigError);
+    await expect(model.generate([{ promptTokens: [1], maxTokens: 3, temperature: -1 }])).rejects.toBeInstanceOf(ConfigError);
+    const [empty] = await model.generate([{ promptTokens: [1], maxTokens: 0 }]);
+    expect(empty).toEqual({ tokens: [], logprobs: [], finishReason: 'length', policyVersion: 0 });
+    expect(await model.generate([])).toEqual([]);
+  });
+
+  it('leaks no tensors (cache, recompute, abort and error paths)', async () => {
+    await model.generate(requests());
+    const before = tf.memory().numTensors;
+    await model.generate(requests());
+    await model.generateRecompute(requests());
+    const controller = new AbortController();
+    const pending = model.generate(requests(), { signal: controller.signal });
+    setImmediate(() => controller.abort());
+    await pending;
+    await model.generate([{ promptTokens: [1], maxTokens: 99 }]).catch(() => undefined);
+    expect(tf.memory().numTensors).toBe(before);
+  });
+});
