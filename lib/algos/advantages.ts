@@ -348,23 +348,18 @@ export function computeGroupAdvantagesTensor(
     const finite = tf.isFinite(s); // [N] bool
     const clean = tf.where(finite, s, tf.zerosLike(s)); // [N], non-finite → 0 so products stay finite
     const badF = tf.cast(tf.logicalNot(finite), 'float32'); // [N]
-    const groupMember = tf.cast(
-      tf.equal(tf.expandDims(tf.range(0, numGroups, 1, 'int32'), 1), tf.expandDims(tf.cast(groupIndex, 'int32'), 0)),
-      'float32',
-    ); // [G, N]
+    const groupMember = membership(groupIndex, numGroups); // [G, N]
 
     // Units are runs (with run indices) or trajectories (without).
     let runMember: tf.Tensor2D | undefined; // [U, N]
     let unitScore: tf.Tensor1D; // [U]
     let unitGroup: tf.Tensor2D; // [G, U]
     if (options.runIndex !== undefined) {
-      runMember = tf.cast(
-        tf.equal(tf.expandDims(tf.range(0, numRuns, 1, 'int32'), 1), tf.expandDims(tf.cast(options.runIndex, 'int32'), 0)),
-        'float32',
-      ) as tf.Tensor2D; // [U, N]
+      runMember = membership(options.runIndex, numRuns); // [U, N]
       const runSize = tf.sum(runMember, 1); // [U]
       unitScore = tf.div(matVec(runMember, clean), tf.maximum(runSize, 1)) as tf.Tensor1D; // [U]
-      unitGroup = tf.cast(tf.greater(tf.matMul(groupMember, runMember, false, true), 0), 'float32') as tf.Tensor2D; // [G, U]
+      const shared = tf.matMul(groupMember, runMember, false, true); // [G, U] trajectories of run u in group g
+      unitGroup = tf.cast(tf.greater(shared, 0), 'float32') as tf.Tensor2D; // [G, U]
     } else {
       unitScore = clean as tf.Tensor1D; // [N]
       unitGroup = groupMember as tf.Tensor2D; // [G, N]
@@ -383,7 +378,8 @@ export function computeGroupAdvantagesTensor(
 
     const present = tf.greater(units, 0); // [G]
     const statsFinite = tf.logicalAnd(tf.isFinite(groupMean), tf.isFinite(groupStd)); // [G]
-    const isNonfinite = tf.logicalAnd(present, tf.logicalOr(tf.greater(groupBad, 0), tf.logicalNot(statsFinite))); // [G]
+    const poisoned = tf.logicalOr(tf.greater(groupBad, 0), tf.logicalNot(statsFinite)); // [G]
+    const isNonfinite = tf.logicalAnd(present, poisoned); // [G]
     const eligible = tf.logicalAnd(present, tf.logicalNot(isNonfinite)); // [G]
     const isSingleton = tf.logicalAnd(eligible, tf.equal(units, 1)); // [G]
     const isZeroVariance = tf.logicalAnd(
@@ -402,8 +398,8 @@ export function computeGroupAdvantagesTensor(
     const unitNormal = tf.greater(vecMat(normalF, unitGroup), 0); // [U]
     const centered = tf.sub(unitScore, vecMat(safeMean, unitGroup)); // [U]
     const raw = normalizeByStd ? tf.div(centered, tf.add(vecMat(safeStd, unitGroup), epsilon)) : centered; // [U]
-    const unitAdvantage = tf.where(unitNormal, raw, tf.zerosLike(raw)); // [U]
-    const advantages = (runMember === undefined ? unitAdvantage : vecMat(unitAdvantage, runMember)) as tf.Tensor1D; // [N]
+    const unitAdvantage = tf.where(unitNormal, raw, tf.zerosLike(raw)) as tf.Tensor1D; // [U]
+    const advantages = runMember === undefined ? unitAdvantage : vecMat(unitAdvantage, runMember); // [N]
 
     const countOf = (flags: tf.Tensor): tf.Scalar => tf.sum(tf.cast(flags, 'float32'));
     const finiteCount = countOf(finite);
@@ -426,6 +422,13 @@ export function computeGroupAdvantagesTensor(
     };
     return { advantages, metrics };
   });
+}
+
+/** 0/1 membership matrix `[K, N]`: row `k` marks the trajectories whose index is `k` (indices ∉ [0, K) match none). */
+function membership(index: tf.Tensor1D, count: number): tf.Tensor2D {
+  const rows = tf.expandDims(tf.range(0, count, 1, 'int32'), 1); // [K, 1]
+  const columns = tf.expandDims(tf.cast(index, 'int32'), 0); // [1, N]
+  return tf.cast(tf.equal(rows, columns), 'float32') as tf.Tensor2D; // [K, N]
 }
 
 /** `matrix · vector`: `[G, U] × [U] → [G]`. */

@@ -82,7 +82,8 @@ export function klMse(logprob: tf.Tensor, refLogprob: tf.Tensor): tf.Tensor {
 export function klLowVar(logprob: tf.Tensor, refLogprob: tf.Tensor): tf.Tensor {
   assertSameShape('klLowVar', { logprob, refLogprob });
   return tf.tidy(() => {
-    const logRatio = tf.clipByValue(tf.sub(refLogprob, logprob), -LOW_VAR_KL_LOG_RATIO_CLAMP, LOW_VAR_KL_LOG_RATIO_CLAMP);
+    const bound = LOW_VAR_KL_LOG_RATIO_CLAMP;
+    const logRatio = tf.clipByValue(tf.sub(refLogprob, logprob), -bound, bound); // [B, R]
     const estimate = tf.sub(tf.sub(tf.exp(logRatio), logRatio), 1); // [B, R]
     return tf.clipByValue(estimate, -LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP);
   });

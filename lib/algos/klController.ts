@@ -83,7 +83,8 @@ export function createKlController(config: KlController): KlController {
 
 /**
  * The controller after observing `currentKl` over `n` samples (or steps). A fixed controller is returned
- * unchanged. An adaptive one multiplies β by `1 + clip(currentKl/targetKl − 1, ±ADAPTIVE_KL_ERROR_CLIP) · n/horizon`;
+ * unchanged. An adaptive one multiplies β by
+ * `1 + clip(currentKl/targetKl − 1, ±ADAPTIVE_KL_ERROR_CLIP) · n/horizon`;
  * the multiplier is floored at 0 so β never turns negative; a non-finite `currentKl` or `n ≤ 0` leaves it unchanged.
  *
  * @param controller - Current controller.

@@ -110,7 +110,11 @@ function randomCase(rng: Rng): { scores: number[]; groupIds: string[]; runIds: n
   }
   // Shuffle so groups interleave.
   const order = scores.map((_, i) => i).sort(() => rng() - 0.5);
-  return { scores: order.map((i) => scores[i]), groupIds: order.map((i) => groupIds[i]), runIds: order.map((i) => runIds[i]) };
+  return {
+    scores: order.map((i) => scores[i]),
+    groupIds: order.map((i) => groupIds[i]),
+    runIds: order.map((i) => runIds[i]),
+  };
 }
 
 describe('computeGroupAdvantages / computeGroupAdvantagesTensor', () => {
@@ -147,7 +151,8 @@ describe('computeGroupAdvantages / computeGroupAdvantagesTensor', () => {
     expect(metrics['critic/groups_zero_variance']).toBe(1);
     expect(metrics['critic/groups_nonfinite']).toBe(0);
     // Zero variance gives exactly 0 even without std normalization (no rounding residue of the mean).
-    expect(computeGroupAdvantages([0.1, 0.1, 0.1], ['z', 'z', 'z'], { normalizeByStd: false }).advantages).toEqual([0, 0, 0]);
+    const centered = computeGroupAdvantages([0.1, 0.1, 0.1], ['z', 'z', 'z'], { normalizeByStd: false });
+    expect(centered.advantages).toEqual([0, 0, 0]);
   });
 
   it('zeroes a group with a NaN or infinite score, counts it, and leaves other groups untouched', () => {

@@ -115,7 +115,9 @@ describe('aggregateLoss', () => {
 
   it('has the expected gradient with respect to the loss matrix', () => {
     const mask = mat(MASK);
-    const grads = LOSS_AGG_MODES.map((mode) => tf.tidy(() => values(tf.grad((x: tf.Tensor) => aggregateLoss(x, mask, mode))(mat(LOSS)))));
+    const grads = LOSS_AGG_MODES.map((mode) =>
+      tf.tidy(() => values(tf.grad((x: tf.Tensor) => aggregateLoss(x, mask, mode))(mat(LOSS)))),
+    );
     const [tokenMean, seqSum, seqMean, sumNorm] = grads;
     expectClose(tokenMean, [1 / 3, 1 / 3, 0, 1 / 3, 0, 0, 0, 0, 0]);
     expectClose(seqSum, [1 / 2, 1 / 2, 0, 1 / 2, 0, 0, 0, 0, 0]);

@@ -11,7 +11,16 @@ import {
 } from '../../lib/algos/index.js';
 import { ConfigError, ShapeError } from '../../lib/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix, randomNormal } from '../helpers/random.js';
-import { expectClose, expectMetricsClose, expectNoLeak, mat, referenceAggregate, scalar, useCpuBackend, values } from './support.js';
+import {
+  expectClose,
+  expectMetricsClose,
+  expectNoLeak,
+  mat,
+  referenceAggregate,
+  scalar,
+  useCpuBackend,
+  values,
+} from './support.js';
 
 useCpuBackend();
 
@@ -92,8 +101,8 @@ function tensorGrad(c: Case, options: PpoClipOptions): number[] {
     const adv = mat(c.adv);
     const mask = mat(c.mask);
     const weights = c.weights === undefined ? undefined : mat(c.weights);
-    const f = (lp: tf.Tensor): tf.Scalar =>
-      ppoClipLoss({ logprob: lp as tf.Tensor2D, oldLogprob: old, advantages: adv, mask, importanceWeights: weights }, options).loss;
+    const rest = { oldLogprob: old, advantages: adv, mask, importanceWeights: weights };
+    const f = (lp: tf.Tensor): tf.Scalar => ppoClipLoss({ ...rest, logprob: lp as tf.Tensor2D }, options).loss;
     return values(tf.grad(f)(mat(c.lp)));
   });
 }
@@ -112,7 +121,8 @@ function randomCase(seed: number, withWeights: boolean): Case {
 }
 
 // Five tokens with ratios r and advantages A chosen to hit every branch (clip ε = 0.2, dual clip c = 3):
-// (A, r) = (1, 1.5) clipped above, (1, 0.5) unclipped, (−1, 1.5) unclipped, (−1, 0.5) clipped below, (−1, 5) dual clip.
+// (A, r) = (1, 1.5) clipped above, (1, 0.5) unclipped, (−1, 1.5) unclipped, (−1, 0.5) clipped below,
+// (−1, 5) dual clip.
 const RATIOS = [1.5, 0.5, 1.5, 0.5, 5];
 const HAND: Case = {
   lp: [RATIOS.map(Math.log)],
@@ -273,9 +283,9 @@ describe('ppoClipLoss', () => {
     };
     expectNoLeak(() => ppoClipLoss(input, { clipRatioC: 3 }));
     expectNoLeak(() => ppoClipLoss({ ...input, importanceWeights: undefined }, { mode: 'seq-mean-token-sum' }));
-    expectNoLeak(() =>
-      tf.grad((lp: tf.Tensor) => ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, { clipRatioC: 3 }).loss)(input.logprob),
-    );
+    const f = (lp: tf.Tensor): tf.Scalar =>
+      ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, { clipRatioC: 3 }).loss;
+    expectNoLeak(() => tf.grad(f)(input.logprob));
     tf.dispose(Object.values(input));
   });
 

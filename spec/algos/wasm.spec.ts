@@ -51,7 +51,8 @@ function compute(): Results {
         };
         const options = { clipLow: 0.2, clipHigh: 0.28, clipRatioC, mode };
         const result = ppoClipLoss({ ...input, logprob: mat(LP) }, options);
-        const g = tf.grad((lp: tf.Tensor) => ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, options).loss)(mat(LP));
+        const f = (lp: tf.Tensor): tf.Scalar => ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, options).loss;
+        const g = tf.grad(f)(mat(LP));
         return { loss: scalar(result.loss), metrics: result.metrics, grad: values(g) };
       });
       out[`${key} loss`] = [loss];
@@ -63,9 +64,9 @@ function compute(): Results {
   const index = indexGroups(GROUPS, RUNS);
   for (const runs of [false, true]) {
     const { advantages, metrics } = tf.tidy(() => {
-      const result = computeGroupAdvantagesTensor(tf.tensor1d(SCORES), tf.tensor1d(index.groupIndex, 'int32'), index.numGroups, {
-        ...(runs ? { runIndex: tf.tensor1d(index.runIndex, 'int32'), numRuns: index.numRuns } : {}),
-      });
+      const groupIndex = tf.tensor1d(index.groupIndex, 'int32');
+      const runOptions = runs ? { runIndex: tf.tensor1d(index.runIndex, 'int32'), numRuns: index.numRuns } : {};
+      const result = computeGroupAdvantagesTensor(tf.tensor1d(SCORES), groupIndex, index.numGroups, runOptions);
       return { advantages: values(result.advantages), metrics: result.metrics };
     });
     out[`advantages runs=${runs}`] = advantages;
@@ -120,7 +121,8 @@ describe('wasm backend smoke test', () => {
 
   it('gives the same advantages, token rewards, KL penalty and importance weights as cpu within 1e-5', () => {
     const keys = Object.keys(cpu).filter((k) => !k.startsWith('ppo ') && !k.startsWith('aggregate '));
-    const flat = (r: Results): Record<string, number> => Object.fromEntries(keys.flatMap((k) => r[k].map((v, i) => [`${k}[${i}]`, v])));
+    const flat = (r: Results): Record<string, number> =>
+      Object.fromEntries(keys.flatMap((k) => r[k].map((v, i) => [`${k}[${i}]`, v])));
     expectMetricsClose(flat(wasm), flat(cpu));
   });
 });
