@@ -13,9 +13,12 @@ export type {
   Metrics,
   ModelTag,
   PolicyVersion,
+  RolloutOutput,
+  SampleFailure,
   Task,
   Trajectory,
 } from './types.js';
+export { isSampleFailure } from './types.js';
 
 // ── errors ─────────────────────────────────────────────────────────────────────
 export {
@@ -24,6 +27,7 @@ export {
   ConfigError,
   DecodeError,
   EngineError,
+  EvaluationError,
   RxrlError,
   ShapeError,
   assertNever,
@@ -43,3 +47,116 @@ export type {
   Tokenizer,
   WeightArray,
 } from './engine/types.js';
+
+// ── GRPO math (pure functions over tensors) ────────────────────────────────────
+export {
+  ADAPTIVE_KL_ERROR_CLIP,
+  ADVANTAGE_EPSILON,
+  aggregateLoss,
+  applyKlPenalty,
+  applyMask,
+  broadcastAdvantages,
+  computeGroupAdvantages,
+  computeGroupAdvantagesTensor,
+  createKlController,
+  DEFAULT_CLIP_RATIO,
+  DEFAULT_IS_WEIGHT_CAP,
+  disposeMetrics,
+  getKlEstimator,
+  GROUP_ADVANTAGE_METRIC_KEYS,
+  importanceRatio,
+  indexGroups,
+  isKlEstimatorName,
+  isLossAggMode,
+  keepMetrics,
+  KL_CONTROLLER_TYPES,
+  KL_ESTIMATOR_NAMES,
+  klAbs,
+  klK1,
+  klLoss,
+  klLowVar,
+  klMse,
+  LOG_RATIO_CLAMP,
+  LOSS_AGG_MODES,
+  LOW_VAR_KL_CLAMP,
+  LOW_VAR_KL_LOG_RATIO_CLAMP,
+  MASK_EPSILON,
+  maskedMean,
+  maskedSum,
+  maskToBool,
+  parseLossAggMode,
+  ppoClipLoss,
+  readMetrics,
+  readMetricsSync,
+  STD_KINDS,
+  stopGradient,
+  tokenLevelRewards,
+  truncatedImportanceWeights,
+  updateKlController,
+} from './algos/index.js';
+export type {
+  AdaptiveKlController,
+  AdvantageKey,
+  AggregateLossOptions,
+  FixedKlController,
+  GroupAdvantageArrayOptions,
+  GroupAdvantageOptions,
+  GroupAdvantageResult,
+  GroupAdvantageStats,
+  GroupAdvantageTensorOptions,
+  GroupAdvantageTensorResult,
+  GroupIndex,
+  GroupKind,
+  KlController,
+  KlControllerType,
+  KlEstimator,
+  KlEstimatorName,
+  KlLossInput,
+  KlLossOptions,
+  KlPenaltyInput,
+  KlPenaltyOptions,
+  KlPenaltyResult,
+  LossAggMode,
+  LossOutput,
+  PolicyLossInput,
+  PpoClipOptions,
+  ScalarMetrics,
+  StdKind,
+  TruncatedImportanceOptions,
+  TruncatedImportanceResult,
+} from './algos/index.js';
+
+// ── policy model and backends ──────────────────────────────────────────────────
+export { BACKEND_KINDS, initBackend } from './model/backend.js';
+export type { BackendKind, BackendLogger, BackendName, InitBackendOptions } from './model/backend.js';
+export { CHAR_BOS_ID, CHAR_EOS_ID, CHAR_PAD_ID, CharTokenizer, DEFAULT_ALPHABET } from './model/tokenizer.js';
+export { PolicyModel, validatePolicyConfig } from './model/transformer.js';
+export type { PolicyConfig, TokenLogprobs } from './model/transformer.js';
+export { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from './model/safetensors.js';
+export type { SafetensorsContents, SafetensorsMetadata } from './model/safetensors.js';
+
+// ── engines ────────────────────────────────────────────────────────────────────
+export { LocalEngine } from './engine/local.js';
+export type { LocalEngineOptions, SamplingModel } from './engine/local.js';
+
+// ── evaluators ─────────────────────────────────────────────────────────────────
+export type { EvaluationResult, Evaluator } from './evaluator.js';
+
+// ── data ───────────────────────────────────────────────────────────────────────
+export { TaskLoader, loadTasks, parseTaskLine, validateTask } from './data/loader.js';
+export type { LoadTasksOptions, LoaderPosition, TaskSource } from './data/loader.js';
+export { collate } from './data/collate.js';
+export type { CollateOptions } from './data/collate.js';
+
+// ── staleness and admission ────────────────────────────────────────────────────
+export { AdmissionGate } from './sync/gate.js';
+export type { AdmissionGateOptions, StalenessMode } from './sync/gate.js';
+
+// ── training ───────────────────────────────────────────────────────────────────
+export { GrpoTrainer, stalenessMetrics } from './train/grpoTrainer.js';
+export type { GrpoTrainerOptions } from './train/grpoTrainer.js';
+export type { StepResult, Trainer } from './train/types.js';
+
+// ── seeded randomness ──────────────────────────────────────────────────────────
+export { createRng, hashString, mixSeed, shuffledIndices } from './random.js';
+export type { Rng } from './random.js';

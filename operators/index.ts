@@ -1,0 +1,28 @@
+/**
+ * rxrl operators: one RxJS operator per file, composed into GRPO loops.
+ *
+ * @packageDocumentation
+ */
+
+// ── admission (pull from the loader on credit) ─────────────────────────────────
+export { admit } from './admit.js';
+
+// ── rollout ────────────────────────────────────────────────────────────────────
+export { groupIdOf, rollout } from './rollout.js';
+export type { RolloutOptions } from './rollout.js';
+
+// ── grouped trajectory store and batching ──────────────────────────────────────
+export { groupTrajectories } from './groupTrajectories.js';
+export type { GroupKey, GroupTrajectoriesOptions, IncompletePolicy, KeyFields } from './groupTrajectories.js';
+export { batchGroups } from './batchGroups.js';
+export type { BatchGroupsOptions, BatchReadiness } from './batchGroups.js';
+
+// ── algorithm stage ────────────────────────────────────────────────────────────
+export { grpoPrepare } from './grpoPrepare.js';
+export type { GrpoPrepareOptions, KlInRewardOptions, ReferencePolicy } from './grpoPrepare.js';
+
+// ── training and weight sync ───────────────────────────────────────────────────
+export { train } from './train.js';
+export type { TrainOptions } from './train.js';
+export { syncWeights } from './syncWeights.js';
+export type { SyncWeightsOptions } from './syncWeights.js';

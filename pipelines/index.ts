@@ -1,0 +1,17 @@
+/**
+ * Ready compositions of the rxrl operators.
+ *
+ * @packageDocumentation
+ */
+
+// ── the GRPO loop ──────────────────────────────────────────────────────────────
+export { grpoPipeline } from './grpoPipeline.js';
+export type { GrpoPipelineConfig } from './grpoPipeline.js';
+
+// ── held-out evaluation ────────────────────────────────────────────────────────
+export { validate } from './validate.js';
+export type { ValidateOptions } from './validate.js';
+
+// ── the embedded main job (npm start) ──────────────────────────────────────────
+export { EMBEDDED_MODEL, runEmbedded } from './embedded.js';
+export type { EmbeddedRunOptions, EmbeddedRunSummary } from './embedded.js';

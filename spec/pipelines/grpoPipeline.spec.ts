@@ -1,0 +1,130 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { lastValueFrom, tap, toArray } from 'rxjs';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { LocalEngine } from '../../lib/engine/local.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import { ConfigError } from '../../lib/errors.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
+import type { StepResult } from '../../lib/train/types.js';
+import type { Batch } from '../../lib/types.js';
+import { grpoPipeline } from '../../pipelines/grpoPipeline.js';
+import { stringTransformTask } from '../../recipes/stringTransform.js';
+
+const task = stringTransformTask({ alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4, seed: 2 });
+const tokenizer = new CharTokenizer(task.characters);
+const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 };
+
+/** Sets up a trainer and a local engine over separate copies of one tiny policy. */
+function setup(): { trainer: GrpoTrainer; engine: LocalEngine; trained: Batch[]; dispose: () => void } {
+  const policy = PolicyModel.create(config, 4);
+  const rolloutModel = PolicyModel.fromWeights(config, policy.getWeights());
+  const engine = new LocalEngine(rolloutModel, { tokenizer });
+  const trainer = new GrpoTrainer(policy, { learningRate: 1e-2 });
+  const trained: Batch[] = [];
+  const step = trainer.trainStep.bind(trainer);
+  trainer.trainStep = (batch, signal) => {
+    trained.push(batch);
+    return step(batch, signal);
+  };
+  return {
+    trainer,
+    engine,
+    trained,
+    dispose: () => {
+      trainer.dispose();
+      policy.dispose();
+      rolloutModel.dispose();
+    },
+  };
+}
+
+describe('grpoPipeline', () => {
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: { info: () => undefined } });
+  });
+
+  it('sync mode: every trained trajectory has staleness 0, versions advance once per step', async () => {
+    const { trainer, engine, trained, dispose } = setup();
+    const results = await lastValueFrom(
+      grpoPipeline({
+        tasks: task.train,
+        loader: { epochs: 2, shuffle: true, seed: 1 },
+        engines: [engine],
+        trainer,
+        evaluator: task.evaluator,
+        batchSize: 3,
+        groupSize: 4,
+        maxTokens: 4,
+        steps: 4,
+      }).pipe(toArray()),
+    );
+    expect(results.map((r) => [r.step, r.version])).toEqual([
+      [0, 1],
+      [1, 2],
+      [2, 3],
+      [3, 4],
+    ]);
+    expect(trained).toHaveLength(4);
+    trained.forEach((batch, step) => {
+      expect(batch.size).toBe(12);
+      expect(batch.meta.policyVersions.every((v) => step - v === 0)).toBe(true);
+    });
+    expect(results.every((r) => r.metrics['rollout/staleness_max'] === 0)).toBe(true);
+    expect(engine.version).toBe(4);
+    const ids = trained.flatMap((b) => b.meta.trajectoryIds);
+    expect(new Set(ids).size).toBe(ids.length);
+    dispose();
+  });
+
+  it('cancels on abort: the stream completes, rollouts stop, and no tensor is left behind', async () => {
+    const tensors = tf.memory().numTensors;
+    const { trainer, engine, dispose } = setup();
+    const controller = new AbortController();
+    const seen: StepResult[] = [];
+    let generating = 0;
+    const generate = engine.generate.bind(engine);
+    engine.generate = async (requests: readonly GenerateRequest[], signal?: AbortSignal): Promise<GenerateResponse[]> => {
+      generating++;
+      try {
+        return await generate(requests, signal);
+      } finally {
+        generating--;
+      }
+    };
+    await lastValueFrom(
+      grpoPipeline({
+        tasks: task.train,
+        loader: { epochs: Infinity },
+        engines: [engine],
+        trainer,
+        evaluator: task.evaluator,
+        batchSize: 2,
+        groupSize: 4,
+        maxTokens: 4,
+        signal: controller.signal,
+      }).pipe(
+        tap((step) => {
+          seen.push(step);
+          if (step.step === 1) controller.abort();
+        }),
+      ),
+      { defaultValue: undefined },
+    );
+    expect(seen).toHaveLength(2);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(generating).toBe(0);
+    dispose();
+    expect(tf.memory().numTensors).toBe(tensors);
+  });
+
+  it('rejects a pipeline without engines', () => {
+    const { trainer, dispose } = setup();
+    expect(() =>
+      grpoPipeline({ tasks: [], engines: [], trainer, evaluator: task.evaluator, batchSize: 1, groupSize: 1, maxTokens: 1 }),
+    ).toThrow(ConfigError);
+    dispose();
+  });
+});
