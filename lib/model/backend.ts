@@ -8,9 +8,10 @@
  *
  * Fixes (installed idempotently by {@link installBackendFixes}, called from {@link initBackend}):
  * - gradients for the common kernels ({@link registerCoreGradients}): tfjs-core alone registers none in Node;
- * - the gradient of `BatchMatMul` is replaced by one that transposes explicitly and then multiplies without
- *   the `transposeA`/`transposeB` flags (on wasm the flagged kernel is many times slower than a transpose
- *   followed by a plain product), and that reduces over broadcast batch dimensions;
+ * - the gradient of `BatchMatMul` is replaced by one that, for products with a weight matrix, flattens to 2-D
+ *   and transposes explicitly instead of using the `transposeA`/`transposeB` flags (on wasm a flagged 2-D
+ *   product is many times slower than a transpose followed by a plain one), and that sums over broadcast
+ *   batch dimensions;
  * - an `UnsortedSegmentSum` kernel is registered for wasm (the wasm backend has none, so the gradient of
  *   `tf.gather` fails there). The policy model itself never gathers.
  *
@@ -223,20 +224,6 @@ export function swapLastAxes(x: tf.Tensor): tf.Tensor {
   return tf.transpose(x, perm);
 }
 
-/**
- * `a @ b` for `a [..., m, k]`, `b [..., k, n]` (batch dimensions broadcast) without transpose flags. When `b`
- * is a matrix and `a` has batch dimensions, `a` is flattened to `[N, k]` first, which is one plain product.
- */
-export function plainMatMul(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
-  if (b.rank === 2 && a.rank > 2) {
-    const outer = a.shape.slice(0, -1);
-    const k = a.shape[a.rank - 1];
-    const flat = tf.matMul(tf.reshape(a, [-1, k]), b as tf.Tensor2D); // [N, n]
-    return tf.reshape(flat, [...outer, b.shape[1] as number]);
-  }
-  return tf.matMul(a, b);
-}
-
 /** Sums `grad` over the leading axes that broadcasting added or expanded, back to `shape`. */
 function reduceToShape(grad: tf.Tensor, shape: readonly number[]): tf.Tensor {
   if (grad.shape.length === shape.length && grad.shape.every((d, i) => d === shape[i])) {
@@ -254,62 +241,85 @@ function reduceToShape(grad: tf.Tensor, shape: readonly number[]): tf.Tensor {
   return tf.reshape(summed, [...shape]);
 }
 
-/** `dA` of `C = A @ B` for a matrix `B [k, n]` and `dy [..., m, n]`, as one flat product. */
-function gradOfLeft(dy: tf.Tensor, bOperand: tf.Tensor, aShape: readonly number[]): tf.Tensor {
-  return reduceToShape(plainMatMul(dy, swapLastAxes(bOperand)), aShape);
+/** `x @ w` for `x [..., m, k]` and a matrix `w [k, n]`, as one flat `[N, k] @ [k, n]` product. */
+function flatMatMul(x: tf.Tensor, w: tf.Tensor): tf.Tensor {
+  if (x.rank === 2) {
+    return tf.matMul(x as tf.Tensor2D, w as tf.Tensor2D);
+  }
+  const k = x.shape[x.rank - 1];
+  const flat = tf.matMul(tf.reshape(x, [-1, k]) as tf.Tensor2D, w as tf.Tensor2D); // [N, n]
+  return tf.reshape(flat, [...x.shape.slice(0, -1), w.shape[1] as number]);
 }
 
 /**
- * `dB` of `C = A @ B`. When `B` is a matrix, `A` is flattened to `[N, k]` and the product is `Aᵀ · dy`, or
- * `(dyᵀ · A)ᵀ` when `dy [N, n]` is the narrower one to transpose (transposes of `[N, ·]` activations dominate
- * the cost; the extra `[n, k]` transpose is small).
+ * `xᵀ · y` summed over all leading rows, for `x [..., p]` and `y [..., q]` with equal leading shape:
+ * `[p, q]`. Transposes whichever of the two `[N, ·]` operands is narrower (the extra transpose of a `[q, p]`
+ * result is small next to an `[N, ·]` one).
  */
-function gradOfRight(dy: tf.Tensor, aOperand: tf.Tensor, bShape: readonly number[]): tf.Tensor {
-  if (bShape.length === 2) {
-    const k = aOperand.shape[aOperand.rank - 1];
-    const n = dy.shape[dy.rank - 1];
-    const a2 = aOperand.rank === 2 ? aOperand : tf.reshape(aOperand, [-1, k]); // [N, k]
-    const dy2 = dy.rank === 2 ? dy : tf.reshape(dy, [-1, n]); // [N, n]
-    if (n < k) {
-      return tf.transpose(tf.matMul(tf.transpose(dy2), a2)); // [n, k] → [k, n]
-    }
-    return tf.matMul(tf.transpose(a2), dy2); // [k, n]
+function outerProductSum(x: tf.Tensor, y: tf.Tensor): tf.Tensor {
+  const p = x.shape[x.rank - 1];
+  const q = y.shape[y.rank - 1];
+  const x2 = x.rank === 2 ? x : tf.reshape(x, [-1, p]); // [N, p]
+  const y2 = y.rank === 2 ? y : tf.reshape(y, [-1, q]); // [N, q]
+  if (q < p) {
+    return tf.transpose(tf.matMul(tf.transpose(y2), x2)); // [q, p] → [p, q]
   }
-  return reduceToShape(tf.matMul(swapLastAxes(aOperand), dy), bShape);
+  return tf.matMul(tf.transpose(x2), y2); // [p, q]
 }
 
-/** `BatchMatMul` gradient using explicit transposes and plain products only. */
+function batchSize(x: tf.Tensor): number {
+  return x.shape.slice(0, -2).reduce((p, d) => p * d, 1);
+}
+
+/**
+ * `BatchMatMul` gradient for `C = op(A) · op(B)` (`op` transposes the last two axes when the flag is set):
+ * - when `B` is a matrix (a weight) and `A` is not transposed, every product is flattened to a plain 2-D
+ *   `matMul` with explicit transposes, the case XNNPACK runs fast on wasm;
+ * - when both operands carry batch dimensions (attention), the products use transpose flags: the batched wasm
+ *   kernel costs the same with or without them, so explicit transposes would only add work;
+ * - otherwise (plain 2-D products and rare layouts) explicit transposes and plain products.
+ * Gradients of broadcast batch dimensions are summed back to each input's shape.
+ */
 const batchMatMulGradConfig: tf.GradConfig = {
   kernelName: tf.BatchMatMul,
   inputsToSave: ['a', 'b'],
   gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.NamedAttrMap) => {
-    const dyT = Array.isArray(dy) ? dy[0] : dy;
+    const g = Array.isArray(dy) ? dy[0] : dy; // [..., m, n]
     const [a, b] = saved;
-    const transposeA = attrs['transposeA'] === true;
-    const transposeB = attrs['transposeB'] === true;
+    const tA = attrs['transposeA'] === true;
+    const tB = attrs['transposeB'] === true;
+    if (b.rank === 2 && !tA) {
+      return {
+        // dA = dy · op(B)ᵀ; op(B)ᵀ is B itself when tB.
+        a: () => flatMatMul(g, tB ? b : tf.transpose(b)), // [..., m, k]
+        // d op(B) = Σ Aᵀ · dy, and dB = d op(B)ᵀ = Σ dyᵀ · A when tB.
+        b: () => (tB ? outerProductSum(g, a) : outerProductSum(a, g)), // [k, n] or [n, k]
+      };
+    }
+    if (a.rank > 2 && b.rank > 2 && batchSize(a) > 1 && batchSize(b) > 1) {
+      return {
+        a: () => reduceToShape(tA ? tf.matMul(b, g, tB, true) : tf.matMul(g, b, false, !tB), a.shape),
+        b: () => reduceToShape(tB ? tf.matMul(g, a, true, tA) : tf.matMul(a, g, !tA, false), b.shape),
+      };
+    }
     return {
       a: () => {
-        const bOp = transposeB ? swapLastAxes(b) : b; // [..., k, n]
-        const aOpShape = transposeA ? swapShape(a.shape) : a.shape;
-        const dA = gradOfLeft(dyT, bOp, aOpShape); // [..., m, k]
-        return transposeA ? swapLastAxes(dA) : dA;
+        // d op(A) = dy · op(B)ᵀ; dA = d op(A)ᵀ = op(B) · dyᵀ when tA.
+        const grad = tA
+          ? tf.matMul(tB ? swapLastAxes(b) : b, swapLastAxes(g))
+          : tf.matMul(g, tB ? b : swapLastAxes(b));
+        return reduceToShape(grad, a.shape);
       },
       b: () => {
-        const aOp = transposeA ? swapLastAxes(a) : a; // [..., m, k]
-        const bOpShape = transposeB ? swapShape(b.shape) : b.shape;
-        const dB = gradOfRight(dyT, aOp, bOpShape); // [..., k, n]
-        return transposeB ? swapLastAxes(dB) : dB;
+        // d op(B) = op(A)ᵀ · dy; dB = d op(B)ᵀ = dyᵀ · op(A) when tB.
+        const grad = tB
+          ? tf.matMul(swapLastAxes(g), tA ? swapLastAxes(a) : a)
+          : tf.matMul(tA ? a : swapLastAxes(a), g);
+        return reduceToShape(grad, b.shape);
       },
     };
   },
 };
-
-function swapShape(shape: readonly number[]): number[] {
-  const out = [...shape];
-  const r = out.length;
-  [out[r - 2], out[r - 1]] = [out[r - 1], out[r - 2]];
-  return out;
-}
 
 /** The slice of the wasm backend this module touches (it is not exported as a type for Node). */
 interface WasmBackendLike {

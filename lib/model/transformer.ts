@@ -10,8 +10,8 @@
  * ```
  * Positions are learned absolute embeddings indexed by explicit `positionIds` (the position counted from each
  * row's first real token), so a left-padded row computes exactly what it would unpadded. Dense layers have
- * no biases. Every product is a plain `matMul` of a 2-D activation or an explicit-transpose batched product
- * (no `transposeA`/`transposeB` flags, no `gather`), which keeps the model fast and differentiable on wasm.
+ * no biases. Every weight product is a plain 2-D `matMul` without transpose flags, and nothing gathers, which
+ * keeps the model fast and differentiable on wasm.
  *
  * @packageDocumentation
  */
@@ -70,9 +70,9 @@ interface Block {
   readonly wOut: tf.Variable;
 }
 
-/** Keys and values of one block for a batch: `kT [b, H, dh, L]`, `v [b, H, L, dh]`. */
+/** Keys and values of one block for a batch: `k [b, H, L, dh]`, `v [b, H, L, dh]`. */
 type LayerCache = {
-  readonly kT: tf.Tensor4D;
+  readonly k: tf.Tensor4D;
   readonly v: tf.Tensor4D;
 };
 
@@ -414,10 +414,10 @@ export class PolicyModel {
     for (const block of this.blocks) {
       const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [B*T, d]
       const q = this.splitHeads(qx, B, T); // [B, H, T, dh]
-      const kT = this.splitHeadsT(kx, B, T); // [B, H, dh, T]
+      const k = this.splitHeads(kx, B, T); // [B, H, T, dh]
       const v = this.splitHeads(vx, B, T); // [B, H, T, dh]
-      collect?.push({ kT, v });
-      const o = this.attend(q, kT, v, bias); // [B*T, d]
+      collect?.push({ k, v });
+      const o = this.attend(q, k, v, bias); // [B*T, d]
       x = tf.add(x, tf.matMul(o, block.wo)); // [B*T, d]
       x = tf.add(x, this.mlp(x, block)); // [B*T, d]
     }
@@ -440,25 +440,19 @@ export class PolicyModel {
     return tf.transpose(tf.reshape(x, [b, t, H, dh]), [0, 2, 1, 3]);
   }
 
-  /** `[b*T, d] → [b, H, dh, T]` (keys, transposed for `q · kᵀ`). */
-  private splitHeadsT(x: tf.Tensor2D, b: number, t: number): tf.Tensor4D {
-    const H = this.config.nHeads;
-    const dh = this.config.dModel / H;
-    return tf.transpose(tf.reshape(x, [b, t, H, dh]), [0, 2, 3, 1]);
-  }
-
   /**
-   * Scaled dot-product attention.
+   * Scaled dot-product attention. The score product `q · kᵀ` uses the `transposeB` flag: batched products
+   * take the same (generic) wasm kernel with or without flags, so an explicit transpose would only add work.
    *
    * @param q - Queries `[b, H, Tq, dh]`.
-   * @param kT - Transposed keys `[b, H, dh, Tk]`.
+   * @param k - Keys `[b, H, Tk, dh]`.
    * @param v - Values `[b, H, Tk, dh]`.
    * @param bias - Additive mask `[b, 1, Tq, Tk]` (0 or {@link MASK_BIAS}).
    * @returns Merged heads `[b*Tq, d]`.
    */
-  private attend(q: tf.Tensor4D, kT: tf.Tensor4D, v: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor2D {
+  private attend(q: tf.Tensor4D, k: tf.Tensor4D, v: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor2D {
     const [b, H, Tq, dh] = q.shape;
-    const scores = tf.add(tf.matMul(tf.mul(q, 1 / Math.sqrt(dh)), kT), bias); // [b, H, Tq, Tk]
+    const scores = tf.add(tf.matMul(tf.mul(q, 1 / Math.sqrt(dh)), k, false, true), bias); // [b, H, Tq, Tk]
     const probs = tf.softmax(scores); // [b, H, Tq, Tk]
     const o = tf.matMul(probs, v); // [b, H, Tq, dh]
     return tf.reshape(tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
@@ -512,12 +506,10 @@ export class PolicyModel {
       this.blocks.forEach((block, i) => {
         const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [b, d]
         const q = this.splitHeads(qx, b, 1); // [b, H, 1, dh]
-        const kNew = this.splitHeadsT(kx, b, 1); // [b, H, dh, 1]
-        const vNew = this.splitHeads(vx, b, 1); // [b, H, 1, dh]
-        const kT = tf.concat([caches[i].kT, kNew], 3); // [b, H, dh, L+1]
-        const v = tf.concat([caches[i].v, vNew], 2); // [b, H, L+1, dh]
-        next.push({ kT, v });
-        const o = this.attend(q, kT, v, bias); // [b, d]
+        const k = tf.concat([caches[i].k, this.splitHeads(kx, b, 1)], 2); // [b, H, L+1, dh]
+        const v = tf.concat([caches[i].v, this.splitHeads(vx, b, 1)], 2); // [b, H, L+1, dh]
+        next.push({ k, v });
+        const o = this.attend(q, k, v, bias); // [b, d]
         x = tf.add(x, tf.matMul(o, block.wo));
         x = tf.add(x, this.mlp(x, block));
       });
@@ -627,7 +619,7 @@ class KvCacheDecoder implements StepDecoder {
     const L = this.keyMask.length / this.rows;
     const next = tf.tidy(() => {
       const index = tf.tensor1d(Int32Array.from(rows), 'int32');
-      return this.caches.map((c) => ({ kT: tf.gather(c.kT, index, 0), v: tf.gather(c.v, index, 0) }));
+      return this.caches.map((c) => ({ k: tf.gather(c.k, index, 0), v: tf.gather(c.v, index, 0) }));
     });
     this.disposeCaches();
     this.caches = next;
@@ -643,7 +635,7 @@ class KvCacheDecoder implements StepDecoder {
 
   private disposeCaches(): void {
     for (const c of this.caches) {
-      c.kT.dispose();
+      c.k.dispose();
       c.v.dispose();
     }
     this.caches = [];
