@@ -13,5 +13,5 @@ export { validate } from './validate.js';
 export type { ValidateOptions } from './validate.js';
 
 // ── the embedded main job (npm start) ──────────────────────────────────────────
-export { EMBEDDED_MODEL, runEmbedded } from './embedded.js';
+export { EMBEDDED_MODEL, EMBEDDED_TRAINER, runEmbedded } from './embedded.js';
 export type { EmbeddedRunOptions, EmbeddedRunSummary } from './embedded.js';
