@@ -201,6 +201,42 @@ describe('PolicyModel', () => {
     expect(cpu.slice(4).some((g) => g.some((x) => Math.abs(x) > 1e-6))).toBe(true);
   });
 
+  it('gradients match central finite differences (norms, attention, GELU, embeddings, head)', () => {
+    const probeModel = PolicyModel.create({ ...CONFIG, dModel: 8, nHeads: 2, dFF: 16 }, 21);
+    const { ids, mask, pos } = batch(ROWS, 8);
+    const targetMask = tf.slice(mask, [0, 1], [3, 7]);
+    const loss = (): tf.Scalar =>
+      tf.div(tf.neg(tf.sum(tf.mul(probeModel.tokenLogprobs(ids, mask, pos).logprobs, targetMask))), tf.sum(targetMask)) as tf.Scalar;
+    const vars = probeModel.trainableVariables();
+    const names = probeModel.weightNames();
+    const { value, grads } = tf.variableGrads(loss, vars);
+    const step = 1e-2;
+    for (const name of ['tokEmbedding', 'posEmbedding', 'blocks.0.attnNorm.scale', 'blocks.0.attn.wq', 'blocks.0.attn.wk',
+      'blocks.1.attn.wv', 'blocks.1.attn.wo', 'blocks.0.mlpNorm.scale', 'blocks.1.mlp.wIn', 'blocks.0.mlp.wOut',
+      'finalNorm.scale', 'lmHead']) {
+      const v = vars[names.indexOf(name)];
+      const analytic = grads[v.name].dataSync();
+      const base = Float32Array.from(v.dataSync() as Float32Array);
+      // The entries with the largest gradients, where the difference quotient is well above float32 noise.
+      const order = [...analytic.keys()].sort((a, b) => Math.abs(analytic[b]) - Math.abs(analytic[a])).slice(0, 3);
+      for (const i of order) {
+        const at = (delta: number): number => {
+          const w = Float32Array.from(base);
+          w[i] += delta;
+          tf.tidy(() => v.assign(tf.tensor(w, v.shape)));
+          return tf.tidy(() => loss().dataSync()[0]);
+        };
+        const numeric = (at(step) - at(-step)) / (2 * step);
+        tf.tidy(() => v.assign(tf.tensor(base, v.shape)));
+        expect(Math.abs(numeric - analytic[i]), `${name}[${i}] ${analytic[i]} vs ${numeric}`).toBeLessThanOrEqual(
+          2e-4 + 0.05 * Math.abs(analytic[i]),
+        );
+      }
+    }
+    tf.dispose([value, grads, ids, mask, pos, targetMask]);
+    probeModel.dispose();
+  });
+
   it('trains: a few Adam steps lower the NLL of a fixed batch', () => {
     const trainee = PolicyModel.create(CONFIG, 5);
     const optimizer = tf.train.adam(1e-2);
