@@ -76,13 +76,14 @@ type LayerCache = {
   readonly v: tf.Tensor4D;
 };
 
-/** How a weight is initialized. */
-type InitKind = 'normal' | 'residual-out' | 'ones';
+/** How a weight is initialized: `N(0, 0.02²)`, `N(0, (0.02/√(2·nLayers))²)` or all ones. */
+export type PolicyInitKind = 'normal' | 'residual-out' | 'ones';
 
-interface ParamSpec {
+/** Name, shape and initializer of one weight. */
+export interface PolicyParamSpec {
   readonly name: string;
   readonly shape: readonly number[];
-  readonly init: InitKind;
+  readonly init: PolicyInitKind;
 }
 
 /**
@@ -115,9 +116,9 @@ export function validatePolicyConfig(config: PolicyConfig): PolicyConfig {
 }
 
 /** Names, shapes and initializers of every weight of a configuration, in a stable order. */
-export function policyParamSpecs(config: PolicyConfig): ParamSpec[] {
+export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
   const { vocabSize: V, dModel: d, dFF: f, maxSeqLen: S } = config;
-  const specs: ParamSpec[] = [
+  const specs: PolicyParamSpec[] = [
     { name: 'tokEmbedding', shape: [V, d], init: 'normal' },
     { name: 'posEmbedding', shape: [S, d], init: 'normal' },
   ];

@@ -1,0 +1,58 @@
+/**
+ * The embedded policy: backend selection, tokenizer, transformer with KV-cache sampling, checkpoints.
+ *
+ * @packageDocumentation
+ */
+
+// ── backends ───────────────────────────────────────────────────────────────────
+export {
+  BACKEND_KINDS,
+  NATIVE_BACKEND_PACKAGES,
+  WASM_BACKEND_PACKAGE,
+  initBackend,
+  installBackendFixes,
+  swapLastAxes,
+} from './backend.js';
+export type { BackendKind, BackendLogger, BackendName, InitBackendOptions } from './backend.js';
+export { registerCoreGradients, sumToShape } from './gradients.js';
+
+// ── tokenizer ──────────────────────────────────────────────────────────────────
+export {
+  CHAR_BOS_ID,
+  CHAR_EOS_ID,
+  CHAR_PAD_ID,
+  CHAR_SPECIAL_TOKENS,
+  CharTokenizer,
+  DEFAULT_ALPHABET,
+} from './tokenizer.js';
+
+// ── policy model ───────────────────────────────────────────────────────────────
+export {
+  INIT_STD,
+  MASK_BIAS,
+  PolicyModel,
+  RMS_NORM_EPS,
+  policyParamSpecs,
+  validatePolicyConfig,
+} from './transformer.js';
+export type { PolicyConfig, PolicyInitKind, PolicyParamSpec, TokenLogprobs } from './transformer.js';
+
+// ── sampling ───────────────────────────────────────────────────────────────────
+export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';
+export type { GenerateOptions, PromptBatch, StepDecoder } from './generate.js';
+export { sampleToken } from './sampling.js';
+export type { SampledToken, SamplingParams } from './sampling.js';
+export { createRng, hashSeed, normalArray } from './random.js';
+export type { Rng } from './random.js';
+
+// ── checkpoints ────────────────────────────────────────────────────────────────
+export {
+  SAFETENSORS_MAX_HEADER_BYTES,
+  SAFETENSORS_METADATA_KEY,
+  decodeSafetensors,
+  encodeSafetensors,
+  loadSafetensors,
+  saveSafetensors,
+} from './safetensors.js';
+export type { SafetensorsContents, SafetensorsMetadata } from './safetensors.js';
+export { POLICY_CONFIG_METADATA_KEY, loadPolicy, savePolicy } from './policyFile.js';
