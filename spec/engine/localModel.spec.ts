@@ -1,0 +1,57 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { LocalEngine } from '../../lib/engine/local.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel } from '../../lib/model/transformer.js';
+
+const tokenizer = new CharTokenizer('abcde=');
+const config = { vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 2, nHeads: 2, dFF: 32, maxSeqLen: 16 };
+const prompts = ['ab=', 'abcde=', 'c=', 'edcb=', 'aaaa=', 'b='];
+const requests: GenerateRequest[] = prompts.map((p, i) => ({
+  promptTokens: tokenizer.encode(p, { addBos: true }),
+  maxTokens: 6,
+  temperature: 1,
+  seed: 100 + i,
+}));
+
+describe('LocalEngine over a real PolicyModel', () => {
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: { info: () => undefined } });
+  });
+
+  it('micro-batched requests return the same tokens and log-probs as unbatched ones', async () => {
+    const model = PolicyModel.create(config, 8);
+    const batched = new LocalEngine(model, { tokenizer, maxBatchSize: 64, maxWaitMs: 5 });
+    const single = new LocalEngine(model, { tokenizer, maxBatchSize: 1 });
+    const together = await Promise.all(requests.map((r) => batched.generate([r])));
+    const alone: GenerateResponse[] = [];
+    for (const r of requests) alone.push((await single.generate([r]))[0]);
+    expect(batched.batchSizes).toEqual([requests.length]);
+    expect(single.batchSizes).toEqual(requests.map(() => 1));
+    together.forEach(([response], i) => {
+      expect(response.tokens).toEqual(alone[i].tokens);
+      expect(response.finishReason).toEqual(alone[i].finishReason);
+      response.logprobs.forEach((lp, j) => expect(lp).toBeCloseTo(alone[i].logprobs[j], 5));
+    });
+    model.dispose();
+  });
+
+  it('loads new weights as a new version, and generate leaks no tensor', async () => {
+    const model = PolicyModel.create(config, 8);
+    const other = PolicyModel.create(config, 9);
+    const engine = new LocalEngine(model, { tokenizer });
+    await engine.generate(requests); // warm up
+    const tensors = tf.memory().numTensors;
+    const before = await engine.generate(requests);
+    expect(tf.memory().numTensors).toBe(tensors);
+    await engine.loadWeights(1, other.getWeights());
+    const after = await engine.generate(requests);
+    expect(after.every((r) => r.policyVersion === 1)).toBe(true);
+    expect(before.every((r) => r.policyVersion === 0)).toBe(true);
+    expect(after.map((r) => r.logprobs)).not.toEqual(before.map((r) => r.logprobs));
+    model.dispose();
+    other.dispose();
+  });
+});
