@@ -20,7 +20,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-backend-cpu';
 
-import { BackendUnavailableError, ConfigError } from '../errors.js';
+import { BackendUnavailableError, ConfigError, assertNever } from '../errors.js';
 import { registerCoreGradients } from './gradients.js';
 
 /** Backend choice: `auto`, or one backend forced by name. */
@@ -123,10 +123,8 @@ async function activate(name: BackendName): Promise<void> {
       break;
     case 'cpu':
       break;
-    default: {
-      const never: never = name;
-      throw new ConfigError(`unknown backend '${String(never)}'`);
-    }
+    default:
+      assertNever(name, 'backend');
   }
   let ok: boolean;
   try {

@@ -18,7 +18,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from '../engine/types.js';
-import { ConfigError, ShapeError } from '../errors.js';
+import { ConfigError, ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes } from './backend.js';
 import { runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import { createRng, normalArray } from './random.js';
@@ -208,10 +208,8 @@ export class PolicyModel {
         case 'residual-out':
           data = normalArray(size, residualStd, createRng(seed, spec.name));
           break;
-        default: {
-          const never: never = spec.init;
-          throw new ConfigError(`unknown initializer ${String(never)}`);
-        }
+        default:
+          return assertNever(spec.init, 'initializer');
       }
       const value = tf.tensor(data, [...spec.shape], 'float32');
       params.set(spec.name, tf.variable(value, true));
@@ -370,6 +368,10 @@ export class PolicyModel {
    * @param options - `signal` (checked between steps: unfinished rows end with `'abort'` and keep their tokens;
    *   already fired → rejects with `AbortError`), `version` (reported), `eosId` (default stop token, 2).
    * @returns One response per request, in order.
+   *
+   * The variables are read at every step and the call yields to the event loop between steps: callers that
+   * replace weights ({@link PolicyModel.setWeights}) should not do so while a generation is in flight (the
+   * cache would mix keys from two policies).
    */
   generate(requests: readonly GenerateRequest[], options: GenerateOptions = {}): Promise<GenerateResponse[]> {
     return runGeneration(new KvCacheDecoder(this), requests, options, this.config);
