@@ -1,11 +1,23 @@
+import { createRequire } from 'node:module';
+
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { BackendUnavailableError, ConfigError } from '../../lib/errors.js';
 import { initBackend, installBackendFixes, type BackendKind } from '../../lib/model/backend.js';
 import { createRng, normalArray } from '../../lib/model/random.js';
 
 const TOLERANCE = 1e-4;
+
+/** Whether a native backend package is installed (it is not on the reference machine). */
+const nativeInstalled = ['@tensorflow/tfjs-node-gpu', '@tensorflow/tfjs-node'].some((pkg) => {
+  try {
+    createRequire(import.meta.url).resolve(pkg);
+    return true;
+  } catch {
+    return false;
+  }
+});
 const quiet = { info: (): void => undefined };
 
 function randn(shape: number[], seed: number): tf.Tensor {
@@ -32,13 +44,13 @@ function expectClose(a: Float32Array, b: Float32Array, tol = TOLERANCE): void {
 }
 
 describe('initBackend', () => {
-  it('forcing the tensorflow backend without tfjs-node throws BackendUnavailableError naming the package', async () => {
+  it.skipIf(nativeInstalled)('forcing the tensorflow backend without tfjs-node throws BackendUnavailableError naming the package', async () => {
     const error = await initBackend('tensorflow', { logger: quiet }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(BackendUnavailableError);
     expect((error as Error).message).toContain('@tensorflow/tfjs-node');
   });
 
-  it('auto falls back to wasm here and logs the choice once', async () => {
+  it.skipIf(nativeInstalled)('auto falls back to wasm here and logs the choice once', async () => {
     const records: { obj: Record<string, unknown>; msg: string }[] = [];
     const name = await initBackend('auto', { logger: { info: (obj, msg) => records.push({ obj, msg }) } });
     expect(name).toBe('wasm');
@@ -46,6 +58,20 @@ describe('initBackend', () => {
     expect(records).toHaveLength(1);
     expect(records[0].obj).toMatchObject({ backend: 'wasm', requested: 'auto' });
     expect(Object.keys(records[0].obj['tried'] as object)).toContain('tensorflow');
+  });
+
+  it('logs one line to stderr without a logger', async () => {
+    const write = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    let written: string[];
+    try {
+      await initBackend('cpu');
+    } finally {
+      written = write.mock.calls.map((c) => String(c[0]));
+      write.mockRestore();
+    }
+    const lines = written.filter((l) => l.includes('tfjs backend'));
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toContain('cpu');
   });
 
   it('selects cpu and wasm by name, and rejects unknown names', async () => {
