@@ -10,7 +10,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { createRng } from '../lib/model/random.js';
+import { createRng } from '../lib/random.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 
 /** One benchmarked model size and its batch. */

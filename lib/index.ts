@@ -158,5 +158,5 @@ export type { GrpoTrainerOptions } from './train/grpoTrainer.js';
 export type { StepResult, Trainer } from './train/types.js';
 
 // ── seeded randomness ──────────────────────────────────────────────────────────
-export { createRng, hashString, mixSeed, shuffledIndices } from './random.js';
+export { createRng, hashSeed, normalArray, shuffledIndices } from './random.js';
 export type { Rng } from './random.js';

@@ -2,7 +2,7 @@ import { Observable, concatMap, mergeMap, range, map, type OperatorFunction } fr
 import type { GenerateRequest, RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError, EvaluationError, isAbortError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
-import { hashString, mixSeed } from '../lib/random.js';
+import { hashSeed } from '../lib/random.js';
 import type { ModelTag, RolloutOutput, SampleFailure, Task, Trajectory } from '../lib/types.js';
 
 /** Options of {@link rollout}. */
@@ -118,7 +118,7 @@ async function generateAndScore(
     maxTokens: options.maxTokens,
     temperature: options.temperature ?? 1,
     topP: options.topP ?? 1,
-    seed: mixSeed(options.seed ?? 0, hashString(ids.groupId), ids.runId),
+    seed: hashSeed(options.seed ?? 0, ids.groupId, String(ids.runId)),
   };
   const [response] = await engine.generate([request], signal);
   const text = engine.tokenizer.decode(response.tokens);

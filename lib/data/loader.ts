@@ -9,7 +9,7 @@ import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { AsyncIterableX } from 'ix/asynciterable';
 import { ConfigError, DecodeError } from '../errors.js';
-import { createRng, mixSeed, shuffledIndices } from '../random.js';
+import { createRng, shuffledIndices } from '../random.js';
 import type { Task } from '../types.js';
 
 /** Where tasks come from: an array, any (async) iterable such as a generator, or a JSONL file. */
@@ -91,7 +91,7 @@ export class TaskLoader extends AsyncIterableX<Task> {
       return;
     }
     const all = isJsonl(source) ? await readJsonlAll(source.jsonl) : (source as readonly Task[]);
-    for (const i of shuffledIndices(all.length, createRng(mixSeed(this.seed, epoch)))) {
+    for (const i of shuffledIndices(all.length, createRng(this.seed, 'epoch', String(epoch)))) {
       signal?.throwIfAborted();
       yield all[i];
     }

@@ -9,7 +9,7 @@ import type * as tf from '@tensorflow/tfjs-core';
 import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
 import { AbortError, ConfigError } from '../errors.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
-import { createRng, type Rng } from './random.js';
+import { createRng, type Rng } from '../random.js';
 import { sampleToken } from './sampling.js';
 import { CHAR_EOS_ID } from './tokenizer.js';
 

@@ -42,8 +42,6 @@ export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';
 export type { GenerateOptions, PromptBatch, StepDecoder } from './generate.js';
 export { sampleToken } from './sampling.js';
 export type { SampledToken, SamplingParams } from './sampling.js';
-export { createRng, hashSeed, normalArray } from './random.js';
-export type { Rng } from './random.js';
 
 // ── checkpoints ────────────────────────────────────────────────────────────────
 export {

@@ -6,7 +6,7 @@
  *
  * @packageDocumentation
  */
-import type { Rng } from './random.js';
+import type { Rng } from '../random.js';
 
 /** How to pick the next token. */
 export interface SamplingParams {

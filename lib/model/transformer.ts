@@ -21,7 +21,7 @@ import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } fro
 import { ConfigError, ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes } from './backend.js';
 import { runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
-import { createRng, normalArray } from './random.js';
+import { createRng, normalArray } from '../random.js';
 
 /** Architecture of a {@link PolicyModel}. */
 export interface PolicyConfig {

@@ -1,3 +1,5 @@
+import { createRng } from '../../lib/random.js';
+
 /**
  * A tiny seeded PRNG for reproducible tests (mulberry32) and a few samplers on top of it.
  */
@@ -6,20 +8,14 @@
 export type Rng = () => number;
 
 /**
- * mulberry32: a 32-bit seeded generator, good enough for test data.
+ * A seeded test stream: the library's generator (`lib/random.ts`) as a plain function.
  *
  * @param seed - Any integer; equal seeds give equal sequences.
  * @returns A function returning uniform numbers in `[0, 1)`.
  */
 export function mulberry32(seed: number): Rng {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const rng = createRng(seed);
+  return () => rng.next();
 }
 
 /** Uniform number in `[lo, hi)`. */

@@ -5,7 +5,7 @@ import { beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { BackendUnavailableError, ConfigError } from '../../lib/errors.js';
 import { initBackend, installBackendFixes, type BackendKind } from '../../lib/model/backend.js';
-import { createRng, normalArray } from '../../lib/model/random.js';
+import { createRng, normalArray } from '../../lib/random.js';
 
 const TOLERANCE = 1e-4;
 
