@@ -3,6 +3,12 @@ import { isAbortError } from '../lib/errors.js';
 import type { AdmissionGate } from '../lib/sync/gate.js';
 import type { Task } from '../lib/types.js';
 
+/** Options of {@link admit}. */
+export interface AdmitOptions {
+  /** Called with each admitted task and its 0-based admission index (batch = `⌊index / tasksPerBatch⌋`). */
+  readonly onAdmit?: (task: Task, index: number) => void;
+}
+
 /**
  * Pulls tasks from a pull-based loader only when the admission gate allows them to start, and emits them.
  * Nothing is read ahead of credit; unsubscribing ends the loader (its `finally` blocks run).
@@ -23,9 +29,10 @@ import type { Task } from '../lib/types.js';
  * ```
  * @param loader - an `AsyncIterable<Task>` (for example a {@link TaskLoader}).
  * @param gate - decides when each task may start.
+ * @param options - `onAdmit(task, index)` sees each task with its 0-based admission index before it is emitted.
  * @returns a cold Observable of admitted tasks; each subscription pulls its own iterator.
  */
-export function admit(loader: AsyncIterable<Task>, gate: AdmissionGate): Observable<Task> {
+export function admit(loader: AsyncIterable<Task>, gate: AdmissionGate, options: AdmitOptions = {}): Observable<Task> {
   return new Observable<Task>((subscriber) => {
     const controller = new AbortController();
     const iterator = loader[Symbol.asyncIterator]();
@@ -38,6 +45,7 @@ export function admit(loader: AsyncIterable<Task>, gate: AdmissionGate): Observa
           subscriber.complete();
           return;
         }
+        options.onAdmit?.(next.value, index);
         subscriber.next(next.value);
       }
     };

@@ -17,6 +17,14 @@ export interface BatchGroupsOptions {
   readonly readiness?: BatchReadiness;
   /** With `batch_size`: drop a final partial batch instead of flushing it on completion. Default false. */
   readonly dropLast?: boolean;
+  /**
+   * Admission batch of a group. When given, batch `n` holds exactly the groups admitted in batch `n` and batches
+   * are emitted in order `0, 1, 2, …`, whatever order groups complete in — which is what bounds staleness by η in
+   * `batch-async` mode. Without it, batches are filled in completion order (`fully-async`).
+   */
+  readonly batchOf?: (group: Group) => number;
+  /** Most groups held at once (a buffer has a capacity); exceeding it is an error. Default 65536. */
+  readonly capacity?: number;
 }
 
 /**
@@ -51,23 +59,59 @@ export function batchGroups(options: BatchGroupsOptions): OperatorFunction<Group
       `unknown batch readiness '${String(readiness)}'; valid: batch_size, batch_size_reached, loaded_batch_finished`,
     );
   }
+  const capacity = options.capacity ?? 65536;
+  const { batchOf } = options;
   return (source) =>
     new Observable<Group[]>((subscriber) => {
       let held: Group[] = [];
+      // Ordered mode: admission batch → its groups, and the next batch to emit.
+      const byBatch = new Map<number, Group[]>();
+      let next = 0;
+      let count = 0;
+      const overflow = (): boolean => {
+        if (count <= capacity) return false;
+        subscriber.error(new ConfigError(`batchGroups holds ${count} groups, over its capacity ${capacity}`, { context: { capacity } }));
+        return true;
+      };
+      const emitReadyInOrder = (): void => {
+        for (let ready = byBatch.get(next); ready !== undefined && ready.length >= batchSize; ready = byBatch.get(next)) {
+          byBatch.delete(next);
+          next++;
+          count -= ready.length;
+          subscriber.next(ready);
+        }
+      };
       return source.subscribe({
         next: (group) => {
+          count++;
+          if (overflow()) return;
+          if (batchOf && bySize) {
+            const n = batchOf(group);
+            const list = byBatch.get(n) ?? [];
+            list.push(group);
+            byBatch.set(n, list);
+            emitReadyInOrder();
+            return;
+          }
           held.push(group);
           if (bySize && held.length >= batchSize) {
             const batch = held;
             held = [];
+            count -= batch.length;
             subscriber.next(batch);
           }
         },
         error: (error: unknown) => subscriber.error(error),
         complete: () => {
-          const rest = held;
-          held = [];
-          if (rest.length > 0 && !(bySize && dropLast)) subscriber.next(rest);
+          if (batchOf && bySize) {
+            const rest = [...byBatch.entries()].sort(([a], [b]) => a - b);
+            byBatch.clear();
+            if (!dropLast) for (const [, groups] of rest) subscriber.next(groups);
+          } else {
+            const rest = held;
+            held = [];
+            if (rest.length > 0 && !(bySize && dropLast)) subscriber.next(rest);
+          }
           subscriber.complete();
         },
       });

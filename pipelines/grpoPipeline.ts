@@ -1,4 +1,4 @@
-import { EMPTY, Observable, fromEvent, take, takeUntil } from 'rxjs';
+import { EMPTY, Observable, fromEvent, take, takeUntil, tap } from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
 import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
@@ -6,12 +6,12 @@ import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Task } from '../lib/types.js';
+import type { Group, Task } from '../lib/types.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';
 import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js';
-import { rollout } from '../operators/rollout.js';
+import { groupIdOf, rollout } from '../operators/rollout.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
 
@@ -83,7 +83,20 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
     });
     const loader = isLoader(config.tasks) ? config.tasks : loadTasks(config.tasks as TaskSource, config.loader);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
-    const steps$ = admit(loader, gate).pipe(
+    // In sync and batch-async modes a train batch holds exactly one admission batch (see batchGroups' batchOf):
+    // that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
+    const admissionBatch = new Map<string, number>();
+    const ordered = gate.mode !== 'fully-async';
+    const batchOf = (group: Group): number => {
+      const id = group.key[0];
+      const n = admissionBatch.get(id) ?? 0;
+      admissionBatch.delete(id);
+      return n;
+    };
+    const onAdmit = ordered
+      ? (task: Task, index: number): void => void admissionBatch.set(groupIdOf(task), Math.floor(index / batchSize))
+      : undefined;
+    const steps$ = admit(loader, gate, { onAdmit }).pipe(
       rollout(engine, {
         samplesPerTask: groupSize,
         concurrency: config.concurrency ?? batchSize * groupSize,
@@ -95,7 +108,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         modelTag: config.trainer.modelTag,
       }),
       groupTrajectories({ keys: ['groupId'], groupSize }),
-      batchGroups({ batchSize }),
+      batchGroups({ batchSize, ...(ordered ? { batchOf } : {}) }),
       grpoPrepare({
         padId: engine.tokenizer.padId,
         normalizeByStd: config.advantage?.normalizeByStd,
@@ -106,7 +119,8 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         signal: config.signal,
       }),
       train(config.trainer, { signal: config.signal }),
-      syncWeights(config.engines, { onPublished: (version) => gate.publish(version, batchSize) }),
+      syncWeights(config.engines),
+      tap((step) => gate.publish(step.version, step.metrics['batch/groups'] ?? batchSize)),
       config.steps === undefined ? (s) => s : take(config.steps),
       takeUntil(aborted),
     );

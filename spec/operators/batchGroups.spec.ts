@@ -64,6 +64,25 @@ describe('batchGroups', () => {
     expect(seen).toEqual([['A'], ['B']]);
   });
 
+  it('with batchOf, emits batch n with exactly the groups admitted in batch n, in order', () => {
+    scheduler.run(({ cold, expectObservable }) => {
+      const admittedIn: Record<string, number> = { A: 0, B: 0, C: 1, D: 1, E: 2 };
+      const batchOf = (x: Group): number => admittedIn[x.key[0]];
+      // C and D (batch 1) complete before B (batch 0): batch 1 waits for batch 0.
+      const source = cold('-a-c-d-b-e-|', { a: A, b: B, c: C, d: D, e: E });
+      expectObservable(source.pipe(batchGroups({ batchSize: 2, batchOf }))).toBe('-------(xy)(z|)', {
+        x: [A, B],
+        y: [C, D],
+        z: [E],
+      });
+      expectObservable(source.pipe(batchGroups({ batchSize: 2, batchOf, capacity: 2 }))).toBe(
+        '-----#',
+        undefined,
+        new ConfigError('batchGroups holds 3 groups, over its capacity 2'),
+      );
+    });
+  });
+
   it('rejects bad options with the valid names', () => {
     expect(() => batchGroups({ batchSize: 0 })).toThrow(ConfigError);
     expect(() => batchGroups({ batchSize: 1, readiness: 'nope' as never })).toThrow(/batch_size_reached/);
