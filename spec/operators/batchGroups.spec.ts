@@ -78,7 +78,7 @@ describe('batchGroups', () => {
       expectObservable(source.pipe(batchGroups({ batchSize: 2, batchOf, capacity: 2 }))).toBe(
         '-----#',
         undefined,
-        new ConfigError('batchGroups holds 3 groups, over its capacity 2'),
+        new ConfigError('batchGroups holds 3 groups, over its capacity 2', { context: { capacity: 2 } }),
       );
     });
   });
