@@ -80,6 +80,10 @@ export interface Group {
   readonly modelTag: ModelTag;
   /** Trajectories of the group, ordered by `runId`. */
   readonly trajectories: readonly Trajectory[];
+  /** Why an incomplete group was released: its timeout fired, or the source completed. Absent when complete. */
+  readonly closedBy?: 'timeout' | 'source-complete';
+  /** Trajectories discarded because the group timed out under the `drop` policy (the group is then empty). */
+  readonly dropped?: number;
 }
 
 /**

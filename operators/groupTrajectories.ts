@@ -1,4 +1,4 @@
-import { Observable, type OperatorFunction } from 'rxjs';
+import { Observable, asyncScheduler, type OperatorFunction, type SchedulerLike, type Subscription } from 'rxjs';
 import { ConfigError } from '../lib/errors.js';
 import { isSampleFailure, type Group, type RolloutOutput, type Trajectory } from '../lib/types.js';
 
@@ -24,7 +24,21 @@ export interface GroupTrajectoriesOptions {
   readonly capacity?: number;
   /** Incomplete groups when the source completes: `release` them as they are (default) or `drop` them. */
   readonly onIncomplete?: IncompletePolicy;
+  /** Close a group this long (ms) after its first member arrived, even if incomplete. Default: no timeout. */
+  readonly timeoutMs?: number;
+  /**
+   * What a timeout does: `release` the partial group (default), or `drop` it — emitted empty with `dropped`
+   * set, so batch boundaries downstream never wait for it and nothing vanishes silently.
+   */
+  readonly onTimeout?: IncompletePolicy;
+  /** Called for each output that arrives after its group was closed; it is dropped. */
+  readonly onLate?: (item: RolloutOutput) => void;
+  /** Scheduler of the timeouts (tests pass the `TestScheduler`). Default `asyncScheduler`. */
+  readonly scheduler?: SchedulerLike;
 }
+
+/** How many ids of closed groups are remembered to recognize late arrivals. */
+const CLOSED_MEMORY = 65536;
 
 interface OpenGroup {
   readonly key: readonly string[];
@@ -32,6 +46,7 @@ interface OpenGroup {
   readonly members: Trajectory[];
   readonly seen: Set<string>;
   failed: number;
+  timer?: Subscription;
 }
 
 /**
@@ -44,6 +59,10 @@ interface OpenGroup {
  * source:  --a0--b0--a1--b1--|
  * groupTrajectories({ keys: ['groupId'], groupSize: 2 })
  * output:  ----------A-----B-|         (A = group a: [a0, a1])
+ *
+ * source:  --a0-------------------a1--|
+ * groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: 10 })
+ * output:  ------------A'--------------|   (A' = [a0], closedBy 'timeout'; a1 arrives late and is dropped)
  * ```
  *
  * @example
@@ -60,6 +79,12 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
   const { groupSize } = options;
   const capacity = options.capacity ?? 4096;
   const onIncomplete = options.onIncomplete ?? 'release';
+  const onTimeout = options.onTimeout ?? 'release';
+  const scheduler = options.scheduler ?? asyncScheduler;
+  const { timeoutMs } = options;
+  if (timeoutMs !== undefined && !(timeoutMs >= 0)) {
+    throw new ConfigError(`groupTrajectories timeoutMs must be >= 0, got ${timeoutMs}`);
+  }
   if (!Number.isInteger(groupSize) || groupSize < 1) {
     throw new ConfigError(`groupTrajectories groupSize must be an integer >= 1, got ${groupSize}`);
   }
@@ -71,15 +96,32 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
       // modelTag → joined key → open group
       const stores = new Map<string, Map<string, OpenGroup>>();
       let open = 0;
+      // Ids of groups already released, oldest first, so that late arrivals are recognized and dropped.
+      const closed = new Set<string>();
 
-      const release = (store: Map<string, OpenGroup>, id: string, group: OpenGroup): void => {
+      const release = (
+        store: Map<string, OpenGroup>,
+        id: string,
+        group: OpenGroup,
+        closedBy?: 'timeout' | 'source-complete',
+        drop = false,
+      ): void => {
         store.delete(id);
         open--;
-        const trajectories = [...group.members].sort((a, b) => a.runId - b.runId);
-        subscriber.next({ key: group.key, modelTag: group.modelTag, trajectories });
+        group.timer?.unsubscribe();
+        closed.add(`${group.modelTag}\u0000${id}`);
+        if (closed.size > CLOSED_MEMORY) closed.delete(closed.values().next().value as string);
+        const trajectories = drop ? [] : [...group.members].sort((a, b) => a.runId - b.runId);
+        subscriber.next({
+          key: group.key,
+          modelTag: group.modelTag,
+          trajectories,
+          ...(closedBy ? { closedBy } : {}),
+          ...(drop ? { dropped: group.members.length } : {}),
+        });
       };
 
-      return source.subscribe({
+      const upstream = source.subscribe({
         next: (item) => {
           if (keys.length === 0) {
             if (!isSampleFailure(item)) subscriber.next({ key: [item.id], modelTag: item.modelTag, trajectories: [item] });
@@ -93,6 +135,10 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
             stores.set(item.modelTag, store);
           }
           let group = store.get(id);
+          if (group === undefined && closed.has(`${item.modelTag}\u0000${id}`)) {
+            options.onLate?.(item);
+            return;
+          }
           if (group === undefined) {
             if (open >= capacity) {
               subscriber.error(
@@ -102,9 +148,16 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
               );
               return;
             }
-            group = { key, modelTag: item.modelTag, members: [], seen: new Set(), failed: 0 };
-            store.set(id, group);
+            const opened: OpenGroup = { key, modelTag: item.modelTag, members: [], seen: new Set(), failed: 0 };
+            group = opened;
+            store.set(id, opened);
             open++;
+            if (timeoutMs !== undefined) {
+              const owner = store;
+              opened.timer = scheduler.schedule(() => {
+                if (owner.get(id) === opened) release(owner, id, opened, 'timeout', onTimeout === 'drop');
+              }, timeoutMs);
+            }
           }
           if (group.seen.has(item.id)) return;
           group.seen.add(item.id);
@@ -114,14 +167,20 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
         },
         error: (error: unknown) => subscriber.error(error),
         complete: () => {
-          if (onIncomplete === 'release') {
-            for (const store of stores.values()) {
-              for (const [id, group] of [...store]) release(store, id, group);
+          for (const store of stores.values()) {
+            for (const [id, group] of [...store]) {
+              group.timer?.unsubscribe();
+              if (onIncomplete === 'release') release(store, id, group, 'source-complete');
             }
           }
           stores.clear();
           subscriber.complete();
         },
       });
+      return () => {
+        upstream.unsubscribe();
+        for (const store of stores.values()) for (const group of store.values()) group.timer?.unsubscribe();
+        stores.clear();
+      };
     });
 }

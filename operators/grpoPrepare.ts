@@ -78,6 +78,8 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
         const metrics: Metrics = {
           'batch/groups': groups.length,
           'batch/groups_empty': groups.filter((g) => g.trajectories.length === 0).length,
+          'batch/groups_timed_out': groups.filter((g) => g.closedBy === 'timeout').length,
+          'batch/trajectories_dropped': groups.reduce((n, g) => n + (g.dropped ?? 0), 0),
         };
         let tokenRewards = base.tokenRewards; // [B, R]
         let refLogprobs: Float32Array | undefined; // [B, R]

@@ -51,6 +51,10 @@ export interface GrpoPipelineConfig {
   readonly seed?: number;
   /** Advantage settings and the zero-variance filter. */
   readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
+  /** Close incomplete groups after this many ms (see `groupTrajectories`). Default: wait for every sample. */
+  readonly groupTimeoutMs?: number;
+  /** What a group timeout does: `release` the partial group (default) or `drop` it (counted). */
+  readonly onGroupTimeout?: 'release' | 'drop';
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
@@ -107,7 +111,12 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         seed: config.seed,
         modelTag: config.trainer.modelTag,
       }),
-      groupTrajectories({ keys: ['groupId'], groupSize }),
+      groupTrajectories({
+        keys: ['groupId'],
+        groupSize,
+        ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
+        onTimeout: config.onGroupTimeout,
+      }),
       batchGroups({ batchSize, ...(ordered ? { batchOf } : {}) }),
       grpoPrepare({
         padId: engine.tokenizer.padId,

@@ -56,6 +56,11 @@ export interface GrpoTrainerOptions {
    * then taken against the rollout-time log-probs).
    */
   readonly importanceCap?: number;
+  /**
+   * Drop rows whose staleness (`step − policyVersion`) exceeds this bound: their loss mask is zeroed, so they
+   * neither train nor count in the loss; the count is reported as `rollout/dropped_stale`. Default: keep all.
+   */
+  readonly maxStaleness?: number;
   /** Model tag. Default `policy`. */
   readonly modelTag?: ModelTag;
   /** Seed of the mini-batch shuffle. Default 0. */
@@ -117,6 +122,9 @@ export class GrpoTrainer implements Trainer {
     if (!(this.options.maxGradNorm > 0)) throw new ConfigError(`maxGradNorm must be > 0, got ${this.options.maxGradNorm}`);
     const lr = options.learningRate ?? 1e-3;
     if (!(lr > 0)) throw new ConfigError(`learningRate must be > 0, got ${lr}`);
+    if (options.maxStaleness !== undefined && !(Number.isInteger(options.maxStaleness) && options.maxStaleness >= 0)) {
+      throw new ConfigError(`maxStaleness must be an integer >= 0, got ${options.maxStaleness}`);
+    }
     if (options.importanceCap !== undefined && !(options.importanceCap >= 1)) {
       throw new ConfigError(`importanceCap must be >= 1, got ${options.importanceCap}`);
     }
@@ -133,11 +141,17 @@ export class GrpoTrainer implements Trainer {
     return this.model.getWeights();
   }
 
-  async trainStep(batch: Batch, signal?: AbortSignal): Promise<StepResult> {
+  async trainStep(input: Batch, signal?: AbortSignal): Promise<StepResult> {
+    let batch = input;
     throwIfAborted(signal);
     const started = performance.now();
     const step = this.steps;
     const metrics: Metrics = { ...(batch.metrics ?? {}), ...stalenessMetrics(batch, step) };
+    if (this.options.maxStaleness !== undefined) {
+      const { batch: fresh, dropped } = dropStale(batch, step, this.options.maxStaleness);
+      metrics['rollout/dropped_stale'] = dropped;
+      batch = fresh;
+    }
     let skipped = batch.size === 0;
     if (!skipped) {
       const { epochs, skippedUpdates } = await this.optimize(batch, metrics, signal);
@@ -383,6 +397,20 @@ export function stalenessMetrics(batch: Batch, step: number): Metrics {
     'rollout/reward_mean': batch.meta.rewards.reduce((a, b) => a + b, 0) / batch.meta.rewards.length,
     'response_length/mean': sum(batch.responseMask) / batch.size,
   };
+}
+
+/** A copy of `batch` whose rows staler than `maxStaleness` at `step` have an all-zero loss mask. */
+function dropStale(batch: Batch, step: number, maxStaleness: number): { batch: Batch; dropped: number } {
+  const R = batch.responseLength;
+  let dropped = 0;
+  const lossMask = Float32Array.from(batch.lossMask); // [B, R]
+  batch.meta.policyVersions.forEach((version, b) => {
+    if (step - version > maxStaleness) {
+      dropped++;
+      lossMask.fill(0, b * R, (b + 1) * R);
+    }
+  });
+  return { batch: dropped > 0 ? { ...batch, lossMask } : batch, dropped };
 }
 
 function rowTensors(batch: Batch, from: number, to: number): RowTensors {

@@ -32,8 +32,8 @@ describe('groupTrajectories', () => {
   it('flushes incomplete groups on completion, or drops them', () => {
     scheduler.run(({ cold, expectObservable }) => {
       const source = cold<RolloutOutput>('-x-y-|', { x: a0, y: b0 });
-      const partA: Group = { key: ['a@0'], modelTag: 'policy', trajectories: [a0] };
-      const partB: Group = { key: ['b@0'], modelTag: 'policy', trajectories: [b0] };
+      const partA: Group = { key: ['a@0'], modelTag: 'policy', trajectories: [a0], closedBy: 'source-complete' };
+      const partB: Group = { key: ['b@0'], modelTag: 'policy', trajectories: [b0], closedBy: 'source-complete' };
       expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2 }))).toBe('-----(pq|)', {
         p: partA,
         q: partB,
@@ -138,6 +138,36 @@ describe('groupTrajectories', () => {
     input.next(a0);
     input.next(a1);
     expect(seen).toEqual(['a@0', 'b@0']);
+  });
+
+  it('closes a group on timeout: releases it partial, or drops it (emitted empty), and drops late arrivals', () => {
+    scheduler.run(({ cold, expectObservable, time }) => {
+      const t = time('----------|');
+      const source = cold<RolloutOutput>('-x---y--------------z-|', { x: a0, y: b0, z: a1 });
+      const late: string[] = [];
+      const partA: Group = { key: ['a@0'], modelTag: 'policy', trajectories: [a0], closedBy: 'timeout' };
+      const partB: Group = { key: ['b@0'], modelTag: 'policy', trajectories: [b0], closedBy: 'timeout' };
+      expectObservable(
+        source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler, onLate: (i) => late.push(i.id) })),
+      ).toBe('-----------p---q------|', { p: partA, q: partB });
+      const dropA: Group = { key: ['a@0'], modelTag: 'policy', trajectories: [], closedBy: 'timeout', dropped: 1 };
+      const dropB: Group = { key: ['b@0'], modelTag: 'policy', trajectories: [], closedBy: 'timeout', dropped: 1 };
+      expectObservable(
+        source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, onTimeout: 'drop', scheduler })),
+      ).toBe('-----------p---q------|', { p: dropA, q: dropB });
+      scheduler.flush();
+      expect(late).toEqual(['a@0/1']);
+    });
+  });
+
+  it('a complete group cancels its timeout; unsubscribing cancels every pending one', () => {
+    scheduler.run(({ cold, expectObservable, time }) => {
+      const t = time('-----|');
+      const source = cold<RolloutOutput>('-xy-------|', { x: a0, y: a1 });
+      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler }))).toBe('--A-------|', { A });
+      const open = cold<RolloutOutput>('-x-------|', { x: a0 });
+      expectObservable(open.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler })), '---!').toBe('----');
+    });
   });
 
   it('errors when more groups are open than its capacity, and rejects bad options', () => {

@@ -136,6 +136,26 @@ describe('GrpoTrainer', () => {
     model.dispose();
   });
 
+  it('drops rows staler than maxStaleness, counting them, and trains on the rest', async () => {
+    const model = PolicyModel.create(config, 13);
+    const trainer = new GrpoTrainer(model, { maxStaleness: 1, learningRate: 1e-2 });
+    const fresh = rows(model);
+    // At step 0 every row has staleness 0 − version; give two rows a version two steps older via a later step.
+    await trainer.trainStep(collate(fresh, { padId: 0, modelTag: 'policy', advantages: [0, 0, 0, 0] }));
+    await trainer.trainStep(collate(fresh, { padId: 0, modelTag: 'policy', advantages: [0, 0, 0, 0] }));
+    const stale = fresh.map((t, i) => ({ ...t, policyVersion: i < 2 ? 0 : 2 }));
+    const result = await trainer.trainStep(collate(stale, { padId: 0, modelTag: 'policy', advantages: [1, -1, 1, -1] }));
+    expect(result.metrics['rollout/dropped_stale']).toBe(2);
+    expect(result.metrics['rollout/staleness_max']).toBe(2);
+    expect(result.skipped).toBe(false);
+    const allStale = await trainer.trainStep(collate(fresh, { padId: 0, modelTag: 'policy', advantages: [1, -1, 1, -1] }));
+    expect(allStale.metrics['rollout/dropped_stale']).toBe(4);
+    expect(allStale.metrics['actor/pg_loss']).toBe(0);
+    expect(() => new GrpoTrainer(model, { maxStaleness: -1 })).toThrow(ConfigError);
+    trainer.dispose();
+    model.dispose();
+  });
+
   it('takes a supervised step that lowers the NLL of the response tokens', () => {
     const model = PolicyModel.create(config, 11);
     const trainer = new GrpoTrainer(model, { learningRate: 1e-2 });
