@@ -5,6 +5,7 @@
  * @packageDocumentation
  */
 import { AbortError, ConfigError } from '../errors.js';
+import { hashSeed } from '../random.js';
 import type { ModelTag, PolicyVersion } from '../types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
 
@@ -31,10 +32,27 @@ export interface LocalEngineOptions {
   readonly maxWaitMs?: number;
   /** Version of the weights the model holds now. Default 0. */
   readonly version?: PolicyVersion;
+  /**
+   * What a weight load does to a generation in flight: `continue` (default) lets it finish with the old weights
+   * (tagged with the old version); `interrupt` stops it at the next decoding step, keeps the partial response,
+   * and resumes it with the new weights — a partial rollout, tagged with the oldest version it used.
+   */
+  readonly weightSync?: WeightSyncPolicy;
+}
+
+/** What a weight load does to generations in flight. */
+export type WeightSyncPolicy = 'continue' | 'interrupt';
+
+/** Tokens already generated for a request that was interrupted by a weight load. */
+interface Prefix {
+  readonly tokens: readonly number[];
+  readonly logprobs: readonly number[];
+  readonly policyVersion: PolicyVersion;
 }
 
 interface Pending {
   readonly request: GenerateRequest;
+  readonly prefix?: Prefix;
   readonly signal?: AbortSignal;
   readonly resolve: (response: GenerateResponse) => void;
   readonly reject: (error: unknown) => void;
@@ -57,8 +75,13 @@ export class LocalEngine implements RolloutEngine {
   /** Weight loads queued or running; no batch starts while one is pending. */
   private loads = 0;
   private lastLoad: Promise<void> = Promise.resolve();
+  private readonly weightSync: WeightSyncPolicy;
+  /** Aborts the running batch when a weight load interrupts it. */
+  private interrupt: AbortController | undefined;
   /** Batches run so far and their sizes (for tests and metrics). */
   readonly batchSizes: number[] = [];
+  /** Requests resumed after a weight load interrupted them. */
+  resumed = 0;
 
   constructor(
     private readonly model: SamplingModel,
@@ -69,6 +92,10 @@ export class LocalEngine implements RolloutEngine {
     this.maxBatchSize = options.maxBatchSize ?? 256;
     this.maxWaitMs = options.maxWaitMs ?? 2;
     this.current = options.version ?? 0;
+    this.weightSync = options.weightSync ?? 'continue';
+    if (this.weightSync !== 'continue' && this.weightSync !== 'interrupt') {
+      throw new ConfigError(`unknown weightSync '${String(this.weightSync)}'; valid: continue, interrupt`);
+    }
     if (!Number.isInteger(this.maxBatchSize) || this.maxBatchSize < 1) {
       throw new ConfigError(`maxBatchSize must be an integer >= 1, got ${this.maxBatchSize}`);
     }
@@ -94,6 +121,7 @@ export class LocalEngine implements RolloutEngine {
   async loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void> {
     this.loads++;
     const previous = this.lastLoad;
+    if (this.weightSync === 'interrupt') this.interrupt?.abort();
     const load = (async () => {
       await previous;
       while (this.running) await this.running;
@@ -136,20 +164,46 @@ export class LocalEngine implements RolloutEngine {
     if (batch.length === 0) return;
     this.batchSizes.push(batch.length);
     const controller = new AbortController();
+    const interrupt = new AbortController();
+    this.interrupt = interrupt;
+    const signal = AbortSignal.any([controller.signal, interrupt.signal]);
     const onAbort = (): void => {
       if (batch.every((p) => p.signal?.aborted)) controller.abort();
     };
     for (const p of batch) p.signal?.addEventListener('abort', onAbort, { once: true });
+    const resume: Pending[] = [];
     try {
-      const responses = await this.model.generate(
-        batch.map((p) => p.request),
-        { signal: controller.signal, version: this.current },
-      );
-      batch.forEach((p, i) => (p.signal?.aborted ? p.reject(new AbortError('generate aborted')) : p.resolve(responses[i])));
+      let responses: GenerateResponse[];
+      try {
+        responses = await this.model.generate(
+          batch.map((p) => p.request),
+          { signal, version: this.current },
+        );
+      } catch (error) {
+        // Interrupted before the first step: run the same requests again with the new weights.
+        if (interrupt.signal.aborted && !controller.signal.aborted) {
+          resume.push(...batch);
+          return;
+        }
+        throw error;
+      }
+      batch.forEach((p, i) => {
+        if (p.signal?.aborted) return p.reject(new AbortError('generate aborted'));
+        const response = p.prefix ? joinResponses(p.prefix, responses[i]) : responses[i];
+        const remaining = p.request.maxTokens - responses[i].tokens.length;
+        if (interrupt.signal.aborted && responses[i].finishReason === 'abort' && remaining > 0) {
+          this.resumed++;
+          resume.push({ ...p, request: continuation(p.request, responses[i].tokens), prefix: response });
+        } else {
+          p.resolve(response);
+        }
+      });
     } catch (error) {
       for (const p of batch) p.reject(error);
     } finally {
+      if (this.interrupt === interrupt) this.interrupt = undefined;
       for (const p of batch) p.signal?.removeEventListener('abort', onAbort);
+      this.queue.unshift(...resume);
     }
   }
 
@@ -163,4 +217,24 @@ export class LocalEngine implements RolloutEngine {
     }
     return batch;
   }
+}
+
+/** The request that resumes `request` after `generated` tokens: they join the prompt and the budget shrinks. */
+function continuation(request: GenerateRequest, generated: readonly number[]): GenerateRequest {
+  return {
+    ...request,
+    promptTokens: [...request.promptTokens, ...generated],
+    maxTokens: request.maxTokens - generated.length,
+    ...(request.seed === undefined ? {} : { seed: hashSeed(request.seed, 'resume', String(generated.length)) }),
+  };
+}
+
+/** A response made of an interrupted prefix and its continuation, tagged with the oldest version used. */
+function joinResponses(prefix: Prefix, rest: GenerateResponse): GenerateResponse {
+  return {
+    tokens: [...prefix.tokens, ...rest.tokens],
+    logprobs: [...prefix.logprobs, ...rest.logprobs],
+    finishReason: rest.finishReason,
+    policyVersion: Math.min(prefix.policyVersion, rest.policyVersion),
+  };
 }

@@ -55,3 +55,49 @@ describe('LocalEngine over a real PolicyModel', () => {
     other.dispose();
   });
 });
+
+describe('LocalEngine weight sync policies', () => {
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: { info: () => undefined } });
+  });
+
+  const long: GenerateRequest[] = Array.from({ length: 8 }, (_, i) => ({
+    promptTokens: tokenizer.encode('ab=', { addBos: true }),
+    maxTokens: 10,
+    stopTokens: [],
+    seed: i,
+  }));
+
+  async function loadDuring(policy: 'continue' | 'interrupt'): Promise<{ responses: GenerateResponse[]; engine: LocalEngine }> {
+    const model = PolicyModel.create(config, 21);
+    const other = PolicyModel.create(config, 22);
+    const engine = new LocalEngine(model, { tokenizer, weightSync: policy, maxWaitMs: 0 });
+    const pending = engine.generate(long);
+    // Let the batch start and take a couple of decoding steps, then publish version 1.
+    for (let i = 0; i < 3; i++) await new Promise((resolve) => setImmediate(resolve));
+    await engine.loadWeights(1, other.getWeights());
+    const responses = await pending;
+    model.dispose();
+    other.dispose();
+    return { responses, engine };
+  }
+
+  it('continue: in-flight generations finish with the old weights and the old version', async () => {
+    const { responses, engine } = await loadDuring('continue');
+    expect(engine.resumed).toBe(0);
+    expect(responses.every((r) => r.policyVersion === 0 && r.tokens.length === 10)).toBe(true);
+  });
+
+  it('interrupt: partial responses resume with the new weights, tagged with the oldest version', async () => {
+    const { responses, engine } = await loadDuring('interrupt');
+    expect(engine.resumed).toBe(long.length);
+    expect(engine.batchSizes).toEqual([long.length, long.length]);
+    for (const r of responses) {
+      expect(r.tokens).toHaveLength(10);
+      expect(r.logprobs).toHaveLength(10);
+      expect(r.policyVersion).toBe(0);
+      expect(r.finishReason).toBe('length');
+    }
+    expect(() => new LocalEngine(PolicyModel.create(config, 1), { tokenizer, weightSync: 'later' as never })).toThrow(/continue, interrupt/);
+  });
+});
