@@ -37,7 +37,7 @@ export interface GrpoPipelineConfig {
   readonly batchSize: number;
   /** Samples per task (GRPO group size). */
   readonly groupSize: number;
-  /** Most samples in flight. Default `batchSize · groupSize`. */
+  /** Most samples in flight. Default: every sample the mode may admit (`(η+1)·batchSize·groupSize`, or `capacity·groupSize`). */
   readonly concurrency?: number;
   /** Largest response length in tokens. */
   readonly maxTokens: number;
@@ -103,7 +103,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
     const steps$ = admit(loader, gate, { onAdmit }).pipe(
       rollout(engine, {
         samplesPerTask: groupSize,
-        concurrency: config.concurrency ?? batchSize * groupSize,
+        concurrency: config.concurrency ?? admittable(gate) * groupSize,
         evaluator: config.evaluator,
         maxTokens: config.maxTokens,
         temperature: config.temperature,
@@ -139,6 +139,11 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+/** Most tasks the gate lets in flight at once. */
+function admittable(gate: AdmissionGate): number {
+  return gate.mode === 'fully-async' ? gate.capacity : (gate.eta + 1) * gate.tasksPerBatch;
 }
 
 function isLoader(tasks: TaskSource | AsyncIterable<Task>): tasks is AsyncIterable<Task> {

@@ -69,7 +69,12 @@ export class AdmissionGate {
         );
     }
     this.capacity = options.capacity ?? 4 * this.tasksPerBatch;
-    if (!(this.capacity >= 1)) throw new ConfigError(`capacity must be >= 1, got ${this.capacity}`);
+    if (!(Number.isInteger(this.capacity) && this.capacity >= this.tasksPerBatch)) {
+      throw new ConfigError(
+        `capacity must be an integer >= tasksPerBatch (${this.tasksPerBatch}), or no batch could ever fill; got ${this.capacity}`,
+        { context: { key: 'capacity' } },
+      );
+    }
   }
 
   /** The latest published policy version. */

@@ -96,5 +96,6 @@ describe('AdmissionGate and admit', () => {
     expect(error).toMatchObject({ message: 'disk gone' });
     expect(() => new AdmissionGate({ mode: 'batch-async', tasksPerBatch: 1, stalenessThreshold: 0 })).toThrow(ConfigError);
     expect(() => new AdmissionGate({ mode: 'bogus' as never, tasksPerBatch: 1 })).toThrow(/sync, batch-async, fully-async/);
+    expect(() => new AdmissionGate({ mode: 'fully-async', tasksPerBatch: 4, capacity: 3 })).toThrow(/tasksPerBatch/);
   });
 });
