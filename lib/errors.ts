@@ -62,6 +62,14 @@ export class AbortError extends RxrlError {
   override readonly name = 'AbortError';
 }
 
+/**
+ * An operation kept failing with retriable errors until the retry helper gave up. Never retriable itself; the
+ * last failure is the `cause`, and `context.attempts` says how many attempts were made.
+ */
+export class RetriesExhaustedError extends RxrlError {
+  override readonly name = 'RetriesExhaustedError';
+}
+
 /** A tensor shape or size did not match what a function documents. A programmer error: never retriable. */
 export class ShapeError extends RxrlError {
   override readonly name = 'ShapeError';

@@ -1,0 +1,144 @@
+/**
+ * Request validation and error bodies of `rxrl serve`, in the OpenAI API's shapes.
+ *
+ * Every invalid request becomes a {@link RequestError}, answered as
+ * `{ "error": { "message", "type", "param", "code" } }` with a 4xx status.
+ *
+ * @packageDocumentation
+ */
+import { RxrlError, type RxrlErrorOptions } from '../errors.js';
+
+/** The `error` object of an OpenAI-style error response. */
+export interface OpenAIErrorBody {
+  readonly error: {
+    readonly message: string;
+    readonly type: string;
+    readonly param: string | null;
+    readonly code: string | null;
+  };
+}
+
+/** A request `rxrl serve` refuses: carries the HTTP status and the OpenAI error fields. Never retriable. */
+export class RequestError extends RxrlError {
+  override readonly name = 'RequestError';
+
+  /**
+   * @param status - HTTP status (4xx).
+   * @param message - Human-readable reason.
+   * @param details - `param` (the offending field), `code`, `type` (default `invalid_request_error`).
+   */
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly details: { readonly param?: string; readonly code?: string; readonly type?: string } = {},
+    options: RxrlErrorOptions = {},
+  ) {
+    super(message, { ...options, retriable: false, context: { ...options.context, status, param: details.param } });
+  }
+
+  /** The response body. */
+  toBody(): OpenAIErrorBody {
+    return errorBody(this.message, this.details.type ?? 'invalid_request_error', this.details.param ?? null, this.details.code ?? null);
+  }
+}
+
+/** An OpenAI-style error body. */
+export function errorBody(message: string, type: string, param: string | null = null, code: string | null = null): OpenAIErrorBody {
+  return { error: { message, type, param, code } };
+}
+
+/** A JSON object request body. */
+export type JsonObject = Readonly<Record<string, unknown>>;
+
+/** 400 naming `param`. */
+export function invalid(param: string, message: string, code = 'invalid_value'): RequestError {
+  return new RequestError(400, message, { param, code });
+}
+
+/** Parses a request body: a JSON object. */
+export function parseJsonObject(text: string): JsonObject {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (cause) {
+    throw new RequestError(400, `request body is not valid JSON: ${cause instanceof Error ? cause.message : String(cause)}`, {
+      code: 'invalid_json',
+    });
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new RequestError(400, 'request body must be a JSON object', { code: 'invalid_json' });
+  }
+  return value as JsonObject;
+}
+
+/** Whether a field is absent (missing or `null`). */
+export function absent(body: JsonObject, name: string): boolean {
+  return body[name] === undefined || body[name] === null;
+}
+
+/** An integer field in `[min, max]`, or `fallback` when absent. */
+export function readInteger(body: JsonObject, name: string, min: number, max: number, fallback: number): number;
+export function readInteger(body: JsonObject, name: string, min: number, max: number, fallback?: undefined): number | undefined;
+export function readInteger(body: JsonObject, name: string, min: number, max: number, fallback?: number): number | undefined {
+  if (absent(body, name)) return fallback;
+  const value = body[name];
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw invalid(name, `'${name}' must be an integer in [${min}, ${max}], got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+/** A finite number field in `[min, max]` (or `(min, max]` when `exclusiveMin`), or `fallback` when absent. */
+export function readNumber(body: JsonObject, name: string, min: number, max: number, fallback: number, exclusiveMin = false): number {
+  if (absent(body, name)) return fallback;
+  const value = body[name];
+  if (typeof value !== 'number' || !Number.isFinite(value) || value > max || (exclusiveMin ? value <= min : value < min)) {
+    throw invalid(name, `'${name}' must be a number in ${exclusiveMin ? '(' : '['}${min}, ${max}], got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+/** A boolean field, or `fallback` when absent. */
+export function readBoolean(body: JsonObject, name: string, fallback: boolean): boolean {
+  if (absent(body, name)) return fallback;
+  const value = body[name];
+  if (typeof value !== 'boolean') throw invalid(name, `'${name}' must be a boolean, got ${JSON.stringify(value)}`);
+  return value;
+}
+
+/** A required non-empty string field. */
+export function readString(body: JsonObject, name: string): string {
+  const value = body[name];
+  if (typeof value !== 'string' || value === '') {
+    throw invalid(name, `'${name}' must be a non-empty string`, absent(body, name) ? 'missing_required_parameter' : 'invalid_type');
+  }
+  return value;
+}
+
+/** `stop`: a string or up to 4 non-empty strings; `[]` when absent. */
+export function readStop(body: JsonObject): string[] {
+  if (absent(body, 'stop')) return [];
+  const value = body.stop;
+  const list = typeof value === 'string' ? [value] : value;
+  if (!Array.isArray(list) || list.length > 4 || !list.every((s) => typeof s === 'string' && s !== '')) {
+    throw invalid('stop', "'stop' must be a non-empty string or an array of at most 4 non-empty strings");
+  }
+  return list as string[];
+}
+
+/** An array of token ids below `vocabSize`, or `[]` when absent. */
+export function readTokenIds(body: JsonObject, name: string, vocabSize: number): number[] {
+  if (absent(body, name)) return [];
+  const value = body[name];
+  if (!Array.isArray(value) || !value.every((t) => Number.isInteger(t) && t >= 0 && t < vocabSize)) {
+    throw invalid(name, `'${name}' must be an array of token ids in [0, ${vocabSize})`);
+  }
+  return value as number[];
+}
+
+/** Refuses a field that asks for a feature this server does not have (unless it holds its neutral value). */
+export function refuse(body: JsonObject, name: string, neutral: (value: unknown) => boolean, what: string): void {
+  if (!absent(body, name) && !neutral(body[name])) {
+    throw new RequestError(400, `'${name}' is not supported by rxrl serve (${what})`, { param: name, code: 'unsupported_parameter' });
+  }
+}

@@ -1,0 +1,84 @@
+/**
+ * Rollout workers: how one sample of a task is produced. The `rollout` operator runs a worker per sample (at
+ * most `concurrency` at once), then scores what it returns with the evaluator.
+ *
+ * The default, {@link singleTurnWorker}, samples one completion of the task's prompt. Agent workers
+ * (`agentWorker`) run several turns with tool calls and return one sample whose loss mask covers only the
+ * policy's own tokens.
+ *
+ * @packageDocumentation
+ */
+import type { RolloutEngine } from './engine/types.js';
+import type { FinishReason, ModelTag, PolicyVersion, Task } from './types.js';
+
+/** What a worker is asked to produce: one sample of `task`. */
+export interface RolloutWorkerInput {
+  /** The engine the `rollout` operator was given. */
+  readonly engine: RolloutEngine;
+  /** The task to answer. */
+  readonly task: Task;
+  /** Trajectory id (`${groupId}/${runId}`). */
+  readonly id: string;
+  /** GRPO group id. */
+  readonly groupId: string;
+  /** Index of the sample in its group. */
+  readonly runId: number;
+  /** Model tag written on the trajectory. */
+  readonly modelTag: ModelTag;
+  /** This sample's seed, derived from the rollout seed, the group id and the run id. */
+  readonly seed: number;
+  /** Largest number of new tokens per generation. */
+  readonly maxTokens: number;
+  /** Sampling temperature. */
+  readonly temperature: number;
+  /** Nucleus mass. */
+  readonly topP: number;
+}
+
+/** One unscored sample: the token-level record a trajectory needs, and the text to score. */
+export interface RolloutSample {
+  /** Prompt token ids, `[P]`. */
+  readonly promptTokens: readonly number[];
+  /** Every token after the prompt, `[R]`: the policy's and (for agents) the environment's. */
+  readonly responseTokens: readonly number[];
+  /** Rollout-time log-prob of each response token, `[R]` (0 where the environment wrote the token). */
+  readonly logprobs: readonly number[];
+  /** 1 where the policy produced the token, 0 where the environment did, `[R]`. */
+  readonly lossMask: readonly number[];
+  /** Why the (last) generation ended. */
+  readonly finishReason: FinishReason;
+  /** Oldest policy version that produced any of the tokens. */
+  readonly policyVersion: PolicyVersion;
+  /** The text the evaluator scores (the completion, or an agent's final answer). */
+  readonly response: string;
+  /** Scalar metrics of the worker (for example `agent/turns`), merged under the evaluator's. */
+  readonly metrics?: Readonly<Record<string, number>>;
+}
+
+/**
+ * Produces one sample. Must honour `signal` (the sample is cancelled when it fires) and reject to fail just
+ * this sample: the `rollout` operator reports the rejection as a `SampleFailure`.
+ */
+export type RolloutWorker = (input: RolloutWorkerInput, signal: AbortSignal) => Promise<RolloutSample>;
+
+/**
+ * The default worker: one completion of the task's prompt (encoded with a leading BOS) from the engine, every
+ * response token trained on.
+ */
+export const singleTurnWorker: RolloutWorker = async (input, signal) => {
+  const { engine, task } = input;
+  const promptTokens = engine.tokenizer.encode(task.prompt, { addBos: true });
+  const [response] = await engine.generate(
+    [{ promptTokens, maxTokens: input.maxTokens, temperature: input.temperature, topP: input.topP, seed: input.seed }],
+    signal,
+  );
+  return {
+    promptTokens,
+    responseTokens: response.tokens,
+    logprobs: response.logprobs,
+    lossMask: response.tokens.map(() => 1),
+    finishReason: response.finishReason,
+    policyVersion: response.policyVersion,
+    response: engine.tokenizer.decode(response.tokens),
+  };
+};
