@@ -1,9 +1,10 @@
 import { Observable, concatMap, mergeMap, range, map, type OperatorFunction } from 'rxjs';
-import type { GenerateRequest, RolloutEngine } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError, EvaluationError, isAbortError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { hashSeed } from '../lib/random.js';
 import type { ModelTag, RolloutOutput, SampleFailure, Task, Trajectory } from '../lib/types.js';
+import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 
 /** Options of {@link rollout}. */
 export interface RolloutOptions {
@@ -25,6 +26,11 @@ export interface RolloutOptions {
   readonly modelTag?: ModelTag;
   /** Cancels every rollout; the stream then errors with the abort. */
   readonly signal?: AbortSignal;
+  /**
+   * Produces each sample (for example a multi-turn `agentWorker`). Default {@link singleTurnWorker}: one
+   * completion of the task's prompt, every response token trained on.
+   */
+  readonly worker?: RolloutWorker;
 }
 
 /**
@@ -112,16 +118,20 @@ async function generateAndScore(
   options: RolloutOptions,
   signal: AbortSignal,
 ): Promise<Trajectory> {
-  const promptTokens = engine.tokenizer.encode(task.prompt, { addBos: true });
-  const request: GenerateRequest = {
-    promptTokens,
-    maxTokens: options.maxTokens,
-    temperature: options.temperature ?? 1,
-    topP: options.topP ?? 1,
-    seed: hashSeed(options.seed ?? 0, ids.groupId, String(ids.runId)),
-  };
-  const [response] = await engine.generate([request], signal);
-  const text = engine.tokenizer.decode(response.tokens);
+  const worker = options.worker ?? singleTurnWorker;
+  const sample = await worker(
+    {
+      engine,
+      task,
+      ...ids,
+      seed: hashSeed(options.seed ?? 0, ids.groupId, String(ids.runId)),
+      maxTokens: options.maxTokens,
+      temperature: options.temperature ?? 1,
+      topP: options.topP ?? 1,
+    },
+    signal,
+  );
+  const text = sample.response;
   let result;
   try {
     result = await options.evaluator.evaluate(task, text, signal);
@@ -136,14 +146,14 @@ async function generateAndScore(
   return {
     ...ids,
     taskId: task.id,
-    policyVersion: response.policyVersion,
-    promptTokens,
-    responseTokens: response.tokens,
-    logprobs: response.logprobs,
-    lossMask: response.tokens.map(() => 1),
+    policyVersion: sample.policyVersion,
+    promptTokens: sample.promptTokens,
+    responseTokens: sample.responseTokens,
+    logprobs: sample.logprobs,
+    lossMask: sample.lossMask,
     reward: result.reward,
-    finishReason: response.finishReason,
-    metrics: result.metrics ?? {},
+    finishReason: sample.finishReason,
+    metrics: { ...sample.metrics, ...result.metrics },
     task,
   };
 }
