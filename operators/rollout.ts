@@ -84,12 +84,15 @@ function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: R
     const groupId = groupIdOf(task);
     const modelTag = options.modelTag ?? engine.modelTag;
     const id = `${groupId}/${runId}`;
+    let settled = false;
     generateAndScore(engine, task, { id, groupId, runId, modelTag }, options, signal).then(
       (trajectory) => {
+        settled = true;
         subscriber.next(trajectory);
         subscriber.complete();
       },
       (error: unknown) => {
+        settled = true;
         if (options.signal?.aborted && isAbortError(error)) {
           subscriber.error(error);
           return;
@@ -107,7 +110,10 @@ function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: R
         subscriber.complete();
       },
     );
-    return () => controller.abort();
+    // Abort only work still running: aborting a settled sample would build an exception for nothing.
+    return () => {
+      if (!settled) controller.abort();
+    };
   });
 }
 

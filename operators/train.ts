@@ -36,14 +36,21 @@ export function train(trainer: Trainer, options: TrainOptions = {}): OperatorFun
           new Observable<StepResult>((subscriber) => {
             const controller = new AbortController();
             const signal = options.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
+            let settled = false;
             trainer.trainStep(batch, signal).then(
               (result) => {
+                settled = true;
                 subscriber.next(result);
                 subscriber.complete();
               },
-              (error: unknown) => subscriber.error(error),
+              (error: unknown) => {
+                settled = true;
+                subscriber.error(error);
+              },
             );
-            return () => controller.abort();
+            return () => {
+              if (!settled) controller.abort();
+            };
           }),
       ),
     );
