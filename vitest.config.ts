@@ -8,5 +8,7 @@ export default defineConfig({
     hookTimeout: 120_000,
     // tfjs keeps one global engine per process; isolate each file in its own fork.
     pool: 'forks',
+    // A real Kafka broker for spec/kafka, spec/integration and spec/examples (KAFKA_BROKERS overrides it).
+    globalSetup: ['spec/kafka/globalSetup.ts'],
   },
 });
