@@ -26,6 +26,8 @@ export interface EmbeddedRunOptions {
   readonly mode?: StalenessMode;
   /** η of `batch-async`. */
   readonly stalenessThreshold?: number;
+  /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
+  readonly capacity?: number;
   /** Train steps. Default 300. */
   readonly steps?: number;
   /** Tasks per step. Default 32. */
@@ -118,6 +120,7 @@ export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<Emb
         evaluator: task.evaluator,
         mode,
         stalenessThreshold: options.stalenessThreshold,
+        capacity: options.capacity,
         batchSize,
         groupSize,
         maxTokens,

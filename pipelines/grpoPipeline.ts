@@ -127,10 +127,11 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         modelTag: config.trainer.modelTag,
         signal: config.signal,
       }),
+      // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
+      config.steps === undefined ? (s) => s : take(config.steps),
       train(config.trainer, { signal: config.signal }),
       syncWeights(config.engines),
       tap((step) => gate.publish(step.version, step.metrics['batch/groups'] ?? batchSize)),
-      config.steps === undefined ? (s) => s : take(config.steps),
       takeUntil(aborted),
     );
     if (config.signal?.aborted) {

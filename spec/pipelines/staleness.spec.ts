@@ -122,6 +122,18 @@ describe('staleness modes (property: random rollout latencies and train duration
     expect(t.creditViolations).toBe(0);
   });
 
+  it.each(['batch-async', 'fully-async'] as const)('%s: a step budget trains exactly that many steps', async (mode) => {
+    const engine = new LatencyEngine(createRng(7, 'engine'));
+    const trainer = new RecordingTrainer(createRng(7, 'trainer'));
+    const tasks: Task[] = Array.from({ length: 40 }, (_, i) => ({ id: `t${i}`, prompt: 'ab' }));
+    const results = await lastValueFrom(
+      grpoPipeline({ tasks, engines: [engine], trainer, evaluator, mode, stalenessThreshold: 2, batchSize: 2, groupSize: 2, maxTokens: 2, steps: 3 }).pipe(toArray()),
+    );
+    await sleep(40);
+    expect(results).toHaveLength(3);
+    expect(trainer.step).toBe(3);
+  });
+
   it('batch-async actually overlaps: some trajectories are stale when rollouts are slow', async () => {
     const stale = (await Promise.all(SEEDS.map((seed) => trial('batch-async', seed, 2)))).flatMap((t) => t.staleness);
     expect(Math.max(...stale)).toBeGreaterThan(0);
