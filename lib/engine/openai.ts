@@ -242,8 +242,12 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       return_token_ids: true,
     };
     const startVersion = this.current;
-    const completion = await this.call('chat', (options) => this.client.chat.completions.create(body, options), signal);
-    return this.parseChat(completion, request, startVersion);
+    return this.call(
+      'chat',
+      (options) => this.client.chat.completions.create(body, options),
+      (completion) => this.parseChat(completion, request, startVersion),
+      signal,
+    );
   }
 
   /**
@@ -272,16 +276,18 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     await saveSafetensors(file, weights, { 'rxrl.policyVersion': String(version) });
     const body = sync.body ? sync.body(modelPath, version) : { model_path: modelPath, weight_version: String(version) };
     const url = resolveEndpoint(this.options.baseURL, sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT);
-    const answer = await this.call(
+    await this.call(
       'weights',
       (options) => this.client.post<unknown>(url, { body, ...options }),
+      (answer) => {
+        if (typeof answer === 'object' && answer !== null && (answer as { success?: unknown }).success === false) {
+          const message = String((answer as { message?: unknown }).message ?? 'no message');
+          throw new EngineError(`weight update to version ${version} refused: ${message}`, { context: { version, modelPath } });
+        }
+      },
       undefined,
       sync.timeoutMs ?? 300_000,
     );
-    if (typeof answer === 'object' && answer !== null && (answer as { success?: unknown }).success === false) {
-      const message = String((answer as { message?: unknown }).message ?? 'no message');
-      throw new EngineError(`weight update to version ${version} refused: ${message}`, { context: { version, modelPath } });
-    }
     this.current = version;
     this.counters.weightLoads++;
     if (!this.published.includes(modelPath)) this.published.push(modelPath);
@@ -306,23 +312,28 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       return_tokens_as_token_ids: true,
     };
     const startVersion = this.current;
-    const completion = await this.call('completion', (options) => this.client.completions.create(body, options), signal);
-    return this.parseCompletion(completion, startVersion);
+    return this.call(
+      'completion',
+      (options) => this.client.completions.create(body, options),
+      (completion) => this.parseCompletion(completion, startVersion),
+      signal,
+    );
   }
 
   /**
    * One logical call: bounded concurrency, a deadline per attempt, retries through the retry helper, errors
-   * classified into typed errors, and the counters.
+   * classified into typed errors, the answer parsed (an unusable answer is not retried), and the counters.
    */
-  private async call<T>(
+  private async call<R, T>(
     what: string,
-    send: (options: { signal: AbortSignal; timeout: number; maxRetries: number }) => PromiseLike<T>,
+    send: (options: { signal: AbortSignal; timeout: number; maxRetries: number }) => PromiseLike<R>,
+    parse: (answer: R) => T,
     signal: AbortSignal | undefined,
     timeoutMs = this.timeoutMs,
   ): Promise<T> {
     this.counters.calls++;
     try {
-      return await this.limiter.run(signal, () =>
+      const answer = await this.limiter.run(signal, () =>
         retry(
           async () => {
             this.counters.attempts++;
@@ -342,6 +353,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
           { ...this.options.retry, signal, onRetry: () => void this.counters.retries++ },
         ),
       );
+      return parse(answer);
     } catch (error) {
       if (!isAbortError(error)) this.counters.failures++;
       throw error;
@@ -528,7 +540,7 @@ function toOpenAITool(tool: ChatTool): ChatCompletionTool {
 /** A counting semaphore whose waiters can be cancelled. */
 class Limiter {
   private active = 0;
-  private readonly waiters: { start: () => void; signal?: AbortSignal; cancel: () => void }[] = [];
+  private readonly waiters: { start: () => void }[] = [];
 
   constructor(private readonly limit: number) {}
 
@@ -545,8 +557,6 @@ class Limiter {
             signal?.removeEventListener('abort', onAbort);
             resolve();
           },
-          signal,
-          cancel: onAbort,
         };
         if (signal?.aborted) {
           onAbort();
