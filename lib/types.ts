@@ -138,6 +138,8 @@ export interface BatchMeta {
   readonly rewards: readonly number[];
   /** Model that produced the rows. */
   readonly modelTag: ModelTag;
+  /** Ids of every group the batch was made from, including groups left with no rows (failed, dropped, filtered). */
+  readonly groups?: readonly string[];
 }
 
 /** Scalar metrics keyed by namespaced names such as `actor/pg_clipfrac` or `rollout/staleness_max`. */

@@ -116,8 +116,9 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
           },
         );
         metrics['batch/rows'] = prepared.size;
+        const meta = { ...prepared.meta, groups: groups.map((g) => g.key.join('/')) };
         const finalRewards = options.klInReward ? selectRows(tokenRewards, R, kept, prepared.responseLength) : prepared.tokenRewards;
-        return { ...prepared, tokenRewards: finalRewards, metrics };
+        return { ...prepared, meta, tokenRewards: finalRewards, metrics };
       }),
     );
 }

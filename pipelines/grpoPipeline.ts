@@ -1,4 +1,4 @@
-import { EMPTY, Observable, fromEvent, take, takeUntil, tap } from 'rxjs';
+import { EMPTY, Observable, concatMap, fromEvent, take, takeUntil, tap } from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
 import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
@@ -6,7 +6,8 @@ import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Group, Task } from '../lib/types.js';
+import type { Batch, Group, Metrics, Task } from '../lib/types.js';
+import type { RolloutWorker } from '../lib/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';
@@ -45,7 +46,7 @@ export interface GrpoPipelineConfig {
   readonly temperature?: number;
   /** Nucleus mass. Default 1. */
   readonly topP?: number;
-  /** Stop after this many train steps. Default: when the loader is exhausted. */
+  /** Stop after this many train steps (0 or absent: when the loader is exhausted). */
   readonly steps?: number;
   /** Base seed of the sampling streams. Default 0. */
   readonly seed?: number;
@@ -57,6 +58,17 @@ export interface GrpoPipelineConfig {
   readonly onGroupTimeout?: 'release' | 'drop';
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions;
+  /** Custom rollout worker (multi-turn agents, remote tools); default single-turn generate + evaluate. */
+  readonly worker?: RolloutWorker;
+  /** Sees each admitted task with its 0-based admission index. */
+  readonly onAdmit?: (task: Task, index: number) => void;
+  /** Sees each batch as it enters the trainer. */
+  readonly onBatch?: (batch: Batch) => void;
+  /**
+   * Runs after each step's weights are published to the engines and before the admission gate is credited
+   * (checkpoints, validation); metrics it returns are merged into the step's metrics.
+   */
+  readonly afterStep?: (step: StepResult) => Promise<Metrics | void>;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
   readonly signal?: AbortSignal;
 }
@@ -97,10 +109,11 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
       admissionBatch.delete(id);
       return n;
     };
-    const onAdmit = ordered
-      ? (task: Task, index: number): void => void admissionBatch.set(groupIdOf(task), Math.floor(index / batchSize))
-      : undefined;
-    const steps$ = admit(loader, gate, { onAdmit }).pipe(
+    const onAdmit = (task: Task, index: number): void => {
+      if (ordered) admissionBatch.set(groupIdOf(task), Math.floor(index / batchSize));
+      config.onAdmit?.(task, index);
+    };
+    const batches$: Observable<Batch> = admit(loader, gate, { onAdmit }).pipe(
       rollout(engine, {
         samplesPerTask: groupSize,
         concurrency: config.concurrency ?? admittable(gate) * groupSize,
@@ -110,6 +123,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         topP: config.topP,
         seed: config.seed,
         modelTag: config.trainer.modelTag,
+        ...(config.worker ? { worker: config.worker } : {}),
       }),
       groupTrajectories({
         keys: ['groupId'],
@@ -127,10 +141,17 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         modelTag: config.trainer.modelTag,
         signal: config.signal,
       }),
+    );
+    const steps$ = batches$.pipe(
       // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
-      config.steps === undefined ? (s) => s : take(config.steps),
+      config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
+      tap((batch) => config.onBatch?.(batch)),
       train(config.trainer, { signal: config.signal }),
       syncWeights(config.engines),
+      concatMap(async (step) => {
+        const extra = config.afterStep ? await config.afterStep(step) : undefined;
+        return extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
+      }),
       tap((step) => gate.publish(step.version, step.metrics['batch/groups'] ?? batchSize)),
       takeUntil(aborted),
     );

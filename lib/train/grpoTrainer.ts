@@ -98,7 +98,7 @@ export class GrpoTrainer implements Trainer {
     >
   > &
     GrpoTrainerOptions;
-  private readonly rng;
+  private readonly seed: number;
 
   constructor(
     readonly model: PolicyModel,
@@ -129,7 +129,7 @@ export class GrpoTrainer implements Trainer {
       throw new ConfigError(`importanceCap must be >= 1, got ${options.importanceCap}`);
     }
     this.optimizer = tf.train.adam(lr, options.adamBeta1 ?? 0.9, options.adamBeta2 ?? 0.999, options.adamEpsilon ?? 1e-8);
-    this.rng = createRng(options.seed ?? 0);
+    this.seed = options.seed ?? 0;
   }
 
   get step(): number {
@@ -244,7 +244,9 @@ export class GrpoTrainer implements Trainer {
         });
       }
       for (let epoch = 0; epoch < ppoEpochs; epoch++) {
-        const order = miniBatches > 1 ? shuffledIndices(B, this.rng) : [...Array(B).keys()];
+        // The shuffle derives from (seed, step, epoch): nothing to checkpoint, and a resumed run repeats it.
+        const rng = createRng(this.seed, 'minibatch', String(this.steps), String(epoch));
+        const order = miniBatches > 1 ? shuffledIndices(B, rng) : [...Array(B).keys()];
         const miniSize = Math.ceil(B / miniBatches);
         for (let m = 0; m < B; m += miniSize) {
           throwIfAborted(signal);

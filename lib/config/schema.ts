@@ -1,0 +1,311 @@
+/**
+ * One configuration schema for the whole pipeline, validated once at the edge with convict; plain typed values
+ * flow inward. Recipes are JSON or YAML files; `--set key=value` and environment variables override them.
+ *
+ * @packageDocumentation
+ */
+import { readFileSync } from 'node:fs';
+import { extname } from 'node:path';
+import convict from 'convict';
+import { parse as parseYaml } from 'yaml';
+import { ConfigError } from '../errors.js';
+
+/** The resolved, validated configuration of a run. */
+export interface RxrlConfig {
+  run: { dir: string | null; seed: number; steps: number; backend: 'auto' | 'wasm' | 'cpu' | 'tensorflow' };
+  data: {
+    source: 'bundled' | 'jsonl';
+    task: { transform: 'copy' | 'reverse' | 'shift'; alphabet: string; minLength: number; maxLength: number; validationSize: number };
+    trainFile: string | null;
+    validationFile: string | null;
+    alphabet: string | null;
+    epochs: number;
+    shuffle: boolean;
+  };
+  model: { dModel: number; nLayers: number; nHeads: number; dFF: number; maxSeqLen: number; init: string | null };
+  rollout: {
+    groupSize: number;
+    concurrency: number;
+    maxTokens: number;
+    temperature: number;
+    topP: number;
+    weightSync: 'continue' | 'interrupt';
+    worker: { module: string | null; export: string };
+    evaluator: { module: string | null; export: string };
+  };
+  store: { groupTimeoutMs: number | null; onGroupTimeout: 'release' | 'drop' };
+  algorithm: {
+    normalizeByStd: boolean;
+    std: 'sample' | 'population';
+    filterZeroVariance: boolean;
+    klInReward: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
+  };
+  trainer: {
+    learningRate: number;
+    clipLow: number;
+    clipHigh: number;
+    clipRatioC: number | null;
+    lossAggregation: 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean' | 'seq-mean-token-sum-norm';
+    microBatchSize: number;
+    ppoEpochs: number;
+    miniBatches: number;
+    maxGradNorm: number;
+    entropyCoef: number;
+    maxStaleness: number | null;
+    importanceCap: number | null;
+    klLoss: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
+  };
+  sync: { mode: 'sync' | 'batch-async' | 'fully-async'; stalenessThreshold: number; capacity: number; batchSize: number };
+  kafka: { brokers: string; clientId: string; topicPrefix: string };
+  openai: { baseUrl: string | null; apiKey: string; model: string };
+  checkpoint: { every: number; keepLast: number; onStop: boolean };
+  resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
+  validation: { beforeTrain: boolean; every: number; temperature: number };
+  logging: { level: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent' };
+}
+
+const KL_ESTIMATORS = ['k1', 'abs', 'mse', 'k3', 'low_var_kl'];
+
+function check(ok: boolean, what: string): void {
+  if (!ok) throw new Error(`must be ${what}`);
+}
+
+convict.addFormats({
+  'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: Number },
+  'non-negative-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'), coerce: Number },
+  'positive-number': {
+    validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v > 0, 'a finite number > 0'),
+    coerce: Number,
+  },
+  'non-negative-number': {
+    validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v >= 0, 'a finite number >= 0'),
+    coerce: Number,
+  },
+  'unit-interval': {
+    validate: (v: unknown) => check(typeof v === 'number' && v > 0 && v <= 1, 'a number in (0, 1]'),
+    coerce: Number,
+  },
+  'clip-range': {
+    validate: (v: unknown) => check(typeof v === 'number' && v >= 0 && v < 1, 'a number in [0, 1)'),
+    coerce: Number,
+  },
+  'optional-positive-number': {
+    validate: (v: unknown) => check(v === null || (typeof v === 'number' && Number.isFinite(v) && v > 0), 'null or a finite number > 0'),
+    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+  },
+  'optional-non-negative-int': {
+    validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 0), 'null or an integer >= 0'),
+    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+  },
+  'optional-string': {
+    validate: (v: unknown) => check(v === null || (typeof v === 'string' && v.length > 0), 'null or a non-empty string'),
+  },
+  'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
+});
+convict.addParser([
+  { extension: 'json', parse: JSON.parse },
+  { extension: ['yml', 'yaml'], parse: parseYaml },
+]);
+
+/** The schema: every key with `doc`, `format`, `default` and, where useful, `env`. */
+export const SCHEMA = {
+  run: {
+    dir: { doc: 'Run directory: checkpoints, metrics.jsonl, trained.jsonl. Default runs/<recipe name>.', format: 'optional-string', default: null, env: 'RXRL_RUN_DIR' },
+    seed: { doc: 'Seed of the model init, the shuffle and the sampling streams.', format: 'non-negative-int', default: 1, env: 'RXRL_SEED' },
+    steps: { doc: 'Train steps (0 = until the data is exhausted).', format: 'non-negative-int', default: 300, env: 'RXRL_STEPS' },
+    backend: { doc: 'TF.js backend.', format: ['auto', 'wasm', 'cpu', 'tensorflow'], default: 'auto', env: 'RXRL_BACKEND' },
+  },
+  data: {
+    source: { doc: "Tasks: the generated string task ('bundled') or JSONL files ('jsonl').", format: ['bundled', 'jsonl'], default: 'bundled' },
+    task: {
+      transform: { doc: 'Bundled task: transformation to learn.', format: ['copy', 'reverse', 'shift'], default: 'reverse' },
+      alphabet: { doc: 'Bundled task: letters of the strings.', format: 'non-empty-string', default: 'abcde' },
+      minLength: { doc: 'Bundled task: shortest string.', format: 'positive-int', default: 4 },
+      maxLength: { doc: 'Bundled task: longest string.', format: 'positive-int', default: 4 },
+      validationSize: { doc: 'Bundled task: held-out tasks.', format: 'positive-int', default: 100 },
+    },
+    trainFile: { doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.", format: 'optional-string', default: null },
+    validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
+    alphabet: { doc: "Characters of the char tokenizer for 'jsonl' data (required then).", format: 'optional-string', default: null },
+    epochs: { doc: 'Passes over the training data (0 = forever).', format: 'non-negative-int', default: 0 },
+    shuffle: { doc: 'Shuffle each epoch with the run seed.', format: Boolean, default: true },
+  },
+  model: {
+    dModel: { doc: 'Residual width.', format: 'positive-int', default: 64 },
+    nLayers: { doc: 'Transformer blocks.', format: 'positive-int', default: 2 },
+    nHeads: { doc: 'Attention heads (divides dModel).', format: 'positive-int', default: 4 },
+    dFF: { doc: 'MLP hidden width.', format: 'positive-int', default: 256 },
+    maxSeqLen: { doc: 'Learned positions: prompt + response must fit.', format: 'positive-int', default: 24 },
+    init: { doc: 'Safetensors file to start from instead of a seeded init; relative to the recipe.', format: 'optional-string', default: null },
+  },
+  rollout: {
+    groupSize: { doc: 'Samples per task (GRPO group size).', format: 'positive-int', default: 8 },
+    concurrency: { doc: 'Most samples in flight (0 = every sample the mode may admit).', format: 'non-negative-int', default: 0 },
+    maxTokens: { doc: 'Longest response (0 = longest answer + 1 for the bundled task).', format: 'non-negative-int', default: 0 },
+    temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
+    topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
+    weightSync: { doc: 'In-flight generations on a new version: continue, or interrupt and resume.', format: ['continue', 'interrupt'], default: 'continue' },
+    worker: {
+      module: { doc: 'Module of a custom rollout worker; relative to the recipe.', format: 'optional-string', default: null },
+      export: { doc: 'Export name of the custom rollout worker.', format: 'non-empty-string', default: 'default' },
+    },
+    evaluator: {
+      module: { doc: "Module of a custom evaluator (required for 'jsonl' data); relative to the recipe.", format: 'optional-string', default: null },
+      export: { doc: 'Export name of the custom evaluator.', format: 'non-empty-string', default: 'default' },
+    },
+  },
+  store: {
+    groupTimeoutMs: { doc: 'Close a group this long after its first sample (null = wait).', format: 'optional-positive-number', default: null },
+    onGroupTimeout: { doc: 'A timed-out group is released partial or dropped (counted).', format: ['release', 'drop'], default: 'release' },
+  },
+  algorithm: {
+    normalizeByStd: { doc: 'Divide advantages by the group std (false = Dr.GRPO).', format: Boolean, default: true },
+    std: { doc: 'Group std: sample (N−1) or population.', format: ['sample', 'population'], default: 'sample' },
+    filterZeroVariance: { doc: 'Drop groups whose advantages are all zero (dynamic sampling).', format: Boolean, default: false },
+    klInReward: {
+      coef: { doc: 'β of the KL penalty in the reward (0 = off; needs a reference = the initial policy).', format: 'non-negative-number', default: 0 },
+      estimator: { doc: 'KL estimator of the reward penalty.', format: KL_ESTIMATORS, default: 'k1' },
+    },
+  },
+  trainer: {
+    learningRate: { doc: 'Adam learning rate.', format: 'positive-number', default: 1e-3 },
+    clipLow: { doc: 'PPO lower clip range.', format: 'clip-range', default: 0.2 },
+    clipHigh: { doc: 'PPO upper clip range (DAPO clip-higher).', format: 'non-negative-number', default: 0.28 },
+    clipRatioC: { doc: 'Dual-clip bound (> 1) for negative advantages (null = off).', format: 'optional-positive-number', default: null },
+    lossAggregation: { doc: 'Loss aggregation.', format: ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'], default: 'token-mean' },
+    microBatchSize: { doc: 'Rows per forward/backward pass.', format: 'positive-int', default: 64 },
+    ppoEpochs: { doc: 'Passes over each batch.', format: 'positive-int', default: 1 },
+    miniBatches: { doc: 'Optimizer updates per pass.', format: 'positive-int', default: 1 },
+    maxGradNorm: { doc: 'Global gradient-norm clip.', format: 'positive-number', default: 1 },
+    entropyCoef: { doc: 'Entropy bonus coefficient.', format: 'non-negative-number', default: 0 },
+    maxStaleness: { doc: 'Drop rows staler than this at train time (null = keep all).', format: 'optional-non-negative-int', default: null },
+    importanceCap: { doc: 'Truncated importance correction cap (null = off).', format: 'optional-positive-number', default: null },
+    klLoss: {
+      coef: { doc: 'KL-to-reference loss coefficient (0 = off; the reference is the initial policy).', format: 'non-negative-number', default: 0 },
+      estimator: { doc: 'KL estimator of the loss term.', format: KL_ESTIMATORS, default: 'low_var_kl' },
+    },
+  },
+  sync: {
+    mode: { doc: 'Staleness mode.', format: ['sync', 'batch-async', 'fully-async'], default: 'sync', env: 'RXRL_MODE' },
+    stalenessThreshold: { doc: 'η of batch-async.', format: 'positive-int', default: 1 },
+    capacity: { doc: 'fully-async: most admitted-but-untrained tasks (0 = 4 batches).', format: 'non-negative-int', default: 0 },
+    batchSize: { doc: 'Tasks (groups) per train step.', format: 'positive-int', default: 32 },
+  },
+  kafka: {
+    brokers: { doc: 'Comma-separated Kafka brokers.', format: String, default: 'localhost:9092', env: 'KAFKA_BROKERS' },
+    clientId: { doc: 'Kafka client id.', format: 'non-empty-string', default: 'rxrl' },
+    topicPrefix: { doc: 'Prefix of the tasks / trajectories / weights topics.', format: 'non-empty-string', default: 'rxrl' },
+  },
+  openai: {
+    baseUrl: { doc: 'OpenAI-compatible server URL (null = the embedded policy).', format: 'optional-string', default: null, env: 'OPENAI_BASE_URL' },
+    apiKey: { doc: 'API key of the server.', format: String, default: 'EMPTY', env: 'OPENAI_API_KEY', sensitive: true },
+    model: { doc: 'Model name on the server.', format: 'non-empty-string', default: 'rxrl-policy' },
+  },
+  checkpoint: {
+    every: { doc: 'Save a checkpoint every K steps (0 = never).', format: 'non-negative-int', default: 50 },
+    keepLast: { doc: 'Keep the newest N checkpoints (0 = all).', format: 'non-negative-int', default: 3 },
+    onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: Boolean, default: true },
+  },
+  resume: {
+    mode: { doc: 'disable, auto (highest global_step_*), or from_path.', format: ['disable', 'auto', 'from_path'], default: 'auto', env: 'RXRL_RESUME' },
+    path: { doc: "Checkpoint directory for 'from_path'.", format: 'optional-string', default: null },
+  },
+  validation: {
+    beforeTrain: { doc: 'Score the held-out split before training.', format: Boolean, default: true },
+    every: { doc: 'Score the held-out split every N versions (0 = only at the end).', format: 'non-negative-int', default: 0 },
+    temperature: { doc: 'Validation sampling temperature (0 = greedy).', format: 'non-negative-number', default: 0 },
+  },
+  logging: {
+    level: { doc: 'Log level.', format: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info', env: 'RXRL_LOG_LEVEL' },
+  },
+} as const;
+
+/** Options of {@link loadConfig}. */
+export interface LoadConfigOptions {
+  /** A recipe file (`.json`, `.yaml`, `.yml`), or none for the defaults. */
+  readonly file?: string;
+  /** A recipe object, merged after the file. */
+  readonly values?: Readonly<Record<string, unknown>>;
+  /** `key=value` overrides (`--set`), applied last; values parse as JSON when they can (`3`, `true`, `null`). */
+  readonly set?: readonly string[];
+  /** Environment for `env` overrides. Default `process.env`. */
+  readonly env?: NodeJS.ProcessEnv;
+}
+
+/**
+ * Loads, merges and validates a configuration: defaults ← environment ← recipe file ← `values` ← `--set`.
+ * Unknown keys, wrong types, out-of-range numbers and missing required values are rejected with a
+ * {@link ConfigError} whose message names each offending key.
+ */
+export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
+  const config = convict(SCHEMA as unknown as convict.Schema<RxrlConfig>, { env: options.env ?? process.env, args: [] });
+  try {
+    if (options.file !== undefined) {
+      const text = readFileSync(options.file, 'utf8');
+      const parsed: unknown = /\.ya?ml$/i.test(extname(options.file)) ? parseYaml(text) : JSON.parse(text);
+      if (parsed !== null && parsed !== undefined) {
+        if (typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('a recipe must be a mapping of keys to values');
+        config.load(parsed as Partial<RxrlConfig>);
+      }
+    }
+    if (options.values) config.load(options.values as Partial<RxrlConfig>);
+  } catch (cause) {
+    throw new ConfigError(`cannot read recipe ${options.file ?? '(values)'}: ${(cause as Error).message}`, {
+      cause,
+      context: { file: options.file },
+    });
+  }
+  const schemaKeys = leafKeys(SCHEMA);
+  for (const assignment of options.set ?? []) {
+    const eq = assignment.indexOf('=');
+    const key = eq > 0 ? assignment.slice(0, eq) : '';
+    if (!schemaKeys.has(key)) {
+      throw new ConfigError(`--set ${assignment}: '${key || assignment}' is not a configuration key`, { context: { key } });
+    }
+    const raw = assignment.slice(eq + 1);
+    let value: unknown = raw;
+    try {
+      value = JSON.parse(raw);
+    } catch {
+      value = raw;
+    }
+    config.set(key as never, value as never);
+  }
+  try {
+    config.validate({ allowed: 'strict' });
+  } catch (cause) {
+    throw new ConfigError(`invalid configuration:\n${(cause as Error).message}`, { cause });
+  }
+  const resolved = config.getProperties();
+  requireWhen(resolved);
+  return resolved;
+}
+
+/** Values that are required only in some settings. */
+function requireWhen(c: RxrlConfig): void {
+  const missing: string[] = [];
+  if (c.data.source === 'jsonl') {
+    if (c.data.trainFile === null) missing.push("data.trainFile: required when data.source is 'jsonl'");
+    if (c.data.alphabet === null) missing.push("data.alphabet: required when data.source is 'jsonl'");
+    if (c.rollout.evaluator.module === null) missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
+  }
+  if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
+  if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
+  if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
+  if (missing.length > 0) throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
+}
+
+function leafKeys(schema: object, prefix = ''): Set<string> {
+  const out = new Set<string>();
+  for (const [key, value] of Object.entries(schema)) {
+    const path = prefix ? `${prefix}.${key}` : key;
+    if (typeof value === 'object' && value !== null && !('doc' in value)) for (const k of leafKeys(value, path)) out.add(k);
+    else out.add(path);
+  }
+  return out;
+}
+
+/** The configuration as JSON, secrets masked. */
+export function describeConfig(config: RxrlConfig): string {
+  return JSON.stringify({ ...config, openai: { ...config.openai, apiKey: config.openai.apiKey ? '[redacted]' : '' } }, null, 2);
+}
