@@ -199,6 +199,50 @@ export class GrpoTrainer implements Trainer {
     }
   }
 
+  /**
+   * The optimizer state as named weights: `iter` (`[1]`), and each weight's Adam moments as `m/<name>` and
+   * `v/<name>` (names from `model.weightNames()`), ready for safetensors. Empty moments before the first update.
+   */
+  async optimizerState(): Promise<NamedWeights> {
+    const saved = await this.optimizer.getWeights(); // [iter, m_0 … m_{n−1}, v_0 … v_{n−1}]
+    const names = this.model.weightNames();
+    const out = new Map<string, { shape: readonly number[]; data: Float32Array }>();
+    const [iter, ...moments] = saved;
+    out.set('iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) });
+    const n = moments.length / 2;
+    for (let i = 0; i < moments.length; i++) {
+      const name = `${i < n ? 'm' : 'v'}/${names[i % n]}`;
+      out.set(name, { shape: [...moments[i].tensor.shape], data: Float32Array.from(await moments[i].tensor.data()) });
+    }
+    tf.dispose(iter.tensor);
+    return out;
+  }
+
+  /**
+   * Restores a checkpoint: the step counter (so versions continue) and, when given, the optimizer state saved by
+   * {@link GrpoTrainer.optimizerState}.
+   */
+  async restore(state: { readonly step: number; readonly optimizer?: NamedWeights }): Promise<void> {
+    if (!(Number.isInteger(state.step) && state.step >= 0)) throw new ConfigError(`restore: step must be an integer >= 0, got ${state.step}`);
+    this.steps = state.step;
+    const optimizer = state.optimizer;
+    if (!optimizer || !optimizer.has('m/' + this.model.weightNames()[0])) return;
+    const vars = this.model.trainableVariables();
+    const names = this.model.weightNames();
+    const iter = optimizer.get('iter');
+    if (!iter) throw new ConfigError('restore: optimizer state has no iter');
+    const weights: { name: string; tensor: tf.Tensor }[] = [{ name: 'iter', tensor: tf.scalar(iter.data[0]) }];
+    for (const kind of ['m', 'v'] as const) {
+      names.forEach((name, i) => {
+        const w = optimizer.get(`${kind}/${name}`);
+        if (!w) throw new ConfigError(`restore: optimizer state lacks ${kind}/${name}`);
+        weights.push({ name: `${vars[i].name}/${kind}`, tensor: tf.tensor(w.data, [...w.shape]) });
+      });
+    }
+    await this.optimizer.setWeights(weights);
+    tf.dispose(weights.map((w) => w.tensor));
+  }
+
   /** Releases the optimizer state (the model belongs to the caller). */
   dispose(): void {
     this.optimizer.dispose();
