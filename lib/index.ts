@@ -160,3 +160,46 @@ export type { StepResult, Trainer } from './train/types.js';
 // ── seeded randomness ──────────────────────────────────────────────────────────
 export { createRng, hashSeed, normalArray, shuffledIndices } from './random.js';
 export type { Rng } from './random.js';
+
+// ── Kafka bridge ───────────────────────────────────────────────────────────────
+export { createKafka, createProducer, ensureTopics, parseBrokers } from './kafka/client.js';
+export type { CreateKafkaOptions, TopicPartitions } from './kafka/client.js';
+export {
+  CODEC_MAX_ARRAY_LENGTH,
+  CODEC_MAX_STRING_BYTES,
+  CODEC_VERSION,
+  MESSAGE_KINDS,
+  decodeTaskMessage,
+  decodeTrajectoryMessage,
+  decodeWeightsMessage,
+  encodeTaskMessage,
+  encodeTrajectoryMessage,
+  encodeWeightsMessage,
+  messageKindOf,
+} from './kafka/codec.js';
+export type { MessageKind } from './kafka/codec.js';
+export { BrokerStartError, EncodeError, KafkaBridgeError, isKafkaBridgeError } from './kafka/errors.js';
+export { OffsetTracker } from './kafka/offsets.js';
+export type { CommitOffset } from './kafka/offsets.js';
+export { kafkaTopics } from './kafka/types.js';
+export type {
+  KafkaEvent,
+  KafkaEventType,
+  KafkaRecord,
+  KafkaTopics,
+  RunEndMessage,
+  TaskMessage,
+  TaskSampling,
+  TrajectoryMessage,
+  WeightsMessage,
+  WeightsVersionMessage,
+} from './kafka/types.js';
+export {
+  WEIGHTS_RUN_METADATA_KEY,
+  WEIGHTS_VERSION_METADATA_KEY,
+  WeightsFollower,
+  WeightsPublisher,
+} from './kafka/weights.js';
+export type { WeightsFollowerEvent, WeightsFollowerOptions, WeightsPublisherOptions } from './kafka/weights.js';
+export { fetchKafkaBroker, kafkaVersion, repositoryRoot, startKafkaBroker } from './kafka/broker.js';
+export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';

@@ -26,3 +26,11 @@ export { train } from './train.js';
 export type { TrainOptions } from './train.js';
 export { syncWeights } from './syncWeights.js';
 export type { SyncWeightsOptions } from './syncWeights.js';
+
+// ── Kafka edges (any stage can cross a topic) ──────────────────────────────────
+export { toKafka } from './toKafka.js';
+export type { ToKafkaOptions } from './toKafka.js';
+export { DEAD_LETTER_HEADERS, fromKafka } from './fromKafka.js';
+export type { DeadLetterOptions, FromKafkaOptions } from './fromKafka.js';
+export { dropDuplicates } from './dropDuplicates.js';
+export type { DropDuplicatesOptions } from './dropDuplicates.js';

@@ -15,3 +15,9 @@ export type { ValidateOptions } from './validate.js';
 // ── the embedded main job (npm start) ──────────────────────────────────────────
 export { EMBEDDED_MODEL, EMBEDDED_TRAINER, runEmbedded } from './embedded.js';
 export type { EmbeddedRunOptions, EmbeddedRunSummary } from './embedded.js';
+
+// ── Kafka halves: trainer and rollout workers in separate processes ────────────
+export { kafkaTrainer } from './kafkaTrainer.js';
+export type { KafkaTrainerConfig } from './kafkaTrainer.js';
+export { kafkaRolloutWorker } from './kafkaRolloutWorker.js';
+export type { KafkaRolloutWorkerConfig, WorkerTaskResult } from './kafkaRolloutWorker.js';

@@ -34,10 +34,13 @@ async function main(args: readonly string[]): Promise<number> {
       const broker = await startKafkaBroker({ port: port === undefined ? undefined : Number(port), dir: flag(rest, '--dir') });
       console.log(`KAFKA_BROKERS=${broker.brokers}`);
       process.stderr.write(`Kafka ${broker.version} running (log: ${broker.logFile}); Ctrl-C stops it\n`);
+      // The broker's watchdog stops it when this process exits, so stay alive until asked to stop.
+      const keepAlive = setInterval(() => undefined, 1 << 30);
       await new Promise<void>((resolve) => {
         process.once('SIGINT', resolve);
         process.once('SIGTERM', resolve);
       });
+      clearInterval(keepAlive);
       await broker.stop();
       return 0;
     }

@@ -62,8 +62,7 @@ export function createKafka(brokers: string | readonly string[], options: Create
     clientId: options.clientId ?? 'rxrl',
     logLevel: level,
     logCreator: () => (entry: LogEntry) => {
-      const retried = entry.log.message.startsWith('[Connection] Response') || entry.log.message.includes('Retrying');
-      const effective = retried ? logLevel.DEBUG : entry.level;
+      const effective = routine(entry) ? logLevel.DEBUG : entry.level;
       if (effective > level || effective === logLevel.NOTHING) return;
       const { message, timestamp: _timestamp, logger: _logger, ...rest } = entry.log;
       process.stderr.write(
@@ -71,6 +70,22 @@ export function createKafka(brokers: string | readonly string[], options: Create
       );
     },
   });
+}
+
+/**
+ * Log entries that describe conditions kafkajs handles itself: protocol error responses it retries (a coordinator
+ * still loading, a leader moving, a topic created concurrently), rejoining a rebalancing group, and its warning that bounded retries weaken the
+ * idempotent producer (the bridge bounds them on purpose: a send that keeps failing errors the stream instead of
+ * hanging, and nothing resends it behind the broker's back).
+ */
+function routine(entry: LogEntry): boolean {
+  const message = entry.log.message;
+  return (
+    (entry.namespace === 'Connection' && message.startsWith('Response')) ||
+    message.includes('Retrying') ||
+    (entry.namespace === 'Runner' && message.startsWith('The group is rebalancing')) ||
+    message.startsWith('Limiting retries for the idempotent producer')
+  );
 }
 
 /**

@@ -64,6 +64,11 @@ export function encodeTaskMessage(message: TaskMessage): Uint8Array {
   w.str(message.run, 'run');
   w.safeInteger(message.index, 'index');
   w.u32(message.minVersion, 'minVersion');
+  w.u32(message.samples, 'samples');
+  w.u32(message.sampling.maxTokens, 'sampling.maxTokens');
+  w.finite(message.sampling.temperature, 'sampling.temperature');
+  w.finite(message.sampling.topP, 'sampling.topP');
+  w.finite(message.sampling.seed, 'sampling.seed');
   writeTask(w, message.task);
   return w.finish();
 }
@@ -74,9 +79,17 @@ export function decodeTaskMessage(bytes: Uint8Array): TaskMessage {
   const run = r.str('run');
   const index = r.safeInteger('index');
   const minVersion = r.u32('minVersion');
+  const samples = r.u32('samples');
+  if (samples < 1) throw r.fail('samples', 'a task needs at least one sample');
+  const maxTokens = r.u32('sampling.maxTokens');
+  const temperature = r.finite('sampling.temperature');
+  const topP = r.finite('sampling.topP');
+  if (!(temperature >= 0)) throw r.fail('sampling.temperature', `temperature ${temperature} is negative`);
+  if (!(topP > 0 && topP <= 1)) throw r.fail('sampling.topP', `topP ${topP} is not in (0, 1]`);
+  const seed = r.finite('sampling.seed');
   const task = readTask(r);
   r.end();
-  return { run, index, minVersion, task };
+  return { run, index, minVersion, samples, sampling: { maxTokens, temperature, topP, seed }, task };
 }
 
 /** Encodes a trajectory or a failed sample. @throws {@link EncodeError} when a field breaks the schema. */
@@ -355,6 +368,11 @@ class Writer {
     this.f64(value);
   }
 
+  finite(value: number, field: string): void {
+    if (!Number.isFinite(value)) throw new EncodeError(`${field} must be a finite number, got ${value}`, { context: { field } });
+    this.f64(value);
+  }
+
   f64(value: number): void {
     this.ensure(8);
     this.view.setFloat64(this.at, value, true);
@@ -483,6 +501,12 @@ class Reader {
     this.need(8, field);
     const v = this.view.getFloat64(this.at, true);
     this.at += 8;
+    return v;
+  }
+
+  finite(field: string): number {
+    const v = this.f64(field);
+    if (!Number.isFinite(v)) throw this.fail(field, `${v} is not finite`);
     return v;
   }
 

@@ -54,8 +54,24 @@ export interface TaskMessage {
    * the staleness bound across processes.
    */
   readonly minVersion: PolicyVersion;
+  /** Samples to draw (the GRPO group size): the trainer decides it, so workers need no matching setting. */
+  readonly samples: number;
+  /** How to sample them. */
+  readonly sampling: TaskSampling;
   /** The task itself. */
   readonly task: Task;
+}
+
+/** Sampling settings a task carries to the workers. */
+export interface TaskSampling {
+  /** Largest number of new tokens. */
+  readonly maxTokens: number;
+  /** Temperature (0 = greedy). */
+  readonly temperature: number;
+  /** Nucleus mass in (0, 1]. */
+  readonly topP: number;
+  /** Base seed; each sample's seed derives from it, its group id and its run id. */
+  readonly seed: number;
 }
 
 /** A rollout output (a trajectory or a failed sample) on the `trajectories` topic. */
@@ -134,9 +150,27 @@ export type KafkaEventType =
   /** A message that failed to decode went to the dead-letter topic: `payload.reason`, topic, partition, offset. */
   | 'kafka.dead_letter'
   /** The kafkajs consumer crashed and restarts (`payload.restart`). */
-  | 'kafka.crash';
+  | 'kafka.crash'
+  /** The trainer admitted a task and published it: `taskId`, `groupId`, `index`, `minVersion`. */
+  | 'trainer.admitted'
+  /** The trainer announced a weights version: `version`, `path`. */
+  | 'trainer.published'
+  /** The trainer took a step: `step`, `version`, `groupIds`, `taskIds`, `trajectoryIds`. */
+  | 'trainer.trained'
+  /** The trainer dropped a redelivered rollout output: `id`, `groupId`. */
+  | 'trainer.duplicate'
+  /** The trainer dropped an output of another run: `run`, `id`. */
+  | 'trainer.foreign'
+  /** A worker starts rolling out a task: `run`, `taskId`, `index`, `version`. */
+  | 'worker.task_start'
+  /** A worker published every output of a task: `run`, `taskId`, `index`, `trajectories`, `failures`. */
+  | 'worker.task_done'
+  /** A worker loaded a weights version: `run`, `version`, `seconds`. */
+  | 'worker.weights_loaded'
+  /** The run a worker followed is over: `run`, `version`. */
+  | 'worker.run_end';
 
-/** An instrumentation event of the Kafka bridge, in the envelope every rxrl module uses. */
+/** An instrumentation event of the Kafka bridge and its pipelines, in the envelope every rxrl module uses. */
 export interface KafkaEvent {
   /** Unique within the emitting source. */
   readonly id: string;

@@ -1,14 +1,41 @@
 import { execFile } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 
 const run = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const built = join(root, 'dist', 'examples');
 const sources = readdirSync(join(root, 'examples')).filter((f) => f.endsWith('.ts'));
+
+/**
+ * Extra environment of the Kafka examples: the broker of this run (spec/kafka/globalSetup.ts), topics of their
+ * own, small batches, and for the trainer one in-process worker so that it can finish alone.
+ */
+function kafkaEnv(source: string): NodeJS.ProcessEnv {
+  if (!source.startsWith('kafka-')) return {};
+  const brokers = inject('kafkaBrokers');
+  if (!brokers) throw new Error('no Kafka broker for the Kafka examples (spec/kafka/globalSetup.ts)');
+  return {
+    KAFKA_BROKERS: brokers,
+    RXRL_KAFKA_PREFIX: `examples-${randomBytes(4).toString('hex')}`,
+    RXRL_WEIGHTS_DIR: mkdtempSync(join(tmpdir(), 'rxrl-weights-')),
+    RXRL_BATCH_SIZE: '4',
+    RXRL_GROUP_SIZE: '4',
+    RXRL_KAFKA_WORKERS: source === 'kafka-trainer.ts' ? '1' : '0',
+  };
+}
+
+/** Examples that need another process to finish: a rollout worker serves a trainer's run. */
+const COMPANIONS: Readonly<Record<string, string>> = { 'kafka-rollout-worker.ts': 'kafka-trainer.ts' };
+
+function lastJson(stdout: string): { steps?: number } {
+  return JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as { steps?: number };
+}
 
 /** Every example runs with node from the build (`npm test` builds first) with a tiny step budget. */
 describe('examples (smoke, built by pretest)', () => {
@@ -19,14 +46,14 @@ describe('examples (smoke, built by pretest)', () => {
   for (const source of sources) {
     it(`${source} runs to completion and ends with a JSON summary`, async () => {
       const file = join(built, source.replace(/\.ts$/, '.js'));
-      const { stdout } = await run(process.execPath, [file], {
-        cwd: root,
-        env: { ...process.env, RXRL_STEPS: '2' },
-        timeout: 120_000,
-      });
-      const last = stdout.trim().split('\n').at(-1) ?? '';
-      const summary = JSON.parse(last) as { steps?: number };
-      expect(summary.steps).toBe(2);
+      const env = { ...process.env, RXRL_STEPS: '2', ...kafkaEnv(source) };
+      const companion = COMPANIONS[source];
+      const partner = companion
+        ? run(process.execPath, [join(built, companion.replace(/\.ts$/, '.js'))], { cwd: root, env, timeout: 120_000 })
+        : undefined;
+      const { stdout } = await run(process.execPath, [file], { cwd: root, env, timeout: 120_000 });
+      expect(lastJson(stdout).steps).toBe(2);
+      if (partner) expect(lastJson((await partner).stdout).steps).toBe(2);
     }, 150_000);
   }
 });

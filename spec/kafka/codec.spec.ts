@@ -33,12 +33,14 @@ describe('codec: tasks', () => {
     run: 'run-1',
     index: 17,
     minVersion: 3,
+    samples: 8,
+    sampling: { maxTokens: 5, temperature: 0.7, topP: 0.95, seed: 42 },
     task: { id: 'täsk-1', prompt: 'abcd=', answer: 'dcba', metadata: { level: 2, tags: ['x'] }, epoch: 1 },
   };
 
   it('round-trips every field, optional ones included and omitted', () => {
     expect(decodeTaskMessage(encodeTaskMessage(message))).toEqual(message);
-    const bare: TaskMessage = { run: 'r', index: 0, minVersion: 0, task: { id: 't', prompt: '' } };
+    const bare: TaskMessage = { ...message, run: 'r', index: 0, minVersion: 0, task: { id: 't', prompt: '' } };
     const decoded = decodeTaskMessage(encodeTaskMessage(bare));
     expect(decoded).toEqual(bare);
     expect(Object.keys(decoded.task)).toEqual(['id', 'prompt']);
@@ -54,6 +56,9 @@ describe('codec: tasks', () => {
   it('rejects values that break the schema on encode', () => {
     expect(() => encodeTaskMessage({ ...message, minVersion: -1 })).toThrow(EncodeError);
     expect(() => encodeTaskMessage({ ...message, index: 1.5 })).toThrow(EncodeError);
+    expect(() => encodeTaskMessage({ ...message, sampling: { ...message.sampling, temperature: Number.NaN } })).toThrow(
+      EncodeError,
+    );
     const cyclic: Record<string, unknown> = {};
     cyclic.self = cyclic;
     expect(() => encodeTaskMessage({ ...message, task: { id: 't', prompt: 'p', metadata: cyclic } })).toThrow(EncodeError);
@@ -120,7 +125,14 @@ describe('codec: trajectories', () => {
     future[2] = CODEC_VERSION + 1;
     expect(decodeError(() => decodeTrajectoryMessage(future)).message).toMatch(/version/);
     // A task message is not a trajectory.
-    const task = encodeTaskMessage({ run: 'r', index: 0, minVersion: 0, task: { id: 't', prompt: 'p' } });
+    const task = encodeTaskMessage({
+      run: 'r',
+      index: 0,
+      minVersion: 0,
+      samples: 1,
+      sampling: { maxTokens: 1, temperature: 1, topP: 1, seed: 0 },
+      task: { id: 't', prompt: 'p' },
+    });
     expect(decodeError(() => decodeTrajectoryMessage(task)).context.field).toBe('header');
     // An absurd array length is caught before any allocation.
     const huge = good.slice();

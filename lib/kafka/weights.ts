@@ -1,0 +1,374 @@
+/**
+ * Weight versions across processes: the trainer writes each version as a safetensors file on a disk shared with
+ * the workers and announces it on the `weights` topic; each worker follows the topic and loads the newest version
+ * into its local engine before its next generation.
+ *
+ * Why files and not the weights inline: a Kafka message is capped at 1 MiB by default (`message.max.bytes`), a
+ * 0.1 M-parameter policy is already 400 KB and a real one is gigabytes, and every worker would download every
+ * version even when it only needs the newest. A file is written once (atomically: temporary file, then rename),
+ * checked by size and SHA-256 on load, and only the newest announced version is loaded. The limits: trainer and
+ * workers must see the same path (one machine, or a network file system mounted at the same place), and only the
+ * last `keepVersions` files are kept, so a worker that falls further behind skips to the newest one.
+ *
+ * @packageDocumentation
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
+
+import type { Producer } from 'kafkajs';
+import { Subject, type Observable, type Subscription } from 'rxjs';
+
+import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
+import type { NamedWeights, Tokenizer } from '../engine/types.js';
+import { ConfigError, DecodeError } from '../errors.js';
+import { POLICY_CONFIG_METADATA_KEY } from '../model/policyFile.js';
+import { decodeSafetensors, encodeSafetensors } from '../model/safetensors.js';
+import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../model/transformer.js';
+import type { ModelTag, PolicyVersion } from '../types.js';
+import { encodeWeightsMessage } from './codec.js';
+import { KafkaBridgeError } from './errors.js';
+import type { KafkaRecord, RunEndMessage, WeightsMessage, WeightsVersionMessage } from './types.js';
+
+/** Metadata key of the policy version in a published weights file. */
+export const WEIGHTS_VERSION_METADATA_KEY = 'rxrl.version';
+/** Metadata key of the run id in a published weights file. */
+export const WEIGHTS_RUN_METADATA_KEY = 'rxrl.run';
+
+/** Options of {@link WeightsPublisher}. */
+export interface WeightsPublisherOptions {
+  /** A connected producer (idempotent: see `createProducer`). */
+  readonly producer: Producer;
+  /** The `weights` topic. */
+  readonly topic: string;
+  /** Directory shared with the workers; files go to `<dir>/<run>/v<version>.safetensors`. */
+  readonly dir: string;
+  /** Run id written on every announcement. */
+  readonly run: string;
+  /** Model the weights belong to. */
+  readonly modelTag: ModelTag;
+  /** Architecture, stored in each file so a worker can build the model from the file alone. */
+  readonly policyConfig: PolicyConfig;
+  /** Files kept on disk (the newest ones). Default 3. */
+  readonly keepVersions?: number;
+}
+
+/** The trainer's side: writes weight files and announces them, then the end of the run. */
+export class WeightsPublisher {
+  private readonly published: string[] = [];
+  private readonly keep: number;
+
+  constructor(private readonly options: WeightsPublisherOptions) {
+    this.keep = options.keepVersions ?? 3;
+    if (!Number.isInteger(this.keep) || this.keep < 1) {
+      throw new ConfigError(`keepVersions must be an integer >= 1, got ${this.keep}`);
+    }
+  }
+
+  /**
+   * Writes `weights` as version `version` and announces it; resolves once the broker acknowledged the
+   * announcement (`acks: -1`).
+   *
+   * @throws {@link KafkaBridgeError} when the announcement cannot be sent.
+   */
+  async publish(version: PolicyVersion, weights: NamedWeights): Promise<WeightsVersionMessage> {
+    const { run, modelTag, policyConfig } = this.options;
+    const path = resolve(join(this.options.dir, safeName(run), `v${version}.safetensors`));
+    const bytes = encodeSafetensors(weights, {
+      [POLICY_CONFIG_METADATA_KEY]: JSON.stringify(policyConfig),
+      [WEIGHTS_VERSION_METADATA_KEY]: String(version),
+      [WEIGHTS_RUN_METADATA_KEY]: run,
+    });
+    await mkdir(dirname(path), { recursive: true });
+    const temporary = `${path}.${randomBytes(4).toString('hex')}.tmp`;
+    await writeFile(temporary, bytes);
+    await rename(temporary, path);
+    const message: WeightsVersionMessage = {
+      kind: 'version',
+      run,
+      version,
+      modelTag,
+      path,
+      bytes: bytes.length,
+      sha256: createHash('sha256').update(bytes).digest('hex'),
+      timestamp: Date.now(),
+    };
+    await this.send(message);
+    this.published.push(path);
+    while (this.published.length > this.keep) {
+      await rm(this.published.shift()!, { force: true });
+    }
+    return message;
+  }
+
+  /** Announces the end of the run at version `version` (workers following it stop). */
+  async end(version: PolicyVersion): Promise<void> {
+    await this.send({ kind: 'end', run: this.options.run, version, timestamp: Date.now() });
+  }
+
+  private async send(message: WeightsMessage): Promise<void> {
+    try {
+      await this.options.producer.send({
+        topic: this.options.topic,
+        acks: -1,
+        messages: [{ key: message.run, value: Buffer.from(encodeWeightsMessage(message)) }],
+      });
+    } catch (cause) {
+      throw new KafkaBridgeError(`could not announce ${message.kind} ${message.version} of run ${message.run}: ${String(cause)}`, {
+        cause,
+      });
+    }
+  }
+}
+
+/** Options of {@link WeightsFollower}. */
+export interface WeightsFollowerOptions {
+  /** Tokenizer of the policy (its vocabulary must match the announced model's). */
+  readonly tokenizer: Tokenizer;
+  /** Local engine settings (batching, weight sync policy). */
+  readonly engine?: Omit<LocalEngineOptions, 'tokenizer' | 'version' | 'modelTag'>;
+  /** Attempts to read a weights file that is missing or incomplete before giving up. Default 20 (every 100 ms). */
+  readonly loadAttempts?: number;
+}
+
+/** What a follower reports. */
+export type WeightsFollowerEvent =
+  | { readonly type: 'loaded'; readonly run: string; readonly version: PolicyVersion; readonly seconds: number }
+  | { readonly type: 'skipped'; readonly run: string; readonly version: PolicyVersion; readonly reason: string }
+  | { readonly type: 'end'; readonly message: RunEndMessage };
+
+interface Waiter {
+  readonly run: string;
+  readonly minVersion: PolicyVersion;
+  readonly resolve: (engine: LocalEngine | undefined) => void;
+  readonly reject: (error: unknown) => void;
+}
+
+/**
+ * The worker's side: follows the `weights` topic from its beginning (give it `fromKafka` over that topic with a
+ * consumer group of its own, since every worker must see every announcement) and keeps one {@link LocalEngine}
+ * holding the newest announced version of the newest run. Announcements that arrive while a load runs are
+ * coalesced: only the newest is loaded. A run is followed once its weights were loaded; its end, or a newer run,
+ * makes it over.
+ *
+ * @example
+ * ```ts
+ * import { WeightsFollower, decodeWeightsMessage } from 'rxrl';
+ * import { fromKafka } from 'rxrl/operators';
+ * const follower = new WeightsFollower(
+ *   fromKafka(kafka, { groupId: `weights-${process.pid}`, topics: ['rxrl.weights'], decode: decodeWeightsMessage }),
+ *   { tokenizer },
+ * );
+ * follower.start();
+ * const engine = await follower.waitFor(run, 3); // holds version ≥ 3 of `run`, or undefined once the run is over
+ * ```
+ */
+export class WeightsFollower {
+  private subscription: Subscription | undefined;
+  private latest: WeightsVersionMessage | undefined;
+  private loaded: { run: string; version: PolicyVersion; engine: LocalEngine; model: PolicyModel } | undefined;
+  private readonly retired: PolicyModel[] = [];
+  private readonly over = new Set<string>();
+  private newestRun: string | undefined;
+  private loading = false;
+  private waiters: Waiter[] = [];
+  private readonly events$ = new Subject<WeightsFollowerEvent>();
+  private failure: unknown;
+
+  /** Loads, skips and run ends, as they happen. Errors when the follower fails (a file never became readable). */
+  readonly events: Observable<WeightsFollowerEvent> = this.events$.asObservable();
+
+  /**
+   * @param announcements - records of the `weights` topic, read from its beginning; each is acknowledged on receipt.
+   * @param options - tokenizer, engine settings and load retries.
+   */
+  constructor(
+    private readonly announcements: Observable<KafkaRecord<WeightsMessage>>,
+    private readonly options: WeightsFollowerOptions,
+  ) {}
+
+  /** The engine of the followed run and the version it holds, if any weights were loaded. */
+  get current(): { readonly run: string; readonly version: PolicyVersion; readonly engine: LocalEngine } | undefined {
+    return this.loaded;
+  }
+
+  /** Starts following the announcements. */
+  start(): void {
+    if (this.subscription) return;
+    this.subscription = this.announcements.subscribe({
+      next: (record) => {
+        record.ack();
+        this.receive(record.value);
+      },
+      error: (error: unknown) => this.fail(error),
+    });
+  }
+
+  /**
+   * Resolves with the engine once it holds version ≥ `minVersion` of `run`, or with `undefined` once `run` is over
+   * (ended, or replaced by a newer run). Rejects if the follower fails or `signal` fires.
+   */
+  waitFor(run: string, minVersion: PolicyVersion, signal?: AbortSignal): Promise<LocalEngine | undefined> {
+    if (this.failure !== undefined) return Promise.reject(this.failure);
+    if (this.over.has(run)) return Promise.resolve(undefined);
+    if (this.loaded?.run === run && this.loaded.version >= minVersion) return Promise.resolve(this.loaded.engine);
+    return new Promise<LocalEngine | undefined>((resolvePromise, reject) => {
+      const onAbort = (): void => {
+        this.waiters = this.waiters.filter((w) => w !== waiter);
+        reject(signal?.reason ?? new Error('aborted'));
+      };
+      const waiter: Waiter = {
+        run,
+        minVersion,
+        resolve: (engine) => {
+          signal?.removeEventListener('abort', onAbort);
+          resolvePromise(engine);
+        },
+        reject: (error) => {
+          signal?.removeEventListener('abort', onAbort);
+          reject(error);
+        },
+      };
+      if (signal?.aborted) return onAbort();
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.waiters.push(waiter);
+    });
+  }
+
+  /** Stops following and releases the models (pending waits resolve with `undefined`). */
+  close(): void {
+    this.subscription?.unsubscribe();
+    this.subscription = undefined;
+    for (const waiter of this.waiters) waiter.resolve(undefined);
+    this.waiters = [];
+    this.loaded?.model.dispose();
+    for (const model of this.retired) model.dispose();
+    this.retired.length = 0;
+    this.loaded = undefined;
+    this.events$.complete();
+  }
+
+  private receive(message: WeightsMessage): void {
+    if (this.over.has(message.run)) return;
+    if (this.newestRun !== undefined && this.newestRun !== message.run) this.finishRun(this.newestRun);
+    this.newestRun = message.run;
+    if (message.kind === 'end') {
+      const followed = this.loaded?.run === message.run;
+      this.finishRun(message.run);
+      if (followed) this.events$.next({ type: 'end', message });
+      return;
+    }
+    if (this.latest === undefined || this.latest.run !== message.run || message.version > this.latest.version) {
+      this.latest = message;
+    }
+    void this.pump();
+  }
+
+  private finishRun(run: string): void {
+    this.over.add(run);
+    if (this.latest?.run === run) this.latest = undefined;
+    this.wake();
+  }
+
+  private wake(): void {
+    const still: Waiter[] = [];
+    for (const waiter of this.waiters) {
+      if (this.over.has(waiter.run)) waiter.resolve(undefined);
+      else if (this.loaded?.run === waiter.run && this.loaded.version >= waiter.minVersion) waiter.resolve(this.loaded.engine);
+      else still.push(waiter);
+    }
+    this.waiters = still;
+  }
+
+  private async pump(): Promise<void> {
+    if (this.loading) return;
+    this.loading = true;
+    try {
+      for (;;) {
+        const next = this.latest;
+        if (next === undefined || this.over.has(next.run)) return;
+        if (this.loaded?.run === next.run && this.loaded.version >= next.version) return;
+        await this.load(next);
+        this.wake();
+      }
+    } catch (error) {
+      this.fail(error);
+    } finally {
+      this.loading = false;
+    }
+  }
+
+  private async load(message: WeightsVersionMessage): Promise<void> {
+    const started = performance.now();
+    const attempts = this.options.loadAttempts ?? 20;
+    let bytes: Uint8Array | undefined;
+    let reason = '';
+    for (let attempt = 0; attempt < attempts; attempt++) {
+      if (this.latest !== message) {
+        this.events$.next({ type: 'skipped', run: message.run, version: message.version, reason: 'a newer version was announced' });
+        return;
+      }
+      try {
+        const data = await readFile(message.path);
+        if (data.length !== message.bytes) {
+          reason = `${message.path} has ${data.length} bytes, the announcement says ${message.bytes}`;
+        } else if (createHash('sha256').update(data).digest('hex') !== message.sha256) {
+          reason = `${message.path} does not match the announced SHA-256`;
+        } else {
+          bytes = data;
+          break;
+        }
+      } catch (error) {
+        reason = `cannot read ${message.path}: ${String(error)}`;
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    if (bytes === undefined) {
+      throw new KafkaBridgeError(`weights version ${message.version} of run ${message.run} never became readable: ${reason}`, {
+        context: { path: message.path },
+      });
+    }
+    const { weights, metadata } = decodeSafetensors(bytes);
+    if (this.loaded?.run === message.run) {
+      await this.loaded.engine.loadWeights(message.version, weights);
+      this.loaded.version = message.version;
+    } else {
+      let config: PolicyConfig;
+      try {
+        config = validatePolicyConfig(JSON.parse(metadata[POLICY_CONFIG_METADATA_KEY] ?? 'null') as PolicyConfig);
+      } catch (cause) {
+        throw new DecodeError(`${message.path}: metadata '${POLICY_CONFIG_METADATA_KEY}' is missing or invalid`, { cause });
+      }
+      if (config.vocabSize !== this.options.tokenizer.vocabSize) {
+        throw new ConfigError(
+          `the announced model has ${config.vocabSize} token ids but this worker's tokenizer has ${this.options.tokenizer.vocabSize}`,
+          { context: { key: 'tokenizer' } },
+        );
+      }
+      const model = PolicyModel.fromWeights(config, weights);
+      const engine = new LocalEngine(model, {
+        ...this.options.engine,
+        tokenizer: this.options.tokenizer,
+        modelTag: message.modelTag,
+        version: message.version,
+      });
+      // The previous run's engine may still be finishing a generation: retire its model, dispose it on close.
+      if (this.loaded) this.retired.push(this.loaded.model);
+      this.loaded = { run: message.run, version: message.version, engine, model };
+    }
+    this.events$.next({ type: 'loaded', run: message.run, version: message.version, seconds: (performance.now() - started) / 1000 });
+  }
+
+  private fail(error: unknown): void {
+    if (this.failure !== undefined) return;
+    this.failure = error;
+    for (const waiter of this.waiters) waiter.reject(error);
+    this.waiters = [];
+    this.events$.error(error);
+  }
+}
+
+/** A run id as a file name (anything but letters, digits, `.`, `_`, `-` becomes `_`). */
+function safeName(run: string): string {
+  return run.replace(/[^A-Za-z0-9._-]/g, '_');
+}

@@ -1,0 +1,360 @@
+import { randomBytes } from 'node:crypto';
+
+import type { ConsumerConfig, Kafka } from 'kafkajs';
+import { Observable, Subject, concatMap, defer, map, of, take, tap, type Subscription } from 'rxjs';
+
+import type { StdKind } from '../lib/algos/advantages.js';
+import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
+import type { NamedWeights } from '../lib/engine/types.js';
+import { ConfigError } from '../lib/errors.js';
+import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
+import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
+import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
+import { WeightsPublisher } from '../lib/kafka/weights.js';
+import type { PolicyConfig } from '../lib/model/transformer.js';
+import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
+import type { StepResult, Trainer } from '../lib/train/types.js';
+import type { Group, RolloutOutput, Task } from '../lib/types.js';
+import { admit } from '../operators/admit.js';
+import { batchGroups } from '../operators/batchGroups.js';
+import { dropDuplicates } from '../operators/dropDuplicates.js';
+import { fromKafka } from '../operators/fromKafka.js';
+import { groupTrajectories } from '../operators/groupTrajectories.js';
+import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js';
+import { groupIdOf } from '../operators/rollout.js';
+import { toKafka } from '../operators/toKafka.js';
+import { train } from '../operators/train.js';
+
+/** Configuration of {@link kafkaTrainer}. */
+export interface KafkaTrainerConfig {
+  /** The kafkajs client (`createKafka`). */
+  readonly kafka: Kafka;
+  /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a loader. */
+  readonly tasks: TaskSource;
+  /** Loader options (epochs, seeded shuffle, resume position). */
+  readonly loader?: LoadTasksOptions;
+  /** Topics of the deployment (`kafkaTopics(prefix)`). */
+  readonly topics: KafkaTopics;
+  /** Takes the train steps. */
+  readonly trainer: Trainer;
+  /** The policy being trained: its architecture and initial weights (announced as version 0). */
+  readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
+  /** Token id of padding (the workers' tokenizer's `padId`). */
+  readonly padId: number;
+  /** Directory shared with the workers where weight files are written. */
+  readonly weightsDir: string;
+  /** Weight files kept on disk. Default 3. */
+  readonly keepVersions?: number;
+  /** Run id on every message (workers skip other runs). Default: random. */
+  readonly run?: string;
+  /** Consumer group of the trainer on the trajectories topic. Default `<trajectories topic>.trainer`. */
+  readonly groupId?: string;
+  /** Staleness mode. Default `sync`. */
+  readonly mode?: StalenessMode;
+  /** η of `batch-async`. Default 1. */
+  readonly stalenessThreshold?: number;
+  /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
+  readonly capacity?: number;
+  /** Tasks (groups) per train step. */
+  readonly batchSize: number;
+  /** Samples per task (GRPO group size), sent with each task. */
+  readonly groupSize: number;
+  /** Largest response length in tokens. */
+  readonly maxTokens: number;
+  /** Sampling temperature. Default 1. */
+  readonly temperature?: number;
+  /** Nucleus mass. Default 1. */
+  readonly topP?: number;
+  /** Base seed of the sampling streams. Default 0. */
+  readonly seed?: number;
+  /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
+  readonly steps?: number;
+  /** Advantage settings and the zero-variance filter. */
+  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
+  /** Optional KL penalty in the reward. */
+  readonly klInReward?: KlInRewardOptions;
+  /** Partition counts of the topics if the trainer creates them. */
+  readonly partitions?: TopicPartitions;
+  /** kafkajs settings of the trajectories consumer. */
+  readonly consumer?: Omit<ConsumerConfig, 'groupId'>;
+  /** Cancels the run: the stream completes without announcing the end. */
+  readonly signal?: AbortSignal;
+  /** Instrumentation: consumer events and `trainer.*` events (admissions, steps, duplicates). */
+  readonly onEvent?: (event: KafkaEvent) => void;
+}
+
+/**
+ * The trainer half of a Kafka deployment: the GRPO loop of `grpoPipeline` with its rollout stage replaced by two
+ * topics.
+ *
+ * - The admission gate pulls the loader on credit; each admitted task goes to `tasks` with the version it
+ *   requires (`b − η` for admission batch `b`), its group size and sampling settings.
+ * - Trajectories come back from `trajectories` (any number of workers); redeliveries are dropped by trajectory id,
+ *   outputs of other runs are ignored, and undecodable messages go to the dead-letter topic.
+ * - Groups are batched (one admission batch per train batch in `sync` and `batch-async`), trained, and each new
+ *   version is written to `weightsDir` and announced on `weights` before the gate admits more.
+ * - Offsets of the trajectories topic are committed only once the step that trained them is done.
+ *
+ * At the end (after `steps` steps, or when every admitted task is trained) it announces the end of the run, so
+ * workers following it stop, and completes. Staleness metrics (`rollout/staleness_*`) use the versions the workers
+ * wrote on each trajectory.
+ *
+ * ```
+ * loader ─admit─▶ tasks topic ⇢ workers ⇢ trajectories topic ─▶ dropDuplicates ─▶ groupTrajectories
+ *   ▲                                                               ─▶ batchGroups ─▶ grpoPrepare ─▶ train
+ *   └──── gate.publish(v) ◀── weights topic (file on shared disk) ◀──────────────────────────┘
+ * ```
+ *
+ * @example
+ * ```ts
+ * import { CharTokenizer, GrpoTrainer, PolicyModel, createKafka, kafkaTopics } from 'rxrl';
+ * import { kafkaTrainer } from 'rxrl/pipelines';
+ * const policy = PolicyModel.create(config, 1);
+ * kafkaTrainer({
+ *   kafka: createKafka(process.env.KAFKA_BROKERS ?? 'localhost:9092'),
+ *   topics: kafkaTopics('rxrl'),
+ *   tasks: task.train, loader: { epochs: Infinity, shuffle: true },
+ *   trainer: new GrpoTrainer(policy), policy, padId: tokenizer.padId, weightsDir: 'runs/weights',
+ *   batchSize: 16, groupSize: 8, maxTokens: 5, steps: 100,
+ * }).subscribe((step) => console.log(step.step, step.metrics['rollout/reward_mean']));
+ * ```
+ * @param config - client, topics, tasks, trainer, policy, sizes and staleness mode.
+ * @returns a cold Observable of step results; each subscription is one run.
+ * @see kafkaRolloutWorker
+ */
+export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult> {
+  const { kafka, topics, batchSize, groupSize } = config;
+  const mode = config.mode ?? 'sync';
+  if (config.steps !== undefined && !(Number.isInteger(config.steps) && config.steps >= 0)) {
+    throw new ConfigError(`steps must be an integer >= 0, got ${config.steps}`, { context: { key: 'steps' } });
+  }
+  if (!Number.isInteger(groupSize) || groupSize < 1) {
+    throw new ConfigError(`groupSize must be an integer >= 1, got ${groupSize}`, { context: { key: 'groupSize' } });
+  }
+  const run = config.run ?? `run-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  const groupId = config.groupId ?? `${topics.trajectories}.trainer`;
+
+  return new Observable<StepResult>((subscriber) => {
+    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity });
+    const ordered = mode !== 'fully-async';
+    const eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
+    /** Most tasks admitted and not yet trained. */
+    const admittable = ordered ? (eta + 1) * batchSize : gate.capacity;
+    const controller = new AbortController();
+    const signal = config.signal ? AbortSignal.any([config.signal, controller.signal]) : controller.signal;
+    const producer = createProducer(kafka);
+    const publisher = new WeightsPublisher({
+      producer,
+      topic: topics.weights,
+      dir: config.weightsDir,
+      run,
+      modelTag: config.trainer.modelTag,
+      policyConfig: config.policy.config,
+      keepVersions: config.keepVersions,
+    });
+    const closings: Promise<void>[] = [];
+    let eventSeq = 0;
+    const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
+      config.onEvent?.({ id: `${run}#${eventSeq++}`, type, timestamp: Date.now(), payload });
+    };
+
+    // Admission state: group id → admission batch (ordered modes), admitted groups, counts.
+    const admissionBatch = new Map<string, number>();
+    const admittedGroups = new Set<string>();
+    const trainedGroups = new Set<string>();
+    let admitted = 0;
+    let admissionDone = false;
+    let released = 0;
+    let version = 0;
+    // Trajectory records waiting for the step that trains their group.
+    const pending = new Map<string, KafkaRecord<TrajectoryMessage>[]>();
+    const input = new Subject<RolloutOutput>();
+    const checkAllIn = (): void => {
+      if (admissionDone && released === admitted) queueMicrotask(() => input.complete());
+    };
+
+    const maxTasks = config.steps === undefined ? Infinity : config.steps * batchSize;
+    const message = (task: Task, index: number): TaskMessage => ({
+      run,
+      index,
+      minVersion: ordered ? Math.max(0, Math.floor(index / batchSize) - eta) : 0,
+      samples: groupSize,
+      sampling: {
+        maxTokens: config.maxTokens,
+        temperature: config.temperature ?? 1,
+        topP: config.topP ?? 1,
+        seed: config.seed ?? 0,
+      },
+      task,
+    });
+    const admission$ = admit(limit(loadTasks(config.tasks, config.loader), maxTasks), gate, {
+      onAdmit: (task, index) => {
+        const id = groupIdOf(task);
+        admitted++;
+        admittedGroups.add(id);
+        if (ordered) admissionBatch.set(id, Math.floor(index / batchSize));
+      },
+    }).pipe(
+      map((task) => message(task, admitted - 1)),
+      toKafka(producer, { topic: topics.tasks, encode: encodeTaskMessage, key: (m) => m.task.id }),
+      tap((m) => emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion })),
+    );
+
+    const records$ = fromKafka(kafka, {
+      groupId,
+      topics: [topics.trajectories],
+      decode: decodeTrajectoryMessage,
+      // Every output of every admittable task, twice over for redeliveries.
+      capacity: Math.max(64, 2 * admittable * groupSize),
+      deadLetter: { producer, topic: topics.deadLetter },
+      consumer: config.consumer,
+      onEvent: config.onEvent,
+      onClosed: (closing) => void closings.push(closing.catch(() => undefined)),
+    }).pipe(
+      dropDuplicates((record) => record.value.output.id, {
+        onDuplicate: (record) => {
+          emit('trainer.duplicate', { id: record.value.output.id, groupId: record.value.output.groupId });
+          record.ack(); // the first copy is outstanding or trained: acknowledging this one loses nothing
+        },
+      }),
+    );
+
+    const trainBatch = (groups: Group[]): Observable<StepResult> =>
+      of(groups).pipe(
+        grpoPrepare({
+          padId: config.padId,
+          normalizeByStd: config.advantage?.normalizeByStd,
+          std: config.advantage?.std,
+          filterZeroVariance: config.advantage?.filterZeroVariance,
+          klInReward: config.klInReward,
+          modelTag: config.trainer.modelTag,
+          signal,
+        }),
+        train(config.trainer, { signal }),
+        concatMap(async (result) => {
+          const published = await publisher.publish(result.version, result.weights());
+          version = result.version;
+          emit('trainer.published', { version: published.version, path: published.path });
+          const groupIds = groups.map((g) => g.key[0]);
+          for (const id of groupIds) {
+            for (const record of pending.get(id) ?? []) record.ack();
+            pending.delete(id);
+            trainedGroups.add(id);
+          }
+          emit('trainer.trained', {
+            step: result.step,
+            version: result.version,
+            groupIds,
+            taskIds: groups.map((g) => g.trajectories[0]?.taskId ?? g.key[0].replace(/@\d+$/, '')),
+            trajectoryIds: result.trajectoryIds,
+          });
+          gate.publish(result.version, groups.length);
+          return result;
+        }),
+      );
+
+    const steps$ = input.pipe(
+      groupTrajectories({ keys: ['groupId'], groupSize }),
+      (source) =>
+        new Observable<Group>((inner) =>
+          source.subscribe({
+            next: (group) => {
+              inner.next(group);
+              released++;
+              checkAllIn();
+            },
+            error: (error: unknown) => inner.error(error),
+            complete: () => inner.complete(),
+          }),
+        ),
+      batchGroups({
+        batchSize,
+        ...(ordered
+          ? {
+              batchOf: (group: Group) => {
+                const n = admissionBatch.get(group.key[0]) ?? 0;
+                admissionBatch.delete(group.key[0]);
+                return n;
+              },
+            }
+          : {}),
+      }),
+      concatMap(trainBatch),
+      config.steps === undefined ? (s) => s : take(config.steps),
+    );
+
+    const subscriptions: Subscription[] = [];
+    let cleaned: Promise<void> | undefined;
+    const cleanup = (): Promise<void> =>
+      (cleaned ??= (async () => {
+        for (const s of subscriptions) s.unsubscribe();
+        await Promise.all(closings);
+        await producer.disconnect().catch(() => undefined);
+      })());
+    const fail = (error: unknown): void => {
+      void cleanup().then(() => (signal.aborted ? subscriber.complete() : subscriber.error(error)));
+    };
+
+    const start = async (): Promise<void> => {
+      await ensureTopics(kafka, topics, config.partitions, signal);
+      await producer.connect();
+      signal.throwIfAborted();
+      await publisher.publish(0, config.policy.getWeights());
+      emit('trainer.published', { version: 0 });
+      await new Promise<void>((resolve, reject) => {
+        subscriptions.push(steps$.subscribe({ next: (step) => subscriber.next(step), error: reject, complete: resolve }));
+        subscriptions.push(
+          records$.subscribe({
+            next: (record) => {
+              const { run: from, output } = record.value;
+              if (from !== run || !admittedGroups.has(output.groupId) || trainedGroups.has(output.groupId)) {
+                if (from !== run) emit('trainer.foreign', { run: from, id: output.id });
+                else emit('trainer.duplicate', { id: output.id, groupId: output.groupId });
+                record.ack();
+                return;
+              }
+              let list = pending.get(output.groupId);
+              if (list === undefined) {
+                list = [];
+                pending.set(output.groupId, list);
+              }
+              list.push(record);
+              input.next(output);
+            },
+            error: reject,
+          }),
+        );
+        subscriptions.push(
+          admission$.subscribe({
+            error: reject,
+            complete: () => {
+              admissionDone = true;
+              checkAllIn();
+            },
+          }),
+        );
+        signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+      if (!signal.aborted) await publisher.end(version);
+    };
+
+    start().then(
+      () => cleanup().then(() => subscriber.complete()),
+      (error: unknown) => fail(error),
+    );
+    return () => {
+      controller.abort();
+      void cleanup();
+    };
+  });
+}
+
+/** The first `n` items of an async iterable; closes it (its `finally` runs) after the last one. */
+async function* limit<T>(source: AsyncIterable<T>, n: number): AsyncGenerator<T> {
+  if (n <= 0) return;
+  let count = 0;
+  for await (const item of source) {
+    yield item;
+    if (++count >= n) return;
+  }
+}
