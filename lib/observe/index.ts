@@ -1,0 +1,47 @@
+/**
+ * Observability: structured logs, instrumentation events, in-flight activity, the error policy, the metrics
+ * stream of a run, progress display and the HTML report.
+ *
+ * @packageDocumentation
+ */
+
+// ── logs ───────────────────────────────────────────────────────────────────────
+export { LOG_LEVELS, createLogger, formatPretty, moduleLogger, silentLogger } from './logger.js';
+export type { CreateLoggerOptions, LogDestination, LogLevel, LogStream, Logger } from './logger.js';
+
+// ── instrumentation events ─────────────────────────────────────────────────────
+export { Instrumentation } from './events.js';
+export type {
+  AnyInstrumentationEvent,
+  ErrorInfo,
+  InstrumentationEvent,
+  InstrumentationOptions,
+  RxrlEventMap,
+  RxrlEventType,
+} from './events.js';
+
+// ── activity and errors ────────────────────────────────────────────────────────
+export { ActivityTracker, DEFAULT_ACTIVITY_CAPACITY } from './activity.js';
+export type { Activity, ActivitySnapshot, ActivityTrackerOptions, ModuleActivity } from './activity.js';
+export { ERROR_POLICIES, ErrorReporter, describeError, parseErrorPolicy } from './errorReporter.js';
+export type { ErrorAction, ErrorContext, ErrorPolicy, ErrorReporterOptions } from './errorReporter.js';
+export { ActivityOverflowError, RunDirError } from './errors.js';
+
+// ── metrics stream ─────────────────────────────────────────────────────────────
+export {
+  METRICS_FILE,
+  METRICS_RESERVED_KEYS,
+  MetricsWriter,
+  metricsPath,
+  parseMetricsLines,
+  readRunMetrics,
+} from './metricsFile.js';
+export type { MetricsEntry, MetricsReadResult, MetricsRecord, MetricsWriterOptions, SkippedLine } from './metricsFile.js';
+
+// ── progress ───────────────────────────────────────────────────────────────────
+export { Progress, formatStepLine } from './progress.js';
+export type { ProgressOptions, ProgressStep, ProgressStream } from './progress.js';
+
+// ── report ─────────────────────────────────────────────────────────────────────
+export { REPORT_PALETTE, REPORT_PLOTS, escapeHtml, renderReport, writeReport } from './report.js';
+export type { ReportInput, ReportPlot, ReportSeries, WriteReportOptions } from './report.js';
