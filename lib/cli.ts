@@ -11,6 +11,11 @@ const usage = `rxrl — reinforcement-learning post-training as a reactive strea
 Usage:
   rxrl start [--steps N] [--seed N] [--mode sync|batch-async|fully-async] [--backend auto|wasm|cpu|tensorflow]
                     train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
+  rxrl serve [--port N] [--host H] [--checkpoint FILE] [--alphabet CHARS] [--seed N] [--model-name NAME]
+             [--max-batch-size N] [--max-wait-ms N] [--backend …] [--verbose]
+                    OpenAI-compatible server for the embedded policy (/v1/completions, /v1/chat/completions,
+                    /v1/models, /health, /update_weights_from_disk); port 8000 by default, 0 picks a free one;
+                    prints {"event":"listening","url":…} on stdout, stops on SIGINT/SIGTERM
   rxrl --help       this text
 
 Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND.
@@ -61,6 +66,37 @@ async function start(argv: readonly string[]): Promise<number> {
   return 0;
 }
 
+async function serveCommand(argv: readonly string[]): Promise<number> {
+  const { runServeCommand } = await import('./serve/command.js');
+  const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
+  const { stringTransformTask } = await import('../recipes/stringTransform.js');
+  const text = (name: string): string | undefined => option(argv, name, `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`);
+  const controller = new AbortController();
+  process.once('SIGINT', () => controller.abort());
+  process.once('SIGTERM', () => controller.abort());
+  const port = integer(text('port'), 'port');
+  const maxBatchSize = integer(text('max-batch-size'), 'max-batch-size');
+  const maxWaitMs = integer(text('max-wait-ms'), 'max-wait-ms');
+  const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
+  return runServeCommand({
+    checkpoint: text('checkpoint'),
+    alphabet: text('alphabet'),
+    defaultAlphabet: stringTransformTask().characters,
+    defaultModel: EMBEDDED_MODEL,
+    ...(seed === undefined ? {} : { seed }),
+    host: text('host'),
+    ...(port === undefined ? {} : { port }),
+    modelName: text('model-name'),
+    backend: option(argv, 'backend', 'RXRL_BACKEND') as never,
+    ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
+    ...(maxWaitMs === undefined ? {} : { maxWaitMs }),
+    verbose: argv.includes('--verbose'),
+    signal: controller.signal,
+    out: (line) => process.stdout.write(`${line}\n`),
+    err: (line) => process.stderr.write(`${line}\n`),
+  });
+}
+
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...rest] = argv;
   switch (command) {
@@ -76,6 +112,12 @@ async function main(argv: readonly string[]): Promise<number> {
         return 0;
       }
       return start(rest);
+    case 'serve':
+      if (rest.includes('--help')) {
+        process.stdout.write(usage);
+        return 0;
+      }
+      return serveCommand(rest);
     default:
       process.stderr.write(`rxrl: unknown command '${command}'\n\n${usage}`);
       return 2;

@@ -203,3 +203,37 @@ export {
 export type { WeightsFollowerEvent, WeightsFollowerOptions, WeightsPublisherOptions } from './kafka/weights.js';
 export { fetchKafkaBroker, kafkaVersion, repositoryRoot, startKafkaBroker } from './kafka/broker.js';
 export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';
+
+// ── OpenAI-compatible serving, remote rollouts and agents ──────────────────────
+export { RetriesExhaustedError } from './errors.js';
+export { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from './retry.js';
+export type { RetryEvent, RetryOptions } from './retry.js';
+export { DEFAULT_WEIGHT_UPDATE_ENDPOINT, OpenAIEngine, TOKEN_ID_PREFIX, resolveEndpoint } from './engine/openai.js';
+export type { OpenAIEngineOptions, OpenAIEngineStats, OpenAIWeightSyncOptions } from './engine/openai.js';
+export { CHAT_ROLES, isChatEngine } from './chat/types.js';
+export type {
+  ChatEngine,
+  ChatMessage,
+  ChatRequest,
+  ChatResult,
+  ChatRole,
+  ChatTool,
+  ToolCall,
+  ToolParameters,
+} from './chat/types.js';
+export { createChatTemplate } from './chat/template.js';
+export type { ChatTemplate, ChatTemplateOptions } from './chat/template.js';
+export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
+export type { ParsedAssistantText } from './chat/toolCalls.js';
+export { singleTurnWorker } from './worker.js';
+export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './worker.js';
+export { agentWorker } from './agent/agentWorker.js';
+export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
+export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, POLICY_VERSION_METADATA_KEY, serve } from './serve/server.js';
+export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
+export { RequestError } from './serve/protocol.js';
+export type { OpenAIErrorBody } from './serve/protocol.js';
+export { ALPHABET_METADATA_KEY, runServeCommand } from './serve/command.js';
+export type { ServeCommandOptions } from './serve/command.js';
+export { spawnServe } from './serve/spawn.js';
+export type { SpawnServeOptions, SpawnedServer } from './serve/spawn.js';

@@ -34,3 +34,6 @@ export { DEAD_LETTER_HEADERS, fromKafka } from './fromKafka.js';
 export type { DeadLetterOptions, FromKafkaOptions } from './fromKafka.js';
 export { dropDuplicates } from './dropDuplicates.js';
 export type { DropDuplicatesOptions } from './dropDuplicates.js';
+
+// ── rollout workers (single-turn default, multi-turn agents) ───────────────────
+export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../lib/worker.js';

@@ -21,3 +21,7 @@ export { kafkaTrainer } from './kafkaTrainer.js';
 export type { KafkaTrainerConfig } from './kafkaTrainer.js';
 export { kafkaRolloutWorker } from './kafkaRolloutWorker.js';
 export type { KafkaRolloutWorkerConfig, WorkerTaskResult } from './kafkaRolloutWorker.js';
+
+// ── training through an OpenAI-compatible server ──────────────────────────────
+export { runServed } from './served.js';
+export type { ServedRunOptions, ServedRunSummary } from './served.js';

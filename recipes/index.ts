@@ -14,3 +14,15 @@ export {
   stringTransformTask,
 } from './stringTransform.js';
 export type { StringTransform, StringTransformOptions, StringTransformTask } from './stringTransform.js';
+
+// ── tool use: a calculator for agent rollouts ──────────────────────────────────
+export {
+  CALCULATOR_ERROR_TEXT,
+  CALCULATOR_TOOL,
+  CALCULATOR_TOOL_NAME,
+  calculatorEnvironment,
+  calculatorEvaluator,
+  calculatorTask,
+  evaluateArithmetic,
+} from './calculator.js';
+export type { CalculatorOperator, CalculatorTask, CalculatorTaskOptions } from './calculator.js';

@@ -1,0 +1,68 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { initBackend } from '../../lib/model/backend.js';
+import { savePolicy } from '../../lib/model/policyFile.js';
+import { PolicyModel } from '../../lib/model/transformer.js';
+import { spawnServe } from '../../lib/serve/spawn.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const cli = join(root, 'dist', 'lib', 'cli.js');
+const run = promisify(execFile);
+
+let dir: string;
+beforeAll(async () => {
+  await initBackend('cpu', { logger: { info: () => undefined } });
+  dir = await mkdtemp(join(tmpdir(), 'rxrl-serve-cli-'));
+});
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('rxrl serve (built CLI, built by pretest)', () => {
+  it('serves a fresh policy on a free loopback port and stops on SIGTERM', async () => {
+    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model-name', 'tiny'], { cliPath: cli, stderr: 'ignore' });
+    try {
+      expect(server.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+      const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY' });
+      expect((await client.models.list()).data[0].id).toBe('tiny');
+      const out = await client.completions.create({ model: 'tiny', prompt: 'abcd=', n: 3, max_tokens: 5, seed: 1, logprobs: 1 });
+      expect(out.choices).toHaveLength(3);
+      expect(await (await fetch(`${server.url}/health`)).json()).toMatchObject({ status: 'ok', policy_version: 0 });
+    } finally {
+      await server.close();
+    }
+    await expect(fetch(`${server.url}/health`)).rejects.toThrow();
+  }, 60_000);
+
+  it('loads a checkpoint with its alphabet and version, and refuses an alphabet that does not fit', async () => {
+    const model = PolicyModel.create({ vocabSize: 3 + 4, dModel: 16, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 12 }, 2);
+    const file = join(dir, 'policy.safetensors');
+    await savePolicy(file, model, { 'rxrl.alphabet': 'xyz=', 'rxrl.policyVersion': '7' });
+    model.dispose();
+    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--checkpoint', file], { cliPath: cli, stderr: 'ignore' });
+    try {
+      const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY' });
+      const out = await client.completions.create({ model: server.modelName, prompt: 'xyz=', max_tokens: 3, seed: 1 });
+      expect(out.choices[0].text).toMatch(/^[xyz=]*$/);
+      expect(out.system_fingerprint).toBe('rxrl-v7');
+    } finally {
+      await server.close();
+    }
+    const bad = await run(process.execPath, [cli, 'serve', '--port', '0', '--backend', 'cpu', '--checkpoint', file, '--alphabet', 'ab'], { timeout: 60_000 }).then(
+      () => ({ code: 0, stderr: '' }),
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toMatch(/ConfigError: alphabet 'ab' gives 5 token ids but the checkpoint's vocabulary has 7/);
+    const help = await run(process.execPath, [cli, '--help']);
+    expect(help.stdout).toMatch(/rxrl serve/);
+  }, 60_000);
+});
