@@ -1,5 +1,6 @@
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { connect } from 'node:net';
 import { join } from 'node:path';
 
 import OpenAI, { BadRequestError, NotFoundError } from 'openai';
@@ -223,6 +224,26 @@ describe('rxrl serve, through the real openai client', () => {
     );
     expect(outs.every((o) => o.choices.length === 2)).toBe(true);
     expect(server.engine.batchSizes).toEqual([12]);
+  });
+
+  it('survives garbage on the socket, and closes once (also through its signal)', async () => {
+    const controller = new AbortController();
+    const model = PolicyModel.create(config, 7);
+    models.push(model);
+    const server = await serve({ model, tokenizer, signal: controller.signal });
+    const reply = await new Promise<string>((resolve, reject) => {
+      const socket = connect(server.port, '127.0.0.1', () => socket.write('NOT HTTP AT ALL\r\n\r\n'));
+      let text = '';
+      socket.on('data', (chunk) => (text += chunk.toString()));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    expect(reply).toMatch(/^HTTP\/1\.1 400/);
+    expect((await fetch(`${server.url}/health`)).status).toBe(200);
+    controller.abort();
+    await server.close();
+    await server.close();
+    await expect(fetch(`${server.url}/health`)).rejects.toThrow();
   });
 
   it('answers malformed requests with OpenAI-style 4xx errors and keeps serving', async () => {
