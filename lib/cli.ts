@@ -16,6 +16,10 @@ Usage:
                     OpenAI-compatible server for the embedded policy (/v1/completions, /v1/chat/completions,
                     /v1/models, /health, /update_weights_from_disk); port 8000 by default, 0 picks a free one;
                     prints {"event":"listening","url":…} on stdout, stops on SIGINT/SIGTERM
+  rxrl report <run-dir> [--out FILE]
+                    write a self-contained HTML page with the run's curves (reward, held-out reward, loss, KL,
+                    clip fraction, staleness, throughput) from <run-dir>/metrics.jsonl; prints its path
+                    (default <run-dir>/report.html)
   rxrl --help       this text
 
 Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND.
@@ -97,6 +101,26 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   });
 }
 
+/** `rxrl report <run-dir> [--out FILE]`: writes the HTML report of a run and prints its path. */
+async function reportCommand(argv: readonly string[]): Promise<number> {
+  const { writeReport } = await import('./observe/report.js');
+  const dirs: string[] = [];
+  let out: string | undefined;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === '--out') out = argv[++i] ?? '';
+    else if (arg.startsWith('--out=')) out = arg.slice('--out='.length);
+    else if (arg.startsWith('--')) throw new ConfigError(`rxrl report: unknown option '${arg}'`);
+    else dirs.push(arg);
+  }
+  if (dirs.length !== 1 || out === '') {
+    throw new ConfigError('rxrl report needs one run directory: rxrl report <run-dir> [--out FILE]');
+  }
+  const path = await writeReport(dirs[0], out === undefined ? {} : { out });
+  process.stdout.write(`${path}\n`);
+  return 0;
+}
+
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...rest] = argv;
   switch (command) {
@@ -118,6 +142,12 @@ async function main(argv: readonly string[]): Promise<number> {
         return 0;
       }
       return serveCommand(rest);
+    case 'report':
+      if (rest.includes('--help')) {
+        process.stdout.write(usage);
+        return 0;
+      }
+      return reportCommand(rest);
     default:
       process.stderr.write(`rxrl: unknown command '${command}'\n\n${usage}`);
       return 2;
