@@ -16,6 +16,11 @@ Usage:
                     OpenAI-compatible server for the embedded policy (/v1/completions, /v1/chat/completions,
                     /v1/models, /health, /update_weights_from_disk); port 8000 by default, 0 picks a free one;
                     prints {"event":"listening","url":…} on stdout, stops on SIGINT/SIGTERM
+  rxrl run <recipe.json|yaml> [--set key=value]…
+                    train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
+                    metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>)
+  rxrl config <recipe.json|yaml> [--set key=value]…
+                    print the resolved, validated configuration (secrets redacted)
   rxrl report <run-dir> [--out FILE]
                     write a self-contained HTML page with the run's curves (reward, held-out reward, loss, KL,
                     clip fraction, staleness, throughput) from <run-dir>/metrics.jsonl; prints its path
@@ -101,6 +106,69 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   });
 }
 
+/** Splits `<recipe> [--set k=v]…` (also `--set=k=v`); anything else is an error naming it. */
+function recipeArgs(argv: readonly string[]): { file: string; set: string[] } {
+  const set: string[] = [];
+  let file: string | undefined;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === '--set') {
+      const value = argv[++i];
+      if (value === undefined) throw new ConfigError('--set needs key=value');
+      set.push(value);
+    } else if (arg.startsWith('--set=')) {
+      set.push(arg.slice('--set='.length));
+    } else if (!arg.startsWith('--') && file === undefined) {
+      file = arg;
+    } else {
+      throw new ConfigError(`unexpected argument '${arg}'`);
+    }
+  }
+  if (file === undefined) throw new ConfigError('a recipe file is required: rxrl run <recipe.json|yaml>');
+  return { file, set };
+}
+
+async function resolvedConfig(argv: readonly string[]): Promise<{ config: import('./config/schema.js').RxrlConfig; dir: string }> {
+  const { loadConfig } = await import('./config/schema.js');
+  const { basename, dirname, extname, resolve } = await import('node:path');
+  const { file, set } = recipeArgs(argv);
+  const config = loadConfig({ file, set });
+  const dir = dirname(resolve(file));
+  if (config.run.dir === null) config.run.dir = resolve('runs', basename(file, extname(file)));
+  return { config, dir };
+}
+
+async function configCommand(argv: readonly string[]): Promise<number> {
+  const { describeConfig } = await import('./config/schema.js');
+  const { config } = await resolvedConfig(argv);
+  process.stdout.write(`${describeConfig(config)}\n`);
+  return 0;
+}
+
+async function runCommand(argv: readonly string[]): Promise<number> {
+  const { runTraining } = await import('../pipelines/run.js');
+  const { config, dir } = await resolvedConfig(argv);
+  const controller = new AbortController();
+  const stop = (): void => controller.abort();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  const summary = await runTraining(config, {
+    baseDir: dir,
+    signal: controller.signal,
+    log: (line) => process.stderr.write(`rxrl: ${line}\n`),
+    onStep: (step, elapsed) => {
+      const m = step.metrics;
+      process.stderr.write(
+        `step ${String(step.step + 1).padStart(5)}  reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}` +
+          `  staleness ${m['rollout/staleness_max'] ?? 0}  ${elapsed.toFixed(1)}s\n`,
+      );
+    },
+  });
+  const { lastStep: _last, ...printed } = summary;
+  process.stdout.write(`${JSON.stringify(printed)}\n`);
+  return 0;
+}
+
 /** `rxrl report <run-dir> [--out FILE]`: writes the HTML report of a run and prints its path. */
 async function reportCommand(argv: readonly string[]): Promise<number> {
   const { writeReport } = await import('./observe/report.js');
@@ -136,6 +204,13 @@ async function main(argv: readonly string[]): Promise<number> {
         return 0;
       }
       return start(rest);
+    case 'run':
+    case 'config':
+      if (rest.includes('--help')) {
+        process.stdout.write(usage);
+        return 0;
+      }
+      return command === 'run' ? runCommand(rest) : configCommand(rest);
     case 'serve':
       if (rest.includes('--help')) {
         process.stdout.write(usage);

@@ -1,16 +1,13 @@
-import { lastValueFrom, tap } from 'rxjs';
-import { LocalEngine } from '../lib/engine/local.js';
+import { loadConfig } from '../lib/config/schema.js';
 import { ConfigError } from '../lib/errors.js';
-import { initBackend, type BackendKind } from '../lib/model/backend.js';
-import { CharTokenizer } from '../lib/model/tokenizer.js';
-import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import type { BackendKind } from '../lib/model/backend.js';
+import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { StalenessMode } from '../lib/sync/gate.js';
-import { GrpoTrainer, type GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
+import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/types.js';
-import { stringTransformTask, type StringTransformOptions } from '../recipes/stringTransform.js';
-import { grpoPipeline } from './grpoPipeline.js';
-import { validate } from './validate.js';
+import type { StringTransformOptions } from '../recipes/stringTransform.js';
+import { runTraining } from './run.js';
 
 /** Options of {@link runEmbedded}; every field has a default tuned for a 2-core CPU. */
 export interface EmbeddedRunOptions {
@@ -79,82 +76,54 @@ export const EMBEDDED_TRAINER: GrpoTrainerOptions = { learningRate: 1e-3, clipLo
 
 /**
  * The main job: trains a freshly initialized policy on a bundled task with GRPO, RL only, in this process (a
- * local engine and a trainer, no server, no GPU), and scores the held-out split before and after.
+ * local engine and a trainer, no server, no GPU), and scores the held-out split before and after. It is
+ * {@link runTraining} with the default configuration, no run directory and no checkpoints.
  *
  * @param options - task, model, trainer and loop settings.
  * @returns the summary, including held-out reward before and after training.
  */
 export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<EmbeddedRunSummary> {
-  const seed = options.seed ?? 1;
   const steps = options.steps ?? 300;
-  const batchSize = options.batchSize ?? 32;
-  const groupSize = options.groupSize ?? 8;
-  const mode = options.mode ?? 'sync';
-  if (!(Number.isInteger(steps) && steps >= 0)) throw new ConfigError(`steps must be an integer >= 0, got ${steps}`);
-  const backend = await initBackend(options.backend ?? 'auto');
-  const task = stringTransformTask({ seed, ...options.task });
-  const tokenizer = new CharTokenizer(task.characters);
-  const config: PolicyConfig = { ...EMBEDDED_MODEL, ...options.model, vocabSize: tokenizer.vocabSize };
-  const maxTokens = task.maxAnswerLength + 1;
-  const promptLength = task.maxAnswerLength + 2;
-  if (promptLength + maxTokens > config.maxSeqLen) {
-    throw new ConfigError(`model.maxSeqLen ${config.maxSeqLen} is shorter than prompt + response (${promptLength + maxTokens})`);
-  }
+  if (!(Number.isInteger(steps) && steps >= 1)) throw new ConfigError(`steps must be an integer >= 1, got ${steps}`);
+  const trainer = { ...EMBEDDED_TRAINER, ...options.trainer };
+  const values = {
+    run: { dir: null, seed: options.seed ?? 1, steps, backend: options.backend ?? 'auto' },
+    data: { source: 'bundled', task: { ...options.task }, epochs: 0, shuffle: true },
+    model: { ...EMBEDDED_MODEL, ...options.model },
+    rollout: { groupSize: options.groupSize ?? 8, temperature: options.temperature ?? 1 },
+    trainer: {
+      ...pick(trainer, ['learningRate', 'clipLow', 'clipHigh', 'clipRatioC', 'lossAggregation', 'microBatchSize', 'ppoEpochs', 'miniBatches', 'maxGradNorm', 'entropyCoef', 'maxStaleness', 'importanceCap']),
+    },
+    sync: {
+      mode: options.mode ?? 'sync',
+      batchSize: options.batchSize ?? 32,
+      ...(options.stalenessThreshold === undefined ? {} : { stalenessThreshold: options.stalenessThreshold }),
+      ...(options.capacity === undefined ? {} : { capacity: options.capacity }),
+    },
+    checkpoint: { every: 0, onStop: false },
+    resume: { mode: 'disable' },
+    validation: { beforeTrain: true, every: 0 },
+  };
+  const config = loadConfig({ values: values as Record<string, unknown>, env: {} });
+  const summary = await runTraining(config, { signal: options.signal, onStep: options.onStep });
+  return {
+    recipe: summary.recipe,
+    mode: summary.mode,
+    backend: summary.backend,
+    steps: summary.steps,
+    seconds: summary.seconds,
+    seed: summary.seed,
+    randomPolicyReward: summary.randomPolicyReward ?? 0,
+    valRewardInitial: summary.valRewardInitial ?? 0,
+    valRewardFinal: summary.valRewardFinal,
+    valAccuracyInitial: summary.valAccuracyInitial ?? 0,
+    valAccuracyFinal: summary.valAccuracyFinal ?? 0,
+    lastStep: summary.lastStep,
+  };
+}
 
-  const trainerModel = PolicyModel.create(config, seed);
-  const rolloutModel = PolicyModel.fromWeights(config, trainerModel.getWeights());
-  const engine = new LocalEngine(rolloutModel, { tokenizer, maxBatchSize: batchSize * groupSize });
-  const trainer = new GrpoTrainer(trainerModel, { ...EMBEDDED_TRAINER, seed, ...options.trainer });
-  try {
-    const score = async (): Promise<Metrics> =>
-      validate(engine, task.validation, task.evaluator, { maxTokens, temperature: 0, signal: options.signal });
-    const before = await score();
-    const started = performance.now();
-    let last: StepResult | undefined;
-    await lastValueFrom(
-      grpoPipeline({
-        tasks: task.train,
-        loader: { epochs: Infinity, shuffle: true, seed },
-        engines: [engine],
-        trainer,
-        evaluator: task.evaluator,
-        mode,
-        stalenessThreshold: options.stalenessThreshold,
-        capacity: options.capacity,
-        batchSize,
-        groupSize,
-        maxTokens,
-        temperature: options.temperature ?? 1,
-        steps,
-        seed,
-        signal: options.signal,
-      }).pipe(
-        tap((step) => {
-          last = step;
-          options.onStep?.(step, (performance.now() - started) / 1000);
-        }),
-      ),
-      { defaultValue: undefined },
-    );
-    const seconds = (performance.now() - started) / 1000;
-    const after = await score();
-    return {
-      recipe: task.name,
-      mode,
-      backend,
-      steps: trainer.step,
-      seconds: Number(seconds.toFixed(1)),
-      seed,
-      randomPolicyReward: Number(task.randomPolicyReward.toFixed(4)),
-      valRewardInitial: Number(before['val/reward_mean'].toFixed(4)),
-      valRewardFinal: Number(after['val/reward_mean'].toFixed(4)),
-      valAccuracyInitial: Number((before['val/accuracy_mean'] ?? 0).toFixed(4)),
-      valAccuracyFinal: Number((after['val/accuracy_mean'] ?? 0).toFixed(4)),
-      lastStep: last?.metrics ?? {},
-    };
-  } finally {
-    trainer.dispose();
-    trainerModel.dispose();
-    rolloutModel.dispose();
-  }
+function pick<T extends object, K extends keyof T>(from: T, keys: readonly K[]): Partial<Pick<T, K>> {
+  const out: Partial<Pick<T, K>> = {};
+  for (const key of keys) if (from[key] !== undefined) out[key] = from[key];
+  return out;
 }

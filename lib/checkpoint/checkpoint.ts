@@ -1,0 +1,138 @@
+/**
+ * Checkpoints in `<run-dir>/global_step_<N>/`: policy weights and optimizer state (safetensors) and
+ * `state.json` (step, version, seed, loader position, tasks admitted but not yet trained). A checkpoint is
+ * written to a temporary directory and renamed into place, so a process killed mid-save never leaves a
+ * half-written `global_step_*` behind.
+ *
+ * @packageDocumentation
+ */
+import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { LoaderPosition } from '../data/loader.js';
+import { validateTask } from '../data/loader.js';
+import type { NamedWeights } from '../engine/types.js';
+import { DecodeError } from '../errors.js';
+import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
+import type { PolicyVersion, Task } from '../types.js';
+
+/** Version of the `state.json` layout. */
+export const CHECKPOINT_FORMAT = 1;
+
+/** What a checkpoint records besides tensors. */
+export interface CheckpointState {
+  /** Layout version ({@link CHECKPOINT_FORMAT}). */
+  readonly format: number;
+  /** Train steps taken. */
+  readonly step: number;
+  /** Policy version of the saved weights (equals `step`). */
+  readonly version: PolicyVersion;
+  /** Run seed: every random stream derives from it and from ids, so it is the whole RNG state. */
+  readonly seed: number;
+  /** Loader position after the last task admitted before the checkpoint. */
+  readonly loader: LoaderPosition;
+  /** Tasks admitted but not yet trained, in admission order; a resumed run admits them first. */
+  readonly pendingTasks: readonly Task[];
+  /** When it was saved (ISO 8601). */
+  readonly savedAt: string;
+}
+
+/** Everything a checkpoint holds. */
+export interface Checkpoint {
+  readonly path: string;
+  readonly state: CheckpointState;
+  readonly weights: NamedWeights;
+  readonly optimizer: NamedWeights;
+  readonly metadata: Readonly<Record<string, string>>;
+}
+
+const NAME = /^global_step_(\d+)$/;
+
+/** Directory name of the checkpoint after `step` steps. */
+export function checkpointName(step: number): string {
+  return `global_step_${step}`;
+}
+
+/**
+ * Writes a checkpoint atomically into `<runDir>/global_step_<state.step>/` (replacing one of the same step).
+ *
+ * @returns its path.
+ */
+export async function saveCheckpoint(
+  runDir: string,
+  contents: { state: Omit<CheckpointState, 'format' | 'savedAt'>; weights: NamedWeights; optimizer: NamedWeights; metadata?: Record<string, string> },
+): Promise<string> {
+  const final = join(runDir, checkpointName(contents.state.step));
+  const tmp = join(runDir, `.tmp-${checkpointName(contents.state.step)}-${process.pid}`);
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  await saveSafetensors(join(tmp, 'model.safetensors'), contents.weights, contents.metadata);
+  await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
+  const state: CheckpointState = { format: CHECKPOINT_FORMAT, savedAt: new Date().toISOString(), ...contents.state };
+  await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
+  await rm(final, { recursive: true, force: true });
+  await rename(tmp, final);
+  return final;
+}
+
+/** Steps of the complete checkpoints in `runDir`, ascending (none when the directory does not exist). */
+export async function listCheckpoints(runDir: string): Promise<number[]> {
+  let names: string[];
+  try {
+    names = await readdir(runDir);
+  } catch {
+    return [];
+  }
+  const steps: number[] = [];
+  for (const name of names) {
+    const match = NAME.exec(name);
+    if (!match) continue;
+    try {
+      await stat(join(runDir, name, 'state.json'));
+      steps.push(Number(match[1]));
+    } catch {
+      // incomplete: ignored
+    }
+  }
+  return steps.sort((a, b) => a - b);
+}
+
+/** Path of the newest complete checkpoint in `runDir`, or undefined. */
+export async function latestCheckpoint(runDir: string): Promise<string | undefined> {
+  const steps = await listCheckpoints(runDir);
+  return steps.length === 0 ? undefined : join(runDir, checkpointName(steps[steps.length - 1]));
+}
+
+/** Reads a checkpoint directory; malformed contents raise {@link DecodeError}. */
+export async function loadCheckpoint(path: string): Promise<Checkpoint> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(join(path, 'state.json'), 'utf8'));
+  } catch (cause) {
+    throw new DecodeError(`checkpoint ${path}: unreadable state.json`, { cause, context: { path } });
+  }
+  const state = raw as CheckpointState;
+  const ok =
+    typeof state === 'object' &&
+    state !== null &&
+    state.format === CHECKPOINT_FORMAT &&
+    Number.isInteger(state.step) &&
+    Number.isInteger(state.version) &&
+    typeof state.loader === 'object' &&
+    Number.isInteger(state.loader?.epoch) &&
+    Number.isInteger(state.loader?.index) &&
+    Array.isArray(state.pendingTasks);
+  if (!ok) throw new DecodeError(`checkpoint ${path}: state.json does not match format ${CHECKPOINT_FORMAT}`, { context: { path } });
+  const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
+  const model = await loadSafetensors(join(path, 'model.safetensors'));
+  const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
+  return { path, state: { ...state, pendingTasks }, weights: model.weights, optimizer: optimizer.weights, metadata: model.metadata };
+}
+
+/** Deletes all but the newest `keepLast` checkpoints (`keepLast` 0 keeps all). */
+export async function pruneCheckpoints(runDir: string, keepLast: number): Promise<void> {
+  if (keepLast <= 0) return;
+  const steps = await listCheckpoints(runDir);
+  for (const step of steps.slice(0, Math.max(0, steps.length - keepLast))) {
+    await rm(join(runDir, checkpointName(step)), { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,371 @@
+import { appendFile, mkdir } from 'node:fs/promises';
+import { basename, dirname, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { lastValueFrom, tap } from 'rxjs';
+import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
+import type { RxrlConfig } from '../lib/config/schema.js';
+import { loadTasks, parseTaskLine, type LoaderPosition } from '../lib/data/loader.js';
+import { LocalEngine } from '../lib/engine/local.js';
+import { ConfigError } from '../lib/errors.js';
+import type { Evaluator } from '../lib/evaluator.js';
+import { initBackend } from '../lib/model/backend.js';
+import { loadPolicy } from '../lib/model/policyFile.js';
+import { CharTokenizer } from '../lib/model/tokenizer.js';
+import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
+import type { StepResult, Trainer } from '../lib/train/types.js';
+import type { Batch, Metrics, Task } from '../lib/types.js';
+import type { RolloutWorker } from '../lib/worker.js';
+import { groupIdOf } from '../operators/rollout.js';
+import { stringTransformTask } from '../recipes/stringTransform.js';
+import { grpoPipeline } from './grpoPipeline.js';
+import { validate } from './validate.js';
+import { readFile } from 'node:fs/promises';
+
+/** Options of {@link runTraining}. */
+export interface RunTrainingOptions {
+  /** Directory that relative paths of the configuration are resolved against (the recipe's). Default cwd. */
+  readonly baseDir?: string;
+  /** Cancels the run gracefully: the stream completes and, with `checkpoint.onStop`, a checkpoint is saved. */
+  readonly signal?: AbortSignal;
+  /** Called after every step (progress display). */
+  readonly onStep?: (step: StepResult, elapsedSeconds: number) => void;
+  /** Informational lines (resume, checkpoints). Default: none. */
+  readonly log?: (line: string) => void;
+}
+
+/** What {@link runTraining} reports. */
+export interface RunSummary {
+  readonly recipe: string;
+  readonly mode: RxrlConfig['sync']['mode'];
+  readonly backend: string;
+  /** Train steps taken in total (including those before a resume). */
+  readonly steps: number;
+  /** Wall time of the training loop of this process. */
+  readonly seconds: number;
+  readonly seed: number;
+  readonly runDir?: string;
+  /** The checkpoint this run resumed from. */
+  readonly resumedFrom?: string;
+  /** Expected reward of a uniform policy on the bundled task. */
+  readonly randomPolicyReward?: number;
+  readonly valRewardInitial?: number;
+  readonly valRewardFinal: number;
+  readonly valAccuracyInitial?: number;
+  readonly valAccuracyFinal?: number;
+  /** Metrics of the last step. */
+  readonly lastStep: Metrics;
+}
+
+interface Data {
+  readonly name: string;
+  readonly characters: string;
+  readonly train: readonly Task[] | { readonly jsonl: string };
+  readonly validation: readonly Task[];
+  readonly evaluator: Evaluator;
+  readonly maxTokens: number;
+  readonly randomPolicyReward?: number;
+}
+
+/**
+ * Runs a GRPO training job from a validated configuration: resume from a checkpoint, train with the configured
+ * staleness mode, log every trained step to `<run-dir>/trained.jsonl` and its metrics to `metrics.jsonl`,
+ * validate before, every N versions and after, and checkpoint every K steps and on a graceful stop.
+ *
+ * Lossless resume: a checkpoint is written after a step is trained and before new tasks are admitted on its
+ * credit; it holds the loader position after the last admitted task and the tasks admitted but not yet trained,
+ * which a resumed run admits first. Sampling seeds derive from the run seed and the task and sample ids, so a
+ * re-admitted task produces the same trajectory ids.
+ */
+export async function runTraining(config: RxrlConfig, options: RunTrainingOptions = {}): Promise<RunSummary> {
+  const baseDir = options.baseDir ?? process.cwd();
+  const log = options.log ?? (() => undefined);
+  const seed = config.run.seed;
+  const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
+  const data = await loadData(config, baseDir);
+  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
+  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
+  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  if (runDir) await mkdir(runDir, { recursive: true });
+
+  const checkpoint = await findResume(config, baseDir, runDir);
+  if (checkpoint) log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
+
+  const tokenizer = new CharTokenizer(data.characters);
+  const modelConfig: PolicyConfig = { ...config.model, vocabSize: tokenizer.vocabSize };
+  const initial = config.model.init
+    ? (await loadPolicy(resolve(baseDir, config.model.init))).model
+    : PolicyModel.create(modelConfig, seed);
+  const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
+  const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
+  const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;
+  if (checkpoint) initial.dispose();
+  const rolloutModel = PolicyModel.fromWeights(policy.config, policy.getWeights());
+  const { batchSize, mode } = config.sync;
+  const groupSize = config.rollout.groupSize;
+  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
+  const engine = new LocalEngine(rolloutModel, {
+    tokenizer,
+    maxBatchSize: batchSize * groupSize * inFlightBatches,
+    weightSync: config.rollout.weightSync,
+    version: checkpoint?.state.version ?? 0,
+  });
+  const t = config.trainer;
+  const trainer = new GrpoTrainer(policy, {
+    learningRate: t.learningRate,
+    clipLow: t.clipLow,
+    clipHigh: t.clipHigh,
+    ...(t.clipRatioC === null ? {} : { clipRatioC: t.clipRatioC }),
+    lossAggregation: t.lossAggregation,
+    microBatchSize: t.microBatchSize,
+    ppoEpochs: t.ppoEpochs,
+    miniBatches: t.miniBatches,
+    maxGradNorm: t.maxGradNorm,
+    entropyCoef: t.entropyCoef,
+    ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
+    ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
+    ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
+    ...(reference ? { reference } : {}),
+    seed,
+  });
+  if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
+
+  // Lossless-resume bookkeeping: admitted tasks not yet trained, and the loader position after the last one.
+  const loader = loadTasks(data.train, {
+    epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
+    shuffle: config.data.shuffle,
+    seed,
+    ...(checkpoint ? { start: checkpoint.state.loader } : {}),
+  });
+  const pendingFirst = checkpoint?.state.pendingTasks ?? [];
+  const tasks = (async function* (): AsyncGenerator<Task> {
+    yield* pendingFirst;
+    yield* loader;
+  })();
+  const admitted = new Map<string, Task>();
+  let position: LoaderPosition = loader.position;
+  const batchGroups: (readonly string[])[] = [];
+  let lastCheckpointStep = checkpoint?.state.step ?? -1;
+  const files = runDir ? { trained: resolve(runDir, 'trained.jsonl'), metrics: resolve(runDir, 'metrics.jsonl') } : undefined;
+
+  const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition): Promise<void> => {
+    if (!runDir) return;
+    const path = await saveCheckpoint(runDir, {
+      state: { step: trainer.step, version: trainer.step, seed, loader: loaderPosition, pendingTasks },
+      weights: policy.getWeights(),
+      optimizer: await trainer.optimizerState(),
+      metadata: { 'rxrl.policyConfig': JSON.stringify(policy.config) },
+    });
+    lastCheckpointStep = trainer.step;
+    await pruneCheckpoints(runDir, config.checkpoint.keepLast);
+    log(`checkpoint ${path}`);
+  };
+
+  // The trainer as the pipeline sees it: each step is logged and checkpointed before the next can start.
+  let training: Promise<unknown> = Promise.resolve();
+  const checkpointing: Trainer = {
+    modelTag: trainer.modelTag,
+    get step() {
+      return trainer.step;
+    },
+    trainStep: (batch: Batch, signal?: AbortSignal) => {
+      const run = (async () => {
+        const result = await trainer.trainStep(batch, signal);
+        // Snapshot synchronously: admissions may continue while files are written.
+        for (const group of batchGroups.shift() ?? []) admitted.delete(group);
+        const pending = [...admitted.values()];
+        const at = position;
+        if (files) {
+          const line = { step: result.step, version: result.version, groups: batch.meta.groups ?? [], trajectoryIds: result.trajectoryIds, taskIds: [...new Set(batch.meta.taskIds)] };
+          await appendFile(files.trained, `${JSON.stringify(line)}\n`);
+        }
+        if (config.checkpoint.every > 0 && result.version % config.checkpoint.every === 0) await save(pending, at);
+        return result;
+      })();
+      training = run.catch(() => undefined);
+      return run;
+    },
+  };
+
+  const maxTokens = data.maxTokens;
+  const score = (): Promise<Metrics> =>
+    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal: options.signal });
+  const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
+  if (before && files) await appendFile(files.metrics, `${JSON.stringify({ step: trainer.step, version: trainer.step, time: Date.now(), ...before })}\n`);
+
+  const started = performance.now();
+  let last: StepResult | undefined;
+  try {
+    await lastValueFrom(
+      grpoPipeline({
+        tasks,
+        engines: [engine],
+        trainer: checkpointing,
+        evaluator,
+        ...(worker ? { worker } : {}),
+        mode,
+        stalenessThreshold: config.sync.stalenessThreshold,
+        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+        batchSize,
+        groupSize,
+        ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+        maxTokens,
+        temperature: config.rollout.temperature,
+        topP: config.rollout.topP,
+        steps: config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step),
+        seed,
+        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+        onGroupTimeout: config.store.onGroupTimeout,
+        ...(reference && config.algorithm.klInReward.coef > 0
+          ? {
+              klInReward: {
+                reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+                controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
+                estimator: config.algorithm.klInReward.estimator,
+              },
+            }
+          : {}),
+        onAdmit: (task) => {
+          admitted.set(groupIdOf(task), task);
+          position = loader.position;
+        },
+        onBatch: (batch) => void batchGroups.push(batch.meta.groups ?? []),
+        afterStep: async (step) => {
+          const every = config.validation.every;
+          const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
+          if (files) await appendFile(files.metrics, `${JSON.stringify({ step: step.version, version: step.version, time: Date.now(), ...step.metrics, ...val })}\n`);
+          return val;
+        },
+        signal: options.signal,
+      }).pipe(
+        tap((step) => {
+          last = step;
+          options.onStep?.(step, (performance.now() - started) / 1000);
+        }),
+      ),
+      { defaultValue: undefined },
+    );
+    await training;
+    if (options.signal?.aborted && config.checkpoint.onStop && trainer.step > lastCheckpointStep) {
+      await save([...admitted.values()], position);
+    }
+    const seconds = (performance.now() - started) / 1000;
+    const after = data.validation.length > 0 && !options.signal?.aborted ? await score() : undefined;
+    if (after && files) await appendFile(files.metrics, `${JSON.stringify({ step: trainer.step, version: trainer.step, time: Date.now(), ...after })}\n`);
+    return {
+      recipe: data.name,
+      mode,
+      backend,
+      steps: trainer.step,
+      seconds: round(seconds, 1),
+      seed,
+      ...(runDir ? { runDir } : {}),
+      ...(checkpoint ? { resumedFrom: checkpoint.path } : {}),
+      ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
+      ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
+      valRewardFinal: round(after?.['val/reward_mean'] ?? 0, 4),
+      ...(before && before['val/accuracy_mean'] !== undefined ? { valAccuracyInitial: round(before['val/accuracy_mean'], 4) } : {}),
+      ...(after && after['val/accuracy_mean'] !== undefined ? { valAccuracyFinal: round(after['val/accuracy_mean'], 4) } : {}),
+      lastStep: last?.metrics ?? {},
+    };
+  } finally {
+    trainer.dispose();
+    policy.dispose();
+    rolloutModel.dispose();
+    reference?.dispose();
+  }
+}
+
+function round(x: number, digits: number): number {
+  return Number(x.toFixed(digits));
+}
+
+async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
+  if (config.data.source === 'bundled') {
+    const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
+    return {
+      name: task.name,
+      characters: task.characters,
+      train: task.train,
+      validation: task.validation,
+      evaluator: task.evaluator,
+      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
+      randomPolicyReward: task.randomPolicyReward,
+    };
+  }
+  if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
+  const trainFile = resolve(baseDir, config.data.trainFile!);
+  const validation: Task[] = [];
+  if (config.data.validationFile) {
+    const file = resolve(baseDir, config.data.validationFile);
+    const text = await readFile(file, 'utf8');
+    text.split('\n').forEach((line, i) => {
+      if (line.trim() !== '') validation.push(parseTaskLine(line, { file, line: i + 1 }));
+    });
+  }
+  const fallback: Evaluator = {
+    evaluate: () => {
+      throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data');
+    },
+  };
+  return {
+    name: basename(trainFile).replace(/\.jsonl$/, ''),
+    characters: config.data.alphabet!,
+    train: { jsonl: trainFile },
+    validation,
+    evaluator: fallback,
+    maxTokens: config.rollout.maxTokens,
+  };
+}
+
+async function findResume(config: RxrlConfig, baseDir: string, runDir: string | undefined): Promise<Checkpoint | undefined> {
+  switch (config.resume.mode) {
+    case 'disable':
+      return undefined;
+    case 'auto': {
+      const path = runDir ? await latestCheckpoint(runDir) : undefined;
+      return path ? loadCheckpoint(path) : undefined;
+    }
+    case 'from_path':
+      return loadCheckpoint(resolve(baseDir, config.resume.path!));
+  }
+}
+
+/** Loads `spec.export` from the module at `spec.module` (relative to `baseDir`). */
+async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, what: string): Promise<T> {
+  const file = resolve(baseDir, spec.module!);
+  let module: Record<string, unknown>;
+  try {
+    module = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+  } catch (cause) {
+    throw new ConfigError(`rollout.${what}.module: cannot import ${file}`, { cause, context: { file } });
+  }
+  const value = module[spec.export];
+  if (value === undefined) {
+    throw new ConfigError(`rollout.${what}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export } });
+  }
+  return value as T;
+}
+
+/** Reference log-probs of a batch's response tokens, `[B, R]`. */
+async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
+  const { tidy, tensor2d, slice } = await import('@tensorflow/tfjs-core');
+  const T = batch.promptLength + batch.responseLength;
+  const out = tidy(() => {
+    const lp = model.tokenLogprobs(
+      tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+      tensor2d(batch.attentionMask, [batch.size, T]),
+      tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+    ).logprobs; // [B, T-1]
+    return slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
+  });
+  const data = (await out.data()) as Float32Array;
+  out.dispose();
+  return data;
+}
+
+/** The directory a recipe file's relative paths are resolved against. */
+export function recipeDir(file: string): string {
+  return dirname(resolve(file));
+}

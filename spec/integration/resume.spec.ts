@@ -1,0 +1,123 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { stringTransformTask } from '../../recipes/stringTransform.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const cli = join(root, 'dist', 'lib', 'cli.js');
+const TASK = { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4 } as const;
+
+interface TrainedLine {
+  step: number;
+  version: number;
+  taskIds: string[];
+  trajectoryIds: string[];
+}
+
+function trainedLines(runDir: string): TrainedLine[] {
+  const file = join(runDir, 'trained.jsonl');
+  if (!existsSync(file)) return [];
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((line) => line.trim() !== '')
+    .map((line) => JSON.parse(line) as TrainedLine);
+}
+
+function start(recipe: string): { child: ChildProcess; done: Promise<{ code: number | null; stdout: string; stderr: string }> } {
+  const child = spawn(process.execPath, [cli, 'run', recipe], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const done = new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) =>
+    child.on('exit', (code) => resolve({ code, stdout, stderr })),
+  );
+  return { child, done };
+}
+
+/** Waits until `check` holds, polling; fails loudly after `ms`. */
+async function waitFor(check: () => boolean, ms: number, what: string): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+describe.each([
+  { mode: 'sync', extra: {} },
+  { mode: 'batch-async', extra: { stalenessThreshold: 2 } },
+  { mode: 'fully-async', extra: { capacity: 6 } },
+])('SIGKILL and resume ($mode)', ({ mode, extra }) => {
+  it('loses nothing, trains nothing twice, and continues the step counter and the loader', async () => {
+    const dir = await mkdtemp(join(tmpdir(), `rxrl-resume-${mode}-`));
+    const runDir = join(dir, 'run');
+    const recipe = join(dir, 'recipe.json');
+    await writeFile(
+      recipe,
+      JSON.stringify({
+        run: { dir: 'run', seed: 3, steps: 0, backend: 'cpu' },
+        data: { source: 'bundled', task: TASK, epochs: 1, shuffle: true },
+        model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
+        rollout: { groupSize: 3 },
+        sync: { mode, batchSize: 2, ...extra },
+        checkpoint: { every: 1, keepLast: 0 },
+        resume: { mode: 'auto' },
+        validation: { beforeTrain: false },
+      }),
+    );
+    const all = stringTransformTask({ ...TASK, seed: 3 }).train.map((t) => t.id);
+    const totalSteps = all.length / 2;
+
+    const first = start(recipe);
+    await waitFor(() => trainedLines(runDir).length >= 4, 60_000, 'four trained steps');
+    first.child.kill('SIGKILL');
+    const killed = await first.done;
+    expect(killed.code).toBeNull();
+    const beforeKill = trainedLines(runDir);
+    expect(beforeKill.length).toBeLessThan(totalSteps);
+    if (mode !== 'sync') {
+      // Resume from the newest checkpoint that has tasks in flight (as if the kill had come right after it), so
+      // that re-admitting them is exercised every time; newer checkpoints go, their steps are rolled back.
+      const steps = readdirSync(runDir)
+        .map((name) => /^global_step_(\d+)$/.exec(name))
+        .filter((m): m is RegExpExecArray => m !== null)
+        .map((m) => Number(m[1]))
+        .sort((a, b) => b - a);
+      const pending = (step: number): number =>
+        (JSON.parse(readFileSync(join(runDir, `global_step_${step}`, 'state.json'), 'utf8')) as { pendingTasks: unknown[] }).pendingTasks.length;
+      const keep = steps.find((step) => step >= 2 && pending(step) > 0);
+      expect(keep, 'a checkpoint with tasks in flight').toBeDefined();
+      for (const step of steps.filter((step) => step > keep!)) rmSync(join(runDir, `global_step_${step}`), { recursive: true });
+    }
+
+    const second = start(recipe);
+    const resumed = await second.done;
+    expect(resumed.code, resumed.stderr).toBe(0);
+    const summary = JSON.parse(resumed.stdout.trim().split('\n').at(-1)!) as { steps: number; resumedFrom: string };
+    const from = Number(/global_step_(\d+)$/.exec(summary.resumedFrom)![1]);
+    expect(from).toBeGreaterThanOrEqual(2);
+    // In the async modes tasks are in flight at every checkpoint: the resumed run must admit them first.
+    const state = JSON.parse(readFileSync(join(summary.resumedFrom, 'state.json'), 'utf8')) as { pendingTasks: unknown[] };
+    if (mode === 'sync') expect(state.pendingTasks).toHaveLength(0);
+    else expect(state.pendingTasks.length).toBeGreaterThan(0);
+
+    const lines = trainedLines(runDir);
+    const afterResume = lines.slice(beforeKill.length);
+    // The step counter continues where the checkpoint stopped; steps past it in the killed run are rolled back.
+    expect(afterResume[0].step).toBe(from);
+    const effective = [...beforeKill.filter((l) => l.step < from), ...afterResume];
+    expect(effective.map((l) => l.step)).toEqual(Array.from({ length: totalSteps }, (_, i) => i));
+    expect(summary.steps).toBe(totalSteps);
+    // Every task trained exactly once, and every trajectory id once.
+    const tasks = effective.flatMap((l) => l.taskIds);
+    expect([...tasks].sort()).toEqual([...all].sort());
+    const trajectories = effective.flatMap((l) => l.trajectoryIds);
+    expect(new Set(trajectories).size).toBe(trajectories.length);
+    expect(trajectories).toHaveLength(all.length * 3);
+  }, 180_000);
+});
