@@ -100,6 +100,10 @@ convict.addFormats({
   'optional-string': {
     validate: (v: unknown) => check(v === null || (typeof v === 'string' && v.length > 0), 'null or a non-empty string'),
   },
+  flag: {
+    validate: (v: unknown) => check(typeof v === 'boolean', 'true or false'),
+    coerce: (v: unknown) => (v === 'true' ? true : v === 'false' ? false : v),
+  },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
 });
 convict.addParser([
@@ -128,7 +132,7 @@ export const SCHEMA = {
     validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
     alphabet: { doc: "Characters of the char tokenizer for 'jsonl' data (required then).", format: 'optional-string', default: null },
     epochs: { doc: 'Passes over the training data (0 = forever).', format: 'non-negative-int', default: 0 },
-    shuffle: { doc: 'Shuffle each epoch with the run seed.', format: Boolean, default: true },
+    shuffle: { doc: 'Shuffle each epoch with the run seed.', format: 'flag', default: true },
   },
   model: {
     dModel: { doc: 'Residual width.', format: 'positive-int', default: 64 },
@@ -159,9 +163,9 @@ export const SCHEMA = {
     onGroupTimeout: { doc: 'A timed-out group is released partial or dropped (counted).', format: ['release', 'drop'], default: 'release' },
   },
   algorithm: {
-    normalizeByStd: { doc: 'Divide advantages by the group std (false = Dr.GRPO).', format: Boolean, default: true },
+    normalizeByStd: { doc: 'Divide advantages by the group std (false = Dr.GRPO).', format: 'flag', default: true },
     std: { doc: 'Group std: sample (N−1) or population.', format: ['sample', 'population'], default: 'sample' },
-    filterZeroVariance: { doc: 'Drop groups whose advantages are all zero (dynamic sampling).', format: Boolean, default: false },
+    filterZeroVariance: { doc: 'Drop groups whose advantages are all zero (dynamic sampling).', format: 'flag', default: false },
     klInReward: {
       coef: { doc: 'β of the KL penalty in the reward (0 = off; needs a reference = the initial policy).', format: 'non-negative-number', default: 0 },
       estimator: { doc: 'KL estimator of the reward penalty.', format: KL_ESTIMATORS, default: 'k1' },
@@ -204,14 +208,14 @@ export const SCHEMA = {
   checkpoint: {
     every: { doc: 'Save a checkpoint every K steps (0 = never).', format: 'non-negative-int', default: 50 },
     keepLast: { doc: 'Keep the newest N checkpoints (0 = all).', format: 'non-negative-int', default: 3 },
-    onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: Boolean, default: true },
+    onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: 'flag', default: true },
   },
   resume: {
     mode: { doc: 'disable, auto (highest global_step_*), or from_path.', format: ['disable', 'auto', 'from_path'], default: 'auto', env: 'RXRL_RESUME' },
     path: { doc: "Checkpoint directory for 'from_path'.", format: 'optional-string', default: null },
   },
   validation: {
-    beforeTrain: { doc: 'Score the held-out split before training.', format: Boolean, default: true },
+    beforeTrain: { doc: 'Score the held-out split before training.', format: 'flag', default: true },
     every: { doc: 'Score the held-out split every N versions (0 = only at the end).', format: 'non-negative-int', default: 0 },
     temperature: { doc: 'Validation sampling temperature (0 = greedy).', format: 'non-negative-number', default: 0 },
   },

@@ -1,0 +1,74 @@
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { describeConfig, loadConfig } from '../../lib/config/schema.js';
+import { ConfigError } from '../../lib/errors.js';
+
+/** The ConfigError a load raises (fails the test if it does not raise one). */
+function rejection(load: () => unknown): ConfigError {
+  try {
+    load();
+  } catch (error) {
+    expect(error).toBeInstanceOf(ConfigError);
+    return error as ConfigError;
+  }
+  throw new Error('expected a ConfigError');
+}
+
+describe('loadConfig', () => {
+  it('resolves defaults, a JSON recipe, --set overrides and the environment, in that order', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-config-'));
+    const file = join(dir, 'recipe.json');
+    await writeFile(file, JSON.stringify({ sync: { mode: 'batch-async', stalenessThreshold: 2 }, trainer: { learningRate: 0.002 } }));
+    const config = loadConfig({ file, set: ['trainer.learningRate=0.003', 'algorithm.std=population', 'store.groupTimeoutMs=null'], env: { RXRL_STEPS: '42' } });
+    expect(config.sync).toMatchObject({ mode: 'batch-async', stalenessThreshold: 2 });
+    expect(config.trainer.learningRate).toBe(0.003);
+    expect(config.algorithm.std).toBe('population');
+    expect(config.store.groupTimeoutMs).toBeNull();
+    expect(config.run.steps).toBe(42);
+    expect(config.model.dModel).toBe(64);
+  });
+
+  it('reads YAML recipes', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-config-'));
+    const file = join(dir, 'recipe.yaml');
+    await writeFile(file, 'sync:\n  mode: fully-async\n  capacity: 64\nrollout:\n  groupSize: 4\n');
+    expect(loadConfig({ file, env: {} })).toMatchObject({ sync: { mode: 'fully-async', capacity: 64 }, rollout: { groupSize: 4 } });
+  });
+
+  it('rejects a wrong type, naming the key', () => {
+    const error = rejection(() => loadConfig({ values: { checkpoint: { onStop: 'sometimes' } }, env: {} }));
+    expect(error.message).toMatch(/checkpoint\.onStop/);
+    expect(rejection(() => loadConfig({ values: { trainer: { learningRate: 'fast' } }, env: {} })).message).toMatch(/trainer\.learningRate: must be a finite number > 0/);
+  });
+
+  it('rejects an unknown key, naming it, in a recipe and in --set', () => {
+    expect(rejection(() => loadConfig({ values: { trainer: { learnignRate: 1 } }, env: {} })).message).toMatch(/'trainer\.learnignRate' not declared/);
+    expect(rejection(() => loadConfig({ set: ['sync.η=2'], env: {} })).message).toMatch(/'sync\.η' is not a configuration key/);
+  });
+
+  it('rejects a missing required value, naming the key', () => {
+    const error = rejection(() => loadConfig({ values: { data: { source: 'jsonl', alphabet: 'ab' }, rollout: { evaluator: { module: './e.js' } } }, env: {} }));
+    expect(error.message).toBe("invalid configuration:\ndata.trainFile: required when data.source is 'jsonl'");
+    expect(rejection(() => loadConfig({ values: { resume: { mode: 'from_path' } }, env: {} })).message).toMatch(/resume\.path: required/);
+  });
+
+  it('rejects out-of-range numbers and bad enum values, naming the key', () => {
+    expect(rejection(() => loadConfig({ values: { rollout: { topP: 1.5 } }, env: {} })).message).toMatch(/rollout\.topP: must be a number in \(0, 1\]/);
+    expect(rejection(() => loadConfig({ set: ['sync.batchSize=0'], env: {} })).message).toMatch(/sync\.batchSize: must be an integer >= 1/);
+    expect(rejection(() => loadConfig({ env: { RXRL_MODE: 'eventually' } })).message).toMatch(/sync\.mode: must be one of/);
+    expect(rejection(() => loadConfig({ values: { model: { dModel: 30, nHeads: 4 } }, env: {} })).message).toMatch(/model\.nHeads: must divide model\.dModel/);
+  });
+
+  it('names an unreadable recipe and redacts secrets when printing', async () => {
+    expect(rejection(() => loadConfig({ file: '/nonexistent/recipe.json', env: {} })).message).toMatch(/cannot read recipe/);
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-config-'));
+    const file = join(dir, 'list.json');
+    await writeFile(file, '[1, 2]');
+    expect(rejection(() => loadConfig({ file, env: {} })).message).toMatch(/mapping/);
+    const printed = describeConfig(loadConfig({ env: { OPENAI_API_KEY: 'sk-secret' } }));
+    expect(printed).not.toContain('sk-secret');
+    expect(printed).toContain('[redacted]');
+  });
+});

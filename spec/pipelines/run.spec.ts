@@ -1,0 +1,66 @@
+import { readFileSync, readdirSync } from 'node:fs';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { loadConfig } from '../../lib/config/schema.js';
+import { ConfigError } from '../../lib/errors.js';
+import { runTraining } from '../../pipelines/run.js';
+
+async function fixture(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'rxrl-run-'));
+  const tasks = ['ab', 'ba', 'aa', 'bb', 'aab', 'abb'].map((s, i) => ({ id: `t${i}`, prompt: `${s}=`, answer: [...s].reverse().join('') }));
+  await writeFile(join(dir, 'train.jsonl'), tasks.slice(0, 4).map((t) => JSON.stringify(t)).join('\n'));
+  await writeFile(join(dir, 'val.jsonl'), tasks.slice(4).map((t) => JSON.stringify(t)).join('\n'));
+  await writeFile(
+    join(dir, 'evaluator.mjs'),
+    'export const half = { evaluate: (task, response) => ({ reward: 0.5, metrics: { custom: response === task.answer ? 1 : 0 } }) };\n',
+  );
+  return dir;
+}
+
+const base = (extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+  run: { dir: 'run', steps: 3, backend: 'cpu', seed: 2 },
+  data: { source: 'jsonl', trainFile: 'train.jsonl', validationFile: 'val.jsonl', alphabet: 'ab=', epochs: 0 },
+  model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
+  rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'half' } },
+  sync: { batchSize: 2 },
+  checkpoint: { every: 1, keepLast: 2 },
+  validation: { beforeTrain: true, every: 2 },
+  ...extra,
+});
+
+describe('runTraining', () => {
+  it('trains JSONL tasks with an evaluator loaded by module path, validating and checkpointing as configured', async () => {
+    const dir = await fixture();
+    const summary = await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
+    expect(summary).toMatchObject({ recipe: 'train', steps: 3, mode: 'sync', runDir: join(dir, 'run') });
+    expect(summary.lastStep['rollout/reward_mean']).toBe(0.5);
+    const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    // before training, after step 1, step 2 (+ validation), step 3, and the final validation
+    expect(metrics.map((m) => m.step)).toEqual([0, 1, 2, 3, 3]);
+    expect(metrics[0]['val/custom_mean']).toBeTypeOf('number');
+    expect(metrics[2]['val/reward_mean']).toBe(0.5);
+    expect(metrics[1]['val/reward_mean']).toBeUndefined();
+    expect(readdirSync(join(dir, 'run')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_2', 'global_step_3']);
+    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
+    expect(trained).toHaveLength(3);
+  });
+
+  it('resumes from the newest checkpoint and trains only the remaining steps', async () => {
+    const dir = await fixture();
+    await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
+    const resumed = await runTraining(loadConfig({ values: base({ run: { dir: 'run', steps: 5, backend: 'cpu', seed: 2 } }), env: {} }), { baseDir: dir });
+    expect(resumed.steps).toBe(5);
+    expect(resumed.resumedFrom).toBe(join(dir, 'run', 'global_step_3'));
+    const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { step: number }).step);
+    expect(steps).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it('names a missing evaluator export', async () => {
+    const dir = await fixture();
+    const config = loadConfig({ values: base({ rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'nope' } } }), env: {} });
+    await expect(runTraining(config, { baseDir: dir })).rejects.toThrow(ConfigError);
+    await expect(runTraining(config, { baseDir: dir })).rejects.toThrow(/rollout\.evaluator\.export/);
+  });
+});
