@@ -55,21 +55,17 @@ async function start(argv: readonly string[]): Promise<number> {
   const backend = option(argv, 'backend', 'RXRL_BACKEND');
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort());
+  const { Progress } = await import('./observe/progress.js');
+  const progress = new Progress({ total: steps ?? 300 });
   const summary = await runEmbedded({
     ...(steps === undefined ? {} : { steps }),
     ...(seed === undefined ? {} : { seed }),
     ...(mode === undefined ? {} : { mode: mode as never }),
     ...(backend === undefined ? {} : { backend: backend as never }),
     signal: controller.signal,
-    onStep: (step, elapsed) => {
-      const m = step.metrics;
-      const line =
-        `step ${String(step.step + 1).padStart(4)}  reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}` +
-        `  loss ${(m['actor/pg_loss'] ?? 0).toFixed(4)}  entropy ${(m['actor/entropy'] ?? 0).toFixed(3)}` +
-        `  staleness ${m['rollout/staleness_max'] ?? 0}  ${elapsed.toFixed(1)}s`;
-      process.stderr.write(`${line}\n`);
-    },
+    onStep: (step, elapsed) => progress.update(step, elapsed),
   });
+  progress.done();
   const { lastStep: _last, ...printed } = summary;
   process.stdout.write(`${JSON.stringify(printed)}\n`);
   return 0;
@@ -147,7 +143,9 @@ async function configCommand(argv: readonly string[]): Promise<number> {
 
 async function runCommand(argv: readonly string[]): Promise<number> {
   const { runTraining } = await import('../pipelines/run.js');
+  const { Progress } = await import('./observe/progress.js');
   const { config, dir } = await resolvedConfig(argv);
+  const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
   const controller = new AbortController();
   const stop = (): void => controller.abort();
   process.once('SIGINT', stop);
@@ -155,15 +153,10 @@ async function runCommand(argv: readonly string[]): Promise<number> {
   const summary = await runTraining(config, {
     baseDir: dir,
     signal: controller.signal,
-    log: (line) => process.stderr.write(`rxrl: ${line}\n`),
-    onStep: (step, elapsed) => {
-      const m = step.metrics;
-      process.stderr.write(
-        `step ${String(step.step + 1).padStart(5)}  reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}` +
-          `  staleness ${m['rollout/staleness_max'] ?? 0}  ${elapsed.toFixed(1)}s\n`,
-      );
-    },
+    log: (line) => progress.message(`rxrl: ${line}`),
+    onStep: (step, elapsed) => progress.update(step, elapsed),
   });
+  progress.done();
   const { lastStep: _last, ...printed } = summary;
   process.stdout.write(`${JSON.stringify(printed)}\n`);
   return 0;

@@ -17,6 +17,7 @@ import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
+import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { validate } from './validate.js';
@@ -146,7 +147,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   let position: LoaderPosition = loader.position;
   const batchGroups: (readonly string[])[] = [];
   let lastCheckpointStep = checkpoint?.state.step ?? -1;
-  const files = runDir ? { trained: resolve(runDir, 'trained.jsonl'), metrics: resolve(runDir, 'metrics.jsonl') } : undefined;
+  const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
+  const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
 
   const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition): Promise<void> => {
     if (!runDir) return;
@@ -191,7 +193,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const score = (): Promise<Metrics> =>
     validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal: options.signal });
   const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
-  if (before && files) await appendFile(files.metrics, `${JSON.stringify({ step: trainer.step, version: trainer.step, time: Date.now(), ...before })}\n`);
+  // Validation lines carry the step they follow (−1 before the first).
+  if (before) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: before });
 
   const started = performance.now();
   let last: StepResult | undefined;
@@ -234,7 +237,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         afterStep: async (step) => {
           const every = config.validation.every;
           const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
-          if (files) await appendFile(files.metrics, `${JSON.stringify({ step: step.version, version: step.version, time: Date.now(), ...step.metrics, ...val })}\n`);
+          metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
           return val;
         },
         signal: options.signal,
@@ -252,7 +255,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     }
     const seconds = (performance.now() - started) / 1000;
     const after = data.validation.length > 0 && !options.signal?.aborted ? await score() : undefined;
-    if (after && files) await appendFile(files.metrics, `${JSON.stringify({ step: trainer.step, version: trainer.step, time: Date.now(), ...after })}\n`);
+    if (after) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: after });
     return {
       recipe: data.name,
       mode,
@@ -270,6 +273,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       lastStep: last?.metrics ?? {},
     };
   } finally {
+    metricsWriter?.close();
     trainer.dispose();
     policy.dispose();
     rolloutModel.dispose();

@@ -37,8 +37,9 @@ describe('runTraining', () => {
     expect(summary).toMatchObject({ recipe: 'train', steps: 3, mode: 'sync', runDir: join(dir, 'run') });
     expect(summary.lastStep['rollout/reward_mean']).toBe(0.5);
     const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-    // before training, after step 1, step 2 (+ validation), step 3, and the final validation
-    expect(metrics.map((m) => m.step)).toEqual([0, 1, 2, 3, 3]);
+    // before training (the step it follows: −1), steps 0, 1 (+ validation at version 2), 2, and the final validation
+    expect(metrics.map((m) => m.step)).toEqual([-1, 0, 1, 2, 2]);
+    expect(metrics.map((m) => m.version)).toEqual([0, 1, 2, 3, 3]);
     expect(metrics[0]['val/custom_mean']).toBeTypeOf('number');
     expect(metrics[2]['val/reward_mean']).toBe(0.5);
     expect(metrics[1]['val/reward_mean']).toBeUndefined();
