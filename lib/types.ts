@@ -84,6 +84,8 @@ export interface Group {
   readonly closedBy?: 'timeout' | 'source-complete';
   /** Trajectories discarded because the group timed out under the `drop` policy (the group is then empty). */
   readonly dropped?: number;
+  /** Samples of the group that failed (engine or evaluator errors); the group shrank by this many. */
+  readonly failed?: number;
 }
 
 /**

@@ -118,6 +118,7 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
           trajectories,
           ...(closedBy ? { closedBy } : {}),
           ...(drop ? { dropped: group.members.length } : {}),
+          ...(group.failed > 0 ? { failed: group.failed } : {}),
         });
       };
 

@@ -80,6 +80,7 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
           'batch/groups_empty': groups.filter((g) => g.trajectories.length === 0).length,
           'batch/groups_timed_out': groups.filter((g) => g.closedBy === 'timeout').length,
           'batch/trajectories_dropped': groups.reduce((n, g) => n + (g.dropped ?? 0), 0),
+          'rollout/failed_samples': groups.reduce((n, g) => n + (g.failed ?? 0), 0),
         };
         let tokenRewards = base.tokenRewards; // [B, R]
         let refLogprobs: Float32Array | undefined; // [B, R]

@@ -6,7 +6,7 @@ import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Group, Metrics, Task } from '../lib/types.js';
+import { isSampleFailure, type Batch, type Group, type Metrics, type SampleFailure, type Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
@@ -60,6 +60,8 @@ export interface GrpoPipelineConfig {
   readonly klInReward?: KlInRewardOptions;
   /** Custom rollout worker (multi-turn agents, remote tools); default single-turn generate + evaluate. */
   readonly worker?: RolloutWorker;
+  /** Sees each sample that failed (engine or evaluator error); the run goes on with its group shrunk. */
+  readonly onSampleFailure?: (failure: SampleFailure) => void;
   /** Sees each admitted task with its 0-based admission index. */
   readonly onAdmit?: (task: Task, index: number) => void;
   /** Sees each batch as it enters the trainer. */
@@ -124,6 +126,9 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         seed: config.seed,
         modelTag: config.trainer.modelTag,
         ...(config.worker ? { worker: config.worker } : {}),
+      }),
+      tap((output) => {
+        if (isSampleFailure(output)) config.onSampleFailure?.(output);
       }),
       groupTrajectories({
         keys: ['groupId'],

@@ -17,6 +17,8 @@ import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
+import { ErrorReporter } from '../lib/observe/errorReporter.js';
+import type { Logger } from '../lib/observe/logger.js';
 import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
@@ -33,6 +35,8 @@ export interface RunTrainingOptions {
   readonly onStep?: (step: StepResult, elapsedSeconds: number) => void;
   /** Informational lines (resume, checkpoints). Default: none. */
   readonly log?: (line: string) => void;
+  /** Structured logger for error reports. Default: silent. */
+  readonly logger?: Logger;
 }
 
 /** What {@link runTraining} reports. */
@@ -56,6 +60,10 @@ export interface RunSummary {
   readonly valAccuracyFinal?: number;
   /** Metrics of the last step. */
   readonly lastStep: Metrics;
+  /** Samples that failed over the run (each one reported to the error reporter). */
+  readonly failedSamples: number;
+  /** Why the run stopped early (`stop_on_error`, or the caller's signal). */
+  readonly stoppedBy?: string;
 }
 
 interface Data {
@@ -81,6 +89,13 @@ interface Data {
 export async function runTraining(config: RxrlConfig, options: RunTrainingOptions = {}): Promise<RunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
   const log = options.log ?? (() => undefined);
+  // Failed samples go to the error reporter: counted always, and under stop_on_error they end the run gracefully.
+  const reporter = new ErrorReporter({
+    policy: config.run.errorPolicy,
+    ...(options.logger ? { logger: options.logger } : {}),
+    ...(options.signal ? { parentSignal: options.signal } : {}),
+  });
+  const signal = reporter.signal;
   const seed = config.run.seed;
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const data = await loadData(config, baseDir);
@@ -191,7 +206,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
 
   const maxTokens = data.maxTokens;
   const score = (): Promise<Metrics> =>
-    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal: options.signal });
+    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal });
   const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
   // Validation lines carry the step they follow (−1 before the first).
   if (before) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: before });
@@ -229,6 +244,9 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
               },
             }
           : {}),
+        onSampleFailure: (failure) => {
+          reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+        },
         onAdmit: (task) => {
           admitted.set(groupIdOf(task), task);
           position = loader.position;
@@ -240,7 +258,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
           metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
           return val;
         },
-        signal: options.signal,
+        signal,
       }).pipe(
         tap((step) => {
           last = step;
@@ -250,11 +268,11 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       { defaultValue: undefined },
     );
     await training;
-    if (options.signal?.aborted && config.checkpoint.onStop && trainer.step > lastCheckpointStep) {
+    if (signal.aborted && config.checkpoint.onStop && trainer.step > lastCheckpointStep) {
       await save([...admitted.values()], position);
     }
     const seconds = (performance.now() - started) / 1000;
-    const after = data.validation.length > 0 && !options.signal?.aborted ? await score() : undefined;
+    const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
     if (after) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: after });
     return {
       recipe: data.name,
@@ -271,6 +289,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       ...(before && before['val/accuracy_mean'] !== undefined ? { valAccuracyInitial: round(before['val/accuracy_mean'], 4) } : {}),
       ...(after && after['val/accuracy_mean'] !== undefined ? { valAccuracyFinal: round(after['val/accuracy_mean'], 4) } : {}),
       lastStep: last?.metrics ?? {},
+      failedSamples: reporter.total,
+      ...(reporter.stopped ? { stoppedBy: describeStop(reporter.stopCause) } : {}),
     };
   } finally {
     metricsWriter?.close();
@@ -279,6 +299,10 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     rolloutModel.dispose();
     reference?.dispose();
   }
+}
+
+function describeStop(cause: unknown): string {
+  return cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause ?? 'signal');
 }
 
 function round(x: number, digits: number): number {

@@ -12,7 +12,13 @@ import { ConfigError } from '../errors.js';
 
 /** The resolved, validated configuration of a run. */
 export interface RxrlConfig {
-  run: { dir: string | null; seed: number; steps: number; backend: 'auto' | 'wasm' | 'cpu' | 'tensorflow' };
+  run: {
+    dir: string | null;
+    seed: number;
+    steps: number;
+    backend: 'auto' | 'wasm' | 'cpu' | 'tensorflow';
+    errorPolicy: 'stop_on_error' | 'continue';
+  };
   data: {
     source: 'bundled' | 'jsonl';
     task: { transform: 'copy' | 'reverse' | 'shift'; alphabet: string; minLength: number; maxLength: number; validationSize: number };
@@ -118,6 +124,11 @@ export const SCHEMA = {
     seed: { doc: 'Seed of the model init, the shuffle and the sampling streams.', format: 'non-negative-int', default: 1, env: 'RXRL_SEED' },
     steps: { doc: 'Train steps (0 = until the data is exhausted).', format: 'non-negative-int', default: 300, env: 'RXRL_STEPS' },
     backend: { doc: 'TF.js backend.', format: ['auto', 'wasm', 'cpu', 'tensorflow'], default: 'auto', env: 'RXRL_BACKEND' },
+    errorPolicy: {
+      doc: 'A failed sample (engine or evaluator error): continue with its group shrunk (counted), or stop the run gracefully.',
+      format: ['stop_on_error', 'continue'],
+      default: 'continue',
+    },
   },
   data: {
     source: { doc: "Tasks: the generated string task ('bundled') or JSONL files ('jsonl').", format: ['bundled', 'jsonl'], default: 'bundled' },

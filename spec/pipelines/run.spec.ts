@@ -14,7 +14,8 @@ async function fixture(): Promise<string> {
   await writeFile(join(dir, 'val.jsonl'), tasks.slice(4).map((t) => JSON.stringify(t)).join('\n'));
   await writeFile(
     join(dir, 'evaluator.mjs'),
-    'export const half = { evaluate: (task, response) => ({ reward: 0.5, metrics: { custom: response === task.answer ? 1 : 0 } }) };\n',
+    'export const half = { evaluate: (task, response) => ({ reward: 0.5, metrics: { custom: response === task.answer ? 1 : 0 } }) };\n' +
+      "export const flaky = { evaluate: (task) => { if (task.id === 't1') throw new Error('judge unavailable'); return { reward: 1 }; } };\n",
   );
   return dir;
 }
@@ -56,6 +57,27 @@ describe('runTraining', () => {
     expect(resumed.resumedFrom).toBe(join(dir, 'run', 'global_step_3'));
     const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { step: number }).step);
     expect(steps).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it('counts failed samples and goes on under continue; stops gracefully, with a checkpoint, under stop_on_error', async () => {
+    const dir = await fixture();
+    const flaky = { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'flaky' } };
+    const going = await runTraining(
+      loadConfig({ values: base({ rollout: flaky, run: { dir: 'go', steps: 4, backend: 'cpu', seed: 2, errorPolicy: 'continue' } }), env: {} }),
+      { baseDir: dir },
+    );
+    expect(going.steps).toBe(4);
+    expect(going.failedSamples).toBeGreaterThan(0);
+    expect(going.stoppedBy).toBeUndefined();
+    const lines = readFileSync(join(dir, 'go', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    expect(lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0)).toBe(going.failedSamples);
+
+    const stopped = await runTraining(
+      loadConfig({ values: base({ rollout: flaky, run: { dir: 'stop', steps: 50, backend: 'cpu', seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
+      { baseDir: dir },
+    );
+    expect(stopped.steps).toBeLessThan(50);
+    expect(stopped.stoppedBy).toMatch(/EvaluationError/);
   });
 
   it('names a missing evaluator export', async () => {
