@@ -146,6 +146,8 @@ async function runCommand(argv: readonly string[]): Promise<number> {
   const { Progress } = await import('./observe/progress.js');
   const { config, dir } = await resolvedConfig(argv);
   const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
+  const { createLogger } = await import('./observe/logger.js');
+  const logger = createLogger({ level: config.logging.level });
   const controller = new AbortController();
   const stop = (): void => controller.abort();
   process.once('SIGINT', stop);
@@ -153,6 +155,7 @@ async function runCommand(argv: readonly string[]): Promise<number> {
   const summary = await runTraining(config, {
     baseDir: dir,
     signal: controller.signal,
+    logger,
     log: (line) => progress.message(`rxrl: ${line}`),
     onStep: (step, elapsed) => progress.update(step, elapsed),
   });

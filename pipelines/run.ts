@@ -18,7 +18,7 @@ import type { Batch, Metrics, Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
-import type { Logger } from '../lib/observe/logger.js';
+import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
 import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
@@ -88,11 +88,15 @@ interface Data {
  */
 export async function runTraining(config: RxrlConfig, options: RunTrainingOptions = {}): Promise<RunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
-  const log = options.log ?? (() => undefined);
+  const logger = options.logger ?? silentLogger;
+  const checkpointLog = moduleLogger(logger, 'checkpoint');
+  const log = (line: string): void => {
+    options.log?.(line);
+  };
   // Failed samples go to the error reporter: counted always, and under stop_on_error they end the run gracefully.
   const reporter = new ErrorReporter({
     policy: config.run.errorPolicy,
-    ...(options.logger ? { logger: options.logger } : {}),
+    logger: moduleLogger(logger, 'rollout'),
     ...(options.signal ? { parentSignal: options.signal } : {}),
   });
   const signal = reporter.signal;
@@ -105,7 +109,10 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   if (runDir) await mkdir(runDir, { recursive: true });
 
   const checkpoint = await findResume(config, baseDir, runDir);
-  if (checkpoint) log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
+  if (checkpoint) {
+    checkpointLog.info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
+    log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
+  }
 
   const tokenizer = new CharTokenizer(data.characters);
   const modelConfig: PolicyConfig = { ...config.model, vocabSize: tokenizer.vocabSize };
@@ -175,6 +182,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     });
     lastCheckpointStep = trainer.step;
     await pruneCheckpoints(runDir, config.checkpoint.keepLast);
+    checkpointLog.info({ path, step: trainer.step, pending: pendingTasks.length }, 'checkpoint saved');
     log(`checkpoint ${path}`);
   };
 
