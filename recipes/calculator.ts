@@ -65,7 +65,11 @@ export const CALCULATOR_ERROR_TEXT = '?';
 export const CALCULATOR_TOOL: ChatTool = {
   name: CALCULATOR_TOOL_NAME,
   description: 'Evaluates an integer arithmetic expression with + - * and parentheses.',
-  parameters: { type: 'object', properties: { expression: { type: 'string', description: 'for example 12*(3+4)' } }, required: ['expression'] },
+  parameters: {
+    type: 'object',
+    properties: { expression: { type: 'string', description: 'for example 12*(3+4)' } },
+    required: ['expression'],
+  },
 };
 
 /** Longest expression the tool evaluates, in characters. */
@@ -162,7 +166,9 @@ export function calculatorTask(options: CalculatorTaskOptions = {}): CalculatorT
   }
   if (!Number.isInteger(maxOperand) || maxOperand < 1) throw new ConfigError(`maxOperand must be an integer >= 1, got ${maxOperand}`);
   const expressions: string[] = [];
-  for (const op of operators) for (let a = 0; a <= maxOperand; a++) for (let b = 0; b <= maxOperand; b++) expressions.push(`${a}${op}${b}`);
+  for (const op of operators) {
+    for (let a = 0; a <= maxOperand; a++) for (let b = 0; b <= maxOperand; b++) expressions.push(`${a}${op}${b}`);
+  }
   if (!Number.isInteger(validationSize) || validationSize < 0 || validationSize >= expressions.length) {
     throw new ConfigError(`validationSize must be an integer in [0, ${expressions.length}), got ${validationSize}`);
   }

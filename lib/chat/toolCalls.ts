@@ -63,7 +63,11 @@ export function parseToolCalls(
     if (calls !== undefined) {
       return {
         content: text.slice(0, start),
-        toolCalls: calls.map((call, index) => ({ id: makeId(index), name: call.tool.name, arguments: argumentsJson(call.tool, call.args) })),
+        toolCalls: calls.map((call, index) => ({
+          id: makeId(index),
+          name: call.tool.name,
+          arguments: argumentsJson(call.tool, call.args),
+        })),
       };
     }
   }
@@ -145,7 +149,8 @@ function argumentsJson(tool: ChatTool, args: readonly string[]): string {
   args.forEach((text, i) => {
     const type = tool.parameters?.properties?.[names[i]]?.type;
     const n = Number(text);
-    out[names[i]] = (type === 'number' || type === 'integer') && text.trim() !== '' && Number.isFinite(n) && String(n) === text ? n : text;
+    const numeric = (type === 'number' || type === 'integer') && Number.isFinite(n) && String(n) === text;
+    out[names[i]] = numeric ? n : text;
   });
   return JSON.stringify(out);
 }

@@ -425,7 +425,13 @@ export function resolveEndpoint(baseURL: string, endpoint: string): string {
  * {@link EngineError}s (`context.kind` says which); other statuses become non-retriable ones. Anything else is
  * passed through unchanged (a bug, not to be retried).
  */
-function classifyError(error: unknown, what: string, caller: AbortSignal | undefined, deadline: AbortSignal, timeoutMs: number): unknown {
+function classifyError(
+  error: unknown,
+  what: string,
+  caller: AbortSignal | undefined,
+  deadline: AbortSignal,
+  timeoutMs: number,
+): unknown {
   if (caller?.aborted) return new AbortError(`${what} aborted`, { cause: caller.reason });
   const fail = (kind: string, message: string, retriable: boolean, context: Record<string, unknown> = {}): EngineError =>
     new EngineError(`${what}: ${message}`, { cause: error, retriable, context: { kind, ...context } });
@@ -447,7 +453,8 @@ function classifyError(error: unknown, what: string, caller: AbortSignal | undef
 /** Undici reports a connection lost mid-body as `TypeError: terminated` with a socket error as its cause. */
 function isNetworkTypeError(error: TypeError): boolean {
   const cause = (error as { cause?: unknown }).cause;
-  return error.message === 'terminated' || error.message === 'fetch failed' || (typeof cause === 'object' && cause !== null && 'code' in cause);
+  const hasCode = typeof cause === 'object' && cause !== null && 'code' in cause;
+  return error.message === 'terminated' || error.message === 'fetch failed' || hasCode;
 }
 
 function malformed(message: string): DecodeError {
@@ -478,7 +485,8 @@ function tokenIds(strings: readonly string[] | undefined, ids: unknown, tokenize
 }
 
 function checkLogprobs(logprobs: readonly (number | null)[] | null | undefined, length: number): void {
-  if (!Array.isArray(logprobs) || logprobs.length !== length || !logprobs.every((x) => typeof x === 'number' && x <= 0 && !Number.isNaN(x))) {
+  const valid = (x: number | null): boolean => typeof x === 'number' && x <= 0 && !Number.isNaN(x);
+  if (!Array.isArray(logprobs) || logprobs.length !== length || !logprobs.every(valid)) {
     throw malformed(`expected ${length} token log-probs (numbers <= 0)`);
   }
 }

@@ -41,7 +41,9 @@ export class ServingModel implements SamplingModel {
 
   async generate(requests: readonly GenerateRequest[], options: GenerateOptions): Promise<GenerateResponse[]> {
     const responses = await this.model.generate(requests, options);
-    const rows = requests.flatMap((request, i) => ((this.wanted.get(request) ?? 0) > 0 && responses[i].tokens.length > 0 ? [i] : []));
+    const rows = requests.flatMap((request, i) =>
+      (this.wanted.get(request) ?? 0) > 0 && responses[i].tokens.length > 0 ? [i] : [],
+    );
     if (rows.length > 0) await this.scoreAlternatives(rows, requests, responses);
     return responses;
   }
@@ -51,7 +53,11 @@ export class ServingModel implements SamplingModel {
   }
 
   /** One forward pass over prompt + response of each row; keeps the top-k of every response position. */
-  private async scoreAlternatives(rows: readonly number[], requests: readonly GenerateRequest[], responses: readonly GenerateResponse[]): Promise<void> {
+  private async scoreAlternatives(
+    rows: readonly number[],
+    requests: readonly GenerateRequest[],
+    responses: readonly GenerateResponse[],
+  ): Promise<void> {
     const sequences = rows.map((i) => [...requests[i].promptTokens, ...responses[i].tokens.slice(0, -1)]);
     const batch = padPrompts(sequences);
     const V = this.model.config.vocabSize;

@@ -133,9 +133,8 @@ function parseListening(line: string): ListeningLine | undefined {
   if (!line.startsWith('{')) return undefined;
   try {
     const value = JSON.parse(line) as Partial<ListeningLine>;
-    return value.event === 'listening' && typeof value.url === 'string' && typeof value.baseURL === 'string' && typeof value.model === 'string'
-      ? (value as ListeningLine)
-      : undefined;
+    const valid = typeof value.url === 'string' && typeof value.baseURL === 'string' && typeof value.model === 'string';
+    return value.event === 'listening' && valid ? (value as ListeningLine) : undefined;
   } catch {
     return undefined;
   }

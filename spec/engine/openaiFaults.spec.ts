@@ -165,7 +165,12 @@ class FaultyServer {
 }
 
 const task = (prompt: string) => ({ id: prompt, prompt, answer: 'dcba' });
-const retryFast = { retries: 3, initialDelayMs: 1, maxDelayMs: 4 };
+const retryFast = { retries: 2, initialDelayMs: 1, maxDelayMs: 4 };
+/**
+ * Deadline of one attempt: long enough that a prompt answer from this tiny server never misses it even on a
+ * loaded machine, so that only the planned `hang` and `slow-body` attempts time out.
+ */
+const DEADLINE_MS = 1_000;
 
 let dir: string;
 beforeAll(async () => {
@@ -182,7 +187,7 @@ async function withServer<T>(plans: Record<string, Behaviour[]>, run: (server: F
     baseURL: `${server.url}/v1`,
     model: 'faulty',
     tokenizer,
-    timeoutMs: 250,
+    timeoutMs: DEADLINE_MS,
     retry: retryFast,
     weightSync: { directory: join(dir, server.url.split(':').at(-1)!) },
   });
@@ -236,7 +241,7 @@ describe('OpenAIEngine against a misbehaving server', () => {
       expect([...failures.keys()].sort()).toEqual(['a=', 'b=', 'c=', 'd=']);
       const exhausted = failures.get('a=') as RetriesExhaustedError;
       expect(exhausted).toBeInstanceOf(RetriesExhaustedError);
-      expect(exhausted.context.attempts).toBe(4);
+      expect(exhausted.context.attempts).toBe(3);
       expect(exhausted.cause).toBeInstanceOf(EngineError);
       expect((exhausted.cause as EngineError).context).toMatchObject({ kind: 'status', status: 500 });
       const badRequest = failures.get('b=') as EngineError;
@@ -245,11 +250,11 @@ describe('OpenAIEngine against a misbehaving server', () => {
       expect(badRequest.context).toMatchObject({ kind: 'status', status: 400 });
       expect(failures.get('c=')!.name).toBe('DecodeError');
       expect(((failures.get('d=') as RetriesExhaustedError).cause as EngineError).context.kind).toBe('timeout');
-      expect(Object.fromEntries(server.attempts)).toEqual({ 'a=': 4, 'b=': 1, 'c=': 1, 'd=': 4, 'e=': 1 });
-      expect(engine.stats()).toMatchObject({ calls: 5, failures: 4, retries: 6, timeouts: 4 });
+      expect(Object.fromEntries(server.attempts)).toEqual({ 'a=': 3, 'b=': 1, 'c=': 1, 'd=': 3, 'e=': 1 });
+      expect(engine.stats()).toMatchObject({ calls: 5, failures: 4, retries: 4, timeouts: 3 });
 
-      const metrics = await validate(engine, Object.keys(plans).map(task), partialCreditEvaluator, { maxTokens: 5 });
-      expect(metrics).toMatchObject({ 'val/samples': 1, 'val/failures': 4, 'val/reward_mean': 1 });
+      const metrics = await validate(engine, ['a=', 'b=', 'c=', 'e='].map(task), partialCreditEvaluator, { maxTokens: 5 });
+      expect(metrics).toMatchObject({ 'val/samples': 1, 'val/failures': 3, 'val/reward_mean': 1 });
     });
   });
 

@@ -1,0 +1,87 @@
+/**
+ * `POST /v1/completions` of `rxrl serve`.
+ *
+ * @packageDocumentation
+ */
+import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
+import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
+import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
+
+/** New tokens when a request gives no `max_tokens` (the OpenAI default), cut to what the context allows. */
+const DEFAULT_MAX_TOKENS = 16;
+
+function readPrompts(ctx: ServeContext, body: JsonObject): number[][] {
+  const prompt = body.prompt;
+  const V = ctx.tokenizer.vocabSize;
+  const isIds = (x: unknown): x is number[] =>
+    Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && t >= 0 && t < V);
+  const encode = (text: string, param: string): number[] => {
+    try {
+      return ctx.tokenizer.encode(text, { addBos: true });
+    } catch (cause) {
+      throw invalid(param, `${param}: ${cause instanceof Error ? cause.message : String(cause)}`);
+    }
+  };
+  if (typeof prompt === 'string') return [encode(prompt, 'prompt')];
+  if (isIds(prompt)) return [[...prompt]];
+  if (Array.isArray(prompt) && prompt.length > 0) {
+    if (prompt.every((p) => typeof p === 'string')) return prompt.map((p, i) => encode(p as string, `prompt[${i}]`));
+    if (prompt.every(isIds)) return prompt.map((p) => [...(p as number[])]);
+  }
+  throw invalid(
+    'prompt',
+    `'prompt' must be a string, a non-empty array of token ids in [0, ${V}), or a non-empty array of either`,
+    absent(body, 'prompt') ? 'missing_required_parameter' : 'invalid_type',
+  );
+}
+
+/**
+ * Answers `POST /v1/completions`: one choice per prompt and `n`, prompt-major; `logprobs` gives the sampled token's
+ * log-prob plus the top-k alternatives; `return_token_ids` adds `token_ids` and `prompt_token_ids` per choice.
+ */
+export async function completions(ctx: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+  checkModel(ctx, body);
+  refuse(body, 'echo', (v) => v === false, 'echo');
+  refuse(body, 'suffix', (v) => v === '', 'suffix');
+  const sampling = readSampling(ctx, body);
+  refuse(body, 'best_of', (v) => v === sampling.n, 'best_of other than n');
+  const prompts = readPrompts(ctx, body);
+  const room = ctx.maxSeqLen - Math.max(...prompts.map((p) => p.length));
+  const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(DEFAULT_MAX_TOKENS, room)));
+  prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
+  const logprobs = readInteger(body, 'logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
+  const { responses, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal);
+  let completionTokens = 0;
+  const choices = responses.map((response, index) => {
+    const done = finish(ctx, response, sampling);
+    completionTokens += response.tokens.length;
+    const label = (t: number): string => tokenLabel(ctx, t, sampling.tokensAsIds);
+    return {
+      index,
+      text: done.text,
+      finish_reason: done.finishReason,
+      logprobs:
+        logprobs === undefined
+          ? null
+          : {
+              tokens: done.tokens.map(label),
+              token_logprobs: done.logprobs,
+              top_logprobs: done.tokens.map((t, j) => {
+                const entries: Record<string, number> = {};
+                for (const alt of done.top?.[j] ?? []) entries[label(alt.token)] = alt.logprob;
+                entries[label(t)] = done.logprobs[j];
+                return entries;
+              }),
+              text_offset: done.offsets,
+            },
+      ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: prompts[Math.floor(index / sampling.n)] } : {}),
+    };
+  });
+  const promptTokens = prompts.reduce((sum, p) => sum + p.length, 0);
+  return {
+    ...envelope(ctx, 'cmpl', 'text_completion', version),
+    choices,
+    usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
+  };
+}
+

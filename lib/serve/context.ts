@@ -1,0 +1,30 @@
+/**
+ * What the request handlers of `rxrl serve` share: the engine, the tokenizer, the chat template and the limits.
+ *
+ * @packageDocumentation
+ */
+import type { ChatTemplate } from '../chat/template.js';
+import type { LocalEngine } from '../engine/local.js';
+import type { Tokenizer } from '../engine/types.js';
+import type { ServingModel } from './servingModel.js';
+
+/** Most alternatives per position a request may ask for (`logprobs`, `top_logprobs`). */
+export const MAX_TOP_LOGPROBS = 20;
+
+/** A structured log line of the server. */
+export type ServeLogger = (record: Readonly<Record<string, unknown>>) => void;
+
+/** State of one server, read by every request handler. */
+export interface ServeContext {
+  readonly engine: LocalEngine;
+  readonly serving: ServingModel;
+  readonly tokenizer: Tokenizer;
+  readonly template: ChatTemplate;
+  readonly modelName: string;
+  readonly maxSeqLen: number;
+  readonly maxN: number;
+  readonly maxBodyBytes: number;
+  readonly created: number;
+  readonly log: ServeLogger;
+  closing: boolean;
+}

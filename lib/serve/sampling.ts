@@ -1,0 +1,206 @@
+/**
+ * Sampling parameters and response pieces shared by the completion and chat endpoints of `rxrl serve`.
+ *
+ * @packageDocumentation
+ */
+import { randomUUID } from 'node:crypto';
+
+import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
+import { hashSeed } from '../random.js';
+import type { PolicyVersion } from '../types.js';
+import type { ServeContext } from './context.js';
+import {
+  RequestError,
+  invalid,
+  readBoolean,
+  readInteger,
+  readNumber,
+  readStop,
+  readString,
+  readTokenIds,
+  refuse,
+  type JsonObject,
+} from './protocol.js';
+import type { TopLogprob } from './servingModel.js';
+
+/** Sampling parameters common to both endpoints, validated. */
+export interface Sampling {
+  readonly n: number;
+  readonly temperature: number;
+  readonly topP: number;
+  readonly seed: number | undefined;
+  readonly stop: readonly string[];
+  readonly stopTokens: readonly number[];
+  readonly tokensAsIds: boolean;
+  readonly returnTokenIds: boolean;
+  readonly includeStop: boolean;
+}
+
+/** 404 unless the request names the served model. */
+export function checkModel(ctx: ServeContext, body: JsonObject): void {
+  const model = readString(body, 'model');
+  if (model !== ctx.modelName) throw new RequestError(404, `The model '${model}' does not exist`, { param: 'model', code: 'model_not_found' });
+}
+
+/**
+ * Reads and validates `n`, `temperature`, `top_p`, `seed`, `stop` and the vLLM extensions; refuses streaming,
+ * penalties and logit bias.
+ */
+export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
+  refuse(body, 'stream', (v) => v === false, 'streaming');
+  refuse(body, 'presence_penalty', (v) => v === 0, 'penalties');
+  refuse(body, 'frequency_penalty', (v) => v === 0, 'penalties');
+  refuse(body, 'logit_bias', (v) => typeof v === 'object' && v !== null && Object.keys(v).length === 0, 'logit bias');
+  const n = readInteger(body, 'n', 1, ctx.maxN, 1);
+  const stop = readStop(body);
+  const V = ctx.tokenizer.vocabSize;
+  // Stop strings of one token end generation early; longer ones are cut after generation.
+  const single = stop.flatMap((s) => {
+    try {
+      const ids = ctx.tokenizer.encode(s);
+      return ids.length === 1 ? ids : [];
+    } catch {
+      return [];
+    }
+  });
+  return {
+    n,
+    temperature: readNumber(body, 'temperature', 0, 2, 1),
+    topP: readNumber(body, 'top_p', 0, 1, 1, true),
+    seed: readInteger(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
+    stop,
+    stopTokens: [...new Set([ctx.tokenizer.eosId, ...single, ...readTokenIds(body, 'stop_token_ids', V)])],
+    tokensAsIds: readBoolean(body, 'return_tokens_as_token_ids', false),
+    returnTokenIds: readBoolean(body, 'return_token_ids', false),
+    includeStop: readBoolean(body, 'include_stop_str_in_output', false),
+  };
+}
+
+/** Seed of choice `index` (prompt-major): the request's seed itself for the first, derived streams after. */
+function choiceSeed(seed: number | undefined, index: number): number {
+  if (seed === undefined) return Math.floor(Math.random() * 2 ** 32);
+  return index === 0 ? seed : hashSeed(seed, 'choice', String(index));
+}
+
+/** 400 (`context_length_exceeded`) when prompt plus new tokens do not fit the model. */
+export function checkContext(ctx: ServeContext, promptLength: number, maxTokens: number, param: string): void {
+  if (promptLength === 0) throw invalid(param, 'the prompt is empty');
+  if (promptLength + maxTokens > ctx.maxSeqLen) {
+    throw invalid(
+      param,
+      `This model's maximum context length is ${ctx.maxSeqLen} tokens; the prompt has ${promptLength} tokens and ${maxTokens} new tokens were requested`,
+      'context_length_exceeded',
+    );
+  }
+}
+
+/** A finished sample after stop strings are applied. */
+export interface Finished {
+  readonly tokens: number[];
+  readonly logprobs: number[];
+  readonly top: TopLogprob[][] | undefined;
+  readonly text: string;
+  /** Character offset of each kept token in `text`. */
+  readonly offsets: number[];
+  readonly finishReason: 'stop' | 'length';
+}
+
+function tokenText(ctx: ServeContext, token: number): string {
+  const { padId, bosId, eosId } = ctx.tokenizer;
+  return token === padId || token === bosId || token === eosId ? '' : ctx.tokenizer.decode([token]);
+}
+
+/** How a token is spelled in log-probs: `token_id:<id>`, `<eos>`-style names for special tokens, or its text. */
+export function tokenLabel(ctx: ServeContext, token: number, asId: boolean): string {
+  if (asId) return `token_id:${token}`;
+  const { padId, bosId, eosId } = ctx.tokenizer;
+  if (token === eosId) return '<eos>';
+  if (token === bosId) return '<bos>';
+  if (token === padId) return '<pad>';
+  return ctx.tokenizer.decode([token]);
+}
+
+/** Applies stop strings: the text and the tokens end before the first stop string (or after it, if asked). */
+export function finish(ctx: ServeContext, response: GenerateResponse, sampling: Sampling): Finished {
+  const top = ctx.serving.topLogprobs(response);
+  let text = '';
+  const offsets: number[] = [];
+  for (let j = 0; j < response.tokens.length; j++) {
+    offsets.push(text.length);
+    text += tokenText(ctx, response.tokens[j]);
+    let at = -1;
+    let length = 0;
+    for (const s of sampling.stop) {
+      const found = text.indexOf(s);
+      if (found >= 0 && (at < 0 || found < at)) {
+        at = found;
+        length = s.length;
+      }
+    }
+    if (at >= 0) {
+      const cut = sampling.includeStop ? at + length : at;
+      const ends = offsets.map((o, i) => o + tokenText(ctx, response.tokens[i]).length);
+      const keep = sampling.includeStop ? j + 1 : ends.filter((end) => end <= at).length;
+      return {
+        tokens: response.tokens.slice(0, keep),
+        logprobs: response.logprobs.slice(0, keep),
+        top: top?.slice(0, keep),
+        text: text.slice(0, cut),
+        offsets: offsets.slice(0, keep),
+        finishReason: 'stop',
+      };
+    }
+  }
+  return {
+    tokens: response.tokens,
+    logprobs: response.logprobs,
+    top,
+    text,
+    offsets,
+    finishReason: response.finishReason === 'stop' ? 'stop' : 'length',
+  };
+}
+
+/**
+ * Samples `n` responses per prompt through the local engine (prompt-major order), asking for `topK`
+ * alternatives per token; resolves with the responses and the oldest policy version among them.
+ */
+export async function sample(
+  ctx: ServeContext,
+  prompts: readonly number[][],
+  maxTokens: number,
+  sampling: Sampling,
+  topK: number,
+  signal: AbortSignal,
+): Promise<{ responses: GenerateResponse[]; version: PolicyVersion }> {
+  const requests: GenerateRequest[] = [];
+  prompts.forEach((promptTokens, p) => {
+    for (let i = 0; i < sampling.n; i++) {
+      const request: GenerateRequest = {
+        promptTokens,
+        maxTokens,
+        temperature: sampling.temperature,
+        topP: sampling.topP,
+        stopTokens: sampling.stopTokens,
+        seed: choiceSeed(sampling.seed, p * sampling.n + i),
+      };
+      ctx.serving.requestTopLogprobs(request, topK);
+      requests.push(request);
+    }
+  });
+  const responses = await ctx.engine.generate(requests, signal);
+  return { responses, version: Math.min(...responses.map((r) => r.policyVersion)) };
+}
+
+/** The fields every completion response starts with, `policy_version` and `system_fingerprint` included. */
+export function envelope(ctx: ServeContext, prefix: string, object: string, version: PolicyVersion): Record<string, unknown> {
+  return {
+    id: `${prefix}-${randomUUID().replaceAll('-', '')}`,
+    object,
+    created: Math.floor(Date.now() / 1000),
+    model: ctx.modelName,
+    system_fingerprint: `rxrl-v${version}`,
+    policy_version: version,
+  };
+}
+
