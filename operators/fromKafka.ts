@@ -194,6 +194,12 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
       }
     };
 
+    const onAck = (): void => {
+      inFlight--;
+      scheduleCommit();
+      maybeResume();
+    };
+
     const deadLetter = async (batch: Batch, message: KafkaMessage, error: DecodeError): Promise<void> => {
       const target = options.deadLetter!;
       const headers: IHeaders = {
@@ -239,18 +245,25 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
       isStale: () => boolean;
     }): Promise<void> => {
       const { topic, partition } = batch;
+      // kafkajs parses an offset on every resolve, so resolve once: the last message handled, before returning.
+      let handled: string | undefined;
+      const resolveHandled = (): void => {
+        if (handled !== undefined) resolveOffset(handled);
+        handled = undefined;
+      };
       for (const message of batch.messages) {
-        if (closed || !isRunning() || isStale()) return;
+        if (closed || !isRunning() || isStale()) return resolveHandled();
         if (inFlight >= capacity) {
           // Unresolved messages are fetched again after the resume.
           pause();
-          return;
+          return resolveHandled();
         }
         let value: T;
         try {
           if (message.value === null) throw new DecodeError('message has no value (a tombstone)');
           value = options.decode(message.value);
         } catch (error) {
+          resolveHandled();
           if (!(error instanceof DecodeError) || options.deadLetter === undefined) {
             fail(error);
             return;
@@ -266,29 +279,12 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
           scheduleCommit();
           continue;
         }
-        const done = tracker.deliver(topic, partition, message.offset);
-        let acked = false;
         inFlight++;
-        const record: KafkaRecord<T> = {
-          value,
-          topic,
-          partition,
-          offset: message.offset,
-          key: message.key === null ? undefined : message.key.toString('utf8'),
-          headers: stringHeaders(message.headers),
-          timestamp: message.timestamp,
-          ack: () => {
-            if (acked) return;
-            acked = true;
-            inFlight--;
-            done();
-            scheduleCommit();
-            maybeResume();
-          },
-        };
-        resolveOffset(message.offset);
+        const record = new Delivered(value, topic, partition, message, tracker.deliver(topic, partition, message.offset), onAck);
+        handled = message.offset;
         subscriber.next(record);
       }
+      resolveHandled();
       if (!closed) await heartbeat();
     };
 
@@ -333,6 +329,44 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
       else reported.catch(() => undefined);
     };
   });
+}
+
+/** A consumed record; key and headers are decoded on first access (most consumers never read them). */
+class Delivered<T> implements KafkaRecord<T> {
+  private acked = false;
+  private decodedHeaders: Record<string, string> | undefined;
+
+  constructor(
+    readonly value: T,
+    readonly topic: string,
+    readonly partition: number,
+    private readonly message: KafkaMessage,
+    private readonly done: () => void,
+    private readonly onAck: () => void,
+  ) {}
+
+  get offset(): string {
+    return this.message.offset;
+  }
+
+  get key(): string | undefined {
+    return this.message.key === null ? undefined : this.message.key.toString('utf8');
+  }
+
+  get headers(): Readonly<Record<string, string>> {
+    return (this.decodedHeaders ??= stringHeaders(this.message.headers));
+  }
+
+  get timestamp(): string {
+    return this.message.timestamp;
+  }
+
+  ack(): void {
+    if (this.acked) return;
+    this.acked = true;
+    this.done();
+    this.onAck();
+  }
 }
 
 function stringHeaders(headers: IHeaders | undefined): Record<string, string> {

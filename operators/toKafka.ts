@@ -67,19 +67,59 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
   const topicOf = typeof options.topic === 'string' ? ((topic: string) => () => topic)(options.topic) : options.topic;
   return (source) =>
     new Observable<T>((subscriber) => {
-      let queue: Pending<T>[] = [];
+      // A deque of items not yet encoded: from `head` on (slicing a long array per send would be quadratic).
+      let queue: T[] = [];
+      let head = 0;
+      // The next produce request, encoded while the previous one is in flight.
+      let prepared: Pending<T>[] | undefined;
       let sending = false;
       let sourceDone = false;
       let closed = false;
 
+      const toPending = (item: T): Pending<T> => {
+        const value = options.encode(item);
+        // Built field by field (no object spread): this runs once per message.
+        const message: Message = {
+          value: Buffer.isBuffer(value) ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength),
+        };
+        const key = options.key?.(item);
+        if (key !== undefined) message.key = key;
+        const headers: IHeaders | undefined = options.headers?.(item);
+        if (headers !== undefined) message.headers = headers;
+        return { item, topic: topicOf(item), message };
+      };
+
+      /** Encodes the next request's items; errors the stream (and returns undefined) if one cannot be encoded. */
+      const prepare = (): Pending<T>[] | undefined => {
+        if (head === queue.length) return undefined;
+        const end = Math.min(queue.length, head + maxBatchSize);
+        const batch: Pending<T>[] = [];
+        try {
+          for (let i = head; i < end; i++) batch.push(toPending(queue[i]));
+        } catch (error) {
+          subscriber.error(error);
+          return undefined;
+        }
+        head = end;
+        if (head === queue.length) {
+          queue = [];
+          head = 0;
+        } else if (head > 4096 && head * 2 > queue.length) {
+          queue = queue.slice(head);
+          head = 0;
+        }
+        return batch;
+      };
+
       const pump = (): void => {
         if (sending || closed) return;
-        if (queue.length === 0) {
+        const batch = prepared ?? prepare();
+        prepared = undefined;
+        if (closed) return;
+        if (batch === undefined) {
           if (sourceDone) subscriber.complete();
           return;
         }
-        const batch = queue.length <= maxBatchSize ? queue : queue.slice(0, maxBatchSize);
-        queue = queue.length <= maxBatchSize ? [] : queue.slice(maxBatchSize);
         sending = true;
         producer.sendBatch({ acks: -1, topicMessages: byTopic(batch) }).then(
           () => {
@@ -95,37 +135,24 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
             subscriber.error(new KafkaBridgeError(`send of ${batch.length} messages to ${topics} failed: ${String(cause)}`, { cause }));
           },
         );
+        // Encode the next request once this one is on its way, while the broker works on it.
+        setImmediate(() => {
+          if (!closed && sending && prepared === undefined) prepared = prepare();
+        });
       };
 
       const subscription = source.subscribe({
         next: (item) => {
-          if (queue.length >= capacity) {
+          const waiting = queue.length - head + (prepared?.length ?? 0);
+          if (waiting >= capacity) {
             subscriber.error(
-              new ConfigError(`toKafka holds ${queue.length} unsent items, its capacity; raise 'capacity' or slow the source`, {
+              new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, {
                 context: { capacity },
               }),
             );
             return;
           }
-          let pending: Pending<T>;
-          try {
-            const value = options.encode(item);
-            const key = options.key?.(item);
-            const headers: IHeaders | undefined = options.headers?.(item);
-            pending = {
-              item,
-              topic: topicOf(item),
-              message: {
-                value: Buffer.from(value.buffer, value.byteOffset, value.byteLength),
-                ...(key === undefined ? {} : { key }),
-                ...(headers === undefined ? {} : { headers: { ...headers } }),
-              },
-            };
-          } catch (error) {
-            subscriber.error(error);
-            return;
-          }
-          queue.push(pending);
+          queue.push(item);
           pump();
         },
         error: (error: unknown) => subscriber.error(error),
@@ -137,6 +164,8 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
       return () => {
         closed = true;
         queue = [];
+        head = 0;
+        prepared = undefined;
         subscription.unsubscribe();
       };
     });

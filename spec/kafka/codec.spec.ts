@@ -121,7 +121,7 @@ describe('codec: trajectories', () => {
     expect(decodeError(() => decodeTrajectoryMessage(good.subarray(0, good.length - 1))).context.field).toBeDefined();
     expect(decodeError(() => decodeTrajectoryMessage(new Uint8Array([...good, 0]))).context.field).toBe('end');
     expect(decodeError(() => decodeTrajectoryMessage(new TextEncoder().encode('{"json": true}'))).context.field).toBe('header');
-    const future = good.slice();
+    const future = Uint8Array.from(good);
     future[2] = CODEC_VERSION + 1;
     expect(decodeError(() => decodeTrajectoryMessage(future)).message).toMatch(/version/);
     // A task message is not a trajectory.
@@ -135,7 +135,7 @@ describe('codec: trajectories', () => {
     });
     expect(decodeError(() => decodeTrajectoryMessage(task)).context.field).toBe('header');
     // An absurd array length is caught before any allocation.
-    const huge = good.slice();
+    const huge = Uint8Array.from(good);
     const at = 4 + 4 + 'r'.length; // header, run length and 'r': the id's length
     new DataView(huge.buffer).setUint32(at, 0xfffffff0, true);
     expect(decodeError(() => decodeTrajectoryMessage(huge))).toBeInstanceOf(DecodeError);
@@ -160,7 +160,7 @@ describe('codec: trajectories', () => {
   });
 
   it('rejects invalid UTF-8 in strings', () => {
-    const bytes = encodeTrajectoryMessage({ run: 'rr', output: trajectory }).slice();
+    const bytes = Uint8Array.from(encodeTrajectoryMessage({ run: 'rr', output: trajectory }));
     bytes[8] = 0xff; // first byte of the run id
     expect(decodeError(() => decodeTrajectoryMessage(bytes)).context.field).toBe('run');
   });
@@ -186,7 +186,7 @@ describe('codec: weights', () => {
 
   it('checks the digest on both sides', () => {
     expect(() => encodeWeightsMessage({ ...version, sha256: 'xyz' })).toThrow(EncodeError);
-    const bytes = encodeWeightsMessage(version).slice();
+    const bytes = Uint8Array.from(encodeWeightsMessage(version));
     bytes[bytes.length - 9] = 'G'.charCodeAt(0); // last hex digit of the digest
     expect(decodeError(() => decodeWeightsMessage(bytes)).context.field).toBe('sha256');
   });
@@ -202,5 +202,47 @@ describe('codec: inputs that are views into a larger buffer', () => {
       const view = pool.subarray(shift, shift + bytes.length);
       expect(decodeTrajectoryMessage(view).output).toEqual(t);
     }
+  });
+});
+
+describe('codec: the shared encoding buffer', () => {
+  it('returns independent bytes from consecutive encodes', () => {
+    const a = encodeTrajectoryMessage({ run: 'r', output: traj('a@0', 0) });
+    const copy = Uint8Array.from(a);
+    encodeTrajectoryMessage({ run: 'r', output: traj('b@0', 1, { responseTokens: [9, 9, 9], logprobs: [0, 0, 0], lossMask: [1, 1, 1] }) });
+    expect(Uint8Array.from(a)).toEqual(copy);
+  });
+
+  it('recovers after an encode fails half-way', () => {
+    expect(() => encodeTrajectoryMessage({ run: 'r', output: traj('a@0', 0, { promptTokens: [1, 2.5] }) })).toThrow(EncodeError);
+    const t = traj('c@0', 2);
+    expect(decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: t })).output).toEqual(t);
+  });
+
+  it('encodes a nested message from metadata toJSON without corrupting the outer one', () => {
+    const inner = traj('in@0', 0);
+    let nested: Uint8Array | undefined;
+    const metadata = {
+      toJSON: () => {
+        nested = encodeTrajectoryMessage({ run: 'inner', output: inner });
+        return { ok: true };
+      },
+    };
+    const outer = traj('out@0', 1, { task: { id: 'out', prompt: 'p', metadata } });
+    const decoded = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'outer', output: outer }));
+    expect((decoded.output as typeof outer).task.metadata).toEqual({ ok: true });
+    expect(decoded.output.id).toBe('out@0/1');
+    expect(decodeTrajectoryMessage(nested!).output).toEqual(inner);
+  });
+
+  it('grows for large messages', () => {
+    const big = traj('big@0', 0, {
+      responseTokens: Array.from({ length: 40_000 }, (_, i) => i),
+      logprobs: Array.from({ length: 40_000 }, () => -0.5),
+      lossMask: Array.from({ length: 40_000 }, () => 1),
+    });
+    expect(decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: big })).output).toEqual(big);
+    const small = traj('s@0', 0);
+    expect(decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: small })).output).toEqual(small);
   });
 });
