@@ -1,0 +1,169 @@
+/** Weight versions across processes: WeightsPublisher → weights topic (real broker) → WeightsFollower. */
+import { existsSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import type { Kafka, Producer } from 'kafkajs';
+import { firstValueFrom, filter } from 'rxjs';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+
+import { ConfigError } from '../../lib/errors.js';
+import { createProducer } from '../../lib/kafka/client.js';
+import { decodeWeightsMessage } from '../../lib/kafka/codec.js';
+import { KafkaBridgeError } from '../../lib/kafka/errors.js';
+import { WeightsFollower, WeightsPublisher } from '../../lib/kafka/weights.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { POLICY_CONFIG_METADATA_KEY } from '../../lib/model/policyFile.js';
+import { loadSafetensors } from '../../lib/model/safetensors.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { fromKafka } from '../../operators/fromKafka.js';
+import { createTopic, kafkaClient, readMessages, uniqueName } from './helpers.js';
+
+const tokenizer = new CharTokenizer('ab');
+const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 8, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 8 };
+
+let kafka: Kafka;
+let producer: Producer;
+let model: PolicyModel;
+const cleanups: (() => void)[] = [];
+
+beforeAll(async () => {
+  await initBackend('cpu', { logger: { info: () => undefined } });
+  kafka = kafkaClient('rxrl-weights-spec');
+  producer = createProducer(kafka);
+  await producer.connect();
+  model = PolicyModel.create(config, 1);
+});
+
+afterEach(() => {
+  for (const cleanup of cleanups.splice(0)) cleanup();
+});
+
+afterAll(async () => {
+  model?.dispose();
+  await producer?.disconnect();
+});
+
+async function setup(run = 'run-a'): Promise<{ topic: string; dir: string; publisher: WeightsPublisher }> {
+  const topic = uniqueName('weights');
+  await createTopic(kafka, topic, 1);
+  const dir = mkdtempSync(join(tmpdir(), 'rxrl-weights-spec-'));
+  const publisher = new WeightsPublisher({ producer, topic, dir, run, modelTag: 'policy', policyConfig: config });
+  return { topic, dir, publisher };
+}
+
+function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: number } = {}): WeightsFollower {
+  const closings: Promise<void>[] = [];
+  const follower = new WeightsFollower(
+    fromKafka(kafka, {
+      groupId: uniqueName('follower'),
+      topics: [topic],
+      decode: decodeWeightsMessage,
+      onClosed: (c) => void closings.push(c.catch(() => undefined)),
+    }),
+    { tokenizer: options.vocab ?? tokenizer, loadAttempts: options.loadAttempts },
+  );
+  cleanups.push(() => follower.close());
+  follower.start();
+  return follower;
+}
+
+describe('WeightsPublisher', () => {
+  it('writes each version as a safetensors file with the architecture and announces it; keeps the newest 3', async () => {
+    const { topic, dir, publisher } = await setup();
+    const announced = [];
+    for (let v = 0; v < 5; v++) announced.push(await publisher.publish(v, model.getWeights()));
+    await publisher.end(4);
+    expect(announced.map((a) => a.version)).toEqual([0, 1, 2, 3, 4]);
+    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['v2.safetensors', 'v3.safetensors', 'v4.safetensors']);
+    const { weights, metadata } = await loadSafetensors(announced[4].path);
+    expect(JSON.parse(metadata[POLICY_CONFIG_METADATA_KEY] ?? '{}')).toEqual(config);
+    expect([...weights.keys()]).toEqual([...model.getWeights().keys()]);
+    const messages = (await readMessages(kafka, topic, 6)).map((m) => decodeWeightsMessage(m.value!));
+    expect(messages.map((m) => `${m.kind}:${m.version}`)).toEqual(['version:0', 'version:1', 'version:2', 'version:3', 'version:4', 'end:4']);
+    expect(messages[4]).toMatchObject({ kind: 'version', run: 'run-a', path: announced[4].path, sha256: announced[4].sha256 });
+  });
+});
+
+describe('WeightsFollower', () => {
+  it('builds its engine from the first file alone and loads each newer version; waitFor gates on the version', async () => {
+    const { topic, publisher } = await setup();
+    await publisher.publish(0, model.getWeights());
+    const follower = follow(topic);
+    const engine = await follower.waitFor('run-a', 0);
+    expect(engine?.version).toBe(0);
+    expect(engine?.tokenizer).toBe(tokenizer);
+    let resolved = false;
+    const later = follower.waitFor('run-a', 2).then((e) => ((resolved = true), e));
+    await publisher.publish(1, model.getWeights());
+    await new Promise((r) => setTimeout(r, 300));
+    expect(resolved).toBe(false);
+    await publisher.publish(2, model.getWeights());
+    expect(await later).toBe(engine); // the same engine, now holding version 2
+    expect(engine?.version).toBe(2);
+  });
+
+  it('coalesces announcements that arrive during a load: the newest wins', async () => {
+    const { topic, publisher } = await setup();
+    for (let v = 0; v < 6; v++) await publisher.publish(v, model.getWeights());
+    const follower = follow(topic);
+    const loaded: number[] = [];
+    follower.events.pipe(filter((e) => e.type === 'loaded')).subscribe((e) => loaded.push(e.type === 'loaded' ? e.version : -1));
+    const engine = await follower.waitFor('run-a', 5);
+    expect(engine?.version).toBe(5);
+    expect(loaded.at(-1)).toBe(5);
+    expect(loaded.length).toBeLessThan(6); // versions whose files were already replaced were skipped
+  });
+
+  it('the end of the followed run resolves pending waits with undefined and is reported', async () => {
+    const { topic, publisher } = await setup();
+    await publisher.publish(0, model.getWeights());
+    const follower = follow(topic);
+    await follower.waitFor('run-a', 0);
+    const ended = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'end')));
+    const waiting = follower.waitFor('run-a', 7);
+    await publisher.end(0);
+    expect(await waiting).toBeUndefined();
+    expect(await ended).toMatchObject({ type: 'end', message: { run: 'run-a', version: 0 } });
+    expect(await follower.waitFor('run-a', 0)).toBeUndefined();
+  });
+
+  it('a newer run supersedes the old one: its tasks are over, the new run gets a fresh engine', async () => {
+    const { topic, dir, publisher } = await setup('run-old');
+    await publisher.publish(0, model.getWeights());
+    const follower = follow(topic);
+    const old = await follower.waitFor('run-old', 0);
+    const next = new WeightsPublisher({ producer, topic, dir, run: 'run-new', modelTag: 'policy', policyConfig: config });
+    await next.publish(0, model.getWeights());
+    const fresh = await follower.waitFor('run-new', 0);
+    expect(fresh).toBeDefined();
+    expect(fresh).not.toBe(old);
+    expect(await follower.waitFor('run-old', 0)).toBeUndefined();
+  });
+
+  it('fails loudly when an announced file never matches its announcement', async () => {
+    const { topic, publisher } = await setup();
+    const v0 = await publisher.publish(0, model.getWeights());
+    writeFileSync(v0.path, Buffer.alloc(v0.bytes)); // same size, wrong contents
+    const follower = follow(topic, { loadAttempts: 3 });
+    await expect(follower.waitFor('run-a', 0)).rejects.toBeInstanceOf(KafkaBridgeError);
+    expect(existsSync(v0.path)).toBe(true);
+  });
+
+  it('rejects a model whose vocabulary does not fit the worker tokenizer', async () => {
+    const { topic, publisher } = await setup();
+    await publisher.publish(0, model.getWeights());
+    const follower = follow(topic, { vocab: new CharTokenizer('abc') });
+    await expect(follower.waitFor('run-a', 0)).rejects.toBeInstanceOf(ConfigError);
+  });
+
+  it('waits are cancelled by their signal', async () => {
+    const { topic } = await setup();
+    const follower = follow(topic);
+    const controller = new AbortController();
+    const waiting = follower.waitFor('run-a', 0, controller.signal);
+    controller.abort(new Error('stop'));
+    await expect(waiting).rejects.toThrow('stop');
+  });
+});
