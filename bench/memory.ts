@@ -10,47 +10,14 @@
  * One JSON line per mode.
  */
 import { lastValueFrom, toArray } from 'rxjs';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../lib/engine/types.js';
-import type { Evaluator } from '../lib/evaluator.js';
 import type { StalenessMode } from '../lib/sync/gate.js';
-import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Task } from '../lib/types.js';
+import type { Task } from '../lib/types.js';
 import { grpoPipeline } from '../pipelines/grpoPipeline.js';
+import { LatencyEngine, SleepTrainer, constantEvaluator } from './_fakes.js';
 
-const tokenizer = {
-  vocabSize: 4,
-  padId: 0,
-  bosId: 1,
-  eosId: 2,
-  encode: (_: string, o?: { addBos?: boolean }): number[] => (o?.addBos ? [1, 3] : [3]),
-  decode: (): string => 'x',
-};
 
-class InstantEngine implements RolloutEngine {
-  readonly modelTag = 'policy';
-  readonly tokenizer = tokenizer;
-  version = 0;
-  async generate(requests: readonly GenerateRequest[]): Promise<GenerateResponse[]> {
-    return requests.map(() => ({ tokens: [3, 2], logprobs: [-1, -1], finishReason: 'stop', policyVersion: this.version }));
-  }
-  async loadWeights(version: number): Promise<void> {
-    this.version = version;
-  }
-}
 
-class SleepTrainer implements Trainer {
-  readonly modelTag = 'policy';
-  step = 0;
-  constructor(private readonly ms: number) {}
-  async trainStep(batch: Batch): Promise<StepResult> {
-    const step = this.step++;
-    await new Promise((resolve) => setTimeout(resolve, this.ms));
-    const weights: NamedWeights = new Map();
-    return { step, version: step + 1, metrics: {}, skipped: false, trajectoryIds: [], weights: () => weights };
-  }
-}
 
-const evaluator: Evaluator = { evaluate: () => ({ reward: 1 }) };
 
 function* tasks(n: number): Generator<Task> {
   for (let i = 0; i < n; i++) yield { id: `t${i}`, prompt: 'x' };
@@ -124,9 +91,9 @@ async function run(mode: StalenessMode, total: number, batch: number, trainMs: n
   const results = await lastValueFrom(
     grpoPipeline({
       tasks: tasks(total),
-      engines: [new InstantEngine()],
+      engines: [new LatencyEngine()],
       trainer: new SleepTrainer(trainMs),
-      evaluator,
+      evaluator: constantEvaluator,
       mode,
       capacity: 4 * batch,
       batchSize: batch,

@@ -14,14 +14,12 @@
  * speedups over sync.
  */
 import { lastValueFrom, toArray } from 'rxjs';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../lib/engine/types.js';
-import type { Evaluator } from '../lib/evaluator.js';
 import { createRng, hashSeed } from '../lib/random.js';
 import type { StalenessMode } from '../lib/sync/gate.js';
-import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Task } from '../lib/types.js';
+import type { Task } from '../lib/types.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from '../pipelines/grpoPipeline.js';
+import { LatencyEngine, SleepTrainer, constantEvaluator } from './_fakes.js';
 
 interface Settings {
   readonly steps: number;
@@ -36,7 +34,6 @@ interface Settings {
   readonly seed: number;
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Latency (ms) of the sample whose sampling seed is `seed`. */
 function latencyOf(seed: number, s: Settings): number {
@@ -46,44 +43,9 @@ function latencyOf(seed: number, s: Settings): number {
   return tail ? s.tailLo + u * (s.tailHi - s.tailLo) : s.lo + u * (s.hi - s.lo);
 }
 
-const tokenizer = {
-  vocabSize: 4,
-  padId: 0,
-  bosId: 1,
-  eosId: 2,
-  encode: (_: string, o?: { addBos?: boolean }): number[] => (o?.addBos ? [1, 3] : [3]),
-  decode: (): string => 'x',
-};
 
-class SleepEngine implements RolloutEngine {
-  readonly modelTag = 'policy';
-  readonly tokenizer = tokenizer;
-  version = 0;
-  constructor(private readonly settings: Settings) {}
-  async generate(requests: readonly GenerateRequest[]): Promise<GenerateResponse[]> {
-    const version = this.version;
-    await sleep(Math.max(...requests.map((r) => latencyOf(r.seed ?? 0, this.settings))));
-    return requests.map(() => ({ tokens: [3, 2], logprobs: [-1, -1], finishReason: 'stop', policyVersion: version }));
-  }
-  async loadWeights(version: number): Promise<void> {
-    this.version = version;
-  }
-}
 
-class SleepTrainer implements Trainer {
-  readonly modelTag = 'policy';
-  step = 0;
-  constructor(private readonly ms: number) {}
-  async trainStep(batch: Batch): Promise<StepResult> {
-    const step = this.step;
-    await sleep(this.ms);
-    this.step++;
-    const weights: NamedWeights = new Map();
-    return { step, version: step + 1, metrics: { ...batch.metrics }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: () => weights };
-  }
-}
 
-const evaluator: Evaluator = { evaluate: () => ({ reward: 1 }) };
 
 /** Rollout time of each task: the slowest of its samples (unbounded parallelism). */
 function taskTimes(tasks: readonly Task[], s: Settings): number[] {
@@ -130,7 +92,7 @@ function idealFullyAsync(times: readonly number[], capacity: number, s: Settings
 }
 
 async function measure(mode: StalenessMode, eta: number, capacity: number, tasks: readonly Task[], s: Settings): Promise<number> {
-  const engine = new SleepEngine(s);
+  const engine = new LatencyEngine((request) => latencyOf(request.seed ?? 0, s));
   const trainer = new SleepTrainer(s.trainMs);
   const started = performance.now();
   await lastValueFrom(
@@ -138,7 +100,7 @@ async function measure(mode: StalenessMode, eta: number, capacity: number, tasks
       tasks: [...tasks],
       engines: [engine],
       trainer,
-      evaluator,
+      evaluator: constantEvaluator,
       mode,
       stalenessThreshold: eta,
       capacity,
