@@ -232,7 +232,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
         }),
         train(config.trainer, { signal }),
         concatMap(async (result) => {
-          const published = await publisher.publish(result.version, result.weights());
+          const published = await publisher.publish(result.version, result.weights(), signal);
           version = result.version;
           emit('trainer.published', { version: published.version, path: published.path });
           const groupIds = groups.map((g) => g.key[0]);
@@ -299,7 +299,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       await ensureTopics(kafka, topics, config.partitions, signal);
       await producer.connect();
       signal.throwIfAborted();
-      await publisher.publish(0, config.policy.getWeights());
+      await publisher.publish(0, config.policy.getWeights(), signal);
       emit('trainer.published', { version: 0 });
       await new Promise<void>((resolve, reject) => {
         subscriptions.push(steps$.subscribe({ next: (step) => subscriber.next(step), error: reject, complete: resolve }));

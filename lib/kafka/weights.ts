@@ -21,7 +21,7 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError } from '../errors.js';
+import { ConfigError, DecodeError, throwIfAborted } from '../errors.js';
 import { POLICY_CONFIG_METADATA_KEY } from '../model/policyFile.js';
 import { decodeSafetensors, encodeSafetensors } from '../model/safetensors.js';
 import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../model/transformer.js';
@@ -69,9 +69,13 @@ export class WeightsPublisher {
    * Writes `weights` as version `version` and announces it; resolves once the broker acknowledged the
    * announcement (`acks: -1`).
    *
-   * @throws {@link KafkaBridgeError} when the announcement cannot be sent.
+   * @param version - the policy version the weights make.
+   * @param weights - the weights (copied into the file).
+   * @param signal - cancels before the file is written and before it is announced.
+   * @throws {@link KafkaBridgeError} when the announcement cannot be sent; `AbortError` when `signal` fired.
    */
-  async publish(version: PolicyVersion, weights: NamedWeights): Promise<WeightsVersionMessage> {
+  async publish(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<WeightsVersionMessage> {
+    throwIfAborted(signal, { version });
     const { run, modelTag, policyConfig } = this.options;
     const path = resolve(join(this.options.dir, safeName(run), `v${version}.safetensors`));
     const bytes = encodeSafetensors(weights, {
@@ -83,6 +87,7 @@ export class WeightsPublisher {
     const temporary = `${path}.${randomBytes(4).toString('hex')}.tmp`;
     await writeFile(temporary, bytes);
     await rename(temporary, path);
+    throwIfAborted(signal, { version });
     const message: WeightsVersionMessage = {
       kind: 'version',
       run,

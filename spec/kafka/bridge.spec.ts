@@ -1,6 +1,6 @@
 /** toKafka and fromKafka against the real broker. */
 import type { Kafka, Producer } from 'kafkajs';
-import { firstValueFrom, from, lastValueFrom, take, toArray, type Subscription } from 'rxjs';
+import { firstValueFrom, from, lastValueFrom, take, tap, toArray, type Subscription } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { DecodeError } from '../../lib/errors.js';
@@ -194,6 +194,34 @@ describe('toKafka → broker → fromKafka', () => {
       { what: 'the group to be empty' },
     );
     await admin.disconnect();
+  });
+
+  it('completes and closes its consumer when its signal fires', async () => {
+    const topic = uniqueName('signal');
+    await createTopic(kafka, topic, 1);
+    await publish(topic, trajectories(2));
+    const controller = new AbortController();
+    let closing: Promise<void> | undefined;
+    const seen: string[] = [];
+    const done = lastValueFrom(
+      fromKafka(kafka, {
+        groupId: uniqueName('group'),
+        topics: [topic],
+        decode: decodeTrajectoryMessage,
+        signal: controller.signal,
+        onClosed: (c) => (closing = c),
+      }).pipe(
+        tap((record) => {
+          seen.push(record.offset);
+          record.ack();
+          if (seen.length === 2) controller.abort();
+        }),
+      ),
+      { defaultValue: undefined },
+    );
+    await done;
+    expect(seen).toEqual(['0', '1']);
+    await closing;
   });
 
   it('toKafka errors the stream with a KafkaBridgeError when the broker rejects the send', async () => {
