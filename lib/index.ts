@@ -137,7 +137,7 @@ export type { SafetensorsContents, SafetensorsMetadata } from './model/safetenso
 
 // ── engines ────────────────────────────────────────────────────────────────────
 export { LocalEngine } from './engine/local.js';
-export type { LocalEngineOptions, SamplingModel } from './engine/local.js';
+export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engine/local.js';
 
 // ── evaluators ─────────────────────────────────────────────────────────────────
 export type { EvaluationResult, Evaluator } from './evaluator.js';
@@ -301,3 +301,19 @@ export type {
   SkippedLine,
   WriteReportOptions,
 } from './observe/index.js';
+
+// ── configuration ──────────────────────────────────────────────────────────────
+export { SCHEMA, describeConfig, loadConfig } from './config/schema.js';
+export type { LoadConfigOptions, RxrlConfig } from './config/schema.js';
+
+// ── checkpoints ────────────────────────────────────────────────────────────────
+export {
+  CHECKPOINT_FORMAT,
+  checkpointName,
+  latestCheckpoint,
+  listCheckpoints,
+  loadCheckpoint,
+  pruneCheckpoints,
+  saveCheckpoint,
+} from './checkpoint/checkpoint.js';
+export type { Checkpoint, CheckpointState } from './checkpoint/checkpoint.js';

@@ -25,3 +25,7 @@ export type { KafkaRolloutWorkerConfig, WorkerTaskResult } from './kafkaRolloutW
 // ── training through an OpenAI-compatible server ──────────────────────────────
 export { runServed } from './served.js';
 export type { ServedRunOptions, ServedRunSummary } from './served.js';
+
+// ── recipe runs: checkpoints, resume, validation, metrics (rxrl run) ───────────
+export { recipeDir, runTraining } from './run.js';
+export type { RunSummary, RunTrainingOptions } from './run.js';
