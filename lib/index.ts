@@ -316,4 +316,4 @@ export {
   pruneCheckpoints,
   saveCheckpoint,
 } from './checkpoint/checkpoint.js';
-export type { Checkpoint, CheckpointState } from './checkpoint/checkpoint.js';
+export type { BufferedSample, Checkpoint, CheckpointState } from './checkpoint/checkpoint.js';

@@ -2,7 +2,7 @@ import { appendFile, mkdir } from 'node:fs/promises';
 import { basename, dirname, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
-import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
+import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type BufferedSample, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { loadTasks, parseTaskLine, type LoaderPosition } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
@@ -15,7 +15,7 @@ import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, Task } from '../lib/types.js';
-import type { RolloutWorker } from '../lib/worker.js';
+import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
@@ -166,16 +166,28 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     yield* loader;
   })();
   const admitted = new Map<string, Task>();
+  // Samples generated for groups not yet trained (kept in checkpoints), and those a checkpoint handed back.
+  const generated = new Map<string, BufferedSample>();
+  const restored = new Map((checkpoint?.buffered ?? []).map((b) => [b.id, b] as const));
+  const baseWorker = worker ?? singleTurnWorker;
+  const recordingWorker: RolloutWorker = async (input, workerSignal) => {
+    const saved = restored.get(input.id);
+    restored.delete(input.id);
+    const sample = saved ? saved.sample : await baseWorker(input, workerSignal);
+    generated.set(input.id, { id: input.id, groupId: input.groupId, sample });
+    return sample;
+  };
   let position: LoaderPosition = loader.position;
   const batchGroups: (readonly string[])[] = [];
   let lastCheckpointStep = checkpoint?.state.step ?? -1;
   const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
   const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
 
-  const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition): Promise<void> => {
+  const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition, buffered: readonly BufferedSample[]): Promise<void> => {
     if (!runDir) return;
     const path = await saveCheckpoint(runDir, {
       state: { step: trainer.step, version: trainer.step, seed, loader: loaderPosition, pendingTasks },
+      buffered,
       weights: policy.getWeights(),
       optimizer: await trainer.optimizerState(),
       metadata: { 'rxrl.policyConfig': JSON.stringify(policy.config) },
@@ -197,14 +209,24 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       const run = (async () => {
         const result = await trainer.trainStep(batch, signal);
         // Snapshot synchronously: admissions may continue while files are written.
-        for (const group of batchGroups.shift() ?? []) admitted.delete(group);
+        const trainedGroups = new Set(batchGroups.shift() ?? []);
+        for (const group of trainedGroups) admitted.delete(group);
+        for (const [id, b] of generated) if (trainedGroups.has(b.groupId)) generated.delete(id);
         const pending = [...admitted.values()];
+        const buffered = [...generated.values()];
         const at = position;
         if (files) {
-          const line = { step: result.step, version: result.version, groups: batch.meta.groups ?? [], trajectoryIds: result.trajectoryIds, taskIds: [...new Set(batch.meta.taskIds)] };
+          const line = {
+            step: result.step,
+            version: result.version,
+            groups: batch.meta.groups ?? [],
+            taskIds: [...new Set(batch.meta.taskIds)],
+            trajectoryIds: batch.meta.trajectoryIds,
+            policyVersions: batch.meta.policyVersions,
+          };
           await appendFile(files.trained, `${JSON.stringify(line)}\n`);
         }
-        if (config.checkpoint.every > 0 && result.version % config.checkpoint.every === 0) await save(pending, at);
+        if (config.checkpoint.every > 0 && result.version % config.checkpoint.every === 0) await save(pending, at, buffered);
         return result;
       })();
       training = run.catch(() => undefined);
@@ -228,7 +250,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         engines: [engine],
         trainer: checkpointing,
         evaluator,
-        ...(worker ? { worker } : {}),
+        worker: recordingWorker,
         mode,
         stalenessThreshold: config.sync.stalenessThreshold,
         ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
@@ -277,7 +299,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     );
     await training;
     if (signal.aborted && config.checkpoint.onStop && trainer.step > lastCheckpointStep) {
-      await save([...admitted.values()], position);
+      await save([...admitted.values()], position, [...generated.values()]);
     }
     const seconds = (performance.now() - started) / 1000;
     const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;

@@ -14,6 +14,7 @@ import type { NamedWeights } from '../engine/types.js';
 import { DecodeError } from '../errors.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
 import type { PolicyVersion, Task } from '../types.js';
+import type { RolloutSample } from '../worker.js';
 
 /** Version of the `state.json` layout. */
 export const CHECKPOINT_FORMAT = 1;
@@ -32,14 +33,24 @@ export interface CheckpointState {
   readonly loader: LoaderPosition;
   /** Tasks admitted but not yet trained, in admission order; a resumed run admits them first. */
   readonly pendingTasks: readonly Task[];
+  /** Samples of those tasks already generated (in `buffered.jsonl`); a resumed run uses them instead of sampling. */
+  readonly bufferedSamples?: number;
   /** When it was saved (ISO 8601). */
   readonly savedAt: string;
+}
+
+/** A sample generated before the checkpoint for a task not yet trained, keyed by its trajectory id. */
+export interface BufferedSample {
+  readonly id: string;
+  readonly groupId: string;
+  readonly sample: RolloutSample;
 }
 
 /** Everything a checkpoint holds. */
 export interface Checkpoint {
   readonly path: string;
   readonly state: CheckpointState;
+  readonly buffered: readonly BufferedSample[];
   readonly weights: NamedWeights;
   readonly optimizer: NamedWeights;
   readonly metadata: Readonly<Record<string, string>>;
@@ -59,7 +70,13 @@ export function checkpointName(step: number): string {
  */
 export async function saveCheckpoint(
   runDir: string,
-  contents: { state: Omit<CheckpointState, 'format' | 'savedAt'>; weights: NamedWeights; optimizer: NamedWeights; metadata?: Record<string, string> },
+  contents: {
+    state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples'>;
+    weights: NamedWeights;
+    optimizer: NamedWeights;
+    buffered?: readonly BufferedSample[];
+    metadata?: Record<string, string>;
+  },
 ): Promise<string> {
   const final = join(runDir, checkpointName(contents.state.step));
   const tmp = join(runDir, `.tmp-${checkpointName(contents.state.step)}-${process.pid}`);
@@ -67,7 +84,14 @@ export async function saveCheckpoint(
   await mkdir(tmp, { recursive: true });
   await saveSafetensors(join(tmp, 'model.safetensors'), contents.weights, contents.metadata);
   await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
-  const state: CheckpointState = { format: CHECKPOINT_FORMAT, savedAt: new Date().toISOString(), ...contents.state };
+  const buffered = contents.buffered ?? [];
+  await writeFile(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
+  const state: CheckpointState = {
+    format: CHECKPOINT_FORMAT,
+    savedAt: new Date().toISOString(),
+    ...contents.state,
+    bufferedSamples: buffered.length,
+  };
   await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
   await rm(final, { recursive: true, force: true });
   await rename(tmp, final);
@@ -125,7 +149,42 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
   const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
   const model = await loadSafetensors(join(path, 'model.safetensors'));
   const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
-  return { path, state: { ...state, pendingTasks }, weights: model.weights, optimizer: optimizer.weights, metadata: model.metadata };
+  const buffered = await readBuffered(join(path, 'buffered.jsonl'));
+  return { path, state: { ...state, pendingTasks }, buffered, weights: model.weights, optimizer: optimizer.weights, metadata: model.metadata };
+}
+
+async function readBuffered(file: string): Promise<BufferedSample[]> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch {
+    return []; // checkpoints written before buffered samples were kept
+  }
+  const out: BufferedSample[] = [];
+  text.split('\n').forEach((line, i) => {
+    if (line.trim() === '') return;
+    let value: BufferedSample;
+    try {
+      value = JSON.parse(line) as BufferedSample;
+    } catch (cause) {
+      throw new DecodeError(`${file}:${i + 1}: not valid JSON`, { cause, context: { file, line: i + 1 } });
+    }
+    const s = value?.sample;
+    const ok =
+      typeof value?.id === 'string' &&
+      typeof value.groupId === 'string' &&
+      Array.isArray(s?.promptTokens) &&
+      Array.isArray(s.responseTokens) &&
+      Array.isArray(s.logprobs) &&
+      Array.isArray(s.lossMask) &&
+      s.responseTokens.length === s.logprobs.length &&
+      s.responseTokens.length === s.lossMask.length &&
+      typeof s.response === 'string' &&
+      Number.isInteger(s.policyVersion);
+    if (!ok) throw new DecodeError(`${file}:${i + 1}: not a buffered sample`, { context: { file, line: i + 1 } });
+    out.push(value);
+  });
+  return out;
 }
 
 /** Deletes all but the newest `keepLast` checkpoints (`keepLast` 0 keeps all). */

@@ -16,6 +16,7 @@ interface TrainedLine {
   version: number;
   taskIds: string[];
   trajectoryIds: string[];
+  policyVersions: number[];
 }
 
 function trainedLines(runDir: string): TrainedLine[] {
@@ -88,10 +89,15 @@ describe.each([
         .filter((m): m is RegExpExecArray => m !== null)
         .map((m) => Number(m[1]))
         .sort((a, b) => b - a);
-      const pending = (step: number): number =>
-        (JSON.parse(readFileSync(join(runDir, `global_step_${step}`, 'state.json'), 'utf8')) as { pendingTasks: unknown[] }).pendingTasks.length;
-      const keep = steps.find((step) => step >= 2 && pending(step) > 0);
-      expect(keep, 'a checkpoint with tasks in flight').toBeDefined();
+      const inFlight = (step: number): boolean => {
+        const s = JSON.parse(readFileSync(join(runDir, `global_step_${step}`, 'state.json'), 'utf8')) as {
+          pendingTasks: unknown[];
+          bufferedSamples?: number;
+        };
+        return s.pendingTasks.length > 0 && (s.bufferedSamples ?? 0) > 0;
+      };
+      const keep = steps.find((step) => step >= 2 && inFlight(step));
+      expect(keep, 'a checkpoint with tasks in flight and samples buffered').toBeDefined();
       for (const step of steps.filter((step) => step > keep!)) rmSync(join(runDir, `global_step_${step}`), { recursive: true });
     }
 
@@ -102,7 +108,10 @@ describe.each([
     const from = Number(/global_step_(\d+)$/.exec(summary.resumedFrom)![1]);
     expect(from).toBeGreaterThanOrEqual(2);
     // In the async modes tasks are in flight at every checkpoint: the resumed run must admit them first.
-    const state = JSON.parse(readFileSync(join(summary.resumedFrom, 'state.json'), 'utf8')) as { pendingTasks: unknown[] };
+    const state = JSON.parse(readFileSync(join(summary.resumedFrom, 'state.json'), 'utf8')) as {
+      pendingTasks: unknown[];
+      bufferedSamples?: number;
+    };
     if (mode === 'sync') expect(state.pendingTasks).toHaveLength(0);
     else expect(state.pendingTasks.length).toBeGreaterThan(0);
 
@@ -119,5 +128,19 @@ describe.each([
     const trajectories = effective.flatMap((l) => l.trajectoryIds);
     expect(new Set(trajectories).size).toBe(trajectories.length);
     expect(trajectories).toHaveLength(all.length * 3);
+    // Samples generated before the checkpoint were trained as saved (their old version), not generated again.
+    const buffered = readFileSync(join(summary.resumedFrom, 'buffered.jsonl'), 'utf8')
+      .split('\n')
+      .filter((line) => line.trim() !== '')
+      .map((line) => JSON.parse(line) as { id: string; sample: { policyVersion: number } });
+    const trainedVersion = new Map(afterResume.flatMap((l) => l.trajectoryIds.map((id, i) => [id, l.policyVersions[i]] as const)));
+    for (const b of buffered) {
+      expect(b.sample.policyVersion).toBeLessThan(from);
+      expect(trainedVersion.get(b.id)).toBe(b.sample.policyVersion);
+    }
+    if (mode !== 'sync') {
+      expect(buffered.length).toBeGreaterThan(0);
+      expect(state.bufferedSamples).toBe(buffered.length);
+    }
   }, 180_000);
 });
