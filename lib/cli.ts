@@ -126,10 +126,11 @@ function recipeArgs(argv: readonly string[]): { file: string; set: string[] } {
 
 async function resolvedConfig(argv: readonly string[]): Promise<{ config: import('./config/schema.js').RxrlConfig; dir: string }> {
   const { loadConfig } = await import('./config/schema.js');
-  const { basename, dirname, extname, resolve } = await import('node:path');
+  const { recipeDir } = await import('../pipelines/run.js');
+  const { basename, extname, resolve } = await import('node:path');
   const { file, set } = recipeArgs(argv);
   const config = loadConfig({ file, set });
-  const dir = dirname(resolve(file));
+  const dir = recipeDir(file);
   if (config.run.dir === null) config.run.dir = resolve('runs', basename(file, extname(file)));
   return { config, dir };
 }

@@ -143,7 +143,7 @@ export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engi
 export type { EvaluationResult, Evaluator } from './evaluator.js';
 
 // ── data ───────────────────────────────────────────────────────────────────────
-export { TaskLoader, loadTasks, parseTaskLine, validateTask } from './data/loader.js';
+export { TaskLoader, loadTasks, parseTaskLine, readTaskFile, validateTask } from './data/loader.js';
 export type { LoadTasksOptions, LoaderPosition, TaskSource } from './data/loader.js';
 export { collate } from './data/collate.js';
 export type { CollateOptions } from './data/collate.js';

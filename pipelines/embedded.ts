@@ -58,13 +58,16 @@ export interface EmbeddedRunSummary {
   readonly lastStep: Metrics;
 }
 
-/** Default policy architecture of the embedded run (≈ 0.1 M parameters). */
+/** The schema's defaults: the single source of the embedded run's settings. */
+const DEFAULTS = loadConfig({ env: {} });
+
+/** Default policy architecture of the embedded run (≈ 0.1 M parameters; the schema's `model.*` defaults). */
 export const EMBEDDED_MODEL: Omit<PolicyConfig, 'vocabSize'> = {
-  dModel: 64,
-  nLayers: 2,
-  nHeads: 4,
-  dFF: 256,
-  maxSeqLen: 24,
+  dModel: DEFAULTS.model.dModel,
+  nLayers: DEFAULTS.model.nLayers,
+  nHeads: DEFAULTS.model.nHeads,
+  dFF: DEFAULTS.model.dFF,
+  maxSeqLen: DEFAULTS.model.maxSeqLen,
 };
 
 /**
@@ -72,7 +75,11 @@ export const EMBEDDED_MODEL: Omit<PolicyConfig, 'vocabSize'> = {
  * it has learned to stop (measured: with `clipHigh` = `clipLow` and lr 3e-3 the policy locked into
  * "right letters, one too many" at 0.8 reward).
  */
-export const EMBEDDED_TRAINER: GrpoTrainerOptions = { learningRate: 1e-3, clipLow: 0.2, clipHigh: 0.28 };
+export const EMBEDDED_TRAINER: GrpoTrainerOptions = {
+  learningRate: DEFAULTS.trainer.learningRate,
+  clipLow: DEFAULTS.trainer.clipLow,
+  clipHigh: DEFAULTS.trainer.clipHigh,
+};
 
 /**
  * The main job: trains a freshly initialized policy on a bundled task with GRPO, RL only, in this process (a

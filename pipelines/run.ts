@@ -1,10 +1,11 @@
+import * as tf from '@tensorflow/tfjs-core';
 import { appendFile, mkdir } from 'node:fs/promises';
 import { basename, dirname, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type BufferedSample, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
-import { loadTasks, parseTaskLine, type LoaderPosition } from '../lib/data/loader.js';
+import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
@@ -23,7 +24,6 @@ import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { validate } from './validate.js';
-import { readFile } from 'node:fs/promises';
 
 /** Options of {@link runTraining}. */
 export interface RunTrainingOptions {
@@ -354,14 +354,7 @@ async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
   }
   if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
   const trainFile = resolve(baseDir, config.data.trainFile!);
-  const validation: Task[] = [];
-  if (config.data.validationFile) {
-    const file = resolve(baseDir, config.data.validationFile);
-    const text = await readFile(file, 'utf8');
-    text.split('\n').forEach((line, i) => {
-      if (line.trim() !== '') validation.push(parseTaskLine(line, { file, line: i + 1 }));
-    });
-  }
+  const validation = config.data.validationFile ? await readTaskFile(resolve(baseDir, config.data.validationFile)) : [];
   const fallback: Evaluator = {
     evaluate: () => {
       throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data');
@@ -408,15 +401,14 @@ async function importExport<T>(spec: { module: string | null; export: string }, 
 
 /** Reference log-probs of a batch's response tokens, `[B, R]`. */
 async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
-  const { tidy, tensor2d, slice } = await import('@tensorflow/tfjs-core');
   const T = batch.promptLength + batch.responseLength;
-  const out = tidy(() => {
+  const out = tf.tidy(() => {
     const lp = model.tokenLogprobs(
-      tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-      tensor2d(batch.attentionMask, [batch.size, T]),
-      tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+      tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+      tf.tensor2d(batch.attentionMask, [batch.size, T]),
+      tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
     ).logprobs; // [B, T-1]
-    return slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
+    return tf.slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
   });
   const data = (await out.data()) as Float32Array;
   out.dispose();

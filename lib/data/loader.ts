@@ -90,7 +90,7 @@ export class TaskLoader extends AsyncIterableX<Task> {
       }
       return;
     }
-    const all = isJsonl(source) ? await readJsonlAll(source.jsonl) : (source as readonly Task[]);
+    const all = isJsonl(source) ? await readTaskFile(source.jsonl) : (source as readonly Task[]);
     for (const i of shuffledIndices(all.length, createRng(this.seed, 'epoch', String(epoch)))) {
       signal?.throwIfAborted();
       yield all[i];
@@ -176,7 +176,8 @@ async function* readJsonl(file: string, signal?: AbortSignal): AsyncIterable<Tas
   }
 }
 
-async function readJsonlAll(file: string): Promise<Task[]> {
+/** Reads a whole JSONL task file (blank lines skipped); a malformed line is a {@link DecodeError} naming file and line. */
+export async function readTaskFile(file: string): Promise<Task[]> {
   const text = await readFile(file, 'utf8');
   const tasks: Task[] = [];
   text.split('\n').forEach((row, i) => {
