@@ -1,4 +1,4 @@
-import { loadConfig } from '../lib/config/schema.js';
+import { loadConfig, type RxrlConfig } from '../lib/config/schema.js';
 import { ConfigError } from '../lib/errors.js';
 import type { BackendKind } from '../lib/model/backend.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
@@ -7,7 +7,7 @@ import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/types.js';
 import type { StringTransformOptions } from '../recipes/stringTransform.js';
-import { runTraining } from './run.js';
+import { runTraining, type RunSummary } from './run.js';
 
 /** Options of {@link runEmbedded}; every field has a default tuned for a 2-core CPU. */
 export interface EmbeddedRunOptions {
@@ -90,6 +90,15 @@ export const EMBEDDED_TRAINER: GrpoTrainerOptions = {
  * @returns the summary, including held-out reward before and after training.
  */
 export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<EmbeddedRunSummary> {
+  const summary = await runTraining(embeddedConfig(options), { signal: options.signal, onStep: options.onStep });
+  return embeddedSummary(summary);
+}
+
+/**
+ * The configuration of an embedded run: the schema's defaults with `options` applied, no run directory, no
+ * checkpoints, validation before and after.
+ */
+export function embeddedConfig(options: EmbeddedRunOptions = {}): RxrlConfig {
   const steps = options.steps ?? 300;
   if (!(Number.isInteger(steps) && steps >= 1)) throw new ConfigError(`steps must be an integer >= 1, got ${steps}`);
   const trainer = { ...EMBEDDED_TRAINER, ...options.trainer };
@@ -111,8 +120,11 @@ export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<Emb
     resume: { mode: 'disable' },
     validation: { beforeTrain: true, every: 0 },
   };
-  const config = loadConfig({ values: values as Record<string, unknown>, env: {} });
-  const summary = await runTraining(config, { signal: options.signal, onStep: options.onStep });
+  return loadConfig({ values: values as Record<string, unknown>, env: {} });
+}
+
+/** The embedded run's summary from a {@link runTraining} summary. */
+export function embeddedSummary(summary: RunSummary): EmbeddedRunSummary {
   return {
     recipe: summary.recipe,
     mode: summary.mode,

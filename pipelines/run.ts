@@ -9,13 +9,14 @@ import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader
 import { LocalEngine } from '../lib/engine/local.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
-import { initBackend } from '../lib/model/backend.js';
+import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { loadPolicy } from '../lib/model/policyFile.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Metrics, Task } from '../lib/types.js';
+import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
 import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
@@ -37,6 +38,27 @@ export interface RunTrainingOptions {
   readonly log?: (line: string) => void;
   /** Structured logger for error reports. Default: silent. */
   readonly logger?: Logger;
+  /**
+   * Builds the rollout engine in place of the in-process `LocalEngine` — for example an `OpenAIEngine` over an
+   * OpenAI-compatible server. The engine must serve the weights of `context.policy` as `context.version`; its
+   * `dispose()` is awaited when the run ends.
+   */
+  readonly createEngine?: (context: EngineContext) => Promise<RolloutEngine>;
+}
+
+/** What {@link RunTrainingOptions.createEngine} is given. */
+export interface EngineContext {
+  /** The policy the trainer starts from (do not dispose it). */
+  readonly policy: PolicyModel;
+  readonly tokenizer: CharTokenizer;
+  /** The tokenizer's alphabet. */
+  readonly characters: string;
+  /** Policy version of `policy`'s weights. */
+  readonly version: PolicyVersion;
+  /** The TF.js backend this process chose. */
+  readonly backend: BackendName;
+  /** Samples per train step (`batchSize · groupSize`). */
+  readonly samplesPerStep: number;
 }
 
 /** What {@link runTraining} reports. */
@@ -73,6 +95,8 @@ interface Data {
   readonly validation: readonly Task[];
   readonly evaluator: Evaluator;
   readonly maxTokens: number;
+  /** Longest prompt in tokens (BOS included), when known. */
+  readonly promptLength?: number;
   readonly randomPolicyReward?: number;
 }
 
@@ -114,6 +138,11 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
 
+  if (data.promptLength !== undefined && data.promptLength + data.maxTokens > config.model.maxSeqLen) {
+    throw new ConfigError(
+      `model.maxSeqLen: ${config.model.maxSeqLen} is shorter than prompt + response (${data.promptLength + data.maxTokens})`,
+    );
+  }
   const tokenizer = new CharTokenizer(data.characters);
   const modelConfig: PolicyConfig = { ...config.model, vocabSize: tokenizer.vocabSize };
   const initial = config.model.init
@@ -123,16 +152,25 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
   const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;
   if (checkpoint) initial.dispose();
-  const rolloutModel = PolicyModel.fromWeights(policy.config, policy.getWeights());
+  const rolloutModel = options.createEngine ? undefined : PolicyModel.fromWeights(policy.config, policy.getWeights());
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
-  const engine = new LocalEngine(rolloutModel, {
-    tokenizer,
-    maxBatchSize: batchSize * groupSize * inFlightBatches,
-    weightSync: config.rollout.weightSync,
-    version: checkpoint?.state.version ?? 0,
-  });
+  const engine: RolloutEngine = options.createEngine
+    ? await options.createEngine({
+        policy,
+        tokenizer,
+        characters: data.characters,
+        version: checkpoint?.state.version ?? 0,
+        backend,
+        samplesPerStep: batchSize * groupSize,
+      })
+    : new LocalEngine(rolloutModel!, {
+        tokenizer,
+        maxBatchSize: batchSize * groupSize * inFlightBatches,
+        weightSync: config.rollout.weightSync,
+        version: checkpoint?.state.version ?? 0,
+      });
   const t = config.trainer;
   const trainer = new GrpoTrainer(policy, {
     learningRate: t.learningRate,
@@ -237,13 +275,13 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const maxTokens = data.maxTokens;
   const score = (): Promise<Metrics> =>
     validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal });
-  const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
-  // Validation lines carry the step they follow (−1 before the first).
-  if (before) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: before });
-
-  const started = performance.now();
-  let last: StepResult | undefined;
   try {
+    const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
+    // Validation lines carry the step they follow (−1 before the first).
+    if (before) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: before });
+
+    const started = performance.now();
+    let last: StepResult | undefined;
     await lastValueFrom(
       grpoPipeline({
         tasks,
@@ -326,7 +364,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     metricsWriter?.close();
     trainer.dispose();
     policy.dispose();
-    rolloutModel.dispose();
+    rolloutModel?.dispose();
+    await engine.dispose?.();
     reference?.dispose();
   }
 }
@@ -349,6 +388,7 @@ async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
       validation: task.validation,
       evaluator: task.evaluator,
       maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
+      promptLength: task.maxAnswerLength + 2, // BOS, the letters, the separator
       randomPolicyReward: task.randomPolicyReward,
     };
   }

@@ -10,23 +10,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import OpenAI from 'openai';
-import { lastValueFrom, tap } from 'rxjs';
-
 import { OpenAIEngine, type OpenAIEngineStats } from '../lib/engine/openai.js';
 import { ConfigError } from '../lib/errors.js';
-import { initBackend } from '../lib/model/backend.js';
 import { savePolicy } from '../lib/model/policyFile.js';
-import { CharTokenizer } from '../lib/model/tokenizer.js';
-import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { ALPHABET_METADATA_KEY } from '../lib/serve/command.js';
 import { spawnServe, type SpawnedServer } from '../lib/serve/spawn.js';
-import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { StepResult } from '../lib/train/types.js';
-import type { Metrics } from '../lib/types.js';
-import { stringTransformTask } from '../recipes/stringTransform.js';
-import { EMBEDDED_MODEL, EMBEDDED_TRAINER, type EmbeddedRunOptions, type EmbeddedRunSummary } from './embedded.js';
-import { grpoPipeline } from './grpoPipeline.js';
-import { validate } from './validate.js';
+import { embeddedConfig, embeddedSummary, type EmbeddedRunOptions, type EmbeddedRunSummary } from './embedded.js';
+import { runTraining } from './run.js';
 
 /** Options of {@link runServed}: those of the embedded run, plus where the server is. */
 export interface ServedRunOptions extends EmbeddedRunOptions {
@@ -62,8 +52,8 @@ export interface ServedRunSummary extends EmbeddedRunSummary {
 }
 
 /**
- * Trains the bundled task like {@link runEmbedded} (same model, trainer, seeds and loop), sampling through an
- * OpenAI-compatible server.
+ * Trains the bundled task like {@link runEmbedded} — the same {@link runTraining} loop, model, trainer and seeds —
+ * sampling through an OpenAI-compatible server instead of the in-process engine.
  *
  * @example
  * ```ts
@@ -75,102 +65,49 @@ export interface ServedRunSummary extends EmbeddedRunSummary {
  * @returns the summary, with held-out reward before and after training.
  */
 export async function runServed(options: ServedRunOptions = {}): Promise<ServedRunSummary> {
-  const seed = options.seed ?? 1;
-  const steps = options.steps ?? 300;
-  const batchSize = options.batchSize ?? 32;
-  const groupSize = options.groupSize ?? 8;
-  const mode = options.mode ?? 'sync';
-  if (!(Number.isInteger(steps) && steps >= 0)) throw new ConfigError(`steps must be an integer >= 0, got ${steps}`);
-  const backend = await initBackend(options.backend ?? 'auto');
-  const task = stringTransformTask({ seed, ...options.task });
-  const tokenizer = new CharTokenizer(task.characters);
-  const config: PolicyConfig = { ...EMBEDDED_MODEL, ...options.model, vocabSize: tokenizer.vocabSize };
-  const maxTokens = task.maxAnswerLength + 1;
-  const promptLength = task.maxAnswerLength + 2;
-  if (promptLength + maxTokens > config.maxSeqLen) {
-    throw new ConfigError(`model.maxSeqLen ${config.maxSeqLen} is shorter than prompt + response (${promptLength + maxTokens})`);
-  }
-
-  const trainerModel = PolicyModel.create(config, seed);
-  const trainer = new GrpoTrainer(trainerModel, { ...EMBEDDED_TRAINER, seed, ...options.trainer });
+  const config = embeddedConfig(options);
   const workdir = await mkdtemp(join(tmpdir(), 'rxrl-served-'));
   let child: SpawnedServer | undefined;
+  let sampler: OpenAIEngine | undefined;
   try {
-    let baseURL = options.baseURL;
-    let modelName = options.modelName;
-    if (baseURL === undefined) {
-      const initial = join(workdir, 'initial.safetensors');
-      await savePolicy(initial, trainerModel, { [ALPHABET_METADATA_KEY]: task.characters });
-      const args = ['--port', '0', '--checkpoint', initial, '--backend', backend];
-      args.push('--max-batch-size', String(batchSize * groupSize), '--max-wait-ms', String(options.serverMaxWaitMs ?? 200));
-      child = await spawnServe(args, { cliPath: options.cliPath, signal: options.signal });
-      baseURL = child.baseURL;
-      modelName ??= child.modelName;
-    }
-    const apiKey = options.apiKey ?? process.env.OPENAI_API_KEY ?? 'EMPTY';
-    modelName ??= (await new OpenAI({ baseURL, apiKey }).models.list()).data[0]?.id;
-    if (modelName === undefined) throw new ConfigError(`the server at ${baseURL} lists no model`);
-    const sampler = new OpenAIEngine({
-      baseURL,
-      model: modelName,
-      apiKey,
-      tokenizer,
-      concurrency: batchSize * groupSize,
-      weightSync: { directory: options.weightDirectory ?? join(workdir, 'weights') },
+    const summary = await runTraining(config, {
+      signal: options.signal,
+      onStep: options.onStep,
+      createEngine: async ({ policy, tokenizer, characters, version, backend, samplesPerStep }) => {
+        let baseURL = options.baseURL;
+        let modelName = options.modelName;
+        if (baseURL === undefined) {
+          const initial = join(workdir, 'initial.safetensors');
+          await savePolicy(initial, policy, { [ALPHABET_METADATA_KEY]: characters });
+          const args = ['--port', '0', '--checkpoint', initial, '--backend', backend];
+          args.push('--max-batch-size', String(samplesPerStep), '--max-wait-ms', String(options.serverMaxWaitMs ?? 200));
+          child = await spawnServe(args, { cliPath: options.cliPath, signal: options.signal });
+          baseURL = child.baseURL;
+          modelName ??= child.modelName;
+        }
+        const apiKey = options.apiKey ?? process.env.OPENAI_API_KEY ?? 'EMPTY';
+        modelName ??= (await new OpenAI({ baseURL, apiKey }).models.list()).data[0]?.id;
+        if (modelName === undefined) throw new ConfigError(`the server at ${baseURL} lists no model`);
+        sampler = new OpenAIEngine({
+          baseURL,
+          model: modelName,
+          apiKey,
+          tokenizer,
+          concurrency: samplesPerStep,
+          weightSync: { directory: options.weightDirectory ?? join(workdir, 'weights') },
+        });
+        // A server this run did not start gets the initial weights before the first rollout.
+        if (child === undefined) await sampler.loadWeights(version, policy.getWeights());
+        return sampler;
+      },
     });
-    if (child === undefined) await sampler.loadWeights(0, trainerModel.getWeights());
-
-    const score = async (): Promise<Metrics> =>
-      validate(sampler, task.validation, task.evaluator, { maxTokens, temperature: 0, signal: options.signal });
-    const before = await score();
-    const started = performance.now();
-    let last: StepResult | undefined;
-    await lastValueFrom(
-      grpoPipeline({
-        tasks: task.train,
-        loader: { epochs: Infinity, shuffle: true, seed },
-        engines: [sampler],
-        trainer,
-        evaluator: task.evaluator,
-        mode,
-        stalenessThreshold: options.stalenessThreshold,
-        batchSize,
-        groupSize,
-        maxTokens,
-        temperature: options.temperature ?? 1,
-        steps,
-        seed,
-        signal: options.signal,
-      }).pipe(
-        tap((step) => {
-          last = step;
-          options.onStep?.(step, (performance.now() - started) / 1000);
-        }),
-      ),
-      { defaultValue: undefined },
-    );
-    const seconds = (performance.now() - started) / 1000;
-    const after = await score();
     return {
-      recipe: task.name,
-      mode,
-      backend,
-      steps: trainer.step,
-      seconds: Number(seconds.toFixed(1)),
-      seed,
-      randomPolicyReward: Number(task.randomPolicyReward.toFixed(4)),
-      valRewardInitial: Number(before['val/reward_mean'].toFixed(4)),
-      valRewardFinal: Number(after['val/reward_mean'].toFixed(4)),
-      valAccuracyInitial: Number((before['val/accuracy_mean'] ?? 0).toFixed(4)),
-      valAccuracyFinal: Number((after['val/accuracy_mean'] ?? 0).toFixed(4)),
-      lastStep: last?.metrics ?? {},
+      ...embeddedSummary(summary),
       engine: 'openai',
       spawnedServer: child !== undefined,
-      engineStats: sampler.stats(),
+      engineStats: sampler!.stats(),
     };
   } finally {
-    trainer.dispose();
-    trainerModel.dispose();
     await child?.close();
     await rm(workdir, { recursive: true, force: true });
   }

@@ -80,6 +80,11 @@ describe('runTraining', () => {
     expect(stopped.stoppedBy).toMatch(/EvaluationError/);
   });
 
+  it('rejects a model too short for the bundled task before anything runs', async () => {
+    const config = loadConfig({ values: { run: { dir: null, backend: 'cpu' }, model: { maxSeqLen: 8 } }, env: {} });
+    await expect(runTraining(config)).rejects.toThrow(/model\.maxSeqLen: 8 is shorter than prompt \+ response \(11\)/);
+  });
+
   it('names a missing evaluator export', async () => {
     const dir = await fixture();
     const config = loadConfig({ values: base({ rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'nope' } } }), env: {} });
