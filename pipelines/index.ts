@@ -13,7 +13,7 @@ export { validate } from './validate.js';
 export type { ValidateOptions } from './validate.js';
 
 // ── the embedded main job (npm start) ──────────────────────────────────────────
-export { EMBEDDED_MODEL, EMBEDDED_TRAINER, runEmbedded } from './embedded.js';
+export { EMBEDDED_MODEL, EMBEDDED_TRAINER, embeddedConfig, embeddedSummary, runEmbedded } from './embedded.js';
 export type { EmbeddedRunOptions, EmbeddedRunSummary } from './embedded.js';
 
 // ── Kafka halves: trainer and rollout workers in separate processes ────────────
@@ -28,4 +28,4 @@ export type { ServedRunOptions, ServedRunSummary } from './served.js';
 
 // ── recipe runs: checkpoints, resume, validation, metrics (rxrl run) ───────────
 export { recipeDir, runTraining } from './run.js';
-export type { RunSummary, RunTrainingOptions } from './run.js';
+export type { EngineContext, RunSummary, RunTrainingOptions } from './run.js';
