@@ -4,7 +4,7 @@ import { computeGroupAdvantages, type StdKind } from '../lib/algos/advantages.js
 import { applyKlPenalty, type KlEstimatorName } from '../lib/algos/kl.js';
 import { type KlController, createKlController, updateKlController } from '../lib/algos/klController.js';
 import { readMetricsSync } from '../lib/algos/metrics.js';
-import { collate } from '../lib/data/collate.js';
+import { broadcastAdvantages, collate } from '../lib/data/collate.js';
 import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/types.js';
 
 /** A frozen reference policy that scores the response tokens of a batch. */
@@ -107,19 +107,15 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
           metrics['batch/groups_filtered'] = advantage.groups.length - informative.size;
           metrics['batch/rows_filtered'] = rows.length - kept.length;
         }
-        const prepared = collate(
-          kept.map((i) => rows[i]),
-          {
-            padId: options.padId,
-            modelTag,
-            advantages: kept.map((i) => advantage.advantages[i]),
-            ...(refLogprobs ? { refLogprobs: kept.map((i) => refLogprobs!.subarray(i * R, (i + 1) * R)) } : {}),
-          },
-        );
+        const rowAdvantages = kept.map((i) => advantage.advantages[i]);
+        const groupIds = groups.map((g) => g.key.join('/'));
+        // Usually nothing is filtered: the batch collated above only needs its advantages.
+        const prepared: Batch =
+          kept.length === rows.length
+            ? { ...base, advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages), tokenRewards, ...(refLogprobs ? { refLogprobs } : {}) }
+            : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
         metrics['batch/rows'] = prepared.size;
-        const meta = { ...prepared.meta, groups: groups.map((g) => g.key.join('/')) };
-        const finalRewards = options.klInReward ? selectRows(tokenRewards, R, kept, prepared.responseLength) : prepared.tokenRewards;
-        return { ...prepared, meta, tokenRewards: finalRewards, metrics };
+        return { ...prepared, meta: { ...prepared.meta, groups: groupIds }, metrics };
       }),
     );
 }
@@ -147,6 +143,26 @@ function klPenalty(
   const tokenRewards = out.tokenRewards.dataSync() as Float32Array;
   out.tokenRewards.dispose();
   return { tokenRewards, metrics: readMetricsSync(out.metrics) };
+}
+
+/** The batch of rows `kept` only, with their advantages, token rewards and reference log-probs carried over. */
+function filteredBatch(
+  rows: readonly Trajectory[],
+  kept: readonly number[],
+  rowAdvantages: readonly number[],
+  from: { padId: number; modelTag: ModelTag; width: number; tokenRewards: Float32Array; refLogprobs?: Float32Array },
+): Batch {
+  const { width, refLogprobs } = from;
+  const batch = collate(
+    kept.map((i) => rows[i]),
+    {
+      padId: from.padId,
+      modelTag: from.modelTag,
+      advantages: rowAdvantages,
+      ...(refLogprobs ? { refLogprobs: kept.map((i) => refLogprobs.subarray(i * width, (i + 1) * width)) } : {}),
+    },
+  );
+  return { ...batch, tokenRewards: selectRows(from.tokenRewards, width, kept, batch.responseLength) };
 }
 
 /** Rows `index` of a `[B, width]` array, re-laid out with `newWidth` columns (`newWidth ≤ width`). */

@@ -53,7 +53,6 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
   const responseMask = new Float32Array(B * R); // [B, R]
   const lossMask = new Float32Array(B * R); // [B, R]
   const oldLogprobs = new Float32Array(B * R); // [B, R]
-  const advantages = new Float32Array(B * R); // [B, R]
   const tokenRewards = new Float32Array(B * R); // [B, R]
   const refLogprobs = options.refLogprobs ? new Float32Array(B * R) : undefined; // [B, R]
 
@@ -66,7 +65,6 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
       attentionMask[start + i] = 1;
       positionIds[start + i] = i;
     }
-    const advantage = options.advantages ? options.advantages[b] : 0;
     const ref = options.refLogprobs?.[b];
     for (let i = 0; i < r; i++) {
       const full = b * T + P + i;
@@ -77,7 +75,6 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
       responseMask[cell] = 1;
       lossMask[cell] = t.lossMask[i] ? 1 : 0;
       oldLogprobs[cell] = t.logprobs[i];
-      advantages[cell] = lossMask[cell] * advantage;
       if (refLogprobs && ref) refLogprobs[cell] = ref[i];
     }
     if (r > 0) tokenRewards[b * R + r - 1] = t.reward;
@@ -94,7 +91,7 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
     lossMask,
     oldLogprobs,
     ...(refLogprobs ? { refLogprobs } : {}),
-    advantages,
+    advantages: options.advantages ? broadcastAdvantages(lossMask, R, options.advantages) : new Float32Array(B * R),
     tokenRewards,
     meta: {
       trajectoryIds: rows.map((t) => t.id),
@@ -105,4 +102,17 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
       modelTag: options.modelTag,
     },
   };
+}
+
+/**
+ * Per-token advantages `[B, R]`: each row's scalar advantage on its loss-masked tokens, 0 elsewhere.
+ *
+ * @param lossMask - `[B, R]` row-major.
+ * @param width - `R`.
+ * @param rowAdvantages - `[B]`.
+ */
+export function broadcastAdvantages(lossMask: Float32Array, width: number, rowAdvantages: ArrayLike<number>): Float32Array {
+  const out = new Float32Array(lossMask.length); // [B, R]
+  for (let cell = 0; cell < lossMask.length; cell++) out[cell] = lossMask[cell] * rowAdvantages[Math.floor(cell / width)];
+  return out;
 }
