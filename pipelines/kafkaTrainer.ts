@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 
 import type { ConsumerConfig, Kafka } from 'kafkajs';
-import { Observable, Subject, concatMap, defer, map, of, take, tap, type Subscription } from 'rxjs';
+import { Observable, Subject, concatMap, map, of, take, tap, type Subscription } from 'rxjs';
 
 import type { StdKind } from '../lib/algos/advantages.js';
 import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';

@@ -16,7 +16,7 @@ import {
   updateKlController,
 } from '../../lib/algos/index.js';
 import { ConfigError, ShapeError } from '../../lib/errors.js';
-import { mulberry32, randomInt, randomMask, randomMatrix } from '../helpers/random.js';
+import { mulberry32, randomInt, randomMatrix } from '../helpers/random.js';
 import { expectClose, expectNoLeak, mat, scalar, useCpuBackend, values } from './support.js';
 
 useCpuBackend();

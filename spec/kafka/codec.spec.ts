@@ -12,7 +12,7 @@ import {
   messageKindOf,
 } from '../../lib/kafka/codec.js';
 import { EncodeError } from '../../lib/kafka/errors.js';
-import type { TaskMessage, TrajectoryMessage, WeightsMessage } from '../../lib/kafka/types.js';
+import type { TaskMessage, WeightsMessage } from '../../lib/kafka/types.js';
 import { isSampleFailure, type SampleFailure, type Trajectory } from '../../lib/types.js';
 import { failure, traj } from '../helpers/fixtures.js';
 
