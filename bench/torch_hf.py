@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""PyTorch CPU reference for ``npm run bench -- hf``: SmolLM2-135M-shaped Llama throughput.
+
+Measures, in float32 on CPU with ``torch.set_num_threads(N)``, for batch ``B`` x sequence ``T`` (default 1 x 128):
+
+* ``forward_tok_s``: ``B*T`` / seconds of one no-grad forward pass (eager attention, no KV cache);
+* ``train_tok_s``: ``B*T`` / seconds of one training step: forward, mean cross-entropy of each position's logits
+  against the next token, backward, and an AdamW step (lr 1e-5).
+
+Each is timed after one warm-up run as the median of ``--reps`` runs. The model is a randomly initialised
+(seeded) ``LlamaForCausalLM`` with SmolLM2-135M's shape — nothing is downloaded — or, with ``--model-dir``, a
+local Hugging Face model directory (e.g. the one ``scripts/smollm2.py`` builds).
+
+Usage::
+
+    python3 bench/torch_hf.py [--threads 2] [--reps 3] [--batch 1] [--seq 128] [--model-dir DIR]
+
+``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (set it to override): on a shared, busy 2-core machine the default
+spinning OpenMP workers made 2 threads several times slower than 1.
+
+Prints one JSON line on stdout. When torch (or transformers) cannot be imported it prints
+``{"bench": "hf-torch", "skipped": "..."}`` and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# Never reach for the Hugging Face hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# OpenMP workers sleep rather than spin at barriers (read when torch loads; set OMP_WAIT_POLICY to override).
+# On a shared 2-core machine spinning workers fight other processes for the cores: with the default policy
+# 2 threads measured ~6x slower than 1 thread here, with PASSIVE close to 1 thread or better.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+BENCH = "hf-torch"
+
+# SmolLM2-135M's architecture.
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    hidden_act="silu",
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+ROPE_THETA = 100000.0
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--reps", type=int, default=3, help="timed runs per measurement (median; default 3)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--model-dir", default=None, help="load this local HF model directory instead")
+    args = parser.parse_args(argv)
+    for name in ("threads", "reps", "batch", "seq"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def build_model(args, torch):
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if args.model_dir:
+        return AutoModelForCausalLM.from_pretrained(
+            args.model_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True
+        )
+    try:  # transformers >= 5
+        config = LlamaConfig(
+            **SMOLLM2_135M, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}
+        )
+    except TypeError:  # transformers 4.x
+        config = LlamaConfig(**SMOLLM2_135M, rope_theta=ROPE_THETA)
+    config._attn_implementation = "eager"
+    torch.manual_seed(args.seed)
+    return LlamaForCausalLM(config).to(torch.float32)
+
+
+def timed(fn, reps: int) -> list[float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    # Other processes' load at the start (this is a shared machine); 1-minute average.
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - any import failure means "no torch here"
+        emit({"bench": BENCH, "skipped": "torch not importable"})
+        return 0
+    try:
+        import transformers
+    except Exception:  # noqa: BLE001
+        emit({"bench": BENCH, "skipped": "transformers not importable"})
+        return 0
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.threads)
+    model = build_model(args, torch)
+    vocab = model.config.vocab_size
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=generator)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    n_tokens = args.batch * args.seq
+
+    # Forward, no grad.
+    model.eval()
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(input_ids=inputs, use_cache=False)
+
+    forward_times = timed(forward, args.reps)
+
+    # Train step: forward + next-token cross-entropy + backward + AdamW.
+    model.train()  # dropout is 0 in this config; train mode only matters for models that have it
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    losses: list[float] = []
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=inputs, use_cache=False).logits
+        loss = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+
+    train_times = timed(train_step, args.reps)
+
+    forward_s = statistics.median(forward_times)
+    train_s = statistics.median(train_times)
+    emit(
+        {
+            "bench": BENCH,
+            "threads": args.threads,
+            "batch": args.batch,
+            "seq": args.seq,
+            "params": params,
+            "forward_tok_s": round(n_tokens / forward_s, 1),
+            "train_tok_s": round(n_tokens / train_s, 1),
+            "torch": torch.__version__.split("+")[0],
+            "reps": args.reps,
+            "model": args.model_dir or "random:SmolLM2-135M",
+            "forward_s": round(forward_s, 4),
+            "train_step_s": round(train_s, 4),
+            "loss": round(losses[-1], 4),
+            "transformers": transformers.__version__,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "loadavg_1m_at_start": load,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
