@@ -4,7 +4,7 @@
  * The bundled template suits character-level tokenizers with tiny alphabets: no markup characters are needed.
  *
  * ```
- * prompt  = BOS (prefix(role) body(message) EOS)* prefix(assistant)      (prefix(assistant) only when generating)
+ * prompt  = BOS? (prefix(role) body(message) EOS)* prefix(assistant)      (prefix(assistant) only when generating)
  * body    = content                          for system, user and tool messages
  *         = content call(1) call(2) …         for assistant messages, each call formatted as `name(args)`
  * ```
@@ -50,7 +50,7 @@ export interface ChatTemplateOptions {
  * const template = createChatTemplate(tok);
  * template.render([{ role: 'user', content: '2+3' }], [], { addGenerationPrompt: true }); // [bos, '2', '+', '3', eos]
  * ```
- * @param tokenizer - Encodes the text; its `bosId` starts the prompt and its `eosId` closes each turn.
+ * @param tokenizer - Encodes the text; its `bosId` (when it has one) starts the prompt and its `eosId` closes each turn.
  * @param options - Role prefixes.
  * @returns the template.
  */
@@ -58,7 +58,7 @@ export function createChatTemplate(tokenizer: Tokenizer, options: ChatTemplateOp
   const prefixes: Record<ChatRole, string> = { system: '', user: '', assistant: '', tool: '', ...options.rolePrefixes };
   return {
     render(messages, tools, { addGenerationPrompt }) {
-      const ids = [tokenizer.bosId];
+      const ids = tokenizer.bosId === undefined ? [] : [tokenizer.bosId];
       messages.forEach((message, index) => {
         if (!CHAT_ROLES.includes(message.role)) {
           throw new DecodeError(`message ${index}: unknown role ${JSON.stringify(message.role)}`, { context: { message: index } });

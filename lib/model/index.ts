@@ -18,24 +18,39 @@ export { registerCoreGradients, sumToShape } from './gradients.js';
 
 // ── tokenizer ──────────────────────────────────────────────────────────────────
 export {
+  CHAR_ALPHABET_CONFIG_KEY,
   CHAR_BOS_ID,
   CHAR_EOS_ID,
   CHAR_PAD_ID,
+  CHAR_SPECIAL_LABELS,
   CHAR_SPECIAL_TOKENS,
   CharTokenizer,
   DEFAULT_ALPHABET,
 } from './tokenizer.js';
+export { HfTokenizer, TOKENIZER_FILES, loadTokenizer, namedSpecialTokens, readTokenizerFiles } from './hfTokenizer.js';
+export type { HfTokenizerFiles, HfTokenizerSources, JsonRecord } from './hfTokenizer.js';
 
 // ── policy model ───────────────────────────────────────────────────────────────
 export {
   INIT_STD,
   MASK_BIAS,
+  MODEL_TYPES,
   PolicyModel,
   RMS_NORM_EPS,
+  ROPE_THETA,
   policyParamSpecs,
+  ropeInverseFrequencies,
   validatePolicyConfig,
 } from './transformer.js';
-export type { PolicyConfig, PolicyInitKind, PolicyParamSpec, TokenLogprobs } from './transformer.js';
+export type {
+  ModelType,
+  PolicyConfig,
+  PolicyInitKind,
+  PolicyParamSpec,
+  ResolvedPolicyConfig,
+  RopeScaling,
+  TokenLogprobs,
+} from './transformer.js';
 
 // ── sampling ───────────────────────────────────────────────────────────────────
 export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';
@@ -52,5 +67,16 @@ export {
   loadSafetensors,
   saveSafetensors,
 } from './safetensors.js';
-export type { SafetensorsContents, SafetensorsMetadata } from './safetensors.js';
-export { POLICY_CONFIG_METADATA_KEY, loadPolicy, savePolicy } from './policyFile.js';
+export type { SafetensorsContents, SafetensorsDtype, SafetensorsMetadata } from './safetensors.js';
+export {
+  MODEL_FILES,
+  POLICY_VERSION_METADATA_KEY,
+  isModelDir,
+  loadModelDir,
+  policyConfigFromHf,
+  policyConfigToHf,
+  readModelDir,
+  saveModelDir,
+  specialIdsOf,
+} from './modelDir.js';
+export type { ModelDirContents, SaveModelDirOptions, SpecialTokenIds } from './modelDir.js';

@@ -5,8 +5,9 @@
  * Layout: an unsigned 64-bit little-endian header length `N`; `N` bytes of UTF-8 JSON mapping each tensor
  * name to `{ dtype, shape, data_offsets: [begin, end] }` (byte offsets into the data section) plus an optional
  * `__metadata__` object of string values; then the data section, row-major little-endian. This module writes
- * and reads `F32` tensors only; the header is padded with spaces to a multiple of 8 bytes, as the Python
- * writer does.
+ * `F32` tensors and reads `F32`, `F16` and `BF16` ones (widened to `Float32Array`, exactly: every half and
+ * bfloat16 value is a float32 value); the header is padded with spaces to a multiple of 8 bytes, as the
+ * Python writer does.
  *
  * @packageDocumentation
  */
@@ -14,7 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { readFile, rename, rm, writeFile } from 'node:fs/promises';
 
 import type { NamedWeights, WeightArray } from '../engine/types.js';
-import { DecodeError, ShapeError } from '../errors.js';
+import { DecodeError, ShapeError, assertNever } from '../errors.js';
 
 /** Key of the free-form string metadata in a safetensors header. */
 export const SAFETENSORS_METADATA_KEY = '__metadata__';
@@ -24,6 +25,11 @@ const LENGTH_PREFIX_BYTES = 8;
 const HEADER_ALIGNMENT = 8;
 /** Bytes per `F32` element. */
 const F32_BYTES = 4;
+/** Floating-point dtypes this reader widens to float32, with their element sizes. */
+const READ_DTYPES: Readonly<Record<string, number>> = { F32: 4, F16: 2, BF16: 2 };
+
+/** A floating-point safetensors dtype this module reads. */
+export type SafetensorsDtype = 'F32' | 'F16' | 'BF16';
 /** Largest header this reader accepts (the Python reader's limit is 100 MB). */
 export const SAFETENSORS_MAX_HEADER_BYTES = 100_000_000;
 
@@ -85,7 +91,7 @@ export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsM
 }
 
 /**
- * Decodes safetensors bytes holding `F32` tensors.
+ * Decodes safetensors bytes holding `F32`, `F16` or `BF16` tensors (returned as float32).
  *
  * @throws {@link DecodeError} when the length prefix, the JSON header, a dtype, a shape or the data offsets
  *   are malformed (offsets must tile the data section exactly, as the Python reader requires).
@@ -114,7 +120,7 @@ export function decodeSafetensors(bytes: Uint8Array): SafetensorsContents {
     throw malformed('header is not a JSON object');
   }
   const dataLength = bytes.length - dataStart;
-  const entries: { name: string; shape: number[]; begin: number; end: number }[] = [];
+  const entries: { name: string; shape: number[]; dtype: SafetensorsDtype; begin: number; end: number }[] = [];
   let metadata: Record<string, string> = {};
   for (const [name, value] of Object.entries(parsed as Record<string, unknown>)) {
     if (name === SAFETENSORS_METADATA_KEY) {
@@ -136,7 +142,8 @@ export function decodeSafetensors(bytes: Uint8Array): SafetensorsContents {
   }
   const weights = new Map<string, WeightArray>();
   for (const e of entries) {
-    weights.set(e.name, { shape: e.shape, data: readF32(bytes, dataStart + e.begin, (e.end - e.begin) / F32_BYTES) });
+    const count = (e.end - e.begin) / (READ_DTYPES[e.dtype] as number);
+    weights.set(e.name, { shape: e.shape, data: readFloats(bytes, dataStart + e.begin, count, e.dtype) });
   }
   return { weights, metadata };
 }
@@ -162,7 +169,8 @@ export async function saveSafetensors(path: string, weights: NamedWeights, metad
 }
 
 /**
- * Reads a safetensors file written by {@link saveSafetensors} or by Python's `safetensors` (F32 tensors).
+ * Reads a safetensors file written by {@link saveSafetensors} or by Python's `safetensors` (F32, F16 or BF16
+ * tensors, returned as float32).
  *
  * @throws {@link DecodeError} when the file is malformed.
  */
@@ -192,13 +200,18 @@ function parseMetadata(value: unknown): Record<string, string> {
   return out;
 }
 
-function parseEntry(name: string, value: unknown, dataLength: number): { shape: number[]; begin: number; end: number } {
+function parseEntry(
+  name: string,
+  value: unknown,
+  dataLength: number,
+): { shape: number[]; dtype: SafetensorsDtype; begin: number; end: number } {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw malformed(`entry '${name}' is not an object`);
   }
   const { dtype, shape, data_offsets: offsets } = value as Record<string, unknown>;
-  if (dtype !== 'F32') {
-    throw malformed(`tensor '${name}' has dtype ${JSON.stringify(dtype)}; only F32 is supported`);
+  const width = typeof dtype === 'string' ? READ_DTYPES[dtype] : undefined;
+  if (width === undefined) {
+    throw malformed(`tensor '${name}' has dtype ${JSON.stringify(dtype)}; supported: ${Object.keys(READ_DTYPES).join(', ')}`);
   }
   if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) {
     throw malformed(`tensor '${name}' has an invalid shape`);
@@ -212,10 +225,10 @@ function parseEntry(name: string, value: unknown, dataLength: number): { shape: 
   }
   const [begin, end] = offsets as [number, number];
   const size = (shape as number[]).reduce((p, d) => p * d, 1);
-  if (end < begin || end > dataLength || end - begin !== size * F32_BYTES) {
-    throw malformed(`tensor '${name}' data_offsets [${begin}, ${end}] do not fit shape [${shape.join(', ')}]`);
+  if (end < begin || end > dataLength || end - begin !== size * width) {
+    throw malformed(`tensor '${name}' data_offsets [${begin}, ${end}] do not fit shape [${shape.join(', ')}] of ${dtype}`);
   }
-  return { shape: [...(shape as number[])], begin, end };
+  return { shape: [...(shape as number[])], dtype: dtype as SafetensorsDtype, begin, end };
 }
 
 function malformed(message: string, cause?: unknown): DecodeError {
@@ -231,6 +244,45 @@ function writeF32(out: Uint8Array, at: number, data: Float32Array): void {
   for (let i = 0; i < data.length; i++) {
     view.setFloat32(at + i * F32_BYTES, data[i], true);
   }
+}
+
+function readFloats(bytes: Uint8Array, at: number, count: number, dtype: SafetensorsDtype): Float32Array {
+  switch (dtype) {
+    case 'F32':
+      return readF32(bytes, at, count);
+    case 'F16':
+      return readHalves(bytes, at, count, halfToFloat);
+    case 'BF16':
+      return readHalves(bytes, at, count, bfloat16ToFloat);
+    default:
+      return assertNever(dtype, 'safetensors dtype');
+  }
+}
+
+function readHalves(bytes: Uint8Array, at: number, count: number, widen: (bits: number) => number): Float32Array {
+  const out = new Float32Array(count);
+  for (let i = 0; i < count; i++) {
+    out[i] = widen(bytes[at + 2 * i] | (bytes[at + 2 * i + 1] << 8));
+  }
+  return out;
+}
+
+const widenScratch = new DataView(new ArrayBuffer(4));
+
+/** bfloat16 is the upper half of a float32: shift the 16 bits back into place. */
+function bfloat16ToFloat(bits: number): number {
+  widenScratch.setUint32(0, bits << 16);
+  return widenScratch.getFloat32(0);
+}
+
+/** IEEE 754 binary16 → number: sign, 5-bit exponent (bias 15), 10-bit mantissa; subnormals, ±∞ and NaN kept. */
+function halfToFloat(bits: number): number {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const mantissa = bits & 0x3ff;
+  if (exponent === 0) return sign * mantissa * 2 ** -24;
+  if (exponent === 0x1f) return mantissa === 0 ? sign * Infinity : NaN;
+  return sign * (1 + mantissa / 1024) * 2 ** (exponent - 15);
 }
 
 function readF32(bytes: Uint8Array, at: number, count: number): Float32Array {

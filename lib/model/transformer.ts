@@ -1,17 +1,27 @@
 /**
- * The policy model: a small decoder-only transformer on tfjs-core ops, with KV-cache sampling.
+ * The policy model: one decoder for the Llama family (Llama 3, Qwen2, Qwen3, SmolLM2) on tfjs-core ops, with
+ * KV-cache sampling. The configuration switches the family's variations; there is no class per family.
  *
- * Architecture (per token, `d = dModel`, `H = nHeads`, `dh = d / H`):
+ * One block, top to bottom (as `modeling_llama.py`; `H` query heads, `Hkv` key/value heads, `dh` head width):
  * ```
- * x = tokEmbedding[id] + posEmbedding[position]              one-hot products, no gather
- * repeat nLayers:  x += Wo · attn(RMSNorm(x) · Wq, ·Wk, ·Wv)  causal, padding keys masked
- *                  x += Wout · GELU(Win · RMSNorm(x))         tanh approximation of GELU
- * logits = RMSNorm(x) · lmHead                               separate (untied) head
+ * x = embed_tokens[id]                                          gather; no position embedding
+ * repeat nLayers:
+ *   h = RMSNorm(x) · input_layernorm
+ *   q = h·Wq (+bq)  k = h·Wk (+bk)  v = h·Wv (+bv)               biases: Qwen2 (q/k/v), attention_bias (q/k/v/o)
+ *   q, k = RMSNorm per head · q_norm / k_norm                    Qwen3 only
+ *   q, k = RoPE(q, k, positionIds)                               rope_theta; llama3 / linear rope scaling
+ *   x += (softmax(q·kᵀ/√dh + mask) · v) · Wo (+bo)               grouped-query: H/Hkv query heads per kv head
+ *   h = RMSNorm(x) · post_attention_layernorm
+ *   x += (SiLU(h·Wgate) ⊙ (h·Wup)) · Wdown                       SwiGLU
+ * logits = RMSNorm(x) · norm · lm_head                           lm_head tied to embed_tokens or separate
  * ```
- * Positions are learned absolute embeddings indexed by explicit `positionIds` (the position counted from each
- * row's first real token), so a left-padded row computes exactly what it would unpadded. Dense layers have
- * no biases. Every weight product is a plain 2-D `matMul` without transpose flags, and nothing gathers, which
- * keeps the model fast and differentiable on wasm.
+ * Positions come from explicit `positionIds` (counted from each row's first real token), so a left-padded row
+ * computes exactly what it would unpadded. Weights keep Hugging Face's names and, at the boundary
+ * ({@link PolicyModel.getWeights}, {@link PolicyModel.setWeights}), Hugging Face's `[out, in]` layout; inside,
+ * linear weights are held as `[in, out]` so every product is a plain 2-D `matMul` (fast on wasm).
+ *
+ * Grouped-query attention never repeats keys: the `H/Hkv` query heads that share a key/value head are folded
+ * into its query rows (`[b, H, T, dh] → [b, Hkv, (H/Hkv)·T, dh]`, a free reshape), all rank-4.
  *
  * @packageDocumentation
  */
@@ -23,21 +33,65 @@ import { installBackendFixes } from './backend.js';
 import { runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import { createRng, normalArray } from '../random.js';
 
-/** Architecture of a {@link PolicyModel}. */
+/** Model families the decoder implements (Hugging Face `model_type`). */
+export type ModelType = 'llama' | 'qwen2' | 'qwen3';
+
+/** The valid {@link ModelType} values. */
+export const MODEL_TYPES: readonly ModelType[] = ['llama', 'qwen2', 'qwen3'];
+
+/** Rotary-embedding frequency scaling (Hugging Face `rope_scaling` / `rope_parameters`). */
+export type RopeScaling =
+  | { readonly type: 'linear'; readonly factor: number }
+  | {
+      readonly type: 'llama3';
+      readonly factor: number;
+      readonly lowFreqFactor: number;
+      readonly highFreqFactor: number;
+      readonly originalMaxPositionEmbeddings: number;
+    };
+
+/**
+ * Architecture of a {@link PolicyModel}. The first six fields are required; the rest default to a plain Llama
+ * block (`nKvHeads = nHeads`, `headDim = dModel / nHeads`, θ = 10000, no scaling, ε = 1e-6, no biases, no q/k
+ * norm, untied head).
+ */
 export interface PolicyConfig {
-  /** Vocabulary size `V`. */
+  /** Vocabulary size `V` (`vocab_size`). */
   readonly vocabSize: number;
-  /** Residual width `d`; a multiple of `nHeads`. */
+  /** Residual width `d` (`hidden_size`). */
   readonly dModel: number;
-  /** Number of transformer blocks. */
+  /** Number of blocks (`num_hidden_layers`). */
   readonly nLayers: number;
-  /** Attention heads per block. */
+  /** Query heads `H` (`num_attention_heads`). */
   readonly nHeads: number;
-  /** Hidden width of the MLP. */
+  /** SwiGLU hidden width (`intermediate_size`). */
   readonly dFF: number;
-  /** Number of learned positions: every position id must be below it. */
+  /** Longest sequence: every position id must be below it (`max_position_embeddings`). */
   readonly maxSeqLen: number;
+  /** Family written to `config.json`. Default `llama`. */
+  readonly modelType?: ModelType;
+  /** Key/value heads `Hkv`, dividing `nHeads` (`num_key_value_heads`). Default `nHeads`. */
+  readonly nKvHeads?: number;
+  /** Head width `dh`, even (`head_dim`). Default `dModel / nHeads`. */
+  readonly headDim?: number;
+  /** RoPE base θ (`rope_theta`). Default 10000. */
+  readonly ropeTheta?: number;
+  /** RoPE frequency scaling. Default none. */
+  readonly ropeScaling?: RopeScaling | null;
+  /** RMSNorm ε (`rms_norm_eps`). Default 1e-6. */
+  readonly rmsNormEps?: number;
+  /** Biases on the q, k and v projections (Qwen2; `attention_bias`). Default false. */
+  readonly qkvBias?: boolean;
+  /** Bias on the output projection (`attention_bias` of Llama and Qwen3). Default false. */
+  readonly oBias?: boolean;
+  /** Per-head RMSNorm of queries and keys before RoPE (Qwen3). Default false. */
+  readonly qkNorm?: boolean;
+  /** Logits use the token embedding matrix (`tie_word_embeddings`). Default false. */
+  readonly tieWordEmbeddings?: boolean;
 }
+
+/** A {@link PolicyConfig} with every default filled in. */
+export type ResolvedPolicyConfig = Required<PolicyConfig>;
 
 /** Log-probabilities of the observed next tokens and the entropies of the predicted distributions. */
 export interface TokenLogprobs {
@@ -47,144 +101,262 @@ export interface TokenLogprobs {
   readonly entropy: tf.Tensor2D;
 }
 
-/** Epsilon added to the mean square in RMSNorm. */
-export const RMS_NORM_EPS = 1e-5;
+/** Default RMSNorm ε (Llama 3, Qwen2, Qwen3 checkpoints). */
+export const RMS_NORM_EPS = 1e-6;
+/** Default RoPE base θ. */
+export const ROPE_THETA = 10_000;
 /** Additive attention bias of masked (future or padding) keys; finite so fully masked rows stay finite. */
 export const MASK_BIAS = -1e9;
-/** Standard deviation of the normal initialization of embeddings and projections (GPT-2). */
+/** Standard deviation of the normal initialization of embeddings and projections (`initializer_range`). */
 export const INIT_STD = 0.02;
-/** `sqrt(2 / π)`, of the tanh approximation of GELU. */
-const GELU_SQRT_2_OVER_PI = Math.sqrt(2 / Math.PI);
-/** Cubic coefficient of the tanh approximation of GELU. */
-const GELU_CUBIC = 0.044715;
 
-/** Per-block variables. */
+/** How a weight is initialized: `N(0, 0.02²)`, `N(0, (0.02/√(2·nLayers))²)`, all ones or all zeros. */
+export type PolicyInitKind = 'normal' | 'residual-out' | 'ones' | 'zeros';
+
+/** Hugging Face name, Hugging Face shape (`[out, in]` for linear weights) and initializer of one weight. */
+export interface PolicyParamSpec {
+  readonly name: string;
+  readonly shape: readonly number[];
+  readonly init: PolicyInitKind;
+  /** A linear weight: held transposed (`[in, out]`) inside the model. */
+  readonly linear: boolean;
+}
+
+/**
+ * Validates a configuration and fills in its defaults.
+ *
+ * @throws {@link ConfigError} naming the field: a size that is not a positive integer, heads that do not
+ *   divide, an odd head width, an unknown family or rope scaling, or a combination the family's Hugging Face
+ *   class cannot express (Qwen2 always has q/k/v biases and no output bias; only Qwen3 has q/k norms).
+ */
+export function validatePolicyConfig(config: PolicyConfig): ResolvedPolicyConfig {
+  const fail = (key: string, message: string, value: unknown): never => {
+    throw new ConfigError(`policy config ${key} ${message}, got ${JSON.stringify(value)}`, { context: { key, value } });
+  };
+  const positive = (key: keyof PolicyConfig, value: unknown): number => {
+    if (typeof value !== 'number' || !Number.isInteger(value) || value <= 0) fail(key, 'must be a positive integer', value);
+    return value as number;
+  };
+  const vocabSize = positive('vocabSize', config.vocabSize);
+  const dModel = positive('dModel', config.dModel);
+  const nLayers = positive('nLayers', config.nLayers);
+  const nHeads = positive('nHeads', config.nHeads);
+  const dFF = positive('dFF', config.dFF);
+  const maxSeqLen = positive('maxSeqLen', config.maxSeqLen);
+  const modelType = config.modelType ?? 'llama';
+  if (!MODEL_TYPES.includes(modelType)) fail('modelType', `must be one of ${MODEL_TYPES.join(', ')}`, modelType);
+  const nKvHeads = positive('nKvHeads', config.nKvHeads ?? nHeads);
+  if (nHeads % nKvHeads !== 0) fail('nKvHeads', `must divide nHeads (${nHeads})`, nKvHeads);
+  if (config.headDim === undefined && dModel % nHeads !== 0) fail('dModel', `must be a multiple of nHeads (${nHeads})`, dModel);
+  const headDim = positive('headDim', config.headDim ?? dModel / nHeads);
+  if (headDim % 2 !== 0) fail('headDim', 'must be even (rotary embeddings rotate pairs)', headDim);
+  const ropeTheta = config.ropeTheta ?? ROPE_THETA;
+  if (!(ropeTheta > 0) || !Number.isFinite(ropeTheta)) fail('ropeTheta', 'must be a positive number', ropeTheta);
+  const rmsNormEps = config.rmsNormEps ?? RMS_NORM_EPS;
+  if (!(rmsNormEps > 0) || !Number.isFinite(rmsNormEps)) fail('rmsNormEps', 'must be a positive number', rmsNormEps);
+  const ropeScaling = config.ropeScaling ?? null;
+  if (ropeScaling !== null) validateRopeScaling(ropeScaling, fail);
+  const qkvBias = config.qkvBias ?? modelType === 'qwen2';
+  const oBias = config.oBias ?? false;
+  const qkNorm = config.qkNorm ?? modelType === 'qwen3';
+  const tieWordEmbeddings = config.tieWordEmbeddings ?? false;
+  if (modelType === 'qwen2' && (!qkvBias || oBias)) fail('qkvBias', 'must be true and oBias false for qwen2', { qkvBias, oBias });
+  if (modelType !== 'qwen2' && qkvBias !== oBias) fail('oBias', `must equal qkvBias for ${modelType} (one attention_bias)`, { qkvBias, oBias });
+  if (qkNorm !== (modelType === 'qwen3')) fail('qkNorm', `is only (and always) used by qwen3, not ${modelType}`, qkNorm);
+  return {
+    modelType, vocabSize, dModel, nLayers, nHeads, nKvHeads, headDim, dFF, maxSeqLen,
+    ropeTheta, ropeScaling, rmsNormEps, qkvBias, oBias, qkNorm, tieWordEmbeddings,
+  };
+}
+
+function validateRopeScaling(scaling: RopeScaling, fail: (key: string, message: string, value: unknown) => never): void {
+  const type = (scaling as { type?: unknown }).type;
+  if (!(scaling.factor >= 1) || !Number.isFinite(scaling.factor)) fail('ropeScaling.factor', 'must be a number >= 1', scaling.factor);
+  switch (scaling.type) {
+    case 'linear':
+      return;
+    case 'llama3':
+      if (!(scaling.highFreqFactor > scaling.lowFreqFactor && scaling.lowFreqFactor > 0)) {
+        fail('ropeScaling.highFreqFactor', 'must exceed lowFreqFactor > 0', scaling);
+      }
+      if (!(scaling.originalMaxPositionEmbeddings > 0)) {
+        fail('ropeScaling.originalMaxPositionEmbeddings', 'must be positive', scaling.originalMaxPositionEmbeddings);
+      }
+      return;
+    default:
+      fail('ropeScaling.type', 'must be linear or llama3', type);
+  }
+}
+
+/**
+ * Rotary inverse frequencies `θ^(−2i/dh)` for `i < dh/2`, with the configured scaling applied (Llama 3.1's
+ * `llama3` smooth interpolation between long and short wavelengths, or `linear` division by the factor).
+ */
+export function ropeInverseFrequencies(config: ResolvedPolicyConfig): Float32Array {
+  const half = config.headDim / 2;
+  const out = new Float32Array(half);
+  for (let i = 0; i < half; i++) {
+    const base = Math.fround(Math.pow(config.ropeTheta, (2 * i) / config.headDim));
+    let freq = 1 / base;
+    const s = config.ropeScaling;
+    if (s !== null) {
+      switch (s.type) {
+        case 'linear':
+          freq /= s.factor;
+          break;
+        case 'llama3': {
+          const wavelen = (2 * Math.PI) / freq;
+          const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
+          const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
+          if (wavelen > lowWavelen) {
+            freq /= s.factor;
+          } else if (wavelen >= highWavelen) {
+            const smooth = (s.originalMaxPositionEmbeddings / wavelen - s.lowFreqFactor) / (s.highFreqFactor - s.lowFreqFactor);
+            freq = (1 - smooth) * (freq / s.factor) + smooth * freq;
+          }
+          break;
+        }
+        default:
+          assertNever(s, 'rope scaling');
+      }
+    }
+    out[i] = freq;
+  }
+  return out;
+}
+
+/** Hugging Face names, shapes and initializers of every weight of a configuration, in a stable order. */
+export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
+  const c = validatePolicyConfig(config);
+  const { vocabSize: V, dModel: d, dFF: f, headDim: dh } = c;
+  const qDim = c.nHeads * dh;
+  const kvDim = c.nKvHeads * dh;
+  const lin = (name: string, out: number, inp: number, init: PolicyInitKind = 'normal'): PolicyParamSpec =>
+    ({ name, shape: [out, inp], init, linear: true });
+  const vec = (name: string, n: number, init: PolicyInitKind): PolicyParamSpec => ({ name, shape: [n], init, linear: false });
+  const specs: PolicyParamSpec[] = [{ name: 'model.embed_tokens.weight', shape: [V, d], init: 'normal', linear: false }];
+  for (let i = 0; i < c.nLayers; i++) {
+    const p = `model.layers.${i}`;
+    specs.push(vec(`${p}.input_layernorm.weight`, d, 'ones'));
+    specs.push(lin(`${p}.self_attn.q_proj.weight`, qDim, d), lin(`${p}.self_attn.k_proj.weight`, kvDim, d),
+      lin(`${p}.self_attn.v_proj.weight`, kvDim, d));
+    if (c.qkvBias) {
+      specs.push(vec(`${p}.self_attn.q_proj.bias`, qDim, 'zeros'), vec(`${p}.self_attn.k_proj.bias`, kvDim, 'zeros'),
+        vec(`${p}.self_attn.v_proj.bias`, kvDim, 'zeros'));
+    }
+    if (c.qkNorm) specs.push(vec(`${p}.self_attn.q_norm.weight`, dh, 'ones'), vec(`${p}.self_attn.k_norm.weight`, dh, 'ones'));
+    specs.push(lin(`${p}.self_attn.o_proj.weight`, d, qDim, 'residual-out'));
+    if (c.oBias) specs.push(vec(`${p}.self_attn.o_proj.bias`, d, 'zeros'));
+    specs.push(vec(`${p}.post_attention_layernorm.weight`, d, 'ones'));
+    specs.push(lin(`${p}.mlp.gate_proj.weight`, f, d), lin(`${p}.mlp.up_proj.weight`, f, d),
+      lin(`${p}.mlp.down_proj.weight`, d, f, 'residual-out'));
+  }
+  specs.push(vec('model.norm.weight', d, 'ones'));
+  if (!c.tieWordEmbeddings) specs.push(lin('lm_head.weight', V, d));
+  return specs;
+}
+
+/** Per-block variables (linear weights `[in, out]`). */
 interface Block {
-  readonly attnNorm: tf.Variable;
+  readonly inputNorm: tf.Variable;
   readonly wq: tf.Variable;
   readonly wk: tf.Variable;
   readonly wv: tf.Variable;
+  readonly bq: tf.Variable | null;
+  readonly bk: tf.Variable | null;
+  readonly bv: tf.Variable | null;
+  readonly qNorm: tf.Variable | null;
+  readonly kNorm: tf.Variable | null;
   readonly wo: tf.Variable;
-  readonly mlpNorm: tf.Variable;
-  readonly wIn: tf.Variable;
-  readonly wOut: tf.Variable;
+  readonly bo: tf.Variable | null;
+  readonly postNorm: tf.Variable;
+  readonly wGate: tf.Variable;
+  readonly wUp: tf.Variable;
+  readonly wDown: tf.Variable;
 }
 
-/** Keys and values of one block for a batch: `k [b, H, L, dh]`, `v [b, H, L, dh]`. */
+/** Keys and values of one block for a batch: `k [b, Hkv, L, dh]`, `v [b, Hkv, L, dh]`. */
 type LayerCache = {
   readonly k: tf.Tensor4D;
   readonly v: tf.Tensor4D;
 };
 
-/** How a weight is initialized: `N(0, 0.02²)`, `N(0, (0.02/√(2·nLayers))²)` or all ones. */
-export type PolicyInitKind = 'normal' | 'residual-out' | 'ones';
-
-/** Name, shape and initializer of one weight. */
-export interface PolicyParamSpec {
-  readonly name: string;
-  readonly shape: readonly number[];
-  readonly init: PolicyInitKind;
+/** Rotary tables for `N` tokens: `cos [N, 1, dh]`, `sin [N, 1, dh]`. */
+interface Rotary {
+  readonly cos: tf.Tensor3D;
+  readonly sin: tf.Tensor3D;
 }
 
 /**
- * Validates a configuration.
- *
- * @throws {@link ConfigError} when a size is not a positive integer or `dModel` is not a multiple of `nHeads`.
- */
-export function validatePolicyConfig(config: PolicyConfig): PolicyConfig {
-  for (const key of ['vocabSize', 'dModel', 'nLayers', 'nHeads', 'dFF', 'maxSeqLen'] as const) {
-    const value = config[key];
-    if (!Number.isInteger(value) || value <= 0) {
-      throw new ConfigError(`policy config ${key} must be a positive integer, got ${String(value)}`, {
-        context: { key, value },
-      });
-    }
-  }
-  if (config.dModel % config.nHeads !== 0) {
-    throw new ConfigError(`policy config dModel (${config.dModel}) must be a multiple of nHeads (${config.nHeads})`, {
-      context: { dModel: config.dModel, nHeads: config.nHeads },
-    });
-  }
-  return {
-    vocabSize: config.vocabSize,
-    dModel: config.dModel,
-    nLayers: config.nLayers,
-    nHeads: config.nHeads,
-    dFF: config.dFF,
-    maxSeqLen: config.maxSeqLen,
-  };
-}
-
-/** Names, shapes and initializers of every weight of a configuration, in a stable order. */
-export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
-  const { vocabSize: V, dModel: d, dFF: f, maxSeqLen: S } = config;
-  const specs: PolicyParamSpec[] = [
-    { name: 'tokEmbedding', shape: [V, d], init: 'normal' },
-    { name: 'posEmbedding', shape: [S, d], init: 'normal' },
-  ];
-  for (let i = 0; i < config.nLayers; i++) {
-    const p = `blocks.${i}`;
-    specs.push(
-      { name: `${p}.attnNorm.scale`, shape: [d], init: 'ones' },
-      { name: `${p}.attn.wq`, shape: [d, d], init: 'normal' },
-      { name: `${p}.attn.wk`, shape: [d, d], init: 'normal' },
-      { name: `${p}.attn.wv`, shape: [d, d], init: 'normal' },
-      { name: `${p}.attn.wo`, shape: [d, d], init: 'residual-out' },
-      { name: `${p}.mlpNorm.scale`, shape: [d], init: 'ones' },
-      { name: `${p}.mlp.wIn`, shape: [d, f], init: 'normal' },
-      { name: `${p}.mlp.wOut`, shape: [f, d], init: 'residual-out' },
-    );
-  }
-  specs.push({ name: 'finalNorm.scale', shape: [d], init: 'ones' }, { name: 'lmHead', shape: [d, V], init: 'normal' });
-  return specs;
-}
-
-/**
- * A decoder-only transformer policy. Owns its `tf.Variable`s; call {@link PolicyModel.dispose} when done.
+ * A Llama-family decoder. Owns its `tf.Variable`s; call {@link PolicyModel.dispose} when done.
  *
  * @example
  * ```ts
- * import { PolicyModel } from 'rxrl/lib/model/transformer.js';
- * const model = PolicyModel.create({ vocabSize: 51, dModel: 64, nLayers: 2, nHeads: 4, dFF: 256, maxSeqLen: 64 }, 1);
+ * import { PolicyModel } from 'rxrl';
+ * const model = PolicyModel.create({ vocabSize: 51, dModel: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 192, maxSeqLen: 64 }, 1);
  * const [out] = await model.generate([{ promptTokens: [1, 30, 41, 31, 40], maxTokens: 8, seed: 7 }]);
  * model.dispose();
  * ```
  */
 export class PolicyModel {
-  /** The validated architecture. */
-  readonly config: PolicyConfig;
+  /** The validated architecture, defaults filled in. */
+  readonly config: ResolvedPolicyConfig;
   private readonly params: ReadonlyMap<string, tf.Variable>;
-  private readonly tokEmbedding: tf.Variable;
-  private readonly posEmbedding: tf.Variable;
+  private readonly linear: ReadonlySet<string>;
+  private readonly embedTokens: tf.Variable;
   private readonly blocks: readonly Block[];
   private readonly finalNorm: tf.Variable;
-  private readonly lmHead: tf.Variable;
+  private readonly lmHead: tf.Variable | null;
+  /** `[1, dh/2]` rotary inverse frequencies. */
+  private readonly invFreq: tf.Tensor2D;
+  /** `[dh, dh]`: `x · rotateHalf = concat(−x₂, x₁)`. */
+  private readonly rotateHalf: tf.Tensor2D;
   private disposed = false;
 
-  private constructor(config: PolicyConfig, params: ReadonlyMap<string, tf.Variable>) {
+  private constructor(config: ResolvedPolicyConfig, params: ReadonlyMap<string, tf.Variable>, linear: ReadonlySet<string>) {
     this.config = config;
     this.params = params;
+    this.linear = linear;
     const get = (name: string): tf.Variable => params.get(name) as tf.Variable;
-    this.tokEmbedding = get('tokEmbedding');
-    this.posEmbedding = get('posEmbedding');
-    this.blocks = Array.from({ length: config.nLayers }, (_, i) => ({
-      attnNorm: get(`blocks.${i}.attnNorm.scale`),
-      wq: get(`blocks.${i}.attn.wq`),
-      wk: get(`blocks.${i}.attn.wk`),
-      wv: get(`blocks.${i}.attn.wv`),
-      wo: get(`blocks.${i}.attn.wo`),
-      mlpNorm: get(`blocks.${i}.mlpNorm.scale`),
-      wIn: get(`blocks.${i}.mlp.wIn`),
-      wOut: get(`blocks.${i}.mlp.wOut`),
-    }));
-    this.finalNorm = get('finalNorm.scale');
-    this.lmHead = get('lmHead');
+    const opt = (name: string): tf.Variable | null => params.get(name) ?? null;
+    this.embedTokens = get('model.embed_tokens.weight');
+    this.blocks = Array.from({ length: config.nLayers }, (_, i) => {
+      const p = `model.layers.${i}`;
+      return {
+        inputNorm: get(`${p}.input_layernorm.weight`),
+        wq: get(`${p}.self_attn.q_proj.weight`),
+        wk: get(`${p}.self_attn.k_proj.weight`),
+        wv: get(`${p}.self_attn.v_proj.weight`),
+        bq: opt(`${p}.self_attn.q_proj.bias`),
+        bk: opt(`${p}.self_attn.k_proj.bias`),
+        bv: opt(`${p}.self_attn.v_proj.bias`),
+        qNorm: opt(`${p}.self_attn.q_norm.weight`),
+        kNorm: opt(`${p}.self_attn.k_norm.weight`),
+        wo: get(`${p}.self_attn.o_proj.weight`),
+        bo: opt(`${p}.self_attn.o_proj.bias`),
+        postNorm: get(`${p}.post_attention_layernorm.weight`),
+        wGate: get(`${p}.mlp.gate_proj.weight`),
+        wUp: get(`${p}.mlp.up_proj.weight`),
+        wDown: get(`${p}.mlp.down_proj.weight`),
+      };
+    });
+    this.finalNorm = get('model.norm.weight');
+    this.lmHead = opt('lm_head.weight');
+    const dh = config.headDim;
+    this.invFreq = tf.tensor2d(ropeInverseFrequencies(config), [1, dh / 2]);
+    const rot = new Float32Array(dh * dh);
+    for (let j = 0; j < dh / 2; j++) {
+      rot[(j + dh / 2) * dh + j] = -1; // out[j] = −x[j + dh/2]
+      rot[j * dh + j + dh / 2] = 1; // out[j + dh/2] = x[j]
+    }
+    this.rotateHalf = tf.tensor2d(rot, [dh, dh]);
   }
 
   /**
    * Creates a model with seeded weights: the same `config` and `seed` give bit-identical weights on every
-   * backend (they are drawn on the CPU, one independent stream per weight name). Embeddings and input
-   * projections are `N(0, 0.02²)`; residual output projections `N(0, (0.02 / √(2·nLayers))²)`; norm scales 1.
+   * backend (drawn on the CPU, one independent stream per weight name). Embeddings and input projections are
+   * `N(0, 0.02²)`; residual output projections (`o_proj`, `down_proj`) `N(0, (0.02 / √(2·nLayers))²)`; norm
+   * scales 1; biases 0.
    *
    * @param config - Architecture.
    * @param seed - Integer seed.
@@ -192,54 +364,62 @@ export class PolicyModel {
    */
   static create(config: PolicyConfig, seed: number): PolicyModel {
     const valid = validatePolicyConfig(config);
-    installBackendFixes();
     const residualStd = INIT_STD / Math.sqrt(2 * valid.nLayers);
-    const params = new Map<string, tf.Variable>();
-    for (const spec of policyParamSpecs(valid)) {
-      const size = spec.shape.reduce((p, d) => p * d, 1);
-      let data: Float32Array;
+    return PolicyModel.build(valid, (spec, size) => {
       switch (spec.init) {
         case 'ones':
-          data = new Float32Array(size).fill(1);
-          break;
+          return new Float32Array(size).fill(1);
+        case 'zeros':
+          return new Float32Array(size);
         case 'normal':
-          data = normalArray(size, INIT_STD, createRng(seed, spec.name));
-          break;
+          return normalArray(size, INIT_STD, createRng(seed, spec.name));
         case 'residual-out':
-          data = normalArray(size, residualStd, createRng(seed, spec.name));
-          break;
+          return normalArray(size, residualStd, createRng(seed, spec.name));
         default:
           return assertNever(spec.init, 'initializer');
       }
-      const value = tf.tensor(data, [...spec.shape], 'float32');
-      params.set(spec.name, tf.variable(value, true));
-      value.dispose();
-    }
-    return new PolicyModel(valid, params);
+    });
   }
 
   /**
-   * Creates a model holding the given weights.
+   * Creates a model holding the given weights (Hugging Face names and layout, as {@link PolicyModel.getWeights}).
    *
    * @throws {@link ShapeError} when names or shapes do not match `config`.
    */
   static fromWeights(config: PolicyConfig, weights: NamedWeights): PolicyModel {
-    const model = PolicyModel.create(config, 0);
-    try {
-      model.setWeights(weights);
-    } catch (error) {
-      model.dispose();
-      throw error;
-    }
-    return model;
+    const valid = validatePolicyConfig(config);
+    checkWeights(policyParamSpecs(valid), weights);
+    return PolicyModel.build(valid, (spec) => (weights.get(spec.name) as WeightArray).data);
   }
 
-  /** Weight names in their stable order. */
+  private static build(config: ResolvedPolicyConfig, data: (spec: PolicyParamSpec, size: number) => Float32Array): PolicyModel {
+    installBackendFixes();
+    const params = new Map<string, tf.Variable>();
+    const linear = new Set<string>();
+    try {
+      for (const spec of policyParamSpecs(config)) {
+        const size = spec.shape.reduce((p, d) => p * d, 1);
+        const value = tf.tidy(() => {
+          const t = tf.tensor(data(spec, size), [...spec.shape], 'float32');
+          return spec.linear ? tf.transpose(t) : t; // HF [out, in] → [in, out]
+        });
+        params.set(spec.name, tf.variable(value, true));
+        value.dispose();
+        if (spec.linear) linear.add(spec.name);
+      }
+    } catch (error) {
+      for (const v of params.values()) v.dispose();
+      throw error;
+    }
+    return new PolicyModel(config, params, linear);
+  }
+
+  /** Weight names (Hugging Face's) in their stable order. */
   weightNames(): string[] {
     return [...this.params.keys()];
   }
 
-  /** The trainable variables, in {@link PolicyModel.weightNames} order. */
+  /** The trainable variables, in {@link PolicyModel.weightNames} order (linear weights `[in, out]`). */
   trainableVariables(): tf.Variable[] {
     return [...this.params.values()];
   }
@@ -262,6 +442,8 @@ export class PolicyModel {
     for (const v of this.params.values()) {
       v.dispose();
     }
+    this.invFreq.dispose();
+    this.rotateHalf.dispose();
   }
 
   /**
@@ -269,15 +451,14 @@ export class PolicyModel {
    *
    * @param inputIds - Token ids `[B, T]`, int32.
    * @param attentionMask - 1 for real tokens, 0 for padding, `[B, T]` (padding keys are never attended).
-   * @param positionIds - Position of each token from its row's first real token, `[B, T]` int32, each below
-   *   `maxSeqLen` (0 on padding).
+   * @param positionIds - Position of each token from its row's first real token, `[B, T]` int32 (0 on padding).
    * @returns Logits `[B, T, V]`.
    */
   logits(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positionIds: tf.Tensor2D): tf.Tensor3D {
     return tf.tidy(() => {
       const [B, T] = inputIds.shape;
       const h = this.trunk(inputIds, attentionMask, positionIds, null); // [B*T, d]
-      return tf.reshape(tf.matMul(h, this.lmHead), [B, T, this.config.vocabSize]) as tf.Tensor3D;
+      return tf.reshape(this.head(h), [B, T, this.config.vocabSize]) as tf.Tensor3D;
     });
   }
 
@@ -301,8 +482,7 @@ export class PolicyModel {
       const d = this.config.dModel;
       const h = this.trunk(inputIds, attentionMask, positionIds, null); // [B*T, d]
       const hPrev = tf.slice(tf.reshape(h, [B, T, d]), [0, 0, 0], [B, T - 1, d]); // [B, T-1, d]
-      const logits = tf.matMul(tf.reshape(hPrev, [B * (T - 1), d]), this.lmHead); // [B*(T-1), V]
-      const logp = tf.logSoftmax(logits); // [B*(T-1), V]
+      const logp = tf.logSoftmax(this.head(tf.reshape(hPrev, [B * (T - 1), d]))); // [B*(T-1), V]
       const targets = tf.reshape(tf.slice(inputIds, [0, 1], [B, T - 1]), [B * (T - 1)]); // [B*(T-1)]
       const oneHot = tf.cast(tf.oneHot(tf.cast(targets, 'int32'), V), 'float32'); // [B*(T-1), V]
       const logprobs = tf.reshape(tf.sum(tf.mul(logp, oneHot), -1), [B, T - 1]) as tf.Tensor2D;
@@ -312,14 +492,16 @@ export class PolicyModel {
   }
 
   /**
-   * Copies of every weight in plain memory, keyed by stable names (`tokEmbedding`, `posEmbedding`,
-   * `blocks.{i}.attnNorm.scale`, `blocks.{i}.attn.{wq,wk,wv,wo}`, `blocks.{i}.mlpNorm.scale`,
-   * `blocks.{i}.mlp.{wIn,wOut}`, `finalNorm.scale`, `lmHead`). Matrices are `[in, out]`.
+   * Copies of every weight in plain memory under Hugging Face's names and layout (linear weights `[out, in]`):
+   * `model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, …, `model.norm.weight`,
+   * `lm_head.weight` (absent when tied).
    */
   getWeights(): NamedWeights {
     const out = new Map<string, WeightArray>();
     for (const [name, v] of this.params) {
-      out.set(name, { shape: [...v.shape], data: Float32Array.from(v.dataSync() as Float32Array) });
+      const t = this.linear.has(name) ? tf.transpose(v) : v;
+      out.set(name, { shape: [...t.shape], data: Float32Array.from(t.dataSync() as Float32Array) });
+      if (t !== v) t.dispose();
     }
     return out;
   }
@@ -327,31 +509,18 @@ export class PolicyModel {
   /**
    * Replaces every weight.
    *
-   * @param weights - Exactly the names of {@link PolicyModel.getWeights}, with equal shapes.
+   * @param weights - Exactly the names of {@link PolicyModel.getWeights}, with equal (Hugging Face) shapes.
    * @throws {@link ShapeError} (before changing anything) when a name is missing or unknown, or a shape or
    *   data length differs.
    */
   setWeights(weights: NamedWeights): void {
-    const missing = [...this.params.keys()].filter((n) => !weights.has(n));
-    const unknown = [...weights.keys()].filter((n) => !this.params.has(n));
-    if (missing.length > 0 || unknown.length > 0) {
-      throw new ShapeError(`weights do not match the model: missing [${missing.join(', ')}], unknown [${unknown.join(', ')}]`, {
-        context: { missing, unknown },
+    checkWeights(policyParamSpecs(this.config), weights);
+    for (const [name, v] of this.params) {
+      const w = weights.get(name) as WeightArray;
+      tf.tidy(() => {
+        const t = tf.tensor(w.data, [...w.shape], 'float32');
+        v.assign(this.linear.has(name) ? tf.transpose(t) : t);
       });
-    }
-    for (const [name, v] of this.params) {
-      const w = weights.get(name) as WeightArray;
-      const size = w.shape.reduce((p, d) => p * d, 1);
-      if (w.shape.length !== v.shape.length || w.shape.some((d, i) => d !== v.shape[i]) || w.data.length !== size) {
-        throw new ShapeError(
-          `weight '${name}' has shape [${w.shape.join(', ')}] (${w.data.length} values), expected [${v.shape.join(', ')}]`,
-          { context: { name, shape: [...w.shape], expected: [...v.shape] } },
-        );
-      }
-    }
-    for (const [name, v] of this.params) {
-      const w = weights.get(name) as WeightArray;
-      tf.tidy(() => v.assign(tf.tensor(w.data, [...w.shape], 'float32')));
     }
   }
 
@@ -366,7 +535,7 @@ export class PolicyModel {
    *
    * @param requests - Prompts and sampling parameters; `promptTokens.length + maxTokens ≤ maxSeqLen`.
    * @param options - `signal` (checked between steps: unfinished rows end with `'abort'` and keep their tokens;
-   *   already fired → rejects with `AbortError`), `version` (reported), `eosId` (default stop token, 2).
+   *   already fired → rejects with `AbortError`), `version` (reported), `eosId` (default stop token).
    * @returns One response per request, in order.
    *
    * The variables are read at every step and the call yields to the event loop between steps: callers that
@@ -387,15 +556,95 @@ export class PolicyModel {
 
   // ── internals (used by the decoders below) ────────────────────────────────────
 
+  /** Token embeddings of `ids` (int32, any shape with `N` elements): `[N, d]`. */
+  private embed(ids: tf.Tensor): tf.Tensor2D {
+    return tf.gather(this.embedTokens, tf.reshape(tf.cast(ids, 'int32'), [-1])) as tf.Tensor2D; // [N, d]
+  }
+
+  /** `[N, d] → [N, V]` through the untied head or the transposed embedding. */
+  private head(h: tf.Tensor2D): tf.Tensor2D {
+    return tf.matMul(h, this.lmHead ?? tf.transpose(this.embedTokens)); // [N, V]
+  }
+
+  /** Cosines and sines of `positions · invFreq`, duplicated over the two halves of a head: `[N, 1, dh]`. */
+  private rotary(positions: tf.Tensor): Rotary {
+    const N = positions.size;
+    const angles = tf.matMul(tf.reshape(tf.cast(positions, 'float32'), [N, 1]), this.invFreq); // [N, dh/2]
+    const full = tf.reshape(tf.concat([angles, angles], 1), [N, 1, this.config.headDim]); // [N, 1, dh]
+    return { cos: tf.cos(full) as tf.Tensor3D, sin: tf.sin(full) as tf.Tensor3D };
+  }
+
+  /** RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`. */
+  private rope(x: tf.Tensor2D, heads: number, rot: Rotary): tf.Tensor2D {
+    const N = x.shape[0];
+    const dh = this.config.headDim;
+    const x3 = tf.reshape(x, [N, heads, dh]); // [N, heads, dh]
+    const turned = tf.reshape(tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf), [N, heads, dh]); // [N, heads, dh]
+    return tf.reshape(tf.add(tf.mul(x3, rot.cos), tf.mul(turned, rot.sin)), [N, heads * dh]);
+  }
+
+  /** Queries, keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
+  private projectQkv(h: tf.Tensor2D, block: Block, rot: Rotary): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
+    const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
+    const N = h.shape[0];
+    let q = linear(h, block.wq, block.bq); // [N, H·dh]
+    let k = linear(h, block.wk, block.bk); // [N, Hkv·dh]
+    const v = linear(h, block.wv, block.bv); // [N, Hkv·dh]
+    if (block.qNorm !== null && block.kNorm !== null) {
+      q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
+      k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
+    }
+    return [this.rope(q, H, rot), this.rope(k, Hkv, rot), v];
+  }
+
+  /** `[b*T, heads·dh] → [b, heads, T, dh]`. */
+  private splitHeads(x: tf.Tensor2D, b: number, t: number, heads: number): tf.Tensor4D {
+    return tf.transpose(tf.reshape(x, [b, t, heads, this.config.headDim]), [0, 2, 1, 3]);
+  }
+
   /**
-   * Embedding of `ids` at `positions` (both int32, equal size `N`), as one-hot products: `[N, d]`.
+   * Scaled dot-product attention with grouped queries: the `g = H/Hkv` query heads of each key/value head
+   * are stacked along the query axis, so no key or value is repeated.
+   *
+   * @param q - Queries `[b, H, Tq, dh]`.
+   * @param k - Keys `[b, Hkv, Tk, dh]`.
+   * @param v - Values `[b, Hkv, Tk, dh]`.
+   * @param bias - Additive mask `[b, 1, Tq, Tk]` (0 or {@link MASK_BIAS}).
+   * @returns Merged heads `[b*Tq, H·dh]`.
    */
-  private embed(ids: tf.Tensor, positions: tf.Tensor): tf.Tensor2D {
-    const idsFlat = tf.reshape(tf.cast(ids, 'int32'), [-1]); // [N]
-    const posFlat = tf.reshape(tf.cast(positions, 'int32'), [-1]); // [N]
-    const tok = tf.cast(tf.oneHot(idsFlat, this.config.vocabSize), 'float32'); // [N, V]
-    const pos = tf.cast(tf.oneHot(posFlat, this.config.maxSeqLen), 'float32'); // [N, S]
-    return tf.add(tf.matMul(tok, this.tokEmbedding), tf.matMul(pos, this.posEmbedding)); // [N, d]
+  private attend(q: tf.Tensor4D, k: tf.Tensor4D, v: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor2D {
+    const [b, H, Tq, dh] = q.shape;
+    const Hkv = k.shape[1];
+    const g = H / Hkv;
+    const qg: tf.Tensor4D = tf.reshape(tf.mul(q, 1 / Math.sqrt(dh)), [b, Hkv, g * Tq, dh]); // [b, Hkv, g·Tq, dh]
+    const biasG = g === 1 ? bias : tf.tile(bias, [1, 1, g, 1]); // [b, 1, g·Tq, Tk]
+    const probs = tf.softmax(tf.add(tf.matMul(qg, k, false, true), biasG)); // [b, Hkv, g·Tq, Tk]
+    const o = tf.reshape(tf.matMul(probs, v), [b, H, Tq, dh]); // [b, H, Tq, dh]
+    return tf.reshape(tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
+  }
+
+  /** `(SiLU(h·Wgate) ⊙ (h·Wup)) · Wdown` after the block's post-attention RMSNorm: `[N, d] → [N, d]`. */
+  private mlp(x: tf.Tensor2D, block: Block): tf.Tensor2D {
+    const h = rmsNorm(x, block.postNorm, this.config.rmsNormEps); // [N, d]
+    return tf.matMul(tf.mul(silu(tf.matMul(h, block.wGate)), tf.matMul(h, block.wUp)), block.wDown); // [N, d]
+  }
+
+  /** One block on the stream `x [N, d]`; `kv` turns the new keys and values `[b, Hkv, T, dh]` into the attended ones. */
+  private block(
+    x: tf.Tensor2D,
+    block: Block,
+    rot: Rotary,
+    shape: { b: number; t: number },
+    bias: tf.Tensor4D,
+    kv: (k: tf.Tensor4D, v: tf.Tensor4D) => LayerCache,
+  ): tf.Tensor2D {
+    const { nHeads: H, nKvHeads: Hkv } = this.config;
+    const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.inputNorm, this.config.rmsNormEps), block, rot);
+    const q = this.splitHeads(qx, shape.b, shape.t, H); // [b, H, T, dh]
+    const { k, v } = kv(this.splitHeads(kx, shape.b, shape.t, Hkv), this.splitHeads(vx, shape.b, shape.t, Hkv));
+    const attended = linear(this.attend(q, k, v, bias), block.wo, block.bo); // [N, d]
+    const mid: tf.Tensor2D = tf.add(x, attended); // [N, d]
+    return tf.add(mid, this.mlp(mid, block)) as tf.Tensor2D; // [N, d]
   }
 
   /**
@@ -412,58 +661,16 @@ export class PolicyModel {
     collect: LayerCache[] | null,
   ): tf.Tensor2D {
     const [B, T] = inputIds.shape;
-    let x = this.embed(inputIds, positionIds); // [B*T, d]
+    let x = this.embed(inputIds); // [B*T, d]
+    const rot = this.rotary(positionIds);
     const bias = attentionBias(tf.cast(attentionMask, 'float32'), T); // [B, 1, T, T]
     for (const block of this.blocks) {
-      const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [B*T, d]
-      const q = this.splitHeads(qx, B, T); // [B, H, T, dh]
-      const k = this.splitHeads(kx, B, T); // [B, H, T, dh]
-      const v = this.splitHeads(vx, B, T); // [B, H, T, dh]
-      collect?.push({ k, v });
-      const o = this.attend(q, k, v, bias); // [B*T, d]
-      x = tf.add(x, tf.matMul(o, block.wo)); // [B*T, d]
-      x = tf.add(x, this.mlp(x, block)); // [B*T, d]
+      x = this.block(x, block, rot, { b: B, t: T }, bias, (k, v) => {
+        collect?.push({ k, v });
+        return { k, v };
+      });
     }
-    return rmsNorm(x, this.finalNorm);
-  }
-
-  /**
-   * Queries, keys and values of `h [N, d]`: `3 × [N, d]`. Three products measured faster on wasm than one
-   * product with the concatenated `[d, 3d]` weight (the concat and split cost more than they save).
-   */
-  private projectQkv(h: tf.Tensor2D, block: Block): tf.Tensor2D[] {
-    return [tf.matMul(h, block.wq), tf.matMul(h, block.wk), tf.matMul(h, block.wv)];
-  }
-
-  /** `[b*T, d] → [b, H, T, dh]`. */
-  private splitHeads(x: tf.Tensor2D, b: number, t: number): tf.Tensor4D {
-    const H = this.config.nHeads;
-    const dh = this.config.dModel / H;
-    return tf.transpose(tf.reshape(x, [b, t, H, dh]), [0, 2, 1, 3]);
-  }
-
-  /**
-   * Scaled dot-product attention. The score product `q · kᵀ` uses the `transposeB` flag: batched products
-   * take the same (generic) wasm kernel with or without flags, so an explicit transpose would only add work.
-   *
-   * @param q - Queries `[b, H, Tq, dh]`.
-   * @param k - Keys `[b, H, Tk, dh]`.
-   * @param v - Values `[b, H, Tk, dh]`.
-   * @param bias - Additive mask `[b, 1, Tq, Tk]` (0 or {@link MASK_BIAS}).
-   * @returns Merged heads `[b*Tq, d]`.
-   */
-  private attend(q: tf.Tensor4D, k: tf.Tensor4D, v: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor2D {
-    const [b, H, Tq, dh] = q.shape;
-    const scores = tf.add(tf.matMul(tf.mul(q, 1 / Math.sqrt(dh)), k, false, true), bias); // [b, H, Tq, Tk]
-    const probs = tf.softmax(scores); // [b, H, Tq, Tk]
-    const o = tf.matMul(probs, v); // [b, H, Tq, dh]
-    return tf.reshape(tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
-  }
-
-  /** `GELU(x · wIn) · wOut` after the block's RMSNorm: `[N, d] → [N, d]`. */
-  private mlp(x: tf.Tensor2D, block: Block): tf.Tensor2D {
-    const h: tf.Tensor2D = tf.matMul(rmsNorm(x, block.mlpNorm), block.wIn); // [N, dFF]
-    return tf.matMul(gelu(h), block.wOut); // [N, d]
+    return rmsNorm(x, this.finalNorm, this.config.rmsNormEps);
   }
 
   /**
@@ -480,7 +687,7 @@ export class PolicyModel {
       const caches: LayerCache[] = [];
       const h = this.trunk(ids, mask, pos, caches); // [b*P, d]
       const last = tf.reshape(tf.slice(tf.reshape(h, [b, P, -1]), [0, P - 1, 0], [b, 1, -1]), [b, -1]); // [b, d]
-      return { logits: tf.matMul(last, this.lmHead) as tf.Tensor2D, caches };
+      return { logits: this.head(last as tf.Tensor2D), caches };
     });
   }
 
@@ -499,23 +706,21 @@ export class PolicyModel {
     return tf.tidy(() => {
       const b = tokens.length;
       const L1 = keyMask.length / b;
-      let x = this.embed(tf.tensor1d(tokens, 'int32'), tf.tensor1d(positions, 'int32')); // [b, d]
+      let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b, d]
+      const rot = this.rotary(tf.tensor1d(positions, 'int32'));
       const bias = tf.reshape(
         tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
         [b, 1, 1, L1],
       ) as tf.Tensor4D;
       const next: LayerCache[] = [];
       this.blocks.forEach((block, i) => {
-        const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.attnNorm), block); // 3 × [b, d]
-        const q = this.splitHeads(qx, b, 1); // [b, H, 1, dh]
-        const k = tf.concat([caches[i].k, this.splitHeads(kx, b, 1)], 2); // [b, H, L+1, dh]
-        const v = tf.concat([caches[i].v, this.splitHeads(vx, b, 1)], 2); // [b, H, L+1, dh]
-        next.push({ k, v });
-        const o = this.attend(q, k, v, bias); // [b, d]
-        x = tf.add(x, tf.matMul(o, block.wo));
-        x = tf.add(x, this.mlp(x, block));
+        x = this.block(x, block, rot, { b, t: 1 }, bias, (k, v) => {
+          const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+1, dh]
+          next.push(cache);
+          return cache;
+        });
       });
-      const logits = tf.matMul(rmsNorm(x, this.finalNorm), this.lmHead) as tf.Tensor2D; // [b, V]
+      const logits = this.head(rmsNorm(x, this.finalNorm, this.config.rmsNormEps)); // [b, V]
       return { logits, caches: next };
     });
   }
@@ -532,56 +737,88 @@ export class PolicyModel {
         null,
       ); // [b*L, d]
       const last = tf.reshape(tf.slice(tf.reshape(h, [b, L, -1]), [0, L - 1, 0], [b, 1, -1]), [b, -1]); // [b, d]
-      return tf.matMul(last, this.lmHead) as tf.Tensor2D;
+      return this.head(last as tf.Tensor2D);
     });
   }
+}
+
+/** Checks names and Hugging Face shapes of `weights` against `specs`, naming every mismatch. */
+function checkWeights(specs: readonly PolicyParamSpec[], weights: NamedWeights): void {
+  const expected = new Map(specs.map((s) => [s.name, s]));
+  const missing = specs.map((s) => s.name).filter((n) => !weights.has(n));
+  const unknown = [...weights.keys()].filter((n) => !expected.has(n));
+  if (missing.length > 0 || unknown.length > 0) {
+    throw new ShapeError(`weights do not match the model: missing [${missing.join(', ')}], unknown [${unknown.join(', ')}]`, {
+      context: { missing, unknown },
+    });
+  }
+  for (const spec of specs) {
+    const w = weights.get(spec.name) as WeightArray;
+    const size = w.shape.reduce((p, d) => p * d, 1);
+    if (w.shape.length !== spec.shape.length || w.shape.some((d, i) => d !== spec.shape[i]) || w.data.length !== size) {
+      throw new ShapeError(
+        `weight '${spec.name}' has shape [${w.shape.join(', ')}] (${w.data.length} values), expected [${spec.shape.join(', ')}]`,
+        { context: { name: spec.name, shape: [...w.shape], expected: [...spec.shape] } },
+      );
+    }
+  }
+}
+
+/** `x · w (+ bias)` for `x [N, in]`, `w [in, out]`, `bias [out]`: `[N, out]`. */
+function linear(x: tf.Tensor2D, w: tf.Variable, bias: tf.Variable | null): tf.Tensor2D {
+  const y: tf.Tensor2D = tf.matMul(x, w as tf.Tensor2D); // [N, out]
+  return bias === null ? y : (tf.add(y, bias) as tf.Tensor2D);
 }
 
 /**
  * RMSNorm (Zhang & Sennrich, 2019) over the last axis: `y = x · r · g` with `r = 1 / √(mean(x²) + ε)`,
  * `x [N, d]`, `g [d]`, `y [N, d]`. Hand-written gradient (fewer kernels than autodiff): with `u = dy · g` and
- * `x̂ = x · r`, `dx = r · (u − x̂ · mean(u · x̂))` and `dg = Σ_N dy · x̂`.
+ * `x̂ = x · r`, `dx = r · (u − x̂ · mean(u · x̂))` and `dg = Σ_N dy · x̂`. One function per ε (they are few).
  */
-const rmsNorm = tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
-  const x = args[0] as tf.Tensor;
-  const g = args[1] as tf.Tensor;
-  const save = args[2] as tf.GradSaveFunc;
-  const r = tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), RMS_NORM_EPS)); // [N, 1]
-  const xHat = tf.mul(x, r); // [N, d]
-  save([xHat, r, g]);
-  return {
-    value: tf.mul(xHat, g),
-    gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
-      const [xh, rs, gs] = saved;
-      const dyT = dy as tf.Tensor;
-      const u = tf.mul(dyT, gs); // [N, d]
-      const dx = tf.mul(tf.sub(u, tf.mul(xh, tf.mean(tf.mul(u, xh), -1, true))), rs); // [N, d]
-      const dg = tf.sum(tf.mul(dyT, xh), 0); // [d]
-      return [dx, dg];
-    },
-  };
-}) as (x: tf.Tensor2D, scale: tf.Tensor) => tf.Tensor2D;
+function rmsNorm(x: tf.Tensor2D, scale: tf.Tensor, eps: number): tf.Tensor2D {
+  let fn = rmsNormByEps.get(eps);
+  if (fn === undefined) {
+    fn = makeRmsNorm(eps);
+    rmsNormByEps.set(eps, fn);
+  }
+  return fn(x, scale);
+}
 
-/** Scale of `z` in `GELU(x) = x · σ(z)`: `2·√(2/π)`, since `(1 + tanh(u)) / 2 = σ(2u)`. */
-const GELU_Z_SCALE = 2 * GELU_SQRT_2_OVER_PI;
+const rmsNormByEps = new Map<number, (x: tf.Tensor2D, scale: tf.Tensor) => tf.Tensor2D>();
 
-/**
- * GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as the identical
- * `x · σ(z)` with `z = 2√(2/π)·(x + 0.044715·x³)` (sigmoid is much faster than tanh on wasm), with a
- * hand-written gradient `σ(z) + x·σ(z)·(1 − σ(z))·z'`, `z' = 2√(2/π)·(1 + 3·0.044715·x²)`.
- */
-const gelu = tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
+function makeRmsNorm(eps: number): (x: tf.Tensor2D, scale: tf.Tensor) => tf.Tensor2D {
+  return tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
+    const x = args[0] as tf.Tensor;
+    const g = args[1] as tf.Tensor;
+    const save = args[2] as tf.GradSaveFunc;
+    const r = tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps)); // [N, 1]
+    const xHat = tf.mul(x, r); // [N, d]
+    save([xHat, r, g]);
+    return {
+      value: tf.mul(xHat, g),
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const [xh, rs, gs] = saved;
+        const dyT = dy as tf.Tensor;
+        const u = tf.mul(dyT, gs); // [N, d]
+        const dx = tf.mul(tf.sub(u, tf.mul(xh, tf.mean(tf.mul(u, xh), -1, true))), rs); // [N, d]
+        const dg = tf.sum(tf.mul(dyT, xh), 0); // [d]
+        return [dx, dg];
+      },
+    };
+  }) as (x: tf.Tensor2D, scale: tf.Tensor) => tf.Tensor2D;
+}
+
+/** SiLU `x · σ(x)` with a hand-written gradient `σ(x) · (1 + x · (1 − σ(x)))`. */
+const silu = tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
   const x = args[0] as tf.Tensor;
   const save = args[1] as tf.GradSaveFunc;
-  const x2 = tf.square(x);
-  const s = tf.sigmoid(tf.mul(x, tf.add(tf.mul(x2, GELU_Z_SCALE * GELU_CUBIC), GELU_Z_SCALE)));
+  const s = tf.sigmoid(x);
   save([x, s]);
   return {
     value: tf.mul(x, s),
     gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
       const [xs, ss] = saved;
-      const dz = tf.add(tf.mul(tf.square(xs), GELU_Z_SCALE * 3 * GELU_CUBIC), GELU_Z_SCALE); // z'
-      const slope = tf.add(ss, tf.mul(tf.mul(xs, tf.mul(ss, tf.sub(1, ss))), dz));
+      const slope = tf.mul(ss, tf.add(1, tf.mul(xs, tf.sub(1, ss))));
       return [tf.mul(dy as tf.Tensor, slope)];
     },
   };

@@ -91,7 +91,8 @@ describe('safetensors', () => {
       good.subarray(0, good.length - 4), // truncated data
       handMade('not json', new Uint8Array(0)),
       handMade('[1, 2]', new Uint8Array(0)),
-      handMade('{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}', data),
+      handMade('{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}', data),
+      handMade('{"a":{"dtype":"F16","shape":[3],"data_offsets":[0,8]}}', data), // size mismatch for 2-byte elements
       handMade('{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', data), // size mismatch
       handMade('{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', data), // gap at start
       handMade('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', data), // overlap

@@ -5,6 +5,7 @@ import {
   CHAR_BOS_ID,
   CHAR_EOS_ID,
   CHAR_PAD_ID,
+  CHAR_SPECIAL_LABELS,
   CharTokenizer,
   DEFAULT_ALPHABET,
 } from '../../lib/model/tokenizer.js';
@@ -63,5 +64,30 @@ describe('CharTokenizer', () => {
     expect(small.encode('yx')).toEqual([4, 3]);
     expect(() => new CharTokenizer('xx')).toThrow(ConfigError);
     expect(() => new CharTokenizer('')).toThrow(ConfigError);
+  });
+
+  it('stops at eos only and labels the specials <pad>, <bos>, <eos>', () => {
+    expect(tok.stopIds).toEqual([CHAR_EOS_ID]);
+    expect(CHAR_SPECIAL_LABELS).toEqual(['<pad>', '<bos>', '<eos>']);
+    expect([0, 1, 2, 3].map((id) => tok.tokenLabel(id))).toEqual(['<pad>', '<bos>', '<eos>', 'a']);
+    expect([0, 1, 2, 3].map((id) => tok.isSpecial(id))).toEqual([true, true, true, false]);
+    expect(() => tok.tokenLabel(tok.vocabSize)).toThrow(DecodeError);
+  });
+
+  it('keeps special tokens in the text when asked, and reads their strings back as special ids', () => {
+    const ids = tok.encode('ab', { addBos: true });
+    expect(tok.decode([...ids, CHAR_EOS_ID], { skipSpecialTokens: false })).toBe('<bos>ab<eos>');
+    expect(tok.decode([...ids, CHAR_EOS_ID], { skipSpecialTokens: true })).toBe('ab');
+    expect(tok.encode('a<eos>b<pad>')).toEqual([3, CHAR_EOS_ID, 4, CHAR_PAD_ID]);
+    expect(() => tok.encode('a<eo')).toThrow(DecodeError); // '<' is not in the default alphabet
+    const wide = new CharTokenizer('a😀<b');
+    expect(wide.encode('😀<b<bos>a')).toEqual([4, 5, 6, CHAR_BOS_ID, 3]);
+    let caught: unknown;
+    try {
+      wide.encode('😀<bos>x');
+    } catch (error) {
+      caught = error;
+    }
+    expect((caught as DecodeError).context).toMatchObject({ char: 'x', index: 6 });
   });
 });

@@ -14,7 +14,7 @@ import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 
 const TOLERANCE = 1e-4;
 const quiet = { info: (): void => undefined };
-const CONFIG: PolicyConfig = { vocabSize: 19, dModel: 16, nLayers: 2, nHeads: 4, dFF: 32, maxSeqLen: 12 };
+const CONFIG: PolicyConfig = { vocabSize: 19, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 32, maxSeqLen: 12 };
 
 /** A left-padded batch: rows of different lengths, positions counted from each row's first real token. */
 function batch(rows: number[][], width: number): { ids: tf.Tensor2D; mask: tf.Tensor2D; pos: tf.Tensor2D } {
@@ -92,8 +92,8 @@ describe('PolicyModel', () => {
     for (const [name, w] of a) {
       expect(Array.from((b.get(name) as WeightArray).data)).toEqual(Array.from(w.data));
     }
-    expect(Array.from((c.get('blocks.0.attn.wq') as WeightArray).data)).not.toEqual(
-      Array.from((a.get('blocks.0.attn.wq') as WeightArray).data),
+    expect(Array.from((c.get('model.layers.0.self_attn.q_proj.weight') as WeightArray).data)).not.toEqual(
+      Array.from((a.get('model.layers.0.self_attn.q_proj.weight') as WeightArray).data),
     );
     again.dispose();
     other.dispose();
@@ -101,13 +101,15 @@ describe('PolicyModel', () => {
 
   it('names its weights stably with the documented shapes', () => {
     const w = model.getWeights();
-    expect(w.get('tokEmbedding')?.shape).toEqual([19, 16]);
-    expect(w.get('posEmbedding')?.shape).toEqual([12, 16]);
-    expect(w.get('blocks.0.attn.wq')?.shape).toEqual([16, 16]);
-    expect(w.get('blocks.1.mlp.wIn')?.shape).toEqual([16, 32]);
-    expect(w.get('blocks.1.mlp.wOut')?.shape).toEqual([32, 16]);
-    expect(w.get('lmHead')?.shape).toEqual([16, 19]);
-    expect(model.weightNames()).toHaveLength(2 + 8 * 2 + 2);
+    // Hugging Face names and [out, in] layout.
+    expect(w.get('model.embed_tokens.weight')?.shape).toEqual([19, 16]);
+    expect(w.get('model.layers.0.self_attn.q_proj.weight')?.shape).toEqual([16, 16]);
+    expect(w.get('model.layers.0.self_attn.k_proj.weight')?.shape).toEqual([8, 16]); // 2 kv heads of 4
+    expect(w.get('model.layers.1.mlp.gate_proj.weight')?.shape).toEqual([32, 16]);
+    expect(w.get('model.layers.1.mlp.down_proj.weight')?.shape).toEqual([16, 32]);
+    expect(w.get('model.norm.weight')?.shape).toEqual([16]);
+    expect(w.get('lm_head.weight')?.shape).toEqual([19, 16]);
+    expect(model.weightNames()).toHaveLength(1 + 9 * 2 + 2);
     expect(model.trainableVariables()).toHaveLength(model.weightNames().length);
     expect(model.numParameters()).toBe([...w.values()].reduce((n, x) => n + x.data.length, 0));
   });
@@ -178,24 +180,24 @@ describe('PolicyModel', () => {
 
   it('getWeights returns copies', () => {
     const w = model.getWeights();
-    (w.get('lmHead') as WeightArray).data.fill(0);
-    expect(Array.from((model.getWeights().get('lmHead') as WeightArray).data).some((x) => x !== 0)).toBe(true);
+    (w.get('lm_head.weight') as WeightArray).data.fill(0);
+    expect(Array.from((model.getWeights().get('lm_head.weight') as WeightArray).data).some((x) => x !== 0)).toBe(true);
   });
 
   it('setWeights rejects missing, unknown and misshapen weights with ShapeError, changing nothing', () => {
     const w = new Map(model.getWeights());
-    const before = Array.from((model.getWeights().get('lmHead') as WeightArray).data);
+    const before = Array.from((model.getWeights().get('lm_head.weight') as WeightArray).data);
     const missing = new Map(w);
-    missing.delete('lmHead');
+    missing.delete('lm_head.weight');
     expect(() => model.setWeights(missing)).toThrow(ShapeError);
     const unknown = new Map(w).set('extra', { shape: [1], data: new Float32Array(1) });
     expect(() => model.setWeights(unknown)).toThrow(ShapeError);
-    const misshapen = new Map(w).set('lmHead', { shape: [19, 16], data: new Float32Array(19 * 16) });
-    const zeroed = misshapen.set('tokEmbedding', { shape: [19, 16], data: new Float32Array(19 * 16) });
+    const misshapen = new Map(w).set('lm_head.weight', { shape: [16, 19], data: new Float32Array(19 * 16) });
+    const zeroed = misshapen.set('model.embed_tokens.weight', { shape: [19, 16], data: new Float32Array(19 * 16) });
     expect(() => model.setWeights(zeroed)).toThrow(ShapeError);
-    const short = new Map(w).set('lmHead', { shape: [16, 19], data: new Float32Array(5) });
+    const short = new Map(w).set('lm_head.weight', { shape: [19, 16], data: new Float32Array(5) });
     expect(() => model.setWeights(short)).toThrow(ShapeError);
-    expect(Array.from((model.getWeights().get('lmHead') as WeightArray).data)).toEqual(before);
+    expect(Array.from((model.getWeights().get('lm_head.weight') as WeightArray).data)).toEqual(before);
   });
 
   it('leaks no tensors in logits, tokenLogprobs + gradients, and weight round trips', () => {
@@ -224,8 +226,12 @@ describe('PolicyModel', () => {
     expect(cpu.slice(4).some((g) => g.some((x) => Math.abs(x) > 1e-6))).toBe(true);
   });
 
-  it('gradients match central finite differences (norms, attention, GELU, embeddings, head)', () => {
-    const probeModel = PolicyModel.create({ ...CONFIG, dModel: 8, nHeads: 2, dFF: 16 }, 21);
+  it('gradients match central finite differences (norms, q/k norms, biases, RoPE attention, SwiGLU, embeddings, head)', () => {
+    const probeModel = PolicyModel.create({ ...CONFIG, modelType: 'qwen3', qkvBias: true, oBias: true, dModel: 8, nHeads: 2, nKvHeads: 1, dFF: 16 }, 21);
+    // Random biases and norm scales, so their gradients are exercised away from 0 and 1.
+    probeModel.setWeights(new Map([...probeModel.getWeights()].map(([name, w]) =>
+      [name, /(bias|norm\.weight|layernorm\.weight)$/.test(name)
+        ? { shape: w.shape, data: w.data.map((x, i) => x + 0.3 * Math.sin(7 * i + name.length)) } : w])));
     const { ids, mask, pos } = batch(ROWS, 8);
     const targetMask = tf.slice(mask, [0, 1], [3, 7]);
     const loss = (): tf.Scalar =>
@@ -234,9 +240,11 @@ describe('PolicyModel', () => {
     const names = probeModel.weightNames();
     const { value, grads } = tf.variableGrads(loss, vars);
     const step = 1e-2;
-    for (const name of ['tokEmbedding', 'posEmbedding', 'blocks.0.attnNorm.scale', 'blocks.0.attn.wq', 'blocks.0.attn.wk',
-      'blocks.1.attn.wv', 'blocks.1.attn.wo', 'blocks.0.mlpNorm.scale', 'blocks.1.mlp.wIn', 'blocks.0.mlp.wOut',
-      'finalNorm.scale', 'lmHead']) {
+    for (const name of ['model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', 'model.layers.0.self_attn.q_proj.weight',
+      'model.layers.0.self_attn.k_proj.weight', 'model.layers.0.self_attn.q_proj.bias', 'model.layers.0.self_attn.k_norm.weight',
+      'model.layers.1.self_attn.q_norm.weight', 'model.layers.1.self_attn.v_proj.weight', 'model.layers.1.self_attn.o_proj.weight',
+      'model.layers.1.self_attn.o_proj.bias', 'model.layers.0.post_attention_layernorm.weight', 'model.layers.1.mlp.gate_proj.weight',
+      'model.layers.1.mlp.up_proj.weight', 'model.layers.0.mlp.down_proj.weight', 'model.norm.weight', 'lm_head.weight']) {
       const v = vars[names.indexOf(name)];
       const analytic = grads[v.name].dataSync();
       const base = Float32Array.from(v.dataSync() as Float32Array);

@@ -1,0 +1,381 @@
+/**
+ * Hugging Face model directories in and out: `config.json`, `model.safetensors` (or shards listed in
+ * `model.safetensors.index.json`), `generation_config.json` and the tokenizer's files. This is the one
+ * checkpoint format of rxrl: run checkpoints, weight files on Kafka and `update_weights_from_disk` all use it,
+ * and what rxrl writes loads in `transformers.AutoModelForCausalLM.from_pretrained` unchanged.
+ *
+ * `config.json` is read in both layouts transformers has used: `rope_theta` / `rope_scaling` / `torch_dtype`
+ * and transformers 5's `rope_parameters` / `dtype`. rxrl writes the first, which every version reads.
+ *
+ * @packageDocumentation
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { basename, join } from 'node:path';
+
+import type { NamedWeights, Tokenizer, WeightArray } from '../engine/types.js';
+import { ConfigError, DecodeError } from '../errors.js';
+import { encodeSafetensors, loadSafetensors, type SafetensorsMetadata } from './safetensors.js';
+import {
+  PolicyModel,
+  validatePolicyConfig,
+  type ModelType,
+  type PolicyConfig,
+  type ResolvedPolicyConfig,
+  type RopeScaling,
+} from './transformer.js';
+
+/** File names of a model directory. */
+export const MODEL_FILES = {
+  config: 'config.json',
+  weights: 'model.safetensors',
+  index: 'model.safetensors.index.json',
+  generation: 'generation_config.json',
+} as const;
+
+/** Metadata key of the policy version in rxrl's safetensors files. */
+export const POLICY_VERSION_METADATA_KEY = 'rxrl.policyVersion';
+
+/** Special token ids a `config.json` / `generation_config.json` carries. */
+export interface SpecialTokenIds {
+  readonly bosTokenId?: number;
+  /** One id or several (generation stops at any). */
+  readonly eosTokenId?: number | readonly number[];
+  readonly padTokenId?: number;
+}
+
+/** What {@link readModelDir} finds in a directory. */
+export interface ModelDirContents {
+  /** The directory. */
+  readonly dir: string;
+  /** The architecture, defaults resolved. */
+  readonly config: ResolvedPolicyConfig;
+  /** Weights under Hugging Face names and layout, widened to float32. */
+  readonly weights: NamedWeights;
+  /** Special ids from `config.json`, overridden by `generation_config.json`. */
+  readonly special: SpecialTokenIds;
+  /** Metadata of the (first) safetensors file. */
+  readonly metadata: SafetensorsMetadata;
+  /** The raw `config.json`. */
+  readonly rawConfig: Readonly<Record<string, unknown>>;
+}
+
+/** The special token ids a model directory records for a tokenizer: its BOS (if any), every stop id, and pad. */
+export function specialIdsOf(tokenizer: Tokenizer): SpecialTokenIds {
+  const stops = tokenizer.stopIds;
+  return {
+    ...(tokenizer.bosId === undefined ? {} : { bosTokenId: tokenizer.bosId }),
+    eosTokenId: stops.length === 1 ? stops[0] : stops,
+    padTokenId: tokenizer.padId,
+  };
+}
+
+/** Options of {@link saveModelDir}. */
+export interface SaveModelDirOptions {
+  /** Tokenizer files to write beside the weights (file name → text), e.g. `tokenizer.files()`. */
+  readonly tokenizerFiles?: Readonly<Record<string, string>>;
+  /** Special token ids for `config.json` and `generation_config.json`. */
+  readonly special?: SpecialTokenIds;
+  /** Extra string metadata for the safetensors header (e.g. {@link POLICY_VERSION_METADATA_KEY}). */
+  readonly metadata?: SafetensorsMetadata;
+}
+
+const ARCHITECTURES: Readonly<Record<ModelType, string>> = {
+  llama: 'LlamaForCausalLM',
+  qwen2: 'Qwen2ForCausalLM',
+  qwen3: 'Qwen3ForCausalLM',
+};
+
+/** Weights some checkpoints carry that the model recomputes (rotary tables). */
+const IGNORED_WEIGHT = /\.rotary_emb\.inv_freq$/;
+
+type Json = Record<string, unknown>;
+
+/**
+ * Translates a Hugging Face `config.json` object into a {@link PolicyConfig}.
+ *
+ * @param raw - The parsed JSON.
+ * @param source - Named in errors (the file's path).
+ * @throws {@link ConfigError} naming the key: an unknown `model_type`, a feature the decoder does not implement
+ *   (sliding-window attention, mixture of experts, an activation other than SiLU, MLP biases, partial rotary
+ *   embeddings, a rope type other than default, linear or llama3), or a missing or invalid size.
+ */
+export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.config): ResolvedPolicyConfig {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
+    throw new ConfigError(`${source}: not a JSON object`, { context: { source } });
+  }
+  const c = raw as Json;
+  const fail = (key: string, message: string): never => {
+    throw new ConfigError(`${source}: ${key} ${message}`, { context: { source, key, value: c[key] } });
+  };
+  const modelType = c.model_type;
+  if (typeof modelType !== 'string' || !(modelType in ARCHITECTURES)) {
+    fail('model_type', `${JSON.stringify(modelType)} is not supported (supported: ${Object.keys(ARCHITECTURES).join(', ')})`);
+  }
+  const type = modelType as ModelType;
+  if (c.use_sliding_window === true) fail('use_sliding_window', 'is true: sliding-window attention is not supported');
+  for (const key of ['num_experts', 'num_local_experts', 'n_routed_experts']) {
+    if (typeof c[key] === 'number' && (c[key] as number) > 0) fail(key, 'is set: mixture-of-experts models are not supported');
+  }
+  if (c.hidden_act !== undefined && c.hidden_act !== 'silu') fail('hidden_act', `${JSON.stringify(c.hidden_act)} is not supported (only silu)`);
+  if (c.mlp_bias === true) fail('mlp_bias', 'is true: MLP biases are not supported');
+  const rope = readRope(c, fail);
+  const int = (key: string): number => {
+    const v = c[key];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) fail(key, `must be a positive integer, got ${JSON.stringify(v)}`);
+    return v as number;
+  };
+  const optionalInt = (key: string): number | undefined => (c[key] === undefined || c[key] === null ? undefined : int(key));
+  const attentionBias = c.attention_bias === true;
+  const config: PolicyConfig = {
+    modelType: type,
+    vocabSize: int('vocab_size'),
+    dModel: int('hidden_size'),
+    nLayers: int('num_hidden_layers'),
+    nHeads: int('num_attention_heads'),
+    nKvHeads: optionalInt('num_key_value_heads'),
+    headDim: optionalInt('head_dim'),
+    dFF: int('intermediate_size'),
+    maxSeqLen: int('max_position_embeddings'),
+    ropeTheta: rope.theta,
+    ropeScaling: rope.scaling,
+    rmsNormEps: typeof c.rms_norm_eps === 'number' ? c.rms_norm_eps : undefined,
+    qkvBias: type === 'qwen2' ? true : attentionBias,
+    oBias: type === 'qwen2' ? false : attentionBias,
+    qkNorm: type === 'qwen3',
+    tieWordEmbeddings: c.tie_word_embeddings === true,
+  };
+  try {
+    return validatePolicyConfig(config);
+  } catch (cause) {
+    throw new ConfigError(`${source}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, context: { source } });
+  }
+}
+
+function readRope(c: Json, fail: (key: string, message: string) => never): { theta?: number; scaling: RopeScaling | null } {
+  const params = c.rope_parameters;
+  const newLayout = typeof params === 'object' && params !== null && !Array.isArray(params);
+  const p = (newLayout ? params : (c.rope_scaling ?? {})) as Json;
+  const key = newLayout ? 'rope_parameters' : 'rope_scaling';
+  const theta = newLayout ? p.rope_theta : c.rope_theta;
+  if (theta !== undefined && typeof theta !== 'number') fail(newLayout ? 'rope_parameters' : 'rope_theta', 'rope_theta must be a number');
+  const partial = c.partial_rotary_factor ?? p.partial_rotary_factor;
+  if (partial !== undefined && partial !== 1) fail('partial_rotary_factor', 'other than 1 is not supported');
+  const ropeType = p.rope_type ?? p.type ?? 'default';
+  const num = (name: string): number => {
+    const v = p[name];
+    if (typeof v !== 'number' || !Number.isFinite(v)) fail(key, `${name} must be a number for rope type ${String(ropeType)}`);
+    return v as number;
+  };
+  switch (ropeType) {
+    case 'default':
+      return { theta: theta as number | undefined, scaling: null };
+    case 'linear':
+      return { theta: theta as number | undefined, scaling: { type: 'linear', factor: num('factor') } };
+    case 'llama3':
+      return {
+        theta: theta as number | undefined,
+        scaling: {
+          type: 'llama3',
+          factor: num('factor'),
+          lowFreqFactor: num('low_freq_factor'),
+          highFreqFactor: num('high_freq_factor'),
+          originalMaxPositionEmbeddings: num('original_max_position_embeddings'),
+        },
+      };
+    default:
+      return fail(key, `rope type ${JSON.stringify(ropeType)} is not supported (supported: default, linear, llama3)`);
+  }
+}
+
+/**
+ * The `config.json` object of a configuration, in the layout every transformers version reads
+ * (`rope_theta`, `rope_scaling`, `torch_dtype`).
+ */
+export function policyConfigToHf(config: PolicyConfig, special: SpecialTokenIds = {}): Json {
+  const c = validatePolicyConfig(config);
+  const s = c.ropeScaling;
+  const ropeScaling = s === null ? null
+    : s.type === 'linear' ? { rope_type: 'linear', factor: s.factor }
+    : {
+        rope_type: 'llama3',
+        factor: s.factor,
+        low_freq_factor: s.lowFreqFactor,
+        high_freq_factor: s.highFreqFactor,
+        original_max_position_embeddings: s.originalMaxPositionEmbeddings,
+      };
+  return {
+    architectures: [ARCHITECTURES[c.modelType]],
+    model_type: c.modelType,
+    vocab_size: c.vocabSize,
+    hidden_size: c.dModel,
+    intermediate_size: c.dFF,
+    num_hidden_layers: c.nLayers,
+    num_attention_heads: c.nHeads,
+    num_key_value_heads: c.nKvHeads,
+    head_dim: c.headDim,
+    max_position_embeddings: c.maxSeqLen,
+    rms_norm_eps: c.rmsNormEps,
+    rope_theta: c.ropeTheta,
+    rope_scaling: ropeScaling,
+    hidden_act: 'silu',
+    ...(c.modelType === 'qwen2' ? { use_sliding_window: false } : { attention_bias: c.oBias }),
+    ...(c.modelType === 'llama' ? { mlp_bias: false } : {}),
+    ...(c.modelType === 'qwen3' ? { use_sliding_window: false } : {}),
+    attention_dropout: 0,
+    initializer_range: 0.02,
+    tie_word_embeddings: c.tieWordEmbeddings,
+    use_cache: true,
+    torch_dtype: 'float32',
+    ...specialJson(special),
+  };
+}
+
+function specialJson(special: SpecialTokenIds): Json {
+  return {
+    ...(special.bosTokenId !== undefined ? { bos_token_id: special.bosTokenId } : {}),
+    ...(special.eosTokenId !== undefined
+      ? { eos_token_id: typeof special.eosTokenId === 'number' ? special.eosTokenId : [...special.eosTokenId] }
+      : {}),
+    ...(special.padTokenId !== undefined ? { pad_token_id: special.padTokenId } : {}),
+  };
+}
+
+function readSpecial(raw: Json): SpecialTokenIds {
+  const id = (v: unknown): number | undefined => (typeof v === 'number' && Number.isInteger(v) ? v : undefined);
+  const eos = raw.eos_token_id;
+  const eosTokenId = Array.isArray(eos) ? eos.filter((e): e is number => id(e) !== undefined) : id(eos);
+  return {
+    ...(id(raw.bos_token_id) !== undefined ? { bosTokenId: id(raw.bos_token_id) } : {}),
+    ...(eosTokenId !== undefined ? { eosTokenId } : {}),
+    ...(id(raw.pad_token_id) !== undefined ? { padTokenId: id(raw.pad_token_id) } : {}),
+  };
+}
+
+async function readJson(path: string): Promise<unknown> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (cause) {
+    throw new DecodeError(`${path}: cannot be read (${(cause as NodeJS.ErrnoException).code ?? String(cause)})`, {
+      cause,
+      context: { path },
+    });
+  }
+  try {
+    return JSON.parse(text);
+  } catch (cause) {
+    throw new DecodeError(`${path}: not valid JSON`, { cause, context: { path } });
+  }
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Tells whether `dir` looks like a model directory (it has a `config.json`). */
+export async function isModelDir(dir: string): Promise<boolean> {
+  return exists(join(dir, MODEL_FILES.config));
+}
+
+/**
+ * Reads a Hugging Face model directory: the configuration, every weight (single file or shards; F32, F16 or
+ * BF16, widened to float32) and the special token ids. A tied model's redundant `lm_head.weight` and stored
+ * rotary tables are dropped.
+ *
+ * @throws {@link ConfigError} for an unsupported or invalid configuration (naming the key).
+ * @throws {@link DecodeError} for a missing or malformed file (naming it).
+ */
+export async function readModelDir(dir: string): Promise<ModelDirContents> {
+  const rawConfig = await readJson(join(dir, MODEL_FILES.config));
+  const config = policyConfigFromHf(rawConfig, join(dir, MODEL_FILES.config));
+  const weights = new Map<string, WeightArray>();
+  let metadata: SafetensorsMetadata = {};
+  const indexPath = join(dir, MODEL_FILES.index);
+  let files: string[];
+  if (await exists(indexPath)) {
+    const index = (await readJson(indexPath)) as { weight_map?: unknown };
+    const map = index.weight_map;
+    if (typeof map !== 'object' || map === null || !Object.values(map).every((f) => typeof f === 'string')) {
+      throw new DecodeError(`${indexPath}: weight_map must map tensor names to file names`, { context: { path: indexPath } });
+    }
+    files = [...new Set(Object.values(map as Record<string, string>))];
+  } else {
+    files = [MODEL_FILES.weights];
+  }
+  for (const [i, file] of files.entries()) {
+    const path = join(dir, basename(file));
+    if (!(await exists(path))) {
+      throw new DecodeError(`${path}: weights file is missing`, { context: { path } });
+    }
+    const contents = await loadSafetensors(path);
+    if (i === 0) metadata = contents.metadata;
+    for (const [name, w] of contents.weights) {
+      if (IGNORED_WEIGHT.test(name) || (config.tieWordEmbeddings && name === 'lm_head.weight')) continue;
+      weights.set(name, w);
+    }
+  }
+  let special = readSpecial(rawConfig as Json);
+  const generationPath = join(dir, MODEL_FILES.generation);
+  if (await exists(generationPath)) {
+    special = { ...special, ...readSpecial((await readJson(generationPath)) as Json) };
+  }
+  return { dir, config, weights, special, metadata, rawConfig: rawConfig as Json };
+}
+
+/**
+ * Loads a model directory into a {@link PolicyModel}.
+ *
+ * @returns The model (owned by the caller) and what the directory holds besides (weights are not kept).
+ * @throws As {@link readModelDir}; `ShapeError` when the weights do not fit the configuration.
+ */
+export async function loadModelDir(dir: string): Promise<{ model: PolicyModel; contents: Omit<ModelDirContents, 'weights'> }> {
+  const { weights, ...contents } = await readModelDir(dir);
+  return { model: PolicyModel.fromWeights(contents.config, weights), contents };
+}
+
+/**
+ * Writes a complete model directory (created if needed): `config.json`, `model.safetensors` (F32, Hugging Face
+ * names and layout, `format: pt` metadata), `generation_config.json` and the tokenizer files. Each file is
+ * written to a temporary name and renamed, `config.json` last, so a reader never sees half a file.
+ *
+ * @param dir - Destination directory.
+ * @param source - A model, or a configuration with its weights (as {@link PolicyModel.getWeights}).
+ * @param options - Tokenizer files, special ids, safetensors metadata.
+ * @returns The size and SHA-256 (hex) of the weights file, for integrity checks by readers.
+ */
+export async function saveModelDir(
+  dir: string,
+  source: PolicyModel | { readonly config: PolicyConfig; readonly weights: NamedWeights },
+  options: SaveModelDirOptions = {},
+): Promise<{ readonly bytes: number; readonly sha256: string }> {
+  const config = source.config;
+  const weights = source instanceof PolicyModel ? source.getWeights() : source.weights;
+  const special = options.special ?? {};
+  await mkdir(dir, { recursive: true });
+  const bytes = encodeSafetensors(weights, { format: 'pt', ...options.metadata });
+  await writeAtomic(join(dir, MODEL_FILES.weights), bytes);
+  for (const [name, text] of Object.entries(options.tokenizerFiles ?? {})) {
+    await writeAtomic(join(dir, basename(name)), text);
+  }
+  const generation = { _from_model_config: true, ...specialJson(special) };
+  await writeAtomic(join(dir, MODEL_FILES.generation), JSON.stringify(generation, null, 2) + '\n');
+  await writeAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, special), null, 2) + '\n');
+  return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
+}
+
+async function writeAtomic(path: string, data: string | Uint8Array): Promise<void> {
+  const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+  try {
+    await writeFile(tmp, data);
+    await rename(tmp, path);
+  } catch (error) {
+    await rm(tmp, { force: true });
+    throw error;
+  }
+}
