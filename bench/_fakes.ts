@@ -20,6 +20,10 @@ export const stubTokenizer: Tokenizer = {
   eosId: 2,
   encode: (_: string, options?: { addBos?: boolean }): number[] => (options?.addBos ? [1, 3] : [3]),
   decode: (): string => 'x',
+  stopIds: [2],
+  isSpecial: (id: number): boolean => id < 3,
+  tokenLabel: (id: number): string => ['<pad>', '<bos>', '<eos>', 'x'][id],
+  files: () => ({}),
 };
 
 /** Rewards every response with 1. */

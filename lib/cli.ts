@@ -11,11 +11,14 @@ const usage = `rxrl — reinforcement-learning post-training as a reactive strea
 Usage:
   rxrl start [--steps N] [--seed N] [--mode sync|batch-async|fully-async] [--backend auto|wasm|cpu|tensorflow]
                     train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
-  rxrl serve [--port N] [--host H] [--checkpoint FILE] [--alphabet CHARS] [--seed N] [--model-name NAME]
+  rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
              [--max-batch-size N] [--max-wait-ms N] [--backend …] [--verbose]
-                    OpenAI-compatible server for the embedded policy (/v1/completions, /v1/chat/completions,
-                    /v1/models, /health, /update_weights_from_disk); port 8000 by default, 0 picks a free one;
-                    prints {"event":"listening","url":…} on stdout, stops on SIGINT/SIGTERM
+                    OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
+                    model's chat template, /v1/models, /health, /update_weights_from_disk) for a Hugging Face
+                    model directory (Llama 3, Qwen2, Qwen3, SmolLM2; a run checkpoint is one), or a fresh tiny
+                    policy over --alphabet; served model id = the directory's name unless --served-model-name;
+                    port 8000 by default, 0 picks a free one; prints {"event":"listening","url":…} on stdout,
+                    stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>)
@@ -84,14 +87,14 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   const maxWaitMs = integer(text('max-wait-ms'), 'max-wait-ms');
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
   return runServeCommand({
-    checkpoint: text('checkpoint'),
+    model: text('model') ?? text('checkpoint'),
     alphabet: text('alphabet'),
     defaultAlphabet: stringTransformTask().characters,
     defaultModel: EMBEDDED_MODEL,
     ...(seed === undefined ? {} : { seed }),
     host: text('host'),
     ...(port === undefined ? {} : { port }),
-    modelName: text('model-name'),
+    modelName: text('served-model-name') ?? text('model-name'),
     backend: option(argv, 'backend', 'RXRL_BACKEND') as never,
     ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
     ...(maxWaitMs === undefined ? {} : { maxWaitMs }),

@@ -40,6 +40,8 @@ export type { RxrlErrorOptions } from './errors.js';
 
 // ── engines ────────────────────────────────────────────────────────────────────
 export type {
+  DecodeOptions,
+  EncodeOptions,
   GenerateRequest,
   GenerateResponse,
   NamedWeights,
@@ -129,11 +131,33 @@ export type {
 // ── policy model and backends ──────────────────────────────────────────────────
 export { BACKEND_KINDS, initBackend } from './model/backend.js';
 export type { BackendKind, BackendLogger, BackendName, InitBackendOptions } from './model/backend.js';
-export { CHAR_BOS_ID, CHAR_EOS_ID, CHAR_PAD_ID, CharTokenizer, DEFAULT_ALPHABET } from './model/tokenizer.js';
-export { PolicyModel, validatePolicyConfig } from './model/transformer.js';
-export type { PolicyConfig, TokenLogprobs } from './model/transformer.js';
+export {
+  CHAR_ALPHABET_CONFIG_KEY,
+  CHAR_BOS_ID,
+  CHAR_EOS_ID,
+  CHAR_PAD_ID,
+  CHAR_SPECIAL_LABELS,
+  CharTokenizer,
+  DEFAULT_ALPHABET,
+} from './model/tokenizer.js';
+export { HfTokenizer, TOKENIZER_FILES, loadTokenizer, namedSpecialTokens, readTokenizerFiles } from './model/hfTokenizer.js';
+export type { HfTokenizerFiles, HfTokenizerSources, JsonRecord } from './model/hfTokenizer.js';
+export { MODEL_TYPES, PolicyModel, validatePolicyConfig } from './model/transformer.js';
+export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling, TokenLogprobs } from './model/transformer.js';
 export { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from './model/safetensors.js';
-export type { SafetensorsContents, SafetensorsMetadata } from './model/safetensors.js';
+export type { SafetensorsContents, SafetensorsDtype, SafetensorsMetadata } from './model/safetensors.js';
+export {
+  MODEL_FILES,
+  POLICY_VERSION_METADATA_KEY,
+  isModelDir,
+  loadModelDir,
+  policyConfigFromHf,
+  policyConfigToHf,
+  readModelDir,
+  saveModelDir,
+  specialIdsOf,
+} from './model/modelDir.js';
+export type { ModelDirContents, SaveModelDirOptions, SpecialTokenIds } from './model/modelDir.js';
 
 // ── engines ────────────────────────────────────────────────────────────────────
 export { LocalEngine } from './engine/local.js';
@@ -223,17 +247,19 @@ export type {
 } from './chat/types.js';
 export { createChatTemplate } from './chat/template.js';
 export type { ChatTemplate, ChatTemplateOptions } from './chat/template.js';
+export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from './chat/jinjaTemplate.js';
+export type { JinjaChatTemplate, JinjaChatTemplateOptions } from './chat/jinjaTemplate.js';
 export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
 export type { ParsedAssistantText } from './chat/toolCalls.js';
 export { singleTurnWorker } from './worker.js';
 export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
-export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, POLICY_VERSION_METADATA_KEY, serve } from './serve/server.js';
+export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, serve } from './serve/server.js';
 export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
 export { RequestError } from './serve/protocol.js';
 export type { OpenAIErrorBody } from './serve/protocol.js';
-export { ALPHABET_METADATA_KEY, runServeCommand } from './serve/command.js';
+export { runServeCommand } from './serve/command.js';
 export type { ServeCommandOptions } from './serve/command.js';
 export { spawnServe } from './serve/spawn.js';
 export type { SpawnServeOptions, SpawnedServer } from './serve/spawn.js';

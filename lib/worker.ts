@@ -62,14 +62,24 @@ export interface RolloutSample {
 export type RolloutWorker = (input: RolloutWorkerInput, signal: AbortSignal) => Promise<RolloutSample>;
 
 /**
- * The default worker: one completion of the task's prompt (encoded with a leading BOS) from the engine, every
- * response token trained on.
+ * The default worker: one completion of the task's prompt (encoded with the tokenizer's own special tokens, such
+ * as a leading BOS) from the engine, stopping at any of the tokenizer's `stopIds`, every response token trained
+ * on. The response text is decoded without special tokens.
  */
 export const singleTurnWorker: RolloutWorker = async (input, signal) => {
   const { engine, task } = input;
   const promptTokens = engine.tokenizer.encode(task.prompt, { addBos: true });
   const [response] = await engine.generate(
-    [{ promptTokens, maxTokens: input.maxTokens, temperature: input.temperature, topP: input.topP, seed: input.seed }],
+    [
+      {
+        promptTokens,
+        maxTokens: input.maxTokens,
+        temperature: input.temperature,
+        topP: input.topP,
+        stopTokens: engine.tokenizer.stopIds,
+        seed: input.seed,
+      },
+    ],
     signal,
   );
   return {

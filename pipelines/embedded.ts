@@ -7,7 +7,7 @@ import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/types.js';
 import type { StringTransformOptions } from '../recipes/stringTransform.js';
-import { runTraining, type RunSummary } from './run.js';
+import { runTraining, tinyModelConfig, type RunSummary } from './run.js';
 
 /** Options of {@link runEmbedded}; every field has a default tuned for a 2-core CPU. */
 export interface EmbeddedRunOptions {
@@ -16,7 +16,7 @@ export interface EmbeddedRunOptions {
   /** The bundled task. Default: reverse 4 letters over `abcde`. */
   readonly task?: StringTransformOptions;
   /** Policy architecture (the vocabulary comes from the task). */
-  readonly model?: Partial<Omit<PolicyConfig, 'vocabSize'>>;
+  readonly model?: Partial<RxrlConfig['model']>;
   /** Trainer settings. Default: Adam at 1e-3, DAPO clip-higher (`clipLow` 0.2, `clipHigh` 0.28). */
   readonly trainer?: GrpoTrainerOptions;
   /** Staleness mode. Default `sync`. */
@@ -62,13 +62,7 @@ export interface EmbeddedRunSummary {
 const DEFAULTS = loadConfig({ env: {} });
 
 /** Default policy architecture of the embedded run (≈ 0.1 M parameters; the schema's `model.*` defaults). */
-export const EMBEDDED_MODEL: Omit<PolicyConfig, 'vocabSize'> = {
-  dModel: DEFAULTS.model.dModel,
-  nLayers: DEFAULTS.model.nLayers,
-  nHeads: DEFAULTS.model.nHeads,
-  dFF: DEFAULTS.model.dFF,
-  maxSeqLen: DEFAULTS.model.maxSeqLen,
-};
+export const EMBEDDED_MODEL: Omit<PolicyConfig, 'vocabSize'> = tinyModelConfig(DEFAULTS.model);
 
 /**
  * Default trainer settings of the embedded run. Clip-higher keeps the policy's entropy from collapsing before
@@ -94,6 +88,8 @@ export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<Emb
   return embeddedSummary(summary);
 }
 
+
+
 /**
  * The configuration of an embedded run: the schema's defaults with `options` applied, no run directory, no
  * checkpoints, validation before and after.
@@ -105,7 +101,7 @@ export function embeddedConfig(options: EmbeddedRunOptions = {}): RxrlConfig {
   const values = {
     run: { dir: null, seed: options.seed ?? 1, steps, backend: options.backend ?? 'auto' },
     data: { source: 'bundled', task: { ...options.task }, epochs: 0, shuffle: true },
-    model: { ...EMBEDDED_MODEL, ...options.model },
+    model: { ...options.model },
     rollout: { groupSize: options.groupSize ?? 8, temperature: options.temperature ?? 1 },
     trainer: {
       ...pick(trainer, ['learningRate', 'clipLow', 'clipHigh', 'clipRatioC', 'lossAggregation', 'microBatchSize', 'ppoEpochs', 'miniBatches', 'maxGradNorm', 'entropyCoef', 'maxStaleness', 'importanceCap']),

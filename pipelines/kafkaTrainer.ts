@@ -12,6 +12,8 @@ import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.j
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsPublisher } from '../lib/kafka/weights.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
+import type { Tokenizer } from '../lib/engine/types.js';
+import { specialIdsOf } from '../lib/model/modelDir.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Group, RolloutOutput, Task } from '../lib/types.js';
@@ -41,6 +43,11 @@ export interface KafkaTrainerConfig {
   readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
   /** Token id of padding (the workers' tokenizer's `padId`). */
   readonly padId: number;
+  /**
+   * The policy's tokenizer: its files and special ids are written into every published version's model
+   * directory, so each one also loads in transformers. Optional.
+   */
+  readonly tokenizer?: Tokenizer;
   /** Directory shared with the workers where weight files are written. */
   readonly weightsDir: string;
   /** Weight files kept on disk. Default 3. */
@@ -151,6 +158,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       modelTag: config.trainer.modelTag,
       policyConfig: config.policy.config,
       keepVersions: config.keepVersions,
+      ...(config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {}),
     });
     const closings: Promise<void>[] = [];
     let eventSeq = 0;

@@ -7,16 +7,18 @@ import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, typ
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
+import { specialIdsOf } from '../lib/model/modelDir.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { loadPolicy } from '../lib/model/policyFile.js';
+import { loadTokenizer } from '../lib/model/hfTokenizer.js';
+import { loadModelDir } from '../lib/model/modelDir.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
-import type { RolloutEngine } from '../lib/engine/types.js';
+import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
 import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
@@ -25,6 +27,23 @@ import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { validate } from './validate.js';
+
+/**
+ * The tiny Llama-family architecture of the `model.*` keys (used when `model.path` is unset); the vocabulary
+ * comes from the tokenizer.
+ */
+export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 'vocabSize'> {
+  return {
+    modelType: 'llama',
+    dModel: model.dModel,
+    nLayers: model.nLayers,
+    nHeads: model.nHeads,
+    nKvHeads: model.nKvHeads === 0 ? model.nHeads : model.nKvHeads,
+    dFF: model.dFF,
+    maxSeqLen: model.maxSeqLen,
+    ropeTheta: model.ropeTheta,
+  };
+}
 
 /** Options of {@link runTraining}. */
 export interface RunTrainingOptions {
@@ -50,9 +69,8 @@ export interface RunTrainingOptions {
 export interface EngineContext {
   /** The policy the trainer starts from (do not dispose it). */
   readonly policy: PolicyModel;
-  readonly tokenizer: CharTokenizer;
-  /** The tokenizer's alphabet. */
-  readonly characters: string;
+  /** The policy's tokenizer (the character tokenizer, or the model directory's). */
+  readonly tokenizer: Tokenizer;
   /** Policy version of `policy`'s weights. */
   readonly version: PolicyVersion;
   /** The TF.js backend this process chose. */
@@ -143,11 +161,11 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       `model.maxSeqLen: ${config.model.maxSeqLen} is shorter than prompt + response (${data.promptLength + data.maxTokens})`,
     );
   }
-  const tokenizer = new CharTokenizer(data.characters);
-  const modelConfig: PolicyConfig = { ...config.model, vocabSize: tokenizer.vocabSize };
-  const initial = config.model.init
-    ? (await loadPolicy(resolve(baseDir, config.model.init))).model
-    : PolicyModel.create(modelConfig, seed);
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
+  const initial = modelDir
+    ? (await loadModelDir(modelDir)).model
+    : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
   const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
   const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
   const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;
@@ -160,7 +178,6 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     ? await options.createEngine({
         policy,
         tokenizer,
-        characters: data.characters,
         version: checkpoint?.state.version ?? 0,
         backend,
         samplesPerStep: batchSize * groupSize,
@@ -221,14 +238,14 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
   const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
 
+  const special = specialIdsOf(tokenizer);
   const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition, buffered: readonly BufferedSample[]): Promise<void> => {
     if (!runDir) return;
     const path = await saveCheckpoint(runDir, {
       state: { step: trainer.step, version: trainer.step, seed, loader: loaderPosition, pendingTasks },
       buffered,
-      weights: policy.getWeights(),
+      model: { config: policy.config, weights: policy.getWeights(), tokenizerFiles: tokenizer.files(), special },
       optimizer: await trainer.optimizerState(),
-      metadata: { 'rxrl.policyConfig': JSON.stringify(policy.config) },
     });
     lastCheckpointStep = trainer.step;
     await pruneCheckpoints(runDir, config.checkpoint.keepLast);

@@ -12,8 +12,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import { OpenAIEngine, type OpenAIEngineStats } from '../lib/engine/openai.js';
 import { ConfigError } from '../lib/errors.js';
-import { savePolicy } from '../lib/model/policyFile.js';
-import { ALPHABET_METADATA_KEY } from '../lib/serve/command.js';
+import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { spawnServe, type SpawnedServer } from '../lib/serve/spawn.js';
 import { embeddedConfig, embeddedSummary, type EmbeddedRunOptions, type EmbeddedRunSummary } from './embedded.js';
 import { runTraining } from './run.js';
@@ -73,13 +72,17 @@ export async function runServed(options: ServedRunOptions = {}): Promise<ServedR
     const summary = await runTraining(config, {
       signal: options.signal,
       onStep: options.onStep,
-      createEngine: async ({ policy, tokenizer, characters, version, backend, samplesPerStep }) => {
+      createEngine: async ({ policy, tokenizer, version, backend, samplesPerStep }) => {
         let baseURL = options.baseURL;
         let modelName = options.modelName;
         if (baseURL === undefined) {
-          const initial = join(workdir, 'initial.safetensors');
-          await savePolicy(initial, policy, { [ALPHABET_METADATA_KEY]: characters });
-          const args = ['--port', '0', '--checkpoint', initial, '--backend', backend];
+          const initial = join(workdir, 'initial');
+          await saveModelDir(initial, policy, {
+            tokenizerFiles: tokenizer.files(),
+            special: specialIdsOf(tokenizer),
+            metadata: { [POLICY_VERSION_METADATA_KEY]: String(version) },
+          });
+          const args = ['--port', '0', '--model', initial, '--served-model-name', 'rxrl-policy', '--backend', backend];
           args.push('--max-batch-size', String(samplesPerStep), '--max-wait-ms', String(options.serverMaxWaitMs ?? 200));
           child = await spawnServe(args, { cliPath: options.cliPath, signal: options.signal });
           baseURL = child.baseURL;
@@ -94,7 +97,7 @@ export async function runServed(options: ServedRunOptions = {}): Promise<ServedR
           apiKey,
           tokenizer,
           concurrency: samplesPerStep,
-          weightSync: { directory: options.weightDirectory ?? join(workdir, 'weights') },
+          weightSync: { directory: options.weightDirectory ?? join(workdir, 'weights'), config: policy.config },
         });
         // A server this run did not start gets the initial weights before the first rollout.
         if (child === undefined) await sampler.loadWeights(version, policy.getWeights());

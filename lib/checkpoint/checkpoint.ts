@@ -1,6 +1,9 @@
 /**
- * Checkpoints in `<run-dir>/global_step_<N>/`: policy weights and optimizer state (safetensors) and
- * `state.json` (step, version, seed, loader position, tasks admitted but not yet trained). A checkpoint is
+ * Checkpoints in `<run-dir>/global_step_<N>/`: the policy as a complete Hugging Face model directory
+ * (`config.json`, `model.safetensors`, `generation_config.json`, tokenizer files — `from_pretrained` loads the
+ * checkpoint directory itself), the optimizer state (`optimizer.safetensors`, Adam moments by weight name in
+ * the model's internal `[in, out]` layout) and `state.json` (step, version, seed, loader position, tasks
+ * admitted but not yet trained). A checkpoint is
  * written to a temporary directory and renamed into place, so a process killed mid-save never leaves a
  * half-written `global_step_*` behind.
  *
@@ -12,12 +15,14 @@ import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
 import type { NamedWeights } from '../engine/types.js';
 import { DecodeError } from '../errors.js';
+import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
+import type { PolicyConfig, ResolvedPolicyConfig } from '../model/transformer.js';
 import type { PolicyVersion, Task } from '../types.js';
 import type { RolloutSample } from '../worker.js';
 
 /** Version of the `state.json` layout. */
-export const CHECKPOINT_FORMAT = 1;
+export const CHECKPOINT_FORMAT = 2;
 
 /** What a checkpoint records besides tensors. */
 export interface CheckpointState {
@@ -51,9 +56,20 @@ export interface Checkpoint {
   readonly path: string;
   readonly state: CheckpointState;
   readonly buffered: readonly BufferedSample[];
+  /** The policy's architecture (the checkpoint's `config.json`). */
+  readonly config: ResolvedPolicyConfig;
   readonly weights: NamedWeights;
   readonly optimizer: NamedWeights;
   readonly metadata: Readonly<Record<string, string>>;
+}
+
+/** The policy a checkpoint holds, written as a Hugging Face model directory. */
+export interface CheckpointModel {
+  readonly config: PolicyConfig;
+  readonly weights: NamedWeights;
+  /** Tokenizer files written beside the weights (`tokenizer.files()`). */
+  readonly tokenizerFiles?: Readonly<Record<string, string>>;
+  readonly special?: SpecialTokenIds;
 }
 
 const NAME = /^global_step_(\d+)$/;
@@ -72,7 +88,7 @@ export async function saveCheckpoint(
   runDir: string,
   contents: {
     state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples'>;
-    weights: NamedWeights;
+    model: CheckpointModel;
     optimizer: NamedWeights;
     buffered?: readonly BufferedSample[];
     metadata?: Record<string, string>;
@@ -82,7 +98,12 @@ export async function saveCheckpoint(
   const tmp = join(runDir, `.tmp-${checkpointName(contents.state.step)}-${process.pid}`);
   await rm(tmp, { recursive: true, force: true });
   await mkdir(tmp, { recursive: true });
-  await saveSafetensors(join(tmp, 'model.safetensors'), contents.weights, contents.metadata);
+  const { config, weights, tokenizerFiles, special } = contents.model;
+  await saveModelDir(tmp, { config, weights }, {
+    ...(tokenizerFiles ? { tokenizerFiles } : {}),
+    ...(special ? { special } : {}),
+    metadata: { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) },
+  });
   await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
   const buffered = contents.buffered ?? [];
   await writeFile(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
@@ -147,10 +168,18 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     Array.isArray(state.pendingTasks);
   if (!ok) throw new DecodeError(`checkpoint ${path}: state.json does not match format ${CHECKPOINT_FORMAT}`, { context: { path } });
   const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
-  const model = await loadSafetensors(join(path, 'model.safetensors'));
+  const model = await readModelDir(path);
   const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
   const buffered = await readBuffered(join(path, 'buffered.jsonl'));
-  return { path, state: { ...state, pendingTasks }, buffered, weights: model.weights, optimizer: optimizer.weights, metadata: model.metadata };
+  return {
+    path,
+    state: { ...state, pendingTasks },
+    buffered,
+    config: model.config,
+    weights: model.weights,
+    optimizer: optimizer.weights,
+    metadata: model.metadata,
+  };
 }
 
 async function readBuffered(file: string): Promise<BufferedSample[]> {

@@ -28,7 +28,16 @@ export interface RxrlConfig {
     epochs: number;
     shuffle: boolean;
   };
-  model: { dModel: number; nLayers: number; nHeads: number; dFF: number; maxSeqLen: number; init: string | null };
+  model: {
+    path: string | null;
+    dModel: number;
+    nLayers: number;
+    nHeads: number;
+    nKvHeads: number;
+    dFF: number;
+    maxSeqLen: number;
+    ropeTheta: number;
+  };
   rollout: {
     groupSize: number;
     concurrency: number;
@@ -146,12 +155,19 @@ export const SCHEMA = {
     shuffle: { doc: 'Shuffle each epoch with the run seed.', format: 'flag', default: true },
   },
   model: {
-    dModel: { doc: 'Residual width.', format: 'positive-int', default: 64 },
-    nLayers: { doc: 'Transformer blocks.', format: 'positive-int', default: 2 },
-    nHeads: { doc: 'Attention heads (divides dModel).', format: 'positive-int', default: 4 },
-    dFF: { doc: 'MLP hidden width.', format: 'positive-int', default: 256 },
-    maxSeqLen: { doc: 'Learned positions: prompt + response must fit.', format: 'positive-int', default: 24 },
-    init: { doc: 'Safetensors file to start from instead of a seeded init; relative to the recipe.', format: 'optional-string', default: null },
+    path: {
+      doc: 'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train; relative to the recipe. ' +
+        'Unset: a seeded tiny Llama-family model with the character tokenizer, shaped by the keys below.',
+      format: 'optional-string',
+      default: null,
+    },
+    dModel: { doc: 'Tiny model: residual width (hidden_size).', format: 'positive-int', default: 64 },
+    nLayers: { doc: 'Tiny model: decoder blocks.', format: 'positive-int', default: 2 },
+    nHeads: { doc: 'Tiny model: query heads (divides dModel).', format: 'positive-int', default: 4 },
+    nKvHeads: { doc: 'Tiny model: key/value heads (divides nHeads; 0 = nHeads).', format: 'non-negative-int', default: 0 },
+    dFF: { doc: 'Tiny model: SwiGLU hidden width (intermediate_size).', format: 'positive-int', default: 256 },
+    maxSeqLen: { doc: 'Tiny model: longest sequence (max_position_embeddings); prompt + response must fit.', format: 'positive-int', default: 24 },
+    ropeTheta: { doc: 'Tiny model: rotary base θ.', format: 'positive-number', default: 10000 },
   },
   rollout: {
     groupSize: { doc: 'Samples per task (GRPO group size).', format: 'positive-int', default: 8 },
@@ -301,12 +317,16 @@ function requireWhen(c: RxrlConfig): void {
   const missing: string[] = [];
   if (c.data.source === 'jsonl') {
     if (c.data.trainFile === null) missing.push("data.trainFile: required when data.source is 'jsonl'");
-    if (c.data.alphabet === null) missing.push("data.alphabet: required when data.source is 'jsonl'");
+    if (c.data.alphabet === null && c.model.path === null) {
+      missing.push("data.alphabet: required when data.source is 'jsonl' and no model.path gives a tokenizer");
+    }
     if (c.rollout.evaluator.module === null) missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
   }
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
+  if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
+  if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
   if (missing.length > 0) throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
 }
 

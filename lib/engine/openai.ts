@@ -16,7 +16,7 @@
  *
  * @packageDocumentation
  */
-import { mkdir, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import OpenAI, { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
@@ -31,7 +31,8 @@ import type { Completion, CompletionCreateParamsNonStreaming } from 'openai/reso
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatTool, ToolCall } from '../chat/types.js';
 import { AbortError, ConfigError, DecodeError, EngineError, isAbortError } from '../errors.js';
-import { saveSafetensors } from '../model/safetensors.js';
+import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTokenIds } from '../model/modelDir.js';
+import type { PolicyConfig } from '../model/transformer.js';
 import { retry, type RetryOptions } from '../retry.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
@@ -52,11 +53,13 @@ export interface OpenAIWeightSyncOptions {
    */
   readonly endpoint?: string;
   /**
-   * `directory` (default): write `<directory>/v<version>/model.safetensors` and send the directory as
-   * `model_path`, as SGLang and Hugging Face loaders expect; `file`: write and send
-   * `<directory>/policy-v<version>.safetensors`.
+   * Architecture of the weights: each version is written as a complete Hugging Face model directory
+   * `<directory>/v<version>/` (config.json, model.safetensors, generation_config.json, tokenizer files), the
+   * `model_path` SGLang, vLLM and `rxrl serve` load.
    */
-  readonly layout?: 'directory' | 'file';
+  readonly config: PolicyConfig;
+  /** Special token ids written into `config.json` / `generation_config.json`. */
+  readonly special?: SpecialTokenIds;
   /** How many published checkpoints to keep on disk (older ones are deleted). Default 2. */
   readonly keep?: number;
   /** Body of the update request. Default `{ model_path, weight_version: String(version) }`. */
@@ -137,7 +140,7 @@ type Mutable<T> = { -readonly [K in keyof T]: T[K] };
  * import { CharTokenizer, OpenAIEngine } from 'rxrl';
  * const engine = new OpenAIEngine({
  *   baseURL: 'http://127.0.0.1:8000/v1', model: 'rxrl-policy', tokenizer: new CharTokenizer('abcde='),
- *   weightSync: { directory: '/tmp/rxrl-weights' },
+ *   weightSync: { directory: '/tmp/rxrl-weights', config: policy.config },
  * });
  * const [response] = await engine.generate([{ promptTokens: [1, 3, 4, 8], maxTokens: 5, seed: 1 }]);
  * ```
@@ -268,12 +271,12 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
   }
 
   private async publish(sync: OpenAIWeightSyncOptions, version: PolicyVersion, weights: NamedWeights): Promise<void> {
-    const layout = sync.layout ?? 'directory';
-    const directory = join(sync.directory, `v${version}`);
-    const modelPath = layout === 'directory' ? directory : join(sync.directory, `policy-v${version}.safetensors`);
-    const file = layout === 'directory' ? join(directory, 'model.safetensors') : modelPath;
-    await mkdir(layout === 'directory' ? directory : sync.directory, { recursive: true });
-    await saveSafetensors(file, weights, { 'rxrl.policyVersion': String(version) });
+    const modelPath = join(sync.directory, `v${version}`);
+    await saveModelDir(modelPath, { config: sync.config, weights }, {
+      tokenizerFiles: this.options.tokenizer.files(),
+      special: sync.special ?? specialIdsOf(this.options.tokenizer),
+      metadata: { [POLICY_VERSION_METADATA_KEY]: String(version) },
+    });
     const body = sync.body ? sync.body(modelPath, version) : { model_path: modelPath, weight_version: String(version) };
     const url = resolveEndpoint(this.options.baseURL, sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT);
     await this.call(

@@ -14,20 +14,65 @@ export interface WeightArray {
 /** Named model weights in plain memory (no tensors), the unit of weight sync. */
 export type NamedWeights = ReadonlyMap<string, WeightArray>;
 
-/** Maps text to token ids and back. */
+/** Options of {@link Tokenizer.encode}. */
+export interface EncodeOptions {
+  /**
+   * Add the tokenizer's own special tokens (Hugging Face `add_special_tokens=True`: Llama prepends its BOS, Qwen
+   * adds nothing, the character tokenizer prepends `<bos>`). Default `false`.
+   */
+  readonly addBos?: boolean;
+}
+
+/** Options of {@link Tokenizer.decode}. */
+export interface DecodeOptions {
+  /** Drop special tokens (pad, bos, eos, `<|im_end|>`…) from the text. Default `true`. */
+  readonly skipSpecialTokens?: boolean;
+}
+
+/**
+ * Maps text to token ids and back: the character tokenizer of the bundled tasks and Hugging Face tokenizers
+ * (`tokenizer.json`) share this interface.
+ */
 export interface Tokenizer {
-  /** Number of token ids, including special tokens. */
+  /** Number of token ids, including special tokens: every id is in `[0, vocabSize)`. */
   readonly vocabSize: number;
-  /** Id of the padding token. */
+  /** Id of the padding token (the end-of-sequence id when the model has none). */
   readonly padId: number;
-  /** Id of the beginning-of-sequence token, prepended by `encode` when asked. */
-  readonly bosId: number;
-  /** Id of the end-of-sequence (stop) token. */
+  /** Id of the beginning-of-sequence token, `undefined` when the model has none (Qwen). */
+  readonly bosId: number | undefined;
+  /** Id of the primary end-of-sequence (end-of-turn) token. */
   readonly eosId: number;
-  /** Token ids of a text (no special tokens unless `addBos`). */
-  encode(text: string, options?: { addBos?: boolean }): number[];
-  /** Text of token ids; special tokens are dropped. */
-  decode(ids: readonly number[]): string;
+  /**
+   * Every id that ends generation: `eosId` first, then the other end-of-sequence ids of the model's generation
+   * config, without repeats.
+   */
+  readonly stopIds: readonly number[];
+  /**
+   * Token ids of a text. Special-token strings inside `text` (such as `<|im_end|>`) become their special ids.
+   *
+   * @throws {@link DecodeError} when the text cannot be encoded (a character outside a character tokenizer's
+   *   alphabet).
+   */
+  encode(text: string, options?: EncodeOptions): number[];
+  /**
+   * Text of token ids; special tokens are dropped unless `skipSpecialTokens` is `false`.
+   *
+   * @throws {@link DecodeError} for an id outside `[0, vocabSize)`.
+   */
+  decode(ids: readonly number[], options?: DecodeOptions): string;
+  /** True when `id` is a special token (dropped by `decode` by default). */
+  isSpecial(id: number): boolean;
+  /**
+   * The raw vocabulary string of an id (`<|im_end|>`, `Ġhello`; `<eos>` for the character tokenizer's eos).
+   *
+   * @throws {@link DecodeError} for an id without a vocabulary entry.
+   */
+  tokenLabel(id: number): string;
+  /**
+   * The tokenizer files of a Hugging Face model directory, file name → UTF-8 content (`tokenizer.json`,
+   * `tokenizer_config.json`, …), which `AutoTokenizer.from_pretrained(dir)` and `loadTokenizer(dir)` read back.
+   */
+  files(): Readonly<Record<string, string>>;
 }
 
 /** One generation request. */
@@ -40,7 +85,10 @@ export interface GenerateRequest {
   readonly temperature?: number;
   /** Nucleus sampling mass in (0, 1]. Defaults to 1. */
   readonly topP?: number;
-  /** Token ids that end generation (kept in the output). Defaults to the tokenizer's `eosId`. */
+  /**
+   * Token ids that end generation (kept in the output). Defaults to the tokenizer's `eosId`; pass its `stopIds` to
+   * stop at every end-of-sequence token of the model.
+   */
   readonly stopTokens?: readonly number[];
   /** Seed of this request's sampling stream; equal seeds give equal samples under equal weights. */
   readonly seed?: number;

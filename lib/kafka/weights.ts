@@ -12,9 +12,9 @@
  *
  * @packageDocumentation
  */
-import { createHash, randomBytes } from 'node:crypto';
-import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
-import { dirname, join, resolve } from 'node:path';
+import { createHash } from 'node:crypto';
+import { readFile, rm } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 
 import type { Producer } from 'kafkajs';
 import { Subject, type Observable, type Subscription } from 'rxjs';
@@ -22,9 +22,9 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
 import { ConfigError, DecodeError, throwIfAborted } from '../errors.js';
-import { POLICY_CONFIG_METADATA_KEY } from '../model/policyFile.js';
-import { decodeSafetensors, encodeSafetensors } from '../model/safetensors.js';
-import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../model/transformer.js';
+import { MODEL_FILES, POLICY_VERSION_METADATA_KEY, policyConfigFromHf, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
+import { decodeSafetensors } from '../model/safetensors.js';
+import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
 import type { ModelTag, PolicyVersion } from '../types.js';
 import { encodeWeightsMessage } from './codec.js';
 import { KafkaBridgeError } from './errors.js';
@@ -41,14 +41,18 @@ export interface WeightsPublisherOptions {
   readonly producer: Producer;
   /** The `weights` topic. */
   readonly topic: string;
-  /** Directory shared with the workers; files go to `<dir>/<run>/v<version>.safetensors`. */
+  /** Directory shared with the workers; each version is a model directory `<dir>/<run>/v<version>/`. */
   readonly dir: string;
   /** Run id written on every announcement. */
   readonly run: string;
   /** Model the weights belong to. */
   readonly modelTag: ModelTag;
-  /** Architecture, stored in each file so a worker can build the model from the file alone. */
+  /** Architecture, written as each version's `config.json` so a worker can build the model from the directory alone. */
   readonly policyConfig: PolicyConfig;
+  /** Tokenizer files written into each version's directory (`tokenizer.files()`), so it loads in transformers. */
+  readonly tokenizerFiles?: Readonly<Record<string, string>>;
+  /** Special token ids for `config.json` / `generation_config.json`. */
+  readonly special?: SpecialTokenIds;
   /** Files kept on disk (the newest ones). Default 3. */
   readonly keepVersions?: number;
 }
@@ -77,16 +81,12 @@ export class WeightsPublisher {
   async publish(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<WeightsVersionMessage> {
     throwIfAborted(signal, { version });
     const { run, modelTag, policyConfig } = this.options;
-    const path = resolve(join(this.options.dir, safeName(run), `v${version}.safetensors`));
-    const bytes = encodeSafetensors(weights, {
-      [POLICY_CONFIG_METADATA_KEY]: JSON.stringify(policyConfig),
-      [WEIGHTS_VERSION_METADATA_KEY]: String(version),
-      [WEIGHTS_RUN_METADATA_KEY]: run,
+    const path = resolve(join(this.options.dir, safeName(run), `v${version}`));
+    const written = await saveModelDir(path, { config: policyConfig, weights }, {
+      ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
+      ...(this.options.special ? { special: this.options.special } : {}),
+      metadata: { [POLICY_VERSION_METADATA_KEY]: String(version), [WEIGHTS_VERSION_METADATA_KEY]: String(version), [WEIGHTS_RUN_METADATA_KEY]: run },
     });
-    await mkdir(dirname(path), { recursive: true });
-    const temporary = `${path}.${randomBytes(4).toString('hex')}.tmp`;
-    await writeFile(temporary, bytes);
-    await rename(temporary, path);
     throwIfAborted(signal, { version });
     const message: WeightsVersionMessage = {
       kind: 'version',
@@ -94,14 +94,14 @@ export class WeightsPublisher {
       version,
       modelTag,
       path,
-      bytes: bytes.length,
-      sha256: createHash('sha256').update(bytes).digest('hex'),
+      bytes: written.bytes,
+      sha256: written.sha256,
       timestamp: Date.now(),
     };
     await this.send(message);
     this.published.push(path);
     while (this.published.length > this.keep) {
-      await rm(this.published.shift()!, { force: true });
+      await rm(this.published.shift()!, { recursive: true, force: true });
     }
     return message;
   }
@@ -314,7 +314,7 @@ export class WeightsFollower {
         return;
       }
       try {
-        const data = await readFile(message.path);
+        const data = await readFile(join(message.path, MODEL_FILES.weights));
         if (data.length !== message.bytes) {
           reason = `${message.path} has ${data.length} bytes, the announcement says ${message.bytes}`;
         } else if (createHash('sha256').update(data).digest('hex') !== message.sha256) {
@@ -333,16 +333,16 @@ export class WeightsFollower {
         context: { path: message.path },
       });
     }
-    const { weights, metadata } = decodeSafetensors(bytes);
+    const { weights } = decodeSafetensors(bytes);
     if (this.loaded?.run === message.run) {
       await this.loaded.engine.loadWeights(message.version, weights);
       this.loaded.version = message.version;
     } else {
       let config: PolicyConfig;
       try {
-        config = validatePolicyConfig(JSON.parse(metadata[POLICY_CONFIG_METADATA_KEY] ?? 'null') as PolicyConfig);
+        config = policyConfigFromHf(JSON.parse(await readFile(join(message.path, MODEL_FILES.config), 'utf8')), join(message.path, MODEL_FILES.config));
       } catch (cause) {
-        throw new DecodeError(`${message.path}: metadata '${POLICY_CONFIG_METADATA_KEY}' is missing or invalid`, { cause });
+        throw new DecodeError(`${message.path}: config.json is missing or invalid`, { cause, context: { path: message.path } });
       }
       if (config.vocabSize !== this.options.tokenizer.vocabSize) {
         throw new ConfigError(

@@ -1,6 +1,6 @@
 /**
- * `POST /v1/chat/completions` of `rxrl serve`: messages rendered by the chat template, tool calls parsed from the
- * `name(args)` text format.
+ * `POST /v1/chat/completions` of `rxrl serve`: messages rendered by the chat template, tool calls parsed by it
+ * (the bundled template's `name(args)` format, or `<tool_call>` blocks for a model's Jinja template).
  *
  * @packageDocumentation
  */

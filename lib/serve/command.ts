@@ -3,24 +3,31 @@
  *
  * @packageDocumentation
  */
+import { basename, resolve } from 'node:path';
+
+import { loadChatTemplate } from '../chat/jinjaTemplate.js';
+import type { ChatTemplate } from '../chat/template.js';
 import type { Tokenizer } from '../engine/types.js';
 import { ConfigError } from '../errors.js';
 import { initBackend, type BackendKind } from '../model/backend.js';
-import { loadPolicy } from '../model/policyFile.js';
-import { CHAR_SPECIAL_TOKENS, CharTokenizer } from '../model/tokenizer.js';
+import { loadTokenizer } from '../model/hfTokenizer.js';
+import { isModelDir, loadModelDir } from '../model/modelDir.js';
+import { CharTokenizer } from '../model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
-import { POLICY_VERSION_METADATA_KEY, serve, type RxrlServer } from './server.js';
-
-/** Metadata key under which a checkpoint may name its tokenizer alphabet. */
-export const ALPHABET_METADATA_KEY = 'rxrl.alphabet';
+import { POLICY_VERSION_METADATA_KEY } from '../model/modelDir.js';
+import { serve, type RxrlServer } from './server.js';
 
 /** Options of {@link runServeCommand}. */
 export interface ServeCommandOptions {
-  /** A policy file (`savePolicy`: weights plus architecture); otherwise a fresh policy is initialized. */
-  readonly checkpoint?: string;
-  /** Tokenizer alphabet. Default: the checkpoint's `rxrl.alphabet` metadata, else `defaultAlphabet`. */
+  /**
+   * A Hugging Face model directory (config.json, safetensors, tokenizer files; an rxrl run checkpoint is one):
+   * its weights, tokenizer and chat template are served. Otherwise a fresh tiny policy with the character
+   * tokenizer of `alphabet` is initialized.
+   */
+  readonly model?: string;
+  /** Character alphabet of a fresh policy (without `model`). */
   readonly alphabet?: string;
-  /** Alphabet when neither the flag nor the checkpoint names one. */
+  /** Alphabet when the flag names none. */
   readonly defaultAlphabet: string;
   /** Architecture of a fresh policy (the vocabulary comes from the alphabet). */
   readonly defaultModel: Omit<PolicyConfig, 'vocabSize'>;
@@ -30,7 +37,7 @@ export interface ServeCommandOptions {
   readonly host?: string;
   /** Port; 0 picks a free one. Default 8000. */
   readonly port?: number;
-  /** Served model name. */
+  /** Served model name. Default: the model directory's name, else `rxrl-policy`. */
   readonly modelName?: string;
   /** TF.js backend. Default `auto`. */
   readonly backend?: BackendKind;
@@ -56,7 +63,7 @@ export interface ServeCommandOptions {
  *
  * @param options - the policy source, the address and the output sinks.
  * @returns the process exit code (0).
- * @throws {@link ConfigError} when the alphabet does not fit the checkpoint's vocabulary.
+ * @throws {@link ConfigError} when `model` is not a model directory or its tokenizer does not fit its weights.
  */
 export async function runServeCommand(options: ServeCommandOptions): Promise<number> {
   const backend = await initBackend(options.backend ?? 'auto', {
@@ -64,21 +71,31 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
   });
   let model: PolicyModel;
   let tokenizer: Tokenizer;
+  let chatTemplate: ChatTemplate | undefined;
   let version = 0;
-  if (options.checkpoint !== undefined) {
-    const loaded = await loadPolicy(options.checkpoint);
+  let modelName = options.modelName;
+  if (options.model !== undefined) {
+    const dir = resolve(options.model);
+    if (!(await isModelDir(dir))) {
+      throw new ConfigError(`--model ${options.model}: not a model directory (no config.json)`, { context: { key: 'model', path: dir } });
+    }
+    if (options.alphabet !== undefined) {
+      throw new ConfigError('--alphabet applies to a fresh policy only: a model directory carries its tokenizer', { context: { key: 'alphabet' } });
+    }
+    tokenizer = await loadTokenizer(dir);
+    const loaded = await loadModelDir(dir);
     model = loaded.model;
-    const alphabet = options.alphabet ?? loaded.metadata[ALPHABET_METADATA_KEY] ?? options.defaultAlphabet;
-    tokenizer = new CharTokenizer(alphabet);
-    if (tokenizer.vocabSize !== model.config.vocabSize) {
+    if (tokenizer.vocabSize > model.config.vocabSize) {
       model.dispose();
       throw new ConfigError(
-        `alphabet '${alphabet}' gives ${tokenizer.vocabSize} token ids but the checkpoint's vocabulary has ${model.config.vocabSize} ` +
-          `(${model.config.vocabSize - CHAR_SPECIAL_TOKENS} characters); pass --alphabet`,
+        `${dir}: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${model.config.vocabSize}`,
+        { context: { key: 'model', path: dir } },
       );
     }
-    const stored = Number(loaded.metadata[POLICY_VERSION_METADATA_KEY] ?? 0);
+    chatTemplate = await loadChatTemplate(dir, tokenizer);
+    const stored = Number(loaded.contents.metadata[POLICY_VERSION_METADATA_KEY] ?? 0);
     version = Number.isSafeInteger(stored) && stored >= 0 ? stored : 0;
+    modelName ??= basename(dir);
   } else {
     tokenizer = new CharTokenizer(options.alphabet ?? options.defaultAlphabet);
     model = PolicyModel.create({ ...options.defaultModel, vocabSize: tokenizer.vocabSize }, options.seed ?? 1);
@@ -89,8 +106,9 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       tokenizer,
       host: options.host,
       port: options.port ?? 8000,
-      modelName: options.modelName,
+      modelName,
       version,
+      ...(chatTemplate ? { chatTemplate } : {}),
       maxBatchSize: options.maxBatchSize,
       maxWaitMs: options.maxWaitMs,
       log: options.verbose ? (record) => options.err(JSON.stringify(record)) : undefined,

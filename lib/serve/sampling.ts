@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, Tokenizer } from '../engine/types.js';
 import { hashSeed } from '../random.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
@@ -44,7 +44,8 @@ export function checkModel(ctx: ServeContext, body: JsonObject): void {
 
 /**
  * Reads and validates `n`, `temperature`, `top_p`, `seed`, `stop` and the vLLM extensions; refuses streaming,
- * penalties and logit bias.
+ * penalties and logit bias. Generation always stops at the tokenizer's `stopIds`, at one-token stop strings and at
+ * `stop_token_ids`.
  */
 export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
   refuse(body, 'stream', (v) => v === false, 'streaming');
@@ -69,7 +70,7 @@ export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
     topP: readNumber(body, 'top_p', 0, 1, 1, true),
     seed: readInteger(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
     stop,
-    stopTokens: [...new Set([ctx.tokenizer.eosId, ...single, ...readTokenIds(body, 'stop_token_ids', V)])],
+    stopTokens: [...new Set([...ctx.tokenizer.stopIds, ...single, ...readTokenIds(body, 'stop_token_ids', V)])],
     tokensAsIds: readBoolean(body, 'return_tokens_as_token_ids', false),
     returnTokenIds: readBoolean(body, 'return_token_ids', false),
     includeStop: readBoolean(body, 'include_stop_str_in_output', false),
@@ -105,29 +106,57 @@ export interface Finished {
   readonly finishReason: 'stop' | 'length';
 }
 
-function tokenText(ctx: ServeContext, token: number): string {
-  const { padId, bosId, eosId } = ctx.tokenizer;
-  return token === padId || token === bosId || token === eosId ? '' : ctx.tokenizer.decode([token]);
+/**
+ * The text each token adds to the decoded response (special tokens add ''). Pieces are decoded in a short window
+ * of context, so a character spread over several byte-level tokens appears whole, with the token that completes
+ * it; their concatenation is the response's text.
+ *
+ * @param tokenizer - Decodes the tokens.
+ * @param tokens - Response token ids, `[R]`.
+ * @returns One piece per token, `[R]`.
+ * @throws {@link DecodeError} for an id outside the tokenizer's vocabulary.
+ * @example
+ * ```ts
+ * textPieces(tokenizer, tokenizer.encode('🙂 ok')); // ['', '', '🙂', ' o', 'k'] with a byte-level BPE whose emoji spans 3 tokens
+ * ```
+ */
+export function textPieces(tokenizer: Tokenizer, tokens: readonly number[]): string[] {
+  const pieces: string[] = [];
+  let start = 0; // first token of the context window
+  let read = 0; // tokens before this are in `pieces`
+  let readText = '';
+  for (let j = 0; j < tokens.length; j++) {
+    const text = tokenizer.decode(tokens.slice(start, j + 1));
+    const complete = !text.endsWith('\uFFFD') || j === tokens.length - 1;
+    if (text.length > readText.length && complete) {
+      pieces.push(text.slice(readText.length));
+      start = read;
+      read = j + 1;
+      readText = tokenizer.decode(tokens.slice(start, read));
+    } else {
+      pieces.push('');
+    }
+  }
+  return pieces;
 }
 
-/** How a token is spelled in log-probs: `token_id:<id>`, `<eos>`-style names for special tokens, or its text. */
+/**
+ * How a token is spelled in log-probs: `token_id:<id>`, or its vocabulary string (`<eos>`, `Ġhello`,
+ * `<|im_end|>`).
+ */
 export function tokenLabel(ctx: ServeContext, token: number, asId: boolean): string {
-  if (asId) return `token_id:${token}`;
-  const { padId, bosId, eosId } = ctx.tokenizer;
-  if (token === eosId) return '<eos>';
-  if (token === bosId) return '<bos>';
-  if (token === padId) return '<pad>';
-  return ctx.tokenizer.decode([token]);
+  return asId ? `token_id:${token}` : ctx.tokenizer.tokenLabel(token);
 }
 
 /** Applies stop strings: the text and the tokens end before the first stop string (or after it, if asked). */
 export function finish(ctx: ServeContext, response: GenerateResponse, sampling: Sampling): Finished {
   const top = ctx.serving.topLogprobs(response);
+  const pieces = textPieces(ctx.tokenizer, response.tokens);
   let text = '';
   const offsets: number[] = [];
   for (let j = 0; j < response.tokens.length; j++) {
     offsets.push(text.length);
-    text += tokenText(ctx, response.tokens[j]);
+    text += pieces[j];
     let at = -1;
     let length = 0;
     for (const s of sampling.stop) {
@@ -139,7 +168,7 @@ export function finish(ctx: ServeContext, response: GenerateResponse, sampling: 
     }
     if (at >= 0) {
       const cut = sampling.includeStop ? at + length : at;
-      const ends = offsets.map((o, i) => o + tokenText(ctx, response.tokens[i]).length);
+      const ends = offsets.map((o, i) => o + pieces[i].length);
       const keep = sampling.includeStop ? j + 1 : ends.filter((end) => end <= at).length;
       return {
         tokens: response.tokens.slice(0, keep),

@@ -45,7 +45,6 @@ export const DEFAULT_MODEL_NAME = 'rxrl-policy';
 
 export { MAX_TOP_LOGPROBS } from './context.js';
 export type { ServeLogger } from './context.js';
-export { POLICY_VERSION_METADATA_KEY } from './weights.js';
 
 /** Options of {@link serve}. */
 export interface ServeOptions {

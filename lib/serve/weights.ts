@@ -4,30 +4,38 @@
  * @packageDocumentation
  */
 import { stat } from 'node:fs/promises';
-import { join } from 'node:path';
 
-import { loadSafetensors } from '../model/safetensors.js';
+import { ConfigError, DecodeError } from '../errors.js';
+import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
 import { RequestError, invalid, readString, type JsonObject } from './protocol.js';
 
-/** Metadata key under which rxrl writes the policy version into a checkpoint. */
-export const POLICY_VERSION_METADATA_KEY = 'rxrl.policyVersion';
 
 /**
- * Answers `POST /update_weights_from_disk`: loads `model_path` (a safetensors file, or a directory holding
- * `model.safetensors`) as version `weight_version`, else the file's `rxrl.policyVersion`, else the current one + 1.
- * The engine swaps weights between batches.
+ * Answers `POST /update_weights_from_disk`: loads the Hugging Face model directory `model_path` (as rxrl writes
+ * them: `config.json` + safetensors) as version `weight_version`, else the file's `rxrl.policyVersion`, else
+ * the current one + 1. The engine swaps weights between batches.
  */
 export async function updateWeights(ctx: ServeContext, body: JsonObject): Promise<unknown> {
   const modelPath = readString(body, 'model_path');
-  let file = modelPath;
+  let isDir: boolean;
   try {
-    if ((await stat(modelPath)).isDirectory()) file = join(modelPath, 'model.safetensors');
+    isDir = (await stat(modelPath)).isDirectory();
   } catch (cause) {
     throw new RequestError(400, `model_path ${JSON.stringify(modelPath)} does not exist`, { param: 'model_path', code: 'not_found' }, { cause });
   }
-  const { weights, metadata } = await loadSafetensors(file);
+  if (!isDir || !(await isModelDir(modelPath))) {
+    throw invalid('model_path', `model_path ${JSON.stringify(modelPath)} is not a model directory (no config.json)`);
+  }
+  let contents: Awaited<ReturnType<typeof readModelDir>>;
+  try {
+    contents = await readModelDir(modelPath);
+  } catch (cause) {
+    if (cause instanceof ConfigError || cause instanceof DecodeError) throw invalid('model_path', cause.message);
+    throw cause;
+  }
+  const { weights, metadata } = contents;
   const version =
     readVersion(body.weight_version, 'weight_version') ??
     readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ??
@@ -36,7 +44,7 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
   ctx.log({ event: 'weights', version, modelPath });
   return {
     success: true,
-    message: `loaded ${file} as policy version ${version}`,
+    message: `loaded ${modelPath} as policy version ${version}`,
     weight_version: String(version),
     policy_version: version,
     num_paused_requests: 0,

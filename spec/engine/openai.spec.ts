@@ -32,7 +32,7 @@ async function start(model: PolicyModel): Promise<{ server: RxrlServer; engine: 
     baseURL: server.baseURL,
     model: server.modelName,
     tokenizer,
-    weightSync: { directory: join(dir, `sync-${server.port}`) },
+    weightSync: { directory: join(dir, `sync-${server.port}`), config },
   });
   return { server, engine };
 }
@@ -129,14 +129,15 @@ describe('OpenAIEngine against rxrl serve', () => {
     expect(engine.version).toBe(3);
     expect(server.version).toBe(3);
 
-    const fileLayout = new OpenAIEngine({
+    const absolute = new OpenAIEngine({
       baseURL: server.baseURL,
       model: server.modelName,
       tokenizer,
-      weightSync: { directory: join(dir, 'files'), layout: 'file', endpoint: `${server.url}/update_weights_from_disk` },
+      weightSync: { directory: join(dir, 'dirs'), config, endpoint: `${server.url}/update_weights_from_disk` },
     });
-    await fileLayout.loadWeights(9, scriptedWeights(config, tokenizer, writeAt(4, 'ee')));
-    expect(await readdir(join(dir, 'files'))).toEqual(['policy-v9.safetensors']);
+    await absolute.loadWeights(9, scriptedWeights(config, tokenizer, writeAt(4, 'ee')));
+    expect(await readdir(join(dir, 'dirs'))).toEqual(['v9']);
+    expect((await readdir(join(dir, 'dirs', 'v9'))).sort()).toEqual(expect.arrayContaining(['config.json', 'generation_config.json', 'model.safetensors']));
     expect((await engine.generate([prompt]))[0]).toMatchObject({ tokens: [...tokenizer.encode('ee'), 2], policyVersion: 9 });
 
     const noSync = new OpenAIEngine({ baseURL: server.baseURL, model: server.modelName, tokenizer });

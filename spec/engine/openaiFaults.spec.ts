@@ -189,7 +189,7 @@ async function withServer<T>(plans: Record<string, Behaviour[]>, run: (server: F
     tokenizer,
     timeoutMs: DEADLINE_MS,
     retry: retryFast,
-    weightSync: { directory: join(dir, server.url.split(':').at(-1)!) },
+    weightSync: { directory: join(dir, server.url.split(':').at(-1)!), config: { vocabSize: tokenizer.vocabSize, dModel: 8, nLayers: 1, nHeads: 2, dFF: 8, maxSeqLen: 16 } },
   });
   try {
     return await run(server, engine);

@@ -47,6 +47,7 @@ export const tinyTokenizer: Tokenizer = {
   padId: 0,
   bosId: 1,
   eosId: 2,
+  stopIds: [2],
   encode(text, options) {
     const ids = [...text].map((c) => 3 + c.charCodeAt(0) - 97);
     return options?.addBos ? [1, ...ids] : ids;
@@ -57,6 +58,9 @@ export const tinyTokenizer: Tokenizer = {
       .map((id) => String.fromCharCode(97 + id - 3))
       .join('');
   },
+  isSpecial: (id) => id < 3,
+  tokenLabel: (id) => (id < 3 ? ['<pad>', '<bos>', '<eos>'][id] : String.fromCharCode(97 + id - 3)),
+  files: () => ({}),
 };
 
 /**

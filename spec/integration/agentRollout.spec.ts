@@ -23,7 +23,7 @@ import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
 
 const calc = calculatorTask({ maxOperand: 9, validationSize: 20 });
 const tokenizer = new CharTokenizer(calc.characters);
-const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 40, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 40 };
+const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 40, nLayers: 1, nHeads: 2, dFF: 40, maxSeqLen: 40 };
 const twoPlusThree: Task = { id: 'calc/2+3', prompt: '2+3', answer: '5' };
 const enc = (text: string): number[] => tokenizer.encode(text);
 const EOS = tokenizer.eosId;

@@ -13,10 +13,9 @@ import { decodeWeightsMessage } from '../../lib/kafka/codec.js';
 import { KafkaBridgeError } from '../../lib/kafka/errors.js';
 import { WeightsFollower, WeightsPublisher } from '../../lib/kafka/weights.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { POLICY_CONFIG_METADATA_KEY } from '../../lib/model/policyFile.js';
-import { loadSafetensors } from '../../lib/model/safetensors.js';
+import { readModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
-import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
 import { fromKafka } from '../../operators/fromKafka.js';
 import { createTopic, kafkaClient, readMessages, uniqueName } from './helpers.js';
 
@@ -70,15 +69,16 @@ function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: 
 }
 
 describe('WeightsPublisher', () => {
-  it('writes each version as a safetensors file with the architecture and announces it; keeps the newest 3', async () => {
+  it('writes each version as a model directory and announces it; keeps the newest 3', async () => {
     const { topic, dir, publisher } = await setup();
     const announced = [];
     for (let v = 0; v < 5; v++) announced.push(await publisher.publish(v, model.getWeights()));
     await publisher.end(4);
     expect(announced.map((a) => a.version)).toEqual([0, 1, 2, 3, 4]);
-    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['v2.safetensors', 'v3.safetensors', 'v4.safetensors']);
-    const { weights, metadata } = await loadSafetensors(announced[4].path);
-    expect(JSON.parse(metadata[POLICY_CONFIG_METADATA_KEY] ?? '{}')).toEqual(config);
+    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['v2', 'v3', 'v4']);
+    const { weights, metadata, config: read } = await readModelDir(announced[4].path);
+    expect(read).toEqual(validatePolicyConfig(config));
+    expect(metadata['rxrl.version']).toBe('4');
     expect([...weights.keys()]).toEqual([...model.getWeights().keys()]);
     const messages = (await readMessages(kafka, topic, 6)).map((m) => decodeWeightsMessage(m.value!));
     expect(messages.map((m) => `${m.kind}:${m.version}`)).toEqual(['version:0', 'version:1', 'version:2', 'version:3', 'version:4', 'end:4']);
@@ -145,7 +145,7 @@ describe('WeightsFollower', () => {
   it('fails loudly when an announced file never matches its announcement', async () => {
     const { topic, publisher } = await setup();
     const v0 = await publisher.publish(0, model.getWeights());
-    writeFileSync(v0.path, Buffer.alloc(v0.bytes)); // same size, wrong contents
+    writeFileSync(join(v0.path, 'model.safetensors'), Buffer.alloc(v0.bytes)); // same size, wrong contents
     const follower = follow(topic, { loadAttempts: 3 });
     await expect(follower.waitFor('run-a', 0)).rejects.toBeInstanceOf(KafkaBridgeError);
     expect(existsSync(v0.path)).toBe(true);

@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { connect } from 'node:net';
 import { join } from 'node:path';
@@ -10,6 +10,7 @@ import { LocalEngine } from '../../lib/engine/local.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { saveSafetensors } from '../../lib/model/safetensors.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { saveModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { serve, type RxrlServer } from '../../lib/serve/server.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
@@ -181,7 +182,7 @@ describe('rxrl serve, through the real openai client', () => {
     expect(noTools.choices[0]).toMatchObject({ message: { content: 'calc(2+3)' }, finish_reason: 'stop', logprobs: null });
   });
 
-  it('loads a safetensors checkpoint as a new version (SGLang update_weights_from_disk), changing outputs', async () => {
+  it('loads a model directory as a new version (SGLang update_weights_from_disk), changing outputs', async () => {
     const before = PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, writeAt(4, 'aaa')));
     const { server, client } = await start(before);
     const ask = async () => client.completions.create({ model: 'rxrl-policy', prompt: 'ab=', max_tokens: 6, seed: 3 });
@@ -190,8 +191,7 @@ describe('rxrl serve, through the real openai client', () => {
     expect(old.system_fingerprint).toBe('rxrl-v0');
 
     const checkpoint = join(dir, 'v1');
-    await mkdir(checkpoint);
-    await saveSafetensors(join(checkpoint, 'model.safetensors'), scriptedWeights(config, tokenizer, writeAt(4, 'bcd')));
+    await saveModelDir(checkpoint, { config, weights: scriptedWeights(config, tokenizer, writeAt(4, 'bcd')) });
     const update = await post(`${server.url}/update_weights_from_disk`, { model_path: checkpoint, weight_version: '1' });
     expect(update.status).toBe(200);
     expect(update.json).toMatchObject({ success: true, weight_version: '1' });
@@ -200,19 +200,24 @@ describe('rxrl serve, through the real openai client', () => {
     expect(fresh.choices[0].text).toBe('bcd');
     expect((fresh as unknown as { policy_version: number }).policy_version).toBe(1);
 
-    const file = join(dir, 'plain.safetensors');
-    await saveSafetensors(file, scriptedWeights(config, tokenizer, writeAt(4, 'ee')), { 'rxrl.policyVersion': '5' });
-    expect((await post(`${server.url}/update_weights_from_disk`, { model_path: file })).json).toMatchObject({ policy_version: 5 });
+    const v5 = join(dir, 'v5');
+    await saveModelDir(v5, { config, weights: scriptedWeights(config, tokenizer, writeAt(4, 'ee')) }, { metadata: { 'rxrl.policyVersion': '5' } });
+    expect((await post(`${server.url}/update_weights_from_disk`, { model_path: v5 })).json).toMatchObject({ policy_version: 5 });
     expect((await ask()).choices[0].text).toBe('ee');
 
     const missing = await post(`${server.url}/update_weights_from_disk`, { model_path: join(dir, 'nope') });
     expect(missing.status).toBe(400);
     expect(missing.json).toMatchObject({ success: false, error: { param: 'model_path' } });
-    const wrong = join(dir, 'wrong.safetensors');
-    await saveSafetensors(wrong, new Map([['lmHead', { shape: [2], data: new Float32Array(2) }]]));
+    const wrong = join(dir, 'wrong');
+    await saveModelDir(wrong, { config, weights: new Map([['lm_head.weight', { shape: [2], data: new Float32Array(2) }]]) });
     const refused = await post(`${server.url}/update_weights_from_disk`, { model_path: wrong });
     expect(refused.status).toBe(400);
     expect(refused.json.success).toBe(false);
+    const bare = join(dir, 'bare.safetensors');
+    await saveSafetensors(bare, scriptedWeights(config, tokenizer, writeAt(4, 'ee')));
+    const notADir = await post(`${server.url}/update_weights_from_disk`, { model_path: bare });
+    expect(notADir.status).toBe(400);
+    expect(notADir.json).toMatchObject({ success: false, error: { param: 'model_path' } });
     expect(server.version).toBe(5);
     expect((await ask()).choices[0].text).toBe('ee');
   });
