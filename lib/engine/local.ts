@@ -14,7 +14,7 @@ export interface SamplingModel {
   /** Samples one response per request in one batched pass; responses are tagged with `version`. */
   generate(
     requests: readonly GenerateRequest[],
-    options: { readonly signal?: AbortSignal; readonly version?: PolicyVersion },
+    options: { readonly signal?: AbortSignal; readonly version?: PolicyVersion; readonly stopIds?: readonly number[] },
   ): Promise<GenerateResponse[]>;
   /** Replaces the weights. */
   setWeights(weights: NamedWeights): void;
@@ -177,7 +177,7 @@ export class LocalEngine implements RolloutEngine {
       try {
         responses = await this.model.generate(
           batch.map((p) => p.request),
-          { signal, version: this.current },
+          { signal, version: this.current, stopIds: this.tokenizer.stopIds },
         );
       } catch (error) {
         // Interrupted before the first step: run the same requests again with the new weights.

@@ -86,8 +86,8 @@ export interface GenerateRequest {
   /** Nucleus sampling mass in (0, 1]. Defaults to 1. */
   readonly topP?: number;
   /**
-   * Token ids that end generation (kept in the output). Defaults to the tokenizer's `eosId`; pass its `stopIds` to
-   * stop at every end-of-sequence token of the model.
+   * Token ids that end generation (kept in the output). Defaults to the tokenizer's `stopIds` (every
+   * end-of-sequence token of the model); `[]` runs to `maxTokens`.
    */
   readonly stopTokens?: readonly number[];
   /** Seed of this request's sampling stream; equal seeds give equal samples under equal weights. */

@@ -11,7 +11,6 @@ import { AbortError, ConfigError } from '../errors.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
 import { createRng, type Rng } from '../random.js';
 import { sampleToken } from './sampling.js';
-import { CHAR_EOS_ID } from './tokenizer.js';
 
 /** Options of a generate call. */
 export interface GenerateOptions {
@@ -19,8 +18,11 @@ export interface GenerateOptions {
   readonly signal?: AbortSignal;
   /** Policy version reported in every response. Default 0. */
   readonly version?: PolicyVersion;
-  /** Stop token of requests without `stopTokens`. Default {@link CHAR_EOS_ID}. */
-  readonly eosId?: number;
+  /**
+   * Stop tokens of requests without `stopTokens` (a tokenizer's `stopIds`). Default none: such requests run to
+   * `maxTokens`.
+   */
+  readonly stopIds?: readonly number[];
 }
 
 /** A left-padded prompt batch in plain memory (row-major, `[b, P]`). */
@@ -95,8 +97,8 @@ export async function runGeneration(
 ): Promise<GenerateResponse[]> {
   try {
     const version = options.version ?? 0;
-    const eosId = options.eosId ?? CHAR_EOS_ID;
-    const states = requests.map((request, index) => initRow(request, index, eosId, limits));
+    const stopIds = options.stopIds ?? [];
+    const states = requests.map((request, index) => initRow(request, index, stopIds, limits));
     if (options.signal?.aborted) {
       throw new AbortError('generate aborted before it started', { cause: options.signal.reason });
     }
@@ -166,7 +168,7 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
 function initRow(
   request: GenerateRequest,
   index: number,
-  eosId: number,
+  stopIds: readonly number[],
   limits: { readonly vocabSize: number; readonly maxSeqLen: number },
 ): RowState {
   const invalid = (what: string): ConfigError =>
@@ -196,7 +198,7 @@ function initRow(
   return {
     request,
     rng: createRng(seed, 'sample'),
-    stop: new Set(request.stopTokens ?? [eosId]),
+    stop: new Set(request.stopTokens ?? stopIds),
     temperature,
     topP,
     tokens: [],

@@ -535,7 +535,7 @@ export class PolicyModel {
    *
    * @param requests - Prompts and sampling parameters; `promptTokens.length + maxTokens ≤ maxSeqLen`.
    * @param options - `signal` (checked between steps: unfinished rows end with `'abort'` and keep their tokens;
-   *   already fired → rejects with `AbortError`), `version` (reported), `eosId` (default stop token).
+   *   already fired → rejects with `AbortError`), `version` (reported), `stopIds` (stop tokens of requests without `stopTokens`; default none).
    * @returns One response per request, in order.
    *
    * The variables are read at every step and the call yields to the event loop between steps: callers that

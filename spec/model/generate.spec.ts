@@ -110,16 +110,18 @@ describe('PolicyModel.generate', () => {
     expect(seq[prompt.length]).toBe(first);
   });
 
-  it('stops at stop tokens (kept in the output) and defaults to the eos id', async () => {
+  it('stops at stop tokens (kept in the output) and defaults to the options stopIds', async () => {
     const stopAll = [...Array(tok.vocabSize).keys()];
     const [res] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, seed: 1, stopTokens: stopAll }]);
     expect(res.tokens).toHaveLength(1);
     expect(res.finishReason).toBe('stop');
-    // With eos = every token we sample, the default stop set ends at once too.
+    // With the greedy token as the default stop set, generation ends at once too; without one it runs to maxTokens.
     const [greedy] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0, stopTokens: [] }]);
-    const [viaEos] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0 }], { eosId: greedy.tokens[0] });
+    const [viaEos] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0 }], { stopIds: [greedy.tokens[0]] });
     expect(viaEos.tokens).toEqual([greedy.tokens[0]]);
     expect(viaEos.finishReason).toBe('stop');
+    const [unbounded] = await model.generate([{ promptTokens: [1, 5], maxTokens: 10, temperature: 0 }]);
+    expect(unbounded).toMatchObject({ tokens: greedy.tokens, finishReason: 'length' });
   });
 
   it('honours an abort between steps: all unfinished rows end with abort and keep their tokens', async () => {
