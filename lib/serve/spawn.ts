@@ -51,7 +51,7 @@ interface ListeningLine {
  * @example
  * ```ts
  * import { spawnServe } from 'rxrl';
- * const server = await spawnServe(['--port', '0', '--checkpoint', 'policy.safetensors']);
+ * const server = await spawnServe(['--port', '0', '--model', 'runs/reverse/global_step_300']);
  * // … new OpenAIEngine({ baseURL: server.baseURL, model: server.modelName, … })
  * await server.close();
  * ```

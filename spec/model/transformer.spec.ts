@@ -1,15 +1,10 @@
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-
 import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { WeightArray } from '../../lib/engine/types.js';
-import { ConfigError, DecodeError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { loadPolicy, savePolicy } from '../../lib/model/policyFile.js';
-import { decodeSafetensors, encodeSafetensors, saveSafetensors } from '../../lib/model/safetensors.js';
+import { decodeSafetensors, encodeSafetensors } from '../../lib/model/safetensors.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 
 const TOLERANCE = 1e-4;
@@ -158,24 +153,6 @@ describe('PolicyModel', () => {
     expect(maxAbsDiff(probe(fresh)[0], probe(model)[0])).toBe(0);
     fresh.dispose();
     other.dispose();
-  });
-
-  it('savePolicy / loadPolicy rebuild the same model from one file', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rxrl-policy-'));
-    try {
-      const path = join(dir, 'policy.safetensors');
-      await savePolicy(path, model, { version: '3' });
-      const { model: loaded, metadata } = await loadPolicy(path);
-      expect(metadata['version']).toBe('3');
-      expect(loaded.config).toEqual(model.config);
-      expect(maxAbsDiff(probe(loaded)[0], probe(model)[0])).toBe(0);
-      loaded.dispose();
-      const bare = join(dir, 'bare.safetensors');
-      await saveSafetensors(bare, model.getWeights());
-      await expect(loadPolicy(bare)).rejects.toBeInstanceOf(DecodeError);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
   });
 
   it('getWeights returns copies', () => {

@@ -9,7 +9,8 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { initBackend } from '../../lib/model/backend.js';
-import { savePolicy } from '../../lib/model/policyFile.js';
+import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf } from '../../lib/model/modelDir.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { spawnServe } from '../../lib/serve/spawn.js';
 
@@ -42,13 +43,19 @@ describe('rxrl serve (built CLI, built by pretest)', () => {
     await expect(fetch(`${server.url}/health`)).rejects.toThrow();
   }, 60_000);
 
-  it('loads a checkpoint with its alphabet and version, and refuses an alphabet that does not fit', async () => {
-    const model = PolicyModel.create({ vocabSize: 3 + 4, dModel: 16, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 12 }, 2);
-    const file = join(dir, 'policy.safetensors');
-    await savePolicy(file, model, { 'rxrl.alphabet': 'xyz=', 'rxrl.policyVersion': '7' });
+  it('serves a model directory under its name, with its tokenizer and version; refuses what is not one', async () => {
+    const tokenizer = new CharTokenizer('xyz=');
+    const model = PolicyModel.create({ vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 12 }, 2);
+    const modelDir = join(dir, 'tiny-xyz');
+    await saveModelDir(modelDir, model, {
+      tokenizerFiles: tokenizer.files(),
+      special: specialIdsOf(tokenizer),
+      metadata: { [POLICY_VERSION_METADATA_KEY]: '7' },
+    });
     model.dispose();
-    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--checkpoint', file], { cliPath: cli, stderr: 'ignore' });
+    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model', modelDir], { cliPath: cli, stderr: 'ignore' });
     try {
+      expect(server.modelName).toBe('tiny-xyz');
       const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY' });
       const out = await client.completions.create({ model: server.modelName, prompt: 'xyz=', max_tokens: 3, seed: 1 });
       expect(out.choices[0].text).toMatch(/^[xyz=]*$/);
@@ -56,12 +63,17 @@ describe('rxrl serve (built CLI, built by pretest)', () => {
     } finally {
       await server.close();
     }
-    const bad = await run(process.execPath, [cli, 'serve', '--port', '0', '--backend', 'cpu', '--checkpoint', file, '--alphabet', 'ab'], { timeout: 60_000 }).then(
-      () => ({ code: 0, stderr: '' }),
-      (e: { code: number; stderr: string }) => e,
-    );
-    expect(bad.code).toBe(1);
-    expect(bad.stderr).toMatch(/ConfigError: alphabet 'ab' gives 5 token ids but the checkpoint's vocabulary has 7/);
+    const refused = async (args: string[]): Promise<{ code: number; stderr: string }> =>
+      run(process.execPath, [cli, 'serve', '--port', '0', '--backend', 'cpu', ...args], { timeout: 60_000 }).then(
+        () => ({ code: 0, stderr: '' }),
+        (e: { code: number; stderr: string }) => e,
+      );
+    const withAlphabet = await refused(['--model', modelDir, '--alphabet', 'ab']);
+    expect(withAlphabet.code).toBe(1);
+    expect(withAlphabet.stderr).toMatch(/ConfigError: --alphabet applies to a fresh policy only/);
+    const notADir = await refused(['--model', join(dir, 'missing')]);
+    expect(notADir.code).toBe(1);
+    expect(notADir.stderr).toMatch(/ConfigError: --model .*missing: not a model directory/);
     const help = await run(process.execPath, [cli, '--help']);
     expect(help.stdout).toMatch(/rxrl serve/);
   }, 60_000);
