@@ -4,6 +4,7 @@
  * @packageDocumentation
  */
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
+import type { PromptTokenLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
 import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
 
@@ -35,9 +36,27 @@ function readPrompts(ctx: ServeContext, body: JsonObject): number[][] {
   );
 }
 
+/** One entry of vLLM's `prompt_logprobs`: token id (as a string key) → `{ logprob, rank, decoded_token }`. */
+type PromptLogprobEntry = Record<string, { logprob: number; rank: number; decoded_token: string }>;
+
+/** vLLM's shape: `null` for the first prompt token, then the token itself and the top alternatives. */
+function promptLogprobsJson(ctx: ServeContext, scored: readonly (PromptTokenLogprob | null)[], asIds: boolean): (PromptLogprobEntry | null)[] {
+  const decoded = (t: number): string => (asIds ? `token_id:${t}` : ctx.tokenizer.decode([t], { skipSpecialTokens: false }));
+  return scored.map((entry) => {
+    if (entry === null) return null;
+    const out: PromptLogprobEntry = { [entry.token]: { logprob: entry.logprob, rank: entry.rank, decoded_token: decoded(entry.token) } };
+    entry.top.forEach((alt, j) => {
+      if (alt.token !== entry.token) out[alt.token] = { logprob: alt.logprob, rank: j + 1, decoded_token: decoded(alt.token) };
+    });
+    return out;
+  });
+}
+
 /**
  * Answers `POST /v1/completions`: one choice per prompt and `n`, prompt-major; `logprobs` gives the sampled token's
- * log-prob plus the top-k alternatives; `return_token_ids` adds `token_ids` and `prompt_token_ids` per choice.
+ * log-prob plus the top-k alternatives; `prompt_logprobs` (vLLM) gives every prompt token's log-prob given its
+ * prefix (`null` for the first) plus the top-k alternatives; `return_token_ids` adds `token_ids` and
+ * `prompt_token_ids` per choice.
  */
 export async function completions(ctx: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
   checkModel(ctx, body);
@@ -50,7 +69,8 @@ export async function completions(ctx: ServeContext, body: JsonObject, signal: A
   const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(DEFAULT_MAX_TOKENS, room)));
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
   const logprobs = readInteger(body, 'logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
-  const { responses, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal);
+  const promptTopK = readInteger(body, 'prompt_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
+  const { responses, promptLogprobs, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal, promptTopK);
   let completionTokens = 0;
   const choices = responses.map((response, index) => {
     const done = finish(ctx, response, sampling);
@@ -74,6 +94,7 @@ export async function completions(ctx: ServeContext, body: JsonObject, signal: A
               }),
               text_offset: done.offsets,
             },
+      ...(promptTopK === undefined ? {} : { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) }),
       ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: prompts[Math.floor(index / sampling.n)] } : {}),
     };
   });

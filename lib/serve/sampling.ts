@@ -21,7 +21,7 @@ import {
   refuse,
   type JsonObject,
 } from './protocol.js';
-import type { TopLogprob } from './servingModel.js';
+import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 
 /** Sampling parameters common to both endpoints, validated. */
 export interface Sampling {
@@ -150,7 +150,7 @@ export function tokenLabel(ctx: ServeContext, token: number, asId: boolean): str
 
 /** Applies stop strings: the text and the tokens end before the first stop string (or after it, if asked). */
 export function finish(ctx: ServeContext, response: GenerateResponse, sampling: Sampling): Finished {
-  const top = ctx.serving.topLogprobs(response);
+  const top = ctx.serving.scores(response)?.top;
   const pieces = textPieces(ctx.tokenizer, response.tokens);
   let text = '';
   const offsets: number[] = [];
@@ -192,7 +192,9 @@ export function finish(ctx: ServeContext, response: GenerateResponse, sampling: 
 
 /**
  * Samples `n` responses per prompt through the local engine (prompt-major order), asking for `topK`
- * alternatives per token; resolves with the responses and the oldest policy version among them.
+ * alternatives per token and, when `promptTopK` is given, the prompt tokens' log-probs (scored once per prompt,
+ * with its first choice); resolves with the responses, the prompts' log-probs (or `undefined` each) and the
+ * oldest policy version among them.
  */
 export async function sample(
   ctx: ServeContext,
@@ -201,7 +203,8 @@ export async function sample(
   sampling: Sampling,
   topK: number,
   signal: AbortSignal,
-): Promise<{ responses: GenerateResponse[]; version: PolicyVersion }> {
+  promptTopK?: number,
+): Promise<{ responses: GenerateResponse[]; promptLogprobs: ((PromptTokenLogprob | null)[] | undefined)[]; version: PolicyVersion }> {
   const requests: GenerateRequest[] = [];
   prompts.forEach((promptTokens, p) => {
     for (let i = 0; i < sampling.n; i++) {
@@ -213,12 +216,13 @@ export async function sample(
         stopTokens: sampling.stopTokens,
         seed: choiceSeed(sampling.seed, p * sampling.n + i),
       };
-      ctx.serving.requestTopLogprobs(request, topK);
+      ctx.serving.requestScores(request, { topLogprobs: topK, ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}) });
       requests.push(request);
     }
   });
   const responses = await ctx.engine.generate(requests, signal);
-  return { responses, version: Math.min(...responses.map((r) => r.policyVersion)) };
+  const promptLogprobs = prompts.map((_, p) => ctx.serving.scores(responses[p * sampling.n])?.prompt);
+  return { responses, promptLogprobs, version: Math.min(...responses.map((r) => r.policyVersion)) };
 }
 
 /** The fields every completion response starts with, `policy_version` and `system_fingerprint` included. */

@@ -1,5 +1,5 @@
 /**
- * The sampling model behind `rxrl serve`: a {@link PolicyModel} plus top-k log-probs on request.
+ * The sampling model behind `rxrl serve`: a {@link PolicyModel} plus top-k and prompt log-probs on request.
  *
  * The `LocalEngine` runs one batch at a time and never swaps weights while a batch runs, so scoring the
  * alternatives inside the batch uses exactly the weights that sampled the tokens.
@@ -19,32 +19,59 @@ export interface TopLogprob {
   readonly logprob: number;
 }
 
+/** The log-prob of one prompt token given its prefix, its rank in that distribution, and the top alternatives. */
+export interface PromptTokenLogprob {
+  readonly token: number;
+  readonly logprob: number;
+  /** 1 for the most likely token; ties share the better rank. */
+  readonly rank: number;
+  /** The most likely tokens at this position, most likely first. */
+  readonly top: readonly TopLogprob[];
+}
+
+/** What to score for one request; either part may be absent. */
+export interface ScoreRequest {
+  /** Alternatives per response token (`logprobs`, `top_logprobs`). */
+  readonly topLogprobs?: number;
+  /** Alternatives per prompt token, besides the token itself (`prompt_logprobs`). */
+  readonly promptLogprobs?: number;
+}
+
+/** What was scored for one response. */
+export interface Scores {
+  /** One list per response token, most likely first. */
+  readonly top?: TopLogprob[][];
+  /** One entry per prompt token; `null` for the first (it has no prefix). */
+  readonly prompt?: (PromptTokenLogprob | null)[];
+}
+
 /**
- * Wraps a policy model for the local engine and remembers, per request object, how many top alternatives to
- * score; the alternatives of each response are then available from {@link ServingModel.topLogprobs}.
+ * Wraps a policy model for the local engine and remembers, per request object, what to score besides sampling:
+ * top alternatives of the response tokens and log-probs of the prompt tokens. Both come from one forward pass
+ * over prompt and response, under the weights that sampled the response; read them with
+ * {@link ServingModel.scores}.
  */
 export class ServingModel implements SamplingModel {
-  private readonly wanted = new WeakMap<GenerateRequest, number>();
-  private readonly found = new WeakMap<GenerateResponse, TopLogprob[][]>();
+  private readonly wanted = new WeakMap<GenerateRequest, ScoreRequest>();
+  private readonly found = new WeakMap<GenerateResponse, Scores>();
 
   constructor(readonly model: PolicyModel) {}
 
-  /** Asks for the `k` most likely tokens at each position of the response to `request` (request identity). */
-  requestTopLogprobs(request: GenerateRequest, k: number): void {
-    if (k > 0) this.wanted.set(request, k);
+  /** Asks for scores of `request` (by identity) when it is generated; zero or absent parts are not computed. */
+  requestScores(request: GenerateRequest, what: ScoreRequest): void {
+    const topLogprobs = what.topLogprobs ?? 0;
+    if (topLogprobs > 0 || what.promptLogprobs !== undefined) this.wanted.set(request, what);
   }
 
-  /** The alternatives scored for `response`, one list per response token (most likely first), if any. */
-  topLogprobs(response: GenerateResponse): TopLogprob[][] | undefined {
+  /** The scores computed for `response`, if any were asked for. */
+  scores(response: GenerateResponse): Scores | undefined {
     return this.found.get(response);
   }
 
   async generate(requests: readonly GenerateRequest[], options: GenerateOptions): Promise<GenerateResponse[]> {
     const responses = await this.model.generate(requests, options);
-    const rows = requests.flatMap((request, i) =>
-      (this.wanted.get(request) ?? 0) > 0 && responses[i].tokens.length > 0 ? [i] : [],
-    );
-    if (rows.length > 0) await this.scoreAlternatives(rows, requests, responses);
+    const rows = requests.flatMap((request, i) => (this.wanted.has(request) ? [i] : []));
+    if (rows.length > 0) await this.score(rows, requests, responses);
     return responses;
   }
 
@@ -52,8 +79,8 @@ export class ServingModel implements SamplingModel {
     this.model.setWeights(weights);
   }
 
-  /** One forward pass over prompt + response of each row; keeps the top-k of every response position. */
-  private async scoreAlternatives(
+  /** One forward pass over prompt + response of each row; keeps what each row asked for. */
+  private async score(
     rows: readonly number[],
     requests: readonly GenerateRequest[],
     responses: readonly GenerateResponse[],
@@ -74,15 +101,39 @@ export class ServingModel implements SamplingModel {
       logp.dispose();
     }
     rows.forEach((i, r) => {
-      const k = this.wanted.get(requests[i]) ?? 0;
-      const promptLength = requests[i].promptTokens.length;
-      const pad = batch.width - sequences[r].length;
-      const perToken: TopLogprob[][] = responses[i].tokens.map((_, j) => {
-        const at = (r * batch.width + pad + promptLength - 1 + j) * V; // logits that predicted response token j
-        const ranked = Array.from({ length: V }, (_, v) => v).sort((a, b) => values[at + b] - values[at + a] || a - b);
-        return ranked.slice(0, k).map((token) => ({ token, logprob: values[at + token] }));
-      });
-      this.found.set(responses[i], perToken);
+      const what = this.wanted.get(requests[i]) ?? {};
+      const prompt = requests[i].promptTokens;
+      const start = (r * batch.width + batch.width - sequences[r].length) * V; // logits after the row's first token
+      const at = (position: number): number => start + position * V; // logits that predicted token position + 1
+      const scores: { top?: TopLogprob[][]; prompt?: (PromptTokenLogprob | null)[] } = {};
+      const k = what.topLogprobs ?? 0;
+      if (k > 0) scores.top = responses[i].tokens.map((_, j) => topTokens(values, at(prompt.length - 1 + j), V, k));
+      if (what.promptLogprobs !== undefined) {
+        const kp = what.promptLogprobs;
+        scores.prompt = prompt.map((token, j) => {
+          if (j === 0) return null;
+          const offset = at(j - 1);
+          const logprob = values[offset + token];
+          let rank = 1;
+          for (let v = 0; v < V; v++) if (values[offset + v] > logprob) rank++;
+          return { token, logprob, rank, top: kp > 0 ? topTokens(values, offset, V, kp) : [] };
+        });
+      }
+      this.found.set(responses[i], scores);
     });
   }
+}
+
+/** The `k` largest of `values[offset … offset + V)`, largest first (lower id first among equals). */
+function topTokens(values: Float32Array, offset: number, V: number, k: number): TopLogprob[] {
+  const best: TopLogprob[] = [];
+  for (let token = 0; token < V; token++) {
+    const logprob = values[offset + token];
+    if (best.length === k && logprob <= best[k - 1].logprob) continue;
+    let slot = best.length;
+    while (slot > 0 && best[slot - 1].logprob < logprob) slot--;
+    best.splice(slot, 0, { token, logprob });
+    if (best.length > k) best.pop();
+  }
+  return best;
 }
