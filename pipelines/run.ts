@@ -156,16 +156,20 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
 
-  if (data.promptLength !== undefined && data.promptLength + data.maxTokens > config.model.maxSeqLen) {
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  if (modelDir === undefined && data.promptLength !== undefined && data.promptLength + data.maxTokens > config.model.maxSeqLen) {
     throw new ConfigError(
       `model.maxSeqLen: ${config.model.maxSeqLen} is shorter than prompt + response (${data.promptLength + data.maxTokens})`,
     );
   }
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const initial = modelDir
     ? (await loadModelDir(modelDir)).model
     : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
+  if (tokenizer.vocabSize > initial.config.vocabSize) {
+    initial.dispose();
+    throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
+  }
   const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
   const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
   const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;

@@ -365,7 +365,10 @@ export async function saveModelDir(
   }
   const generation = { _from_model_config: true, ...specialJson(special) };
   await writeAtomic(join(dir, MODEL_FILES.generation), JSON.stringify(generation, null, 2) + '\n');
-  await writeAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, special), null, 2) + '\n');
+  // As transformers' own checkpoints: config.json names the primary eos, generation_config.json every stop id.
+  const eos = special.eosTokenId;
+  const primary = Array.isArray(eos) ? { ...special, eosTokenId: eos[0] } : special;
+  await writeAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, primary), null, 2) + '\n');
   return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
 }
 
