@@ -29,12 +29,12 @@ import { grpoPipeline } from './grpoPipeline.js';
 import { validate } from './validate.js';
 
 /**
- * The tiny Llama-family architecture of the `model.*` keys (used when `model.path` is unset); the vocabulary
- * comes from the tokenizer.
+ * The tiny Llama-family architecture (`model.type`, default Qwen2) of the `model.*` keys, used when `model.path` is
+ * unset; the vocabulary comes from the tokenizer.
  */
 export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 'vocabSize'> {
   return {
-    modelType: 'llama',
+    modelType: model.type,
     dModel: model.dModel,
     nLayers: model.nLayers,
     nHeads: model.nHeads,
@@ -295,7 +295,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
 
   const maxTokens = data.maxTokens;
   const score = (): Promise<Metrics> =>
-    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal });
+    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
   try {
     const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
     // Validation lines carry the step they follow (−1 before the first).

@@ -2,6 +2,7 @@ import { from, lastValueFrom, reduce } from 'rxjs';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { isSampleFailure, type Metrics, type Task } from '../lib/types.js';
+import type { RolloutWorker } from '../lib/worker.js';
 import { rollout } from '../operators/rollout.js';
 
 /** Options of {@link validate}. */
@@ -18,6 +19,8 @@ export interface ValidateOptions {
   readonly seed?: number;
   /** Cancels the validation. */
   readonly signal?: AbortSignal;
+  /** Produces each sample (a chat-formatted or multi-turn worker, as in training). Default: `singleTurnWorker`. */
+  readonly worker?: RolloutWorker;
 }
 
 /**
@@ -47,6 +50,7 @@ export async function validate(
         temperature: options.temperature ?? 0,
         seed: options.seed,
         signal: options.signal,
+        ...(options.worker ? { worker: options.worker } : {}),
       }),
       reduce(
         (acc, output) => {

@@ -19,8 +19,8 @@ Steps:
    ``generation_config.json`` whose ``eos_token_id`` is ``[<|im_end|>, <|endoftext|>]``.
 5. Verify: reload from the directory alone (offline), apply the chat template to a question and greedy-generate.
 
-Why float32: rxrl's safetensors reader (``lib/model/safetensors.ts``) accepts ``F32`` only and TensorFlow.js has
-no bfloat16; the dequantized Q4_1 values (f16 scale x 4-bit code + f16 min, computed in f32) are exact in f32,
+Why float32: rxrl computes in float32 (TensorFlow.js has no bfloat16; ``lib/model/safetensors.ts`` widens F16 and
+BF16 on load); the dequantized Q4_1 values (f16 scale x 4-bit code + f16 min, computed in f32) are exact in f32,
 whereas bfloat16 would round them a second time. The cost is disk: ~540 MB instead of ~270 MB.
 
 Usage::

@@ -30,6 +30,7 @@ export interface RxrlConfig {
   };
   model: {
     path: string | null;
+    type: 'qwen2' | 'llama' | 'qwen3';
     dModel: number;
     nLayers: number;
     nHeads: number;
@@ -160,6 +161,13 @@ export const SCHEMA = {
         'Unset: a seeded tiny Llama-family model with the character tokenizer, shaped by the keys below.',
       format: 'optional-string',
       default: null,
+    },
+    type: {
+      doc:
+        "Tiny model: architecture (model_type). 'qwen2' (q/k/v biases) learns position-dependent attention, such as " +
+        "reversing a string, much sooner than 'llama' (no biases), whose rotary attention must find positions by content.",
+      format: ['qwen2', 'llama', 'qwen3'],
+      default: 'qwen2',
     },
     dModel: { doc: 'Tiny model: residual width (hidden_size).', format: 'positive-int', default: 64 },
     nLayers: { doc: 'Tiny model: decoder blocks.', format: 'positive-int', default: 2 },

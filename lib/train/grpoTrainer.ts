@@ -28,6 +28,12 @@ export interface GrpoTrainerOptions {
   readonly adamEpsilon?: number;
   /** Clip gradients to this global L2 norm; `Infinity` turns clipping off. Default 1. */
   readonly maxGradNorm?: number;
+  /**
+   * Which weights train (by Hugging Face name, e.g. `(n) => n.startsWith('model.layers.29.')`): the others are
+   * frozen, with no gradients and no optimizer state, which is what lets a 135 M model's last blocks train inside
+   * the wasm backend's memory. Default: every weight.
+   */
+  readonly trainable?: (name: string) => boolean;
   /** Rows per forward/backward pass; gradients of a mini-batch's micro-batches are accumulated. Default 64. */
   readonly microBatchSize?: number;
   /** Passes over each batch. Default 1. */
@@ -91,6 +97,9 @@ export class GrpoTrainer implements Trainer {
   readonly modelTag: ModelTag;
   private steps = 0;
   private readonly optimizer: tf.AdamOptimizer;
+  /** Names and variables of the weights that train, in `model.weightNames()` order. */
+  private readonly trainedNames: readonly string[];
+  private readonly trainedVariables: readonly tf.Variable[];
   private readonly options: Required<
     Pick<
       GrpoTrainerOptions,
@@ -128,6 +137,12 @@ export class GrpoTrainer implements Trainer {
     if (options.importanceCap !== undefined && !(options.importanceCap >= 1)) {
       throw new ConfigError(`importanceCap must be >= 1, got ${options.importanceCap}`);
     }
+    const trainable = options.trainable ?? (() => true);
+    const names = model.weightNames();
+    const variables = model.trainableVariables();
+    this.trainedNames = names.filter((name) => trainable(name));
+    if (this.trainedNames.length === 0) throw new ConfigError('trainable: no weight is trainable');
+    this.trainedVariables = variables.filter((_, i) => trainable(names[i]));
     this.optimizer = tf.train.adam(lr, options.adamBeta1 ?? 0.9, options.adamBeta2 ?? 0.999, options.adamEpsilon ?? 1e-8);
     this.seed = options.seed ?? 0;
   }
@@ -185,7 +200,7 @@ export class GrpoTrainer implements Trainer {
   sftStep(batch: Batch): { loss: number; gradNorm: number; skipped: boolean } {
     const tensors = rowTensors(batch, 0, batch.size);
     try {
-      const vars = this.model.trainableVariables();
+      const vars = [...this.trainedVariables];
       const { value, grads } = tf.variableGrads(() => {
         const logprob = this.responseLogprobs(tensors, batch).logprob;
         return tf.neg(aggregateLoss(logprob, tensors.lossMask, 'token-mean')) as tf.Scalar;
@@ -200,12 +215,12 @@ export class GrpoTrainer implements Trainer {
   }
 
   /**
-   * The optimizer state as named weights: `iter` (`[1]`), and each weight's Adam moments as `m/<name>` and
-   * `v/<name>` (names from `model.weightNames()`), ready for safetensors. Empty moments before the first update.
+   * The optimizer state as named weights: `iter` (`[1]`), and each trained weight's Adam moments as `m/<name>`
+   * and `v/<name>` (names from `model.weightNames()`), ready for safetensors. Empty moments before the first update.
    */
   async optimizerState(): Promise<NamedWeights> {
     const saved = await this.optimizer.getWeights(); // [iter, m_0 … m_{n−1}, v_0 … v_{n−1}]
-    const names = this.model.weightNames();
+    const names = this.trainedNames;
     const out = new Map<string, { shape: readonly number[]; data: Float32Array }>();
     const [iter, ...moments] = saved;
     out.set('iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) });
@@ -226,9 +241,9 @@ export class GrpoTrainer implements Trainer {
     if (!(Number.isInteger(state.step) && state.step >= 0)) throw new ConfigError(`restore: step must be an integer >= 0, got ${state.step}`);
     this.steps = state.step;
     const optimizer = state.optimizer;
-    if (!optimizer || !optimizer.has('m/' + this.model.weightNames()[0])) return;
-    const vars = this.model.trainableVariables();
-    const names = this.model.weightNames();
+    if (!optimizer || !optimizer.has('m/' + this.trainedNames[0])) return;
+    const vars = this.trainedVariables;
+    const names = this.trainedNames;
     const iter = optimizer.get('iter');
     if (!iter) throw new ConfigError('restore: optimizer state has no iter');
     const weights: { name: string; tensor: tf.Tensor }[] = [{ name: 'iter', tensor: tf.scalar(iter.data[0]) }];
@@ -321,7 +336,7 @@ export class GrpoTrainer implements Trainer {
                 const out = this.loss(part, part.isWeights, batch);
                 kept = keepMetrics(out.metrics);
                 return tf.mul(out.loss, share) as tf.Scalar;
-              }, this.model.trainableVariables());
+              }, [...this.trainedVariables]);
               tf.dispose(Object.values(part));
               const lossValue = value.dataSync()[0];
               value.dispose();

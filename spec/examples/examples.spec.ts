@@ -46,7 +46,9 @@ describe('examples (smoke, built by pretest)', () => {
   for (const source of sources) {
     it(`${source} runs to completion and ends with a JSON summary`, async () => {
       const file = join(built, source.replace(/\.ts$/, '.js'));
-      const env = { ...process.env, RXRL_STEPS: '2', ...kafkaEnv(source) };
+      // The Hugging Face example runs on the committed tiny Qwen2 fixture here, even where SmolLM2 has been built.
+      const model = source === 'hf-chat-grpo.ts' ? { RXRL_MODEL_DIR: join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2') } : {};
+      const env = { ...process.env, RXRL_STEPS: '2', ...model, ...kafkaEnv(source) };
       const companion = COMPANIONS[source];
       const partner = companion
         ? run(process.execPath, [join(built, companion.replace(/\.ts$/, '.js'))], { cwd: root, env, timeout: 120_000 })

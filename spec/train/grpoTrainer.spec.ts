@@ -67,6 +67,30 @@ describe('GrpoTrainer', () => {
     model.dispose();
   });
 
+  it('trains only the weights `trainable` selects: the rest stay put and have no optimizer state', async () => {
+    const model = PolicyModel.create(config, 3);
+    const top = (name: string): boolean => name.startsWith('model.layers.0.mlp.') || name === 'model.norm.weight';
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-2, trainable: top });
+    const before = model.getWeights();
+    await trainer.trainStep(batchOf(model));
+    const after = model.getWeights();
+    for (const [name, w] of before) {
+      const changed = w.data.some((x, i) => x !== after.get(name)!.data[i]);
+      expect(changed, name).toBe(top(name));
+    }
+    const state = await trainer.optimizerState();
+    const trained = model.weightNames().filter(top);
+    expect([...state.keys()].sort()).toEqual(['iter', ...trained.map((n) => `m/${n}`), ...trained.map((n) => `v/${n}`)].sort());
+    const resumed = new GrpoTrainer(model, { learningRate: 1e-2, trainable: top });
+    await resumed.restore({ step: 1, optimizer: state });
+    const again = await resumed.optimizerState();
+    for (const [name, w] of state) expect(Array.from(again.get(name)!.data), name).toEqual(Array.from(w.data));
+    expect(() => new GrpoTrainer(model, { trainable: () => false })).toThrow(ConfigError);
+    trainer.dispose();
+    resumed.dispose();
+    model.dispose();
+  });
+
   it('gives the same update with micro-batches (gradient accumulation) as with one pass', async () => {
     const a = PolicyModel.create(config, 5);
     const b = PolicyModel.create(config, 5);

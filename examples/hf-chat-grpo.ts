@@ -1,0 +1,131 @@
+/**
+ * GRPO on a Hugging Face model directory with its own tokenizer and chat template: short arithmetic questions,
+ * answered in a fixed format (`Answer: <number>`), scored by a rule.
+ *
+ * The model is `RXRL_MODEL_DIR`, else SmolLM2-135M-Instruct when `npm run model:smollm2` has built it
+ * (`~/.cache/rxrl-models/SmolLM2-135M-Instruct`), else the tiny random-weight Qwen2 fixture of the specs (which
+ * only shows the plumbing: it cannot do arithmetic).
+ *
+ * Run: `npm run build && node dist/examples/hf-chat-grpo.js` (RXRL_STEPS sets the step budget, default 4;
+ * RXRL_TRAINED_BLOCKS how many of the last transformer blocks train, default 4).
+ * The last stdout line is a JSON summary.
+ */
+import { existsSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { basename, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { lastValueFrom, take, tap } from 'rxjs';
+import {
+  AdmissionGate,
+  GrpoTrainer,
+  LocalEngine,
+  createRng,
+  initBackend,
+  loadChatTemplate,
+  loadModelDir,
+  loadTasks,
+  loadTokenizer,
+  type Evaluator,
+  type RolloutWorker,
+  type SamplingModel,
+  type Task,
+} from '../lib/index.js';
+import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
+import { validate } from '../pipelines/index.js';
+
+const steps = Number(process.env.RXRL_STEPS ?? 4);
+const tasksPerStep = 2;
+const groupSize = 4;
+const maxTokens = 12;
+
+const smollm2 = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
+const fixture = fileURLToPath(new URL('../../spec/fixtures/hf/tiny-qwen2', import.meta.url));
+const modelDir = process.env.RXRL_MODEL_DIR ?? (existsSync(join(smollm2, 'config.json')) ? smollm2 : fixture);
+
+/** `a op b` with small operands; the answer is an integer. */
+function arithmetic(count: number, seed: number): Task[] {
+  const rng = createRng(seed, 'arithmetic');
+  return Array.from({ length: count }, (_, i) => {
+    const a = 1 + Math.floor(rng.next() * 9);
+    const b = 1 + Math.floor(rng.next() * 9);
+    const [op, value] = rng.next() < 0.5 ? ['+', a + b] : ['*', a * b];
+    return {
+      id: `arith-${seed}-${i}`,
+      prompt: `What is ${a} ${op} ${b}? Reply with "Answer: " followed by the number only.`,
+      answer: String(value),
+    };
+  });
+}
+
+/** 1 for `Answer: <right number>`, 0.2 for the format with a wrong number, 0 otherwise. */
+const evaluator: Evaluator = {
+  evaluate(task, response) {
+    const match = /Answer:\s*(-?\d+)/.exec(response);
+    const correct = match !== null && match[1] === task.answer;
+    return { reward: correct ? 1 : match ? 0.2 : 0, metrics: { format: match ? 1 : 0, correct: correct ? 1 : 0 } };
+  },
+};
+
+const backend = await initBackend('auto');
+const tokenizer = await loadTokenizer(modelDir);
+const template = await loadChatTemplate(modelDir, tokenizer);
+if (!template) throw new Error(`${modelDir} has no chat template (chat_template.jinja or tokenizer_config.json)`);
+const { model: policy } = await loadModelDir(modelDir);
+process.stderr.write(`${basename(modelDir)}: ${(policy.numParameters() / 1e6).toFixed(1)} M parameters on ${backend}\n`);
+
+/** One chat turn: the task's prompt as the user's message, rendered with the model's template. */
+const chatWorker: RolloutWorker = async ({ engine, task, seed, maxTokens: limit, temperature, topP }, signal) => {
+  const promptTokens = template.render([{ role: 'user', content: task.prompt }], [], { addGenerationPrompt: true });
+  const [response] = await engine.generate([{ promptTokens, maxTokens: limit, temperature, topP, seed }], signal);
+  return {
+    promptTokens,
+    responseTokens: response.tokens,
+    logprobs: response.logprobs,
+    lossMask: response.tokens.map(() => 1),
+    finishReason: response.finishReason,
+    policyVersion: response.policyVersion,
+    response: tokenizer.decode(response.tokens),
+  };
+};
+
+// Sync mode in one process: the engine samples from the trainer's own model (a second copy of 135 M weights does not
+// fit beside the first in wasm memory), so a weight sync only moves the engine's version.
+const sharedPolicy: SamplingModel = { generate: (requests, options) => policy.generate(requests, options), setWeights: () => undefined };
+const engine = new LocalEngine(sharedPolicy, { tokenizer });
+const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, microBatchSize: 1 });
+const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: tasksPerStep });
+const held = arithmetic(8, 2);
+const before = await validate(engine, held, evaluator, { maxTokens, worker: chatWorker });
+const started = performance.now();
+await lastValueFrom(
+  admit(loadTasks(arithmetic(200, 1), { epochs: Infinity, shuffle: true, seed: 1 }), gate).pipe(
+    rollout(engine, { samplesPerTask: groupSize, concurrency: tasksPerStep * groupSize, maxTokens, evaluator, worker: chatWorker, seed: 1 }),
+    groupTrajectories({ keys: ['groupId'], groupSize }),
+    batchGroups({ batchSize: tasksPerStep }),
+    grpoPrepare({ padId: tokenizer.padId }),
+    train(trainer),
+    syncWeights([engine], { onPublished: (version) => gate.publish(version) }),
+    tap((step) => {
+      const m = step.metrics;
+      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${m['timing/step_s'].toFixed(1)} s\n`);
+    }),
+    take(steps),
+  ),
+  { defaultValue: undefined },
+);
+const after = await validate(engine, held, evaluator, { maxTokens, worker: chatWorker });
+console.log(
+  JSON.stringify({
+    example: 'hf-chat-grpo',
+    model: basename(modelDir),
+    backend,
+    steps: trainer.step,
+    seconds: Number(((performance.now() - started) / 1000).toFixed(1)),
+    valRewardInitial: before['val/reward_mean'],
+    valRewardFinal: after['val/reward_mean'],
+    valFormatFinal: after['val/format_mean'],
+  }),
+);
+trainer.dispose();
+policy.dispose();
