@@ -4,8 +4,9 @@
 Measures, in float32 on CPU with ``torch.set_num_threads(N)``, for batch ``B`` x sequence ``T`` (default 1 x 128):
 
 * ``forward_tok_s``: ``B*T`` / seconds of one no-grad forward pass (eager attention, no KV cache);
-* ``train_tok_s``: ``B*T`` / seconds of one training step: forward, mean cross-entropy of each position's logits
-  against the next token, backward, and an AdamW step (lr 1e-5).
+* ``grad_tok_s``: ``B*T`` / seconds of forward, mean cross-entropy of each position's logits against the next
+  token, and backward (every weight's gradient, no optimizer step);
+* ``train_tok_s``: the same plus an AdamW step (lr 1e-5).
 
 Each is timed after one warm-up run as the median of ``--reps`` runs. The model is a randomly initialised
 (seeded) ``LlamaForCausalLM`` with SmolLM2-135M's shape — nothing is downloaded — or, with ``--model-dir``, a
@@ -143,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
 
     forward_times = timed(forward, args.reps)
 
+    # Gradients only: forward + next-token cross-entropy + backward.
+    model.train()  # dropout is 0 in this config; train mode only matters for models that have it
+
+    def grad_step() -> None:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=inputs, use_cache=False).logits
+        F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1)).backward()
+
+    grad_times = timed(grad_step, args.reps)
+
     # Train step: forward + next-token cross-entropy + backward + AdamW.
     model.train()  # dropout is 0 in this config; train mode only matters for models that have it
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -160,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     forward_s = statistics.median(forward_times)
     train_s = statistics.median(train_times)
+    grad_s = statistics.median(grad_times)
     emit(
         {
             "bench": BENCH,
@@ -168,11 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             "seq": args.seq,
             "params": params,
             "forward_tok_s": round(n_tokens / forward_s, 1),
+            "grad_tok_s": round(n_tokens / grad_s, 1),
             "train_tok_s": round(n_tokens / train_s, 1),
             "torch": torch.__version__.split("+")[0],
             "reps": args.reps,
             "model": args.model_dir or "random:SmolLM2-135M",
             "forward_s": round(forward_s, 4),
+            "grad_s": round(grad_s, 4),
             "train_step_s": round(train_s, 4),
             "loss": round(losses[-1], 4),
             "transformers": transformers.__version__,

@@ -1,0 +1,171 @@
+/**
+ * Throughput of a SmolLM2-135M-shaped Llama (30 blocks, width 576, 9 query / 3 key-value heads, SwiGLU 1536,
+ * vocabulary 49 152, tied head) at batch 1 × sequence 128: forward tokens/s, and forward + backward (every
+ * weight's gradient of the mean next-token NLL) tokens/s, on each TF.js backend asked for, then the same model in
+ * PyTorch CPU (`bench/torch_hf.py`, 2 threads) in the same run when `python3` can import torch and transformers,
+ * with the ratios.
+ *
+ * The weights are random (seeded), or those of `--model-dir` (default: SmolLM2-135M-Instruct when
+ * `npm run model:smollm2` has built it). A full Adam step is not timed on wasm: weights, gradients and two moments
+ * of 135 M parameters (2.2 GB) do not fit in what the wasm backend can address (~2 GB); PyTorch's AdamW step is
+ * reported for reference.
+ *
+ * Usage: `npm run bench -- hf [--backends wasm,tensorflow,cpu] [--reps 3] [--batch 1] [--seq 128] [--threads 2]
+ * [--model-dir DIR] [--no-torch]`. Prints one JSON object per backend, one for PyTorch, and a summary with ratios.
+ *
+ * @packageDocumentation
+ */
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { homedir, loadavg } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import * as tf from '@tensorflow/tfjs-core';
+
+import { initBackend, type BackendName } from '../lib/model/backend.js';
+import { loadModelDir } from '../lib/model/modelDir.js';
+import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+
+/** SmolLM2-135M's architecture (its config.json). */
+export const SMOLLM2_135M: PolicyConfig = {
+  modelType: 'llama',
+  vocabSize: 49152,
+  dModel: 576,
+  nLayers: 30,
+  nHeads: 9,
+  nKvHeads: 3,
+  dFF: 1536,
+  maxSeqLen: 2048,
+  ropeTheta: 100000,
+  rmsNormEps: 1e-5,
+  tieWordEmbeddings: true,
+};
+
+const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
+
+interface Options {
+  readonly backends: readonly BackendName[];
+  readonly reps: number;
+  readonly batch: number;
+  readonly seq: number;
+  readonly threads: number;
+  readonly modelDir: string | undefined;
+  readonly torch: boolean;
+}
+
+function parse(args: readonly string[]): Options {
+  const value = (name: string): string | undefined => {
+    const i = args.indexOf(`--${name}`);
+    return i >= 0 ? args[i + 1] : undefined;
+  };
+  const int = (name: string, fallback: number): number => {
+    const v = Number(value(name) ?? fallback);
+    if (!Number.isInteger(v) || v < 1) throw new Error(`--${name} must be an integer >= 1`);
+    return v;
+  };
+  const modelDir = value('model-dir') ?? (existsSync(join(SMOLLM2_DIR, 'config.json')) ? SMOLLM2_DIR : undefined);
+  return {
+    backends: (value('backends') ?? 'wasm').split(',').map((b) => b.trim() as BackendName),
+    reps: int('reps', 3),
+    batch: int('batch', 1),
+    seq: int('seq', 128),
+    threads: int('threads', 2),
+    modelDir,
+    torch: !args.includes('--no-torch'),
+  };
+}
+
+function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+/** Median seconds of `reps` runs after one warm-up run. */
+async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
+  await fn();
+  const times: number[] = [];
+  for (let i = 0; i < reps; i++) {
+    const start = performance.now();
+    await fn();
+    times.push((performance.now() - start) / 1000);
+  }
+  return median(times);
+}
+
+async function benchBackend(backend: BackendName, options: Options): Promise<Record<string, unknown>> {
+  await initBackend(backend, { logger: { info: () => undefined } });
+  const model = options.modelDir ? (await loadModelDir(options.modelDir)).model : PolicyModel.create(SMOLLM2_135M, 1);
+  const { batch: B, seq: T } = options;
+  const V = model.config.vocabSize;
+  const ids = Int32Array.from({ length: B * (T + 1) }, (_, i) => (i * 7919 + 13) % V);
+  const inputs = tf.tensor2d(ids.filter((_, i) => i % (T + 1) !== T), [B, T], 'int32');
+  const mask = tf.ones([B, T]) as tf.Tensor2D;
+  const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+  const sequence = tf.tensor2d(ids, [B, T + 1], 'int32');
+  const seqMask = tf.ones([B, T + 1]) as tf.Tensor2D;
+  const seqPositions = tf.tensor2d(Int32Array.from({ length: B * (T + 1) }, (_, i) => i % (T + 1)), [B, T + 1], 'int32');
+  try {
+    const forward = await timed(async () => {
+      const logits = tf.tidy(() => model.logits(inputs, mask, positions));
+      await logits.data();
+      logits.dispose();
+    }, options.reps);
+    const grad = await timed(async () => {
+      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar);
+      await value.data();
+      tf.dispose([value, ...Object.values(grads)]);
+    }, options.reps);
+    return {
+      bench: 'hf',
+      backend: tf.getBackend(),
+      batch: B,
+      seq: T,
+      params: model.numParameters(),
+      forward_tok_s: Number(((B * T) / forward).toFixed(1)),
+      grad_tok_s: Number(((B * T) / grad).toFixed(1)),
+      forward_s: Number(forward.toFixed(3)),
+      grad_s: Number(grad.toFixed(3)),
+      reps: options.reps,
+      model: options.modelDir ?? 'random:SmolLM2-135M',
+    };
+  } finally {
+    tf.dispose([inputs, mask, positions, sequence, seqMask, seqPositions]);
+    model.dispose();
+  }
+}
+
+function benchTorch(options: Options): Record<string, unknown> {
+  const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
+  const args = [script, '--threads', String(options.threads), '--reps', String(options.reps), '--batch', String(options.batch), '--seq', String(options.seq)];
+  if (options.modelDir) args.push('--model-dir', options.modelDir);
+  const run = spawnSync('python3', args, { encoding: 'utf8', maxBuffer: 16 << 20 });
+  if (run.status !== 0) return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
+  return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
+}
+
+export async function main(args: readonly string[]): Promise<void> {
+  const options = parse(args);
+  const load = loadavg()[0];
+  const rows: Record<string, unknown>[] = [];
+  for (const backend of options.backends) {
+    const row = await benchBackend(backend, options);
+    rows.push(row);
+    console.log(JSON.stringify(row));
+  }
+  const torch = options.torch ? benchTorch(options) : { bench: 'hf-torch', skipped: '--no-torch' };
+  console.log(JSON.stringify(torch));
+  const ratio = (a: unknown, b: unknown): number | null =>
+    typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
+  console.log(
+    JSON.stringify({
+      bench: 'hf-summary',
+      loadavg_1m_at_start: Number(load.toFixed(2)),
+      vs_torch: rows.map((r) => ({
+        backend: r.backend,
+        forward: ratio(r.forward_tok_s, torch.forward_tok_s),
+        grad: ratio(r.grad_tok_s, torch.grad_tok_s),
+      })),
+    }),
+  );
+}
