@@ -20,6 +20,7 @@ import {
   AdmissionGate,
   GrpoTrainer,
   LocalEngine,
+  chatWorker,
   createRng,
   initBackend,
   loadChatTemplate,
@@ -27,7 +28,6 @@ import {
   loadTasks,
   loadTokenizer,
   type Evaluator,
-  type RolloutWorker,
   type SamplingModel,
   type Task,
 } from '../lib/index.js';
@@ -77,19 +77,7 @@ const { model: policy } = await loadModelDir(modelDir);
 process.stderr.write(`${basename(modelDir)}: ${(policy.numParameters() / 1e6).toFixed(1)} M parameters on ${backend}\n`);
 
 /** One chat turn: the task's prompt as the user's message, rendered with the model's template. */
-const chatWorker: RolloutWorker = async ({ engine, task, seed, maxTokens: limit, temperature, topP }, signal) => {
-  const promptTokens = template.render([{ role: 'user', content: task.prompt }], [], { addGenerationPrompt: true });
-  const [response] = await engine.generate([{ promptTokens, maxTokens: limit, temperature, topP, seed }], signal);
-  return {
-    promptTokens,
-    responseTokens: response.tokens,
-    logprobs: response.logprobs,
-    lossMask: response.tokens.map(() => 1),
-    finishReason: response.finishReason,
-    policyVersion: response.policyVersion,
-    response: tokenizer.decode(response.tokens),
-  };
-};
+const worker = chatWorker(template);
 
 // Sync mode in one process: the engine samples from the trainer's own model (a second copy of 135 M weights does not
 // fit beside the first in wasm memory), so a weight sync only moves the engine's version.
@@ -107,12 +95,12 @@ const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, mi
 const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: tasksPerStep });
 const held = arithmetic(8, 2);
 process.stderr.write(`scoring ${held.length} held-out questions (greedy)\n`);
-const before = await validate(engine, held, evaluator, { maxTokens, worker: chatWorker });
+const before = await validate(engine, held, evaluator, { maxTokens, worker });
 process.stderr.write(`held-out reward ${before['val/reward_mean'].toFixed(3)}; training ${trainedBlocks} of ${policy.config.nLayers} blocks\n`);
 const started = performance.now();
 await lastValueFrom(
   admit(loadTasks(arithmetic(200, 1), { epochs: Infinity, shuffle: true, seed: 1 }), gate).pipe(
-    rollout(engine, { samplesPerTask: groupSize, concurrency: tasksPerStep * groupSize, maxTokens, evaluator, worker: chatWorker, seed: 1 }),
+    rollout(engine, { samplesPerTask: groupSize, concurrency: tasksPerStep * groupSize, maxTokens, evaluator, worker, seed: 1 }),
     groupTrajectories({ keys: ['groupId'], groupSize }),
     batchGroups({ batchSize: tasksPerStep }),
     grpoPrepare({ padId: tokenizer.padId }),
@@ -126,7 +114,7 @@ await lastValueFrom(
   ),
   { defaultValue: undefined },
 );
-const after = await validate(engine, held, evaluator, { maxTokens, worker: chatWorker });
+const after = await validate(engine, held, evaluator, { maxTokens, worker });
 console.log(
   JSON.stringify({
     example: 'hf-chat-grpo',

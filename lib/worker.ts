@@ -8,6 +8,8 @@
  *
  * @packageDocumentation
  */
+import type { ChatTemplate } from './chat/template.js';
+import type { ChatMessage } from './chat/types.js';
 import type { RolloutEngine } from './engine/types.js';
 import type { FinishReason, ModelTag, PolicyVersion, Task } from './types.js';
 
@@ -66,9 +68,35 @@ export type RolloutWorker = (input: RolloutWorkerInput, signal: AbortSignal) => 
  * as a leading BOS) from the engine, stopping at any of the tokenizer's `stopIds`, every response token trained
  * on. The response text is decoded without special tokens.
  */
-export const singleTurnWorker: RolloutWorker = async (input, signal) => {
-  const { engine, task } = input;
-  const promptTokens = engine.tokenizer.encode(task.prompt, { addBos: true });
+export const singleTurnWorker: RolloutWorker = async (input, signal) =>
+  completeOnce(input, input.engine.tokenizer.encode(input.task.prompt, { addBos: true }), signal);
+
+/**
+ * A worker for chat models: the task's prompt is the user's message (after an optional system message), rendered
+ * with `template` and its generation prompt (the model's own template, see `loadChatTemplate`); then one
+ * completion as in {@link singleTurnWorker}.
+ *
+ * @example
+ * ```ts
+ * const worker = chatWorker(await loadChatTemplate(dir, tokenizer), { system: 'Be brief.' });
+ * rollout(engine, { samplesPerTask: 8, concurrency: 64, maxTokens: 64, evaluator, worker });
+ * ```
+ * @param template - Renders the conversation to token ids.
+ * @param options - `system`: a system message put first.
+ * @returns The worker.
+ */
+export function chatWorker(template: ChatTemplate, options: { readonly system?: string } = {}): RolloutWorker {
+  return async (input, signal) => {
+    const messages: ChatMessage[] = [
+      ...(options.system === undefined ? [] : [{ role: 'system' as const, content: options.system }]),
+      { role: 'user', content: input.task.prompt },
+    ];
+    return completeOnce(input, template.render(messages, [], { addGenerationPrompt: true }), signal);
+  };
+}
+
+async function completeOnce(input: RolloutWorkerInput, promptTokens: number[], signal: AbortSignal): Promise<RolloutSample> {
+  const { engine } = input;
   const [response] = await engine.generate(
     [
       {
@@ -91,4 +119,4 @@ export const singleTurnWorker: RolloutWorker = async (input, signal) => {
     policyVersion: response.policyVersion,
     response: engine.tokenizer.decode(response.tokens),
   };
-};
+}
