@@ -7,7 +7,7 @@
  * only shows the plumbing: it cannot do arithmetic).
  *
  * Run: `npm run build && node dist/examples/hf-chat-grpo.js` (RXRL_STEPS sets the step budget, default 4;
- * RXRL_TRAINED_BLOCKS how many of the last transformer blocks train, default 4).
+ * RXRL_TRAINED_BLOCKS how many of the last transformer blocks train, default 2).
  * The last stdout line is a JSON summary.
  */
 import { existsSync } from 'node:fs';
@@ -85,13 +85,13 @@ const sharedPolicy: SamplingModel = { generate: (requests, options) => policy.ge
 const engine = new LocalEngine(sharedPolicy, { tokenizer });
 // Full fine-tuning of a 135 M model needs ~2.2 GB for weights, gradients and Adam moments, past what the wasm
 // backend can address (~2 GB); the last blocks and the final norm train here, the rest stays frozen.
-const trainedBlocks = Math.min(policy.config.nLayers, Number(process.env.RXRL_TRAINED_BLOCKS ?? 4));
+const trainedBlocks = Math.min(policy.config.nLayers, Number(process.env.RXRL_TRAINED_BLOCKS ?? 2));
 const firstTrained = policy.config.nLayers - trainedBlocks;
 const trainable = (name: string): boolean => {
   const block = /^model\.layers\.(\d+)\./.exec(name);
   return block ? Number(block[1]) >= firstTrained : name === 'model.norm.weight';
 };
-const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, microBatchSize: 4, trainable });
+const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, microBatchSize: 1, trainable });
 const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: tasksPerStep });
 const held = arithmetic(8, 2);
 process.stderr.write(`scoring ${held.length} held-out questions (greedy)\n`);
