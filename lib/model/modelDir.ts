@@ -9,13 +9,13 @@
  *
  * @packageDocumentation
  */
-import { createHash, randomBytes } from 'node:crypto';
-import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdir, readFile, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError } from '../errors.js';
-import { encodeSafetensors, loadSafetensors, type SafetensorsMetadata } from './safetensors.js';
+import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';
 import {
   PolicyModel,
   validatePolicyConfig,
@@ -359,26 +359,16 @@ export async function saveModelDir(
   const special = options.special ?? {};
   await mkdir(dir, { recursive: true });
   const bytes = encodeSafetensors(weights, { format: 'pt', ...options.metadata });
-  await writeAtomic(join(dir, MODEL_FILES.weights), bytes);
+  await writeFileAtomic(join(dir, MODEL_FILES.weights), bytes);
   for (const [name, text] of Object.entries(options.tokenizerFiles ?? {})) {
-    await writeAtomic(join(dir, basename(name)), text);
+    await writeFileAtomic(join(dir, basename(name)), text);
   }
   const generation = { _from_model_config: true, ...specialJson(special) };
-  await writeAtomic(join(dir, MODEL_FILES.generation), JSON.stringify(generation, null, 2) + '\n');
+  await writeFileAtomic(join(dir, MODEL_FILES.generation), JSON.stringify(generation, null, 2) + '\n');
   // As transformers' own checkpoints: config.json names the primary eos, generation_config.json every stop id.
   const eos = special.eosTokenId;
   const primary = Array.isArray(eos) ? { ...special, eosTokenId: eos[0] } : special;
-  await writeAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, primary), null, 2) + '\n');
+  await writeFileAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, primary), null, 2) + '\n');
   return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
 }
 
-async function writeAtomic(path: string, data: string | Uint8Array): Promise<void> {
-  const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
-  try {
-    await writeFile(tmp, data);
-    await rename(tmp, path);
-  } catch (error) {
-    await rm(tmp, { force: true });
-    throw error;
-  }
-}

@@ -157,10 +157,14 @@ export function decodeSafetensors(bytes: Uint8Array): SafetensorsContents {
  * @param metadata - Stored under `__metadata__`.
  */
 export async function saveSafetensors(path: string, weights: NamedWeights, metadata?: SafetensorsMetadata): Promise<void> {
-  const bytes = encodeSafetensors(weights, metadata);
+  await writeFileAtomic(path, encodeSafetensors(weights, metadata));
+}
+
+/** Writes a file through a temporary sibling and a rename, so readers never see half of it. */
+export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
   const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
   try {
-    await writeFile(tmp, bytes);
+    await writeFile(tmp, data);
     await rename(tmp, path);
   } catch (error) {
     await rm(tmp, { force: true });
