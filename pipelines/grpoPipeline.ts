@@ -6,7 +6,7 @@ import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import { isSampleFailure, type Batch, type Group, type Metrics, type SampleFailure, type Task } from '../lib/types.js';
+import { isSampleFailure, type Batch, type Group, type Metrics, type PolicyVersion, type SampleFailure, type Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
@@ -34,6 +34,8 @@ export interface GrpoPipelineConfig {
   readonly stalenessThreshold?: number;
   /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
   readonly capacity?: number;
+  /** Version the engines hold at the start (a resumed run's checkpoint version). Default: the first engine's. */
+  readonly startVersion?: PolicyVersion;
   /** Tasks (groups) per train step. */
   readonly batchSize: number;
   /** Samples per task (GRPO group size). */
@@ -98,6 +100,8 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
       tasksPerBatch: batchSize,
       stalenessThreshold: config.stalenessThreshold,
       capacity: config.capacity,
+      // A resumed run's engines already hold the checkpoint's version: admission counts batches from there.
+      startVersion: config.startVersion ?? engine.version,
     });
     const loader = isLoader(config.tasks) ? config.tasks : loadTasks(config.tasks as TaskSource, config.loader);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;

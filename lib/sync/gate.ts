@@ -20,6 +20,11 @@ export interface AdmissionGateOptions {
   readonly stalenessThreshold?: number;
   /** `fully-async` only: most tasks admitted but not yet trained (in flight + buffered). Default 4 batches. */
   readonly capacity?: number;
+  /**
+   * The version the engines hold when admission starts (a resumed run's checkpoint version): batch 0 of this
+   * gate is trained from it, so batch `b` may start once `startVersion + b − η` is published. Default 0.
+   */
+  readonly startVersion?: PolicyVersion;
 }
 
 interface Waiter {
@@ -28,7 +33,7 @@ interface Waiter {
 }
 
 /**
- * Batch `b` (0-based) may start only when the published version is at least `b − η`: η = 0 in `sync`,
+ * Batch `b` (0-based) may start only when the published version is at least `startVersion + b − η`: η = 0 in `sync`,
  * η = `stalenessThreshold` in `batch-async`. In `fully-async` a task may start while fewer than `capacity`
  * admitted tasks are untrained.
  */
@@ -38,7 +43,8 @@ export class AdmissionGate {
   /** η: how many versions a batch may start ahead of the weights (Infinity in fully-async). */
   readonly eta: number;
   readonly capacity: number;
-  private published: PolicyVersion = 0;
+  readonly startVersion: PolicyVersion;
+  private published: PolicyVersion;
   private trainedTasks = 0;
   private waiters: Waiter[] = [];
 
@@ -68,6 +74,11 @@ export class AdmissionGate {
           `unknown staleness mode '${String(options.mode)}'; valid: sync, batch-async, fully-async`,
         );
     }
+    this.startVersion = options.startVersion ?? 0;
+    if (!(Number.isInteger(this.startVersion) && this.startVersion >= 0)) {
+      throw new ConfigError(`startVersion must be an integer >= 0, got ${this.startVersion}`, { context: { key: 'startVersion' } });
+    }
+    this.published = this.startVersion;
     this.capacity = options.capacity ?? 4 * this.tasksPerBatch;
     if (!(Number.isInteger(this.capacity) && this.capacity >= this.tasksPerBatch)) {
       throw new ConfigError(
@@ -93,7 +104,7 @@ export class AdmissionGate {
   mayAdmit(index: number): boolean {
     if (this.mode === 'fully-async') return index - this.trainedTasks < this.capacity;
     const batch = Math.floor(index / this.tasksPerBatch);
-    return this.published >= batch - this.eta;
+    return this.published - this.startVersion >= batch - this.eta;
   }
 
   /** Resolves once task `index` may start; rejects with {@link AbortError} if `signal` fires first. */

@@ -120,6 +120,13 @@ describe.each([
     // The step counter continues where the checkpoint stopped; steps past it in the killed run are rolled back.
     expect(afterResume[0].step).toBe(from);
     const effective = [...beforeKill.filter((l) => l.step < from), ...afterResume];
+    // The staleness bound holds on every step after resuming (the gate counts batches from the checkpoint's
+    // version, not from 0): 0 in sync, η in batch-async, capacity / batchSize batches in fully-async.
+    const bound = mode === 'sync' ? 0 : mode === 'batch-async' ? 2 : 6 / 2;
+    for (const line of afterResume) {
+      const staleness = Math.max(...line.policyVersions.map((v) => line.version - 1 - v));
+      expect(staleness, `step ${line.step}`).toBeLessThanOrEqual(bound);
+    }
     expect(effective.map((l) => l.step)).toEqual(Array.from({ length: totalSteps }, (_, i) => i));
     expect(summary.steps).toBe(totalSteps);
     // Every task trained exactly once, and every trajectory id once.
@@ -143,4 +150,39 @@ describe.each([
       expect(state.bufferedSamples).toBe(buffered.length);
     }
   }, 180_000);
+});
+
+describe('extending a finished run', () => {
+  it('continues from its last checkpoint with every new step on-policy in sync mode', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-extend-'));
+    const runDir = join(dir, 'run');
+    const recipe = join(dir, 'recipe.json');
+    const write = (steps: number): Promise<void> =>
+      writeFile(
+        recipe,
+        JSON.stringify({
+          run: { dir: 'run', seed: 4, steps, backend: 'cpu' },
+          data: { source: 'bundled', task: TASK, epochs: 0, shuffle: true },
+          model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
+          rollout: { groupSize: 2 },
+          sync: { mode: 'sync', batchSize: 2 },
+          checkpoint: { every: 1, keepLast: 0 },
+          resume: { mode: 'auto' },
+          validation: { beforeTrain: false },
+        }),
+      );
+    await write(3);
+    const first = await start(recipe).done;
+    expect(first.code, first.stderr).toBe(0);
+    expect(trainedLines(runDir)).toHaveLength(3);
+    await write(8);
+    const second = await start(recipe).done;
+    expect(second.code, second.stderr).toBe(0);
+    const lines = trainedLines(runDir);
+    expect(lines.map((l) => l.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+    for (const line of lines) {
+      expect(Math.max(...line.policyVersions.map((v) => line.version - 1 - v)), `step ${line.step}`).toBe(0);
+    }
+    rmSync(dir, { recursive: true, force: true });
+  }, 120_000);
 });

@@ -60,6 +60,21 @@ describe('AdmissionGate and admit', () => {
     expect(seen).toHaveLength(8);
   });
 
+  it('counts batches from startVersion (a resumed run): one version of credit per batch, not a flood', async () => {
+    for (const [mode, eta] of [['sync', 0], ['batch-async', 2]] as const) {
+      const gate = new AdmissionGate({ mode, tasksPerBatch: 2, stalenessThreshold: mode === 'sync' ? undefined : eta, startVersion: 10 });
+      expect(gate.version).toBe(10);
+      const seen: string[] = [];
+      admit(counting(20).source, gate).subscribe((t) => seen.push(t.id));
+      await tick();
+      expect(seen, mode).toHaveLength(2 * (1 + eta)); // batches 0 … η at version 10
+      gate.publish(11);
+      await tick();
+      expect(seen, mode).toHaveLength(2 * (2 + eta));
+    }
+    expect(() => new AdmissionGate({ mode: 'sync', tasksPerBatch: 2, startVersion: -1 })).toThrow(ConfigError);
+  });
+
   it('fully-async: admits while untrained tasks stay under capacity', async () => {
     const gate = new AdmissionGate({ mode: 'fully-async', tasksPerBatch: 2, capacity: 3 });
     const loader = counting(10);
