@@ -142,7 +142,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
   const groupId = config.groupId ?? `${topics.trajectories}.trainer`;
 
   return new Observable<StepResult>((subscriber) => {
-    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity });
+    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion: config.trainer.step });
     const ordered = mode !== 'fully-async';
     const eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
     /** Most tasks admitted and not yet trained. */
