@@ -12,12 +12,14 @@ Usage:
   rxrl start [--steps N] [--seed N] [--mode sync|batch-async|fully-async] [--backend auto|wasm|cpu|tensorflow]
                     train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
   rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
-             [--max-batch-size N] [--max-wait-ms N] [--backend …] [--verbose]
+             [--max-batch-size N] [--max-wait-ms N] [--weights-root DIR] [--api-key KEY] [--backend …] [--verbose]
                     OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
                     model's chat template, /v1/models, /health, /update_weights_from_disk) for a Hugging Face
                     model directory (Llama 3, Qwen2, Qwen3, SmolLM2; a run checkpoint is one), or a fresh tiny
                     policy over --alphabet; served model id = the directory's name unless --served-model-name;
-                    port 8000 by default, 0 picks a free one; prints {"event":"listening","url":…} on stdout,
+                    port 8000 by default, 0 picks a free one; --weights-root confines update_weights_from_disk
+                    to directories below DIR; --api-key (or RXRL_SERVE_API_KEY) is required as a Bearer token
+                    on every route but /health; prints {"event":"listening","url":…} on stdout,
                     stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
@@ -98,6 +100,8 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
     backend: option(argv, 'backend', 'RXRL_BACKEND') as never,
     ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
     ...(maxWaitMs === undefined ? {} : { maxWaitMs }),
+    weightsRoot: text('weights-root'),
+    apiKey: text('api-key'),
     verbose: argv.includes('--verbose'),
     signal: controller.signal,
     out: (line) => process.stdout.write(`${line}\n`),

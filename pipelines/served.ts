@@ -97,7 +97,12 @@ export async function runServed(options: ServedRunOptions = {}): Promise<ServedR
           apiKey,
           tokenizer,
           concurrency: samplesPerStep,
-          weightSync: { directory: options.weightDirectory ?? join(workdir, 'weights'), config: policy.config },
+          weightSync: {
+            directory: options.weightDirectory ?? join(workdir, 'weights'),
+            config: policy.config,
+            // The initial push may take a server that served other weights back to this run's version.
+            body: (modelPath, v) => ({ model_path: modelPath, weight_version: String(v), ...(v === version ? { force: true } : {}) }),
+          },
         });
         // A server this run did not start gets the initial weights before the first rollout.
         if (child === undefined) await sampler.loadWeights(version, policy.getWeights());

@@ -252,8 +252,29 @@ function readSpecial(raw: Json): SpecialTokenIds {
   };
 }
 
+/** Largest JSON file of a model directory read (config, index, generation config). */
+const MAX_JSON_BYTES = 16 << 20;
+
+/**
+ * Checks that `path` is a regular file (after links) of at most `limit` bytes before anything reads it, so a
+ * device, a FIFO or a huge file is refused without being opened.
+ */
+async function checkFile(path: string, limit: number): Promise<void> {
+  let info: Awaited<ReturnType<typeof stat>>;
+  try {
+    info = await stat(path);
+  } catch (cause) {
+    throw new DecodeError(`${path}: cannot be read (${(cause as NodeJS.ErrnoException).code ?? String(cause)})`, { cause, context: { path } });
+  }
+  if (!info.isFile()) throw new DecodeError(`${path}: not a regular file`, { context: { path } });
+  if (info.size > limit) {
+    throw new DecodeError(`${path}: ${info.size} bytes, more than the ${limit} allowed`, { context: { path, size: info.size, limit } });
+  }
+}
+
 async function readJson(path: string): Promise<unknown> {
   let text: string;
+  await checkFile(path, MAX_JSON_BYTES);
   try {
     text = await readFile(path, 'utf8');
   } catch (cause) {
@@ -278,6 +299,15 @@ async function exists(path: string): Promise<boolean> {
   }
 }
 
+/** Options of {@link readModelDir}. */
+export interface ReadModelDirOptions {
+  /**
+   * Largest weights file accepted, in bytes (a server bounds it by the size of the model it serves). Every file
+   * is checked to be a regular file of bounded size before it is opened. Default: no bound on weights files.
+   */
+  readonly maxWeightBytes?: number;
+}
+
 /** Tells whether `dir` looks like a model directory (it has a `config.json`). */
 export async function isModelDir(dir: string): Promise<boolean> {
   return exists(join(dir, MODEL_FILES.config));
@@ -291,7 +321,8 @@ export async function isModelDir(dir: string): Promise<boolean> {
  * @throws {@link ConfigError} for an unsupported or invalid configuration (naming the key).
  * @throws {@link DecodeError} for a missing or malformed file (naming it).
  */
-export async function readModelDir(dir: string): Promise<ModelDirContents> {
+export async function readModelDir(dir: string, options: ReadModelDirOptions = {}): Promise<ModelDirContents> {
+  const maxWeightBytes = options.maxWeightBytes ?? Number.MAX_SAFE_INTEGER;
   const rawConfig = await readJson(join(dir, MODEL_FILES.config));
   const config = policyConfigFromHf(rawConfig, join(dir, MODEL_FILES.config));
   const weights = new Map<string, WeightArray>();
@@ -313,6 +344,7 @@ export async function readModelDir(dir: string): Promise<ModelDirContents> {
     if (!(await exists(path))) {
       throw new DecodeError(`${path}: weights file is missing`, { context: { path } });
     }
+    await checkFile(path, maxWeightBytes);
     const contents = await loadSafetensors(path);
     if (i === 0) metadata = contents.metadata;
     for (const [name, w] of contents.weights) {

@@ -45,6 +45,10 @@ export interface ServeCommandOptions {
   readonly maxBatchSize?: number;
   /** How long an idle server waits for more requests before starting a batch, in ms. */
   readonly maxWaitMs?: number;
+  /** Only model directories below this one may be loaded by `update_weights_from_disk`. */
+  readonly weightsRoot?: string;
+  /** Bearer token required on every route but `/health`. */
+  readonly apiKey?: string;
   /** Log one JSON line per request on stderr. Default false. */
   readonly verbose?: boolean;
   /** Stops the server. */
@@ -111,6 +115,8 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       ...(chatTemplate ? { chatTemplate } : {}),
       maxBatchSize: options.maxBatchSize,
       maxWaitMs: options.maxWaitMs,
+      ...(options.weightsRoot === undefined ? {} : { weightsRoot: options.weightsRoot }),
+      ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
       log: options.verbose ? (record) => options.err(JSON.stringify(record)) : undefined,
     });
     options.out(

@@ -24,6 +24,8 @@ export interface ServeContext {
   readonly maxSeqLen: number;
   readonly maxN: number;
   readonly maxBodyBytes: number;
+  readonly weightsRoot: string | undefined;
+  readonly apiKey: string | undefined;
   readonly created: number;
   readonly log: ServeLogger;
   closing: boolean;

@@ -24,6 +24,8 @@
  *
  * @packageDocumentation
  */
+import { timingSafeEqual } from 'node:crypto';
+import { stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
@@ -68,6 +70,13 @@ export interface ServeOptions {
   readonly chatTemplate?: ChatTemplate;
   /** Largest request body, in bytes. Default 4 MiB. */
   readonly maxBodyBytes?: number;
+  /**
+   * Confines `POST /update_weights_from_disk` to model directories below this directory (after resolving links);
+   * others get 403. Default: any directory the process can read.
+   */
+  readonly weightsRoot?: string;
+  /** As vLLM's `--api-key`: every route but `/health` needs `Authorization: Bearer <key>` (else 401). */
+  readonly apiKey?: string;
   /** Largest `n` (samples per prompt). Default 128. */
   readonly maxN?: number;
   /** Receives one record per request and per weight update. Default: silent. */
@@ -122,6 +131,10 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
   const maxBodyBytes = options.maxBodyBytes ?? 4 * 1024 * 1024;
   if (!Number.isInteger(maxN) || maxN < 1) throw new ConfigError(`maxN must be an integer >= 1, got ${maxN}`);
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) throw new ConfigError(`maxBodyBytes must be an integer >= 1, got ${maxBodyBytes}`);
+  if (options.weightsRoot !== undefined && !(await stat(options.weightsRoot).catch(() => undefined))?.isDirectory()) {
+    throw new ConfigError(`weightsRoot ${options.weightsRoot} is not a directory`, { context: { key: 'weightsRoot' } });
+  }
+  if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
   const modelName = options.modelName ?? DEFAULT_MODEL_NAME;
   const serving = new ServingModel(options.model);
   const engine = new LocalEngine(serving, {
@@ -140,6 +153,8 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     maxSeqLen: options.model.config.maxSeqLen,
     maxN,
     maxBodyBytes,
+    weightsRoot: options.weightsRoot,
+    apiKey: options.apiKey,
     created: Math.floor(Date.now() / 1000),
     log: options.log ?? (() => undefined),
     closing: false,
@@ -245,6 +260,13 @@ async function route(
     expect('GET');
     return { status: 'ok', model: ctx.modelName, policy_version: ctx.engine.version };
   }
+  if (ctx.apiKey !== undefined && !sameSecret(req.headers.authorization ?? '', `Bearer ${ctx.apiKey}`)) {
+    throw new RequestError(401, 'missing or wrong API key (Authorization: Bearer <key>)', { type: 'authentication_error', code: 'invalid_api_key' });
+  }
+  // JSON only: a browser page can POST a form or text/plain to a loopback server without asking (no preflight).
+  if (method === 'POST' && !/^application\/json\s*(;|$)/i.test(req.headers['content-type'] ?? '')) {
+    throw new RequestError(415, `${path} accepts only 'content-type: application/json'`, { code: 'unsupported_media_type' });
+  }
   if (path === '/v1/models') {
     expect('GET');
     return { object: 'list', data: [modelCard(ctx)] };
@@ -268,6 +290,13 @@ async function route(
     return updateWeights(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
   }
   throw new RequestError(404, `no route ${method} ${path}`, { code: 'not_found' });
+}
+
+/** Compares two strings in time independent of where they differ. */
+function sameSecret(given: string, expected: string): boolean {
+  const a = Buffer.from(given);
+  const b = Buffer.from(expected);
+  return a.length === b.length && timingSafeEqual(a, b);
 }
 
 function modelCard(ctx: ServeContext): Record<string, unknown> {

@@ -3,43 +3,78 @@
  *
  * @packageDocumentation
  */
-import { stat } from 'node:fs/promises';
+import { realpath, stat } from 'node:fs/promises';
+import { isAbsolute, relative } from 'node:path';
 
 import { ConfigError, DecodeError } from '../errors.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
+import type { ResolvedPolicyConfig } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
-import { RequestError, invalid, readString, type JsonObject } from './protocol.js';
+import { RequestError, invalid, readBoolean, readString, type JsonObject } from './protocol.js';
 
+
+/** Slack over the served model's float32 size for a weights file's header. */
+const HEADER_SLACK_BYTES = 16 << 20;
 
 /**
  * Answers `POST /update_weights_from_disk`: loads the Hugging Face model directory `model_path` (as rxrl writes
  * them: `config.json` + safetensors) as version `weight_version`, else the file's `rxrl.policyVersion`, else
  * the current one + 1. The engine swaps weights between batches.
+ *
+ * Safe with any path: only a directory (below `--weights-root` when set, else 403) whose files are regular files,
+ * none larger than the served model in float32, is read; its architecture must be the served one's; the version
+ * must be above the current one unless `force: true`. Every refusal is a 4xx naming the parameter, and no message
+ * quotes file content.
  */
 export async function updateWeights(ctx: ServeContext, body: JsonObject): Promise<unknown> {
   const modelPath = readString(body, 'model_path');
+  const force = readBoolean(body, 'force', false);
+  if (modelPath.trim() === '' || modelPath.includes('\0')) throw invalid('model_path', 'model_path must be a directory path');
+  let real: string;
   let isDir: boolean;
   try {
-    isDir = (await stat(modelPath)).isDirectory();
+    real = await realpath(modelPath);
+    isDir = (await stat(real)).isDirectory();
   } catch (cause) {
     throw new RequestError(400, `model_path ${JSON.stringify(modelPath)} does not exist`, { param: 'model_path', code: 'not_found' }, { cause });
   }
-  if (!isDir || !(await isModelDir(modelPath))) {
+  if (ctx.weightsRoot !== undefined) {
+    const root = await realpath(ctx.weightsRoot);
+    const inside = relative(root, real);
+    if (inside.startsWith('..') || isAbsolute(inside)) {
+      throw new RequestError(403, `model_path ${JSON.stringify(modelPath)} is outside the weights root`, { param: 'model_path', code: 'forbidden_path' });
+    }
+  }
+  if (!isDir || !(await isModelDir(real))) {
     throw invalid('model_path', `model_path ${JSON.stringify(modelPath)} is not a model directory (no config.json)`);
   }
+  const requested = readVersion(body.weight_version, 'weight_version');
+  if (requested !== undefined && requested <= ctx.engine.version && !force) {
+    throw new RequestError(
+      400,
+      `weight_version ${requested} is not above the served version ${ctx.engine.version} (pass force: true to go back)`,
+      { param: 'weight_version', code: 'stale_version' },
+    );
+  }
+  const served = ctx.serving.model;
   let contents: Awaited<ReturnType<typeof readModelDir>>;
   try {
-    contents = await readModelDir(modelPath);
+    contents = await readModelDir(real, { maxWeightBytes: served.numParameters() * 4 + HEADER_SLACK_BYTES });
   } catch (cause) {
     if (cause instanceof ConfigError || cause instanceof DecodeError) throw invalid('model_path', cause.message);
     throw cause;
   }
+  const mismatch = architectureMismatch(served.config, contents.config);
+  if (mismatch) throw invalid('model_path', `model_path ${JSON.stringify(modelPath)} holds another architecture: ${mismatch}`);
   const { weights, metadata } = contents;
-  const version =
-    readVersion(body.weight_version, 'weight_version') ??
-    readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ??
-    ctx.engine.version + 1;
+  const version = requested ?? readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ?? ctx.engine.version + 1;
+  if (version <= ctx.engine.version && !force) {
+    throw new RequestError(400, `the directory's version ${version} is not above the served version ${ctx.engine.version} (pass force: true)`, {
+      param: 'weight_version',
+      code: 'stale_version',
+    });
+  }
   await ctx.engine.loadWeights(version, weights);
   ctx.log({ event: 'weights', version, modelPath });
   return {
@@ -49,6 +84,16 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
     policy_version: version,
     num_paused_requests: 0,
   };
+}
+
+/** The first architecture field in which `loaded` differs from `served`, or undefined. */
+function architectureMismatch(served: ResolvedPolicyConfig, loaded: ResolvedPolicyConfig): string | undefined {
+  for (const key of Object.keys(served) as (keyof ResolvedPolicyConfig)[]) {
+    if (JSON.stringify(served[key]) !== JSON.stringify(loaded[key])) {
+      return `${key} ${JSON.stringify(loaded[key])}, served ${JSON.stringify(served[key])}`;
+    }
+  }
+  return undefined;
 }
 
 function readVersion(value: unknown, param: string): PolicyVersion | undefined {

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, symlink, truncate } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { connect } from 'node:net';
 import { join } from 'node:path';
@@ -222,6 +222,72 @@ describe('rxrl serve, through the real openai client', () => {
     expect((await ask()).choices[0].text).toBe('ee');
   });
 
+  it('update_weights_from_disk is safe with any path: regular files of bounded size, rising versions, a weights root', async () => {
+    const root = join(dir, 'root');
+    await mkdir(root, { recursive: true });
+    const { server } = await (async () => {
+      const model = PolicyModel.create(config, 9);
+      models.push(model);
+      const s = await serve({ model, tokenizer, port: 0, weightsRoot: root });
+      owned.push(s);
+      return { server: s };
+    })();
+    const update = (body: unknown): Promise<{ status: number; json: Record<string, unknown> }> => post(`${server.url}/update_weights_from_disk`, body);
+    const good = join(root, 'v3');
+    await saveModelDir(good, { config, weights: PolicyModel.create(config, 10).getWeights() });
+    // Devices, plain files and directories without a model: 4xx, nothing read, no content echoed.
+    for (const path of ['/dev/zero', '/etc/passwd', '/etc']) {
+      const answer = await update({ model_path: path });
+      expect(answer.status, path).toBeGreaterThanOrEqual(400);
+      expect(answer.status, path).toBeLessThan(500);
+      expect(JSON.stringify(answer.json)).not.toMatch(/root:/);
+    }
+    // A model directory whose files are a device or far larger than the served model.
+    const device = join(root, 'device');
+    await saveModelDir(device, { config, weights: PolicyModel.create(config, 10).getWeights() });
+    await rm(join(device, 'model.safetensors'));
+    await symlink('/dev/zero', join(device, 'model.safetensors'));
+    expect(await update({ model_path: device })).toMatchObject({ status: 400, json: { error: { param: 'model_path', message: expect.stringMatching(/not a regular file/) } } });
+    const huge = join(root, 'huge');
+    await saveModelDir(huge, { config, weights: PolicyModel.create(config, 10).getWeights() });
+    await truncate(join(huge, 'model.safetensors'), 1 << 30); // sparse: 1 GiB on paper, nothing written
+    expect(await update({ model_path: huge })).toMatchObject({ status: 400, json: { error: { message: expect.stringMatching(/more than the \d+ allowed/) } } });
+    const other = join(root, 'other');
+    await saveModelDir(other, { config: { ...config, dFF: 48 }, weights: PolicyModel.create({ ...config, dFF: 48 }, 10).getWeights() });
+    expect(await update({ model_path: other })).toMatchObject({ status: 400, json: { error: { message: expect.stringMatching(/another architecture: dFF 48/) } } });
+    // Outside the root: 403, even through a link that leads out.
+    const outside = join(dir, 'outside');
+    await saveModelDir(outside, { config, weights: PolicyModel.create(config, 10).getWeights() });
+    expect((await update({ model_path: outside })).status).toBe(403);
+    await symlink(outside, join(root, 'link-out'));
+    expect((await update({ model_path: join(root, 'link-out') })).status).toBe(403);
+    // Versions only go up, unless forced.
+    expect(await update({ model_path: good, weight_version: 7 })).toMatchObject({ status: 200, json: { policy_version: 7 } });
+    expect(await update({ model_path: good, weight_version: 3 })).toMatchObject({ status: 400, json: { error: { param: 'weight_version', code: 'stale_version' } } });
+    expect(await update({ model_path: good, weight_version: 3, force: true })).toMatchObject({ status: 200, json: { policy_version: 3 } });
+    expect(server.version).toBe(3);
+  });
+
+  it('refuses bodies that are not JSON (415) and checks --api-key on every route but /health', async () => {
+    const model = PolicyModel.create(config, 11);
+    models.push(model);
+    const server = await serve({ model, tokenizer, port: 0, apiKey: 'sesame' });
+    owned.push(server);
+    const form = await fetch(`${server.baseURL}/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain', authorization: 'Bearer sesame' },
+      body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 1 }),
+    });
+    expect(form.status).toBe(415);
+    expect((await fetch(`${server.url}/health`)).status).toBe(200);
+    expect((await fetch(`${server.baseURL}/models`)).status).toBe(401);
+    expect((await fetch(`${server.baseURL}/models`, { headers: { authorization: 'Bearer nope' } })).status).toBe(401);
+    const noKey = new OpenAI({ baseURL: server.baseURL, apiKey: 'wrong', maxRetries: 0 });
+    await expect(noKey.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 1 })).rejects.toMatchObject({ status: 401 });
+    const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'sesame', maxRetries: 0 });
+    expect((await client.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 1 })).choices).toHaveLength(1);
+  });
+
   it('gathers concurrent requests into one batched generation', async () => {
     const { server, client } = await start(PolicyModel.create(config, 5), { maxBatchSize: 12, maxWaitMs: 60_000 });
     const outs = await Promise.all(
@@ -295,7 +361,7 @@ describe('rxrl serve, through the real openai client', () => {
       expect('code' in error).toBe(true);
     }
     expect((await fetch(completions)).status).toBe(405);
-    const huge = await fetch(completions, { method: 'POST', body: JSON.stringify({ model: 'rxrl-policy', prompt: 'a'.repeat(5 * 1024 * 1024) }) });
+    const huge = await fetch(completions, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'a'.repeat(5 * 1024 * 1024) }) });
     expect(huge.status).toBe(413);
     await expect(client.completions.create({ model: 'rxrl-policy', prompt: 'ABC' })).rejects.toBeInstanceOf(BadRequestError);
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
