@@ -185,6 +185,13 @@ export class LocalEngine implements RolloutEngine {
           resume.push(...batch);
           return;
         }
+        // One invalid request (a prompt longer than the model, say) fails alone: the others run again.
+        const bad = error instanceof ConfigError ? error.context.request : undefined;
+        if (typeof bad === 'number' && batch.length > 1 && bad >= 0 && bad < batch.length) {
+          batch[bad].reject(error);
+          resume.push(...batch.filter((_, i) => i !== bad));
+          return;
+        }
         throw error;
       }
       batch.forEach((p, i) => {

@@ -38,6 +38,23 @@ describe('LocalEngine over a real PolicyModel', () => {
     model.dispose();
   });
 
+  it('an invalid request in a batch fails alone; the others get what they would get alone', async () => {
+    const model = PolicyModel.create(config, 8);
+    const batched = new LocalEngine(model, { tokenizer, maxBatchSize: 64, maxWaitMs: 5 });
+    const single = new LocalEngine(model, { tokenizer, maxBatchSize: 1 });
+    const tooLong: GenerateRequest = { promptTokens: tokenizer.encode('abcdeabcdeab=', { addBos: true }), maxTokens: 6, seed: 1 };
+    const mixed = [requests[0], tooLong, requests[1], requests[2]];
+    const settled = await Promise.allSettled(mixed.map((r) => batched.generate([r])));
+    expect(settled[1]).toMatchObject({ status: 'rejected', reason: expect.objectContaining({ name: 'ConfigError' }) });
+    for (const i of [0, 2, 3]) {
+      const outcome = settled[i];
+      expect(outcome.status).toBe('fulfilled');
+      const [alone] = await single.generate([mixed[i]]);
+      expect((outcome as PromiseFulfilledResult<GenerateResponse[]>).value[0].tokens).toEqual(alone.tokens);
+    }
+    model.dispose();
+  });
+
   it('loads new weights as a new version, and generate leaks no tensor', async () => {
     const model = PolicyModel.create(config, 8);
     const other = PolicyModel.create(config, 9);
