@@ -100,6 +100,9 @@ export const partialCreditEvaluator: Evaluator = {
  * @param options - transform, alphabet, lengths and split.
  * @returns the splits, the evaluator and the random-policy reward.
  */
+/** Most strings the task family may hold (they are all generated and shuffled). */
+export const MAX_STRINGS = 1_000_000;
+
 export function stringTransformTask(options: StringTransformOptions = {}): StringTransformTask {
   const transform = options.transform ?? 'reverse';
   const alphabet = options.alphabet ?? 'abcde';
@@ -114,6 +117,15 @@ export function stringTransformTask(options: StringTransformOptions = {}): Strin
   }
   if (!(Number.isInteger(minLength) && minLength >= 1 && Number.isInteger(maxLength) && maxLength >= minLength)) {
     throw new ConfigError(`need integer lengths 1 <= minLength <= maxLength, got ${minLength}..${maxLength}`);
+  }
+  let total = 0;
+  for (let length = minLength; length <= maxLength && total <= MAX_STRINGS; length++) total += alphabet.length ** length;
+  if (total > MAX_STRINGS) {
+    throw new ConfigError(
+      `data.task: ${alphabet.length} letters of lengths ${minLength}..${maxLength} make more than ${MAX_STRINGS} strings ` +
+        '(every one is generated): use a shorter maxLength or a smaller alphabet',
+      { context: { key: 'data.task.maxLength', strings: total } },
+    );
   }
   const strings: string[] = [];
   const grow = (prefix: string): void => {

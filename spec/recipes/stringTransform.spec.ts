@@ -39,5 +39,8 @@ describe('string transformation recipe', () => {
     expect(() => stringTransformTask({ minLength: 3, maxLength: 2 })).toThrow(ConfigError);
     expect(() => stringTransformTask({ transform: 'sort' as never })).toThrow(/copy, reverse, shift/);
     expect(() => stringTransformTask({ alphabet: 'ab', minLength: 1, maxLength: 1, validationSize: 2 })).toThrow(ConfigError);
+    // 5^30 strings would be enumerated (and run out of memory): refused at once, naming the key.
+    expect(() => stringTransformTask({ minLength: 30, maxLength: 30 })).toThrow(/data\.task: 5 letters of lengths 30\.\.30 make more than 1000000 strings/);
+    expect(stringTransformTask({ alphabet: 'ab', minLength: 19, maxLength: 19 }).train.length).toBe(2 ** 19 - 100);
   });
 });
