@@ -22,7 +22,7 @@ export async function main(args: readonly string[]): Promise<void> {
       process.stderr.write(`${label} step ${step.step + 1} reward ${step.metrics['rollout/reward_mean'].toFixed(3)} ${elapsed.toFixed(0)}s\n`);
     }
   };
-  const rows: { seed: number; engine: string; valRewardFinal: number; seconds: number }[] = [];
+  const rows: { seed: number; engine: string; valRewardFinal: number | null; seconds: number }[] = [];
   for (const seed of seeds) {
     const local = await runEmbedded({ steps, seed, onStep: progress(`local  seed ${seed}`) });
     const { lastStep: _a, ...localRow } = local;
@@ -34,7 +34,7 @@ export async function main(args: readonly string[]): Promise<void> {
     rows.push({ seed, engine: 'openai', valRewardFinal: served.valRewardFinal, seconds: served.seconds });
   }
   const mean = (engine: string, key: 'valRewardFinal' | 'seconds'): number => {
-    const xs = rows.filter((r) => r.engine === engine).map((r) => r[key]);
+    const xs = rows.filter((r) => r.engine === engine).map((r) => r[key] ?? NaN);
     return xs.reduce((a, b) => a + b, 0) / xs.length;
   };
   console.log(

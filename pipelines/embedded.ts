@@ -51,7 +51,8 @@ export interface EmbeddedRunSummary {
   readonly seed: number;
   readonly randomPolicyReward: number;
   readonly valRewardInitial: number;
-  readonly valRewardFinal: number;
+  /** `null` when no final validation ran (stopped early). */
+  readonly valRewardFinal: number | null;
   readonly valAccuracyInitial: number;
   readonly valAccuracyFinal: number;
   /** Metrics of the last step. */

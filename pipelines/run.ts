@@ -95,7 +95,8 @@ export interface RunSummary {
   /** Expected reward of a uniform policy on the bundled task. */
   readonly randomPolicyReward?: number;
   readonly valRewardInitial?: number;
-  readonly valRewardFinal: number;
+  /** Held-out reward after training; `null` when no final validation ran (no held-out tasks, or stopped early). */
+  readonly valRewardFinal: number | null;
   readonly valAccuracyInitial?: number;
   readonly valAccuracyFinal?: number;
   /** Metrics of the last step. */
@@ -357,7 +358,9 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       { defaultValue: undefined },
     );
     await training;
-    if (signal.aborted && config.checkpoint.onStop && trainer.step > lastCheckpointStep) {
+    // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
+    // early with checkpoint.onStop off.
+    if ((!signal.aborted || config.checkpoint.onStop) && trainer.step > lastCheckpointStep) {
       await save([...admitted.values()], position, [...generated.values()]);
     }
     const seconds = (performance.now() - started) / 1000;
@@ -374,7 +377,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       ...(checkpoint ? { resumedFrom: checkpoint.path } : {}),
       ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
       ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
-      valRewardFinal: round(after?.['val/reward_mean'] ?? 0, 4),
+      valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,
       ...(before && before['val/accuracy_mean'] !== undefined ? { valAccuracyInitial: round(before['val/accuracy_mean'], 4) } : {}),
       ...(after && after['val/accuracy_mean'] !== undefined ? { valAccuracyFinal: round(after['val/accuracy_mean'], 4) } : {}),
       lastStep: last?.metrics ?? {},

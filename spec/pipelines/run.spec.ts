@@ -78,6 +78,19 @@ describe('runTraining', () => {
     );
     expect(stopped.steps).toBeLessThan(50);
     expect(stopped.stoppedBy).toMatch(/EvaluationError/);
+    // Stopped early: no final validation ran, and the summary says so rather than reporting 0.
+    expect(stopped.valRewardFinal).toBeNull();
+    expect(going.valRewardFinal).toBe(1);
+  });
+
+  it('ends every run with a checkpoint of its last step, even one shorter than checkpoint.every', async () => {
+    const dir = await fixture();
+    const summary = await runTraining(
+      loadConfig({ values: base({ run: { dir: 'short', steps: 2, backend: 'cpu', seed: 2 }, checkpoint: { every: 50, keepLast: 2 } }), env: {} }),
+      { baseDir: dir },
+    );
+    expect(summary.steps).toBe(2);
+    expect(readdirSync(join(dir, 'short')).filter((n) => n.startsWith('global_step_'))).toEqual(['global_step_2']);
   });
 
   it('rejects a model too short for the bundled task before anything runs', async () => {
