@@ -52,7 +52,24 @@ function integer(value: string | undefined, name: string): number | undefined {
   return n;
 }
 
+/**
+ * Refuses flags a command does not know (a typo would otherwise be ignored silently). `valued` flags take the next
+ * argument (or `--flag=value`); `switches` take none.
+ */
+function checkFlags(command: string, argv: readonly string[], valued: readonly string[], switches: readonly string[] = []): void {
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    const name = arg.startsWith('--') ? arg.slice(2).split('=')[0] : undefined;
+    if (name !== undefined && valued.includes(name)) {
+      if (!arg.includes('=')) i++;
+    } else if (name === undefined || !switches.includes(name)) {
+      throw new ConfigError(`rxrl ${command}: unknown ${name === undefined ? 'argument' : 'option'} '${arg}' (see rxrl --help)`);
+    }
+  }
+}
+
 async function start(argv: readonly string[]): Promise<number> {
+  checkFlags('start', argv, ['steps', 'seed', 'mode', 'backend']);
   const { runEmbedded } = await import('../pipelines/embedded.js');
   const steps = integer(option(argv, 'steps', 'RXRL_STEPS'), 'steps');
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
@@ -77,6 +94,12 @@ async function start(argv: readonly string[]): Promise<number> {
 }
 
 async function serveCommand(argv: readonly string[]): Promise<number> {
+  checkFlags(
+    'serve',
+    argv,
+    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend'],
+    ['verbose'],
+  );
   const { runServeCommand } = await import('./serve/command.js');
   const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
   const { stringTransformTask } = await import('../recipes/stringTransform.js');

@@ -44,5 +44,12 @@ describe('rxrl CLI (built by pretest)', () => {
     const mode = await rxrl(['start', '--steps', '1', '--mode', 'eventually']);
     expect(mode.code).toBe(1);
     expect(mode.stderr).toMatch(/ConfigError: invalid configuration:\s+sync\.mode: must be one of the possible values: \["sync","batch-async","fully-async"\]/);
+    // A typo is refused, not ignored (the run would otherwise start with defaults).
+    const typo = await rxrl(['start', '--bogus-flag']);
+    expect(typo.code).toBe(1);
+    expect(typo.stderr).toMatch(/ConfigError: rxrl start: unknown option '--bogus-flag'/);
+    const serveTypo = await rxrl(['serve', '--prot', '0']);
+    expect(serveTypo.code).toBe(1);
+    expect(serveTypo.stderr).toMatch(/ConfigError: rxrl serve: unknown option '--prot'/);
   }, 150_000);
 });
