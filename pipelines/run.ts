@@ -1,5 +1,5 @@
 import * as tf from '@tensorflow/tfjs-core';
-import { appendFile, mkdir } from 'node:fs/promises';
+import { appendFile, mkdir, readFile } from 'node:fs/promises';
 import { basename, dirname, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
@@ -23,7 +23,8 @@ import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
-import { MetricsWriter } from '../lib/observe/metricsFile.js';
+import { METRICS_FILE, MetricsWriter } from '../lib/observe/metricsFile.js';
+import { writeFileAtomic } from '../lib/model/safetensors.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { validate } from './validate.js';
@@ -241,6 +242,13 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const batchGroups: (readonly string[])[] = [];
   let lastCheckpointStep = checkpoint?.state.step ?? -1;
   const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
+  if (runDir) {
+    // Lines of steps past the checkpoint (a killed run's, or a fresh start's over an old directory) are
+    // superseded by this run: drop them, so each step appears once in each file.
+    const keepBelow = checkpoint?.state.step ?? -Infinity;
+    await dropStepsFrom(resolve(runDir, 'trained.jsonl'), keepBelow);
+    await dropStepsFrom(resolve(runDir, METRICS_FILE), keepBelow);
+  }
   const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
 
   const special = specialIdsOf(tokenizer);
@@ -304,59 +312,65 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
 
     const started = performance.now();
     let last: StepResult | undefined;
-    await lastValueFrom(
-      grpoPipeline({
-        tasks,
-        engines: [engine],
-        trainer: checkpointing,
-        evaluator,
-        worker: recordingWorker,
-        mode,
-        stalenessThreshold: config.sync.stalenessThreshold,
-        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-        batchSize,
-        groupSize,
-        ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
-        maxTokens,
-        temperature: config.rollout.temperature,
-        topP: config.rollout.topP,
-        steps: config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step),
-        seed,
-        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-        onGroupTimeout: config.store.onGroupTimeout,
-        ...(reference && config.algorithm.klInReward.coef > 0
-          ? {
-              klInReward: {
-                reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
-                controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
-                estimator: config.algorithm.klInReward.estimator,
-              },
-            }
-          : {}),
-        onSampleFailure: (failure) => {
-          reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
-        },
-        onAdmit: (task) => {
-          admitted.set(groupIdOf(task), task);
-          position = loader.position;
-        },
-        onBatch: (batch) => void batchGroups.push(batch.meta.groups ?? []),
-        afterStep: async (step) => {
-          const every = config.validation.every;
-          const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
-          metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
-          return val;
-        },
-        signal,
-      }).pipe(
-        tap((step) => {
-          last = step;
-          options.onStep?.(step, (performance.now() - started) / 1000);
-        }),
-      ),
-      { defaultValue: undefined },
-    );
+    // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
+    // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
+    const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
+    if (remaining === 0) log(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
+    else {
+      await lastValueFrom(
+        grpoPipeline({
+          tasks,
+          engines: [engine],
+          trainer: checkpointing,
+          evaluator,
+          worker: recordingWorker,
+          mode,
+          stalenessThreshold: config.sync.stalenessThreshold,
+          ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+          batchSize,
+          groupSize,
+          ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+          maxTokens,
+          temperature: config.rollout.temperature,
+          topP: config.rollout.topP,
+          ...(remaining === undefined ? {} : { steps: remaining }),
+          seed,
+          advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+          ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+          onGroupTimeout: config.store.onGroupTimeout,
+          ...(reference && config.algorithm.klInReward.coef > 0
+            ? {
+                klInReward: {
+                  reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+                  controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
+                  estimator: config.algorithm.klInReward.estimator,
+                },
+              }
+            : {}),
+          onSampleFailure: (failure) => {
+            reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+          },
+          onAdmit: (task) => {
+            admitted.set(groupIdOf(task), task);
+            position = loader.position;
+          },
+          onBatch: (batch) => void batchGroups.push(batch.meta.groups ?? []),
+          afterStep: async (step) => {
+            const every = config.validation.every;
+            const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
+            metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
+            return val;
+          },
+          signal,
+        }).pipe(
+          tap((step) => {
+            last = step;
+            options.onStep?.(step, (performance.now() - started) / 1000);
+          }),
+        ),
+        { defaultValue: undefined },
+      );
+    }
     await training;
     // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
     // early with checkpoint.onStop off.
@@ -392,6 +406,30 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     await engine.dispose?.();
     reference?.dispose();
   }
+}
+
+/**
+ * Rewrites a JSONL file of step records without those whose `step` is `from` or later (validation lines before
+ * training have step −1 and stay). A missing file is left missing; unparsable lines are kept as they are.
+ */
+async function dropStepsFrom(path: string, from: number): Promise<void> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch {
+    return;
+  }
+  const lines = text.split('\n').filter((line) => line.trim() !== '');
+  const kept = lines.filter((line) => {
+    try {
+      const step = (JSON.parse(line) as { step?: unknown }).step;
+      return !(typeof step === 'number' && step >= from);
+    } catch {
+      return true;
+    }
+  });
+  if (kept.length === lines.length) return;
+  await writeFileAtomic(path, kept.map((line) => `${line}\n`).join(''));
 }
 
 function describeStop(cause: unknown): string {

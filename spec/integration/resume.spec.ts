@@ -115,11 +115,21 @@ describe.each([
     if (mode === 'sync') expect(state.pendingTasks).toHaveLength(0);
     else expect(state.pendingTasks.length).toBeGreaterThan(0);
 
-    const lines = trainedLines(runDir);
-    const afterResume = lines.slice(beforeKill.length);
+    // trained.jsonl lists each step once: the killed run's lines past the checkpoint were dropped on resume, and
+    // the lines before it are the killed run's own.
+    const effective = trainedLines(runDir);
+    expect(effective.filter((l) => l.step < from)).toEqual(beforeKill.filter((l) => l.step < from));
+    const afterResume = effective.filter((l) => l.step >= from);
     // The step counter continues where the checkpoint stopped; steps past it in the killed run are rolled back.
     expect(afterResume[0].step).toBe(from);
-    const effective = [...beforeKill.filter((l) => l.step < from), ...afterResume];
+    // metrics.jsonl likewise holds one train record per step.
+    const metricSteps = readFileSync(join(runDir, 'metrics.jsonl'), 'utf8')
+      .split('\n')
+      .filter((line) => line.trim() !== '')
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
+      .filter((r) => 'actor/pg_loss' in r)
+      .map((r) => r.step);
+    expect(metricSteps).toEqual(Array.from({ length: totalSteps }, (_, i) => i));
     // The staleness bound holds on every step after resuming (the gate counts batches from the checkpoint's
     // version, not from 0): 0 in sync, η in batch-async, capacity / batchSize batches in fully-async.
     const bound = mode === 'sync' ? 0 : mode === 'batch-async' ? 2 : 6 / 2;
@@ -157,7 +167,7 @@ describe('extending a finished run', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-extend-'));
     const runDir = join(dir, 'run');
     const recipe = join(dir, 'recipe.json');
-    const write = (steps: number): Promise<void> =>
+    const write = (steps: number, resume: 'auto' | 'disable' = 'auto'): Promise<void> =>
       writeFile(
         recipe,
         JSON.stringify({
@@ -167,7 +177,7 @@ describe('extending a finished run', () => {
           rollout: { groupSize: 2 },
           sync: { mode: 'sync', batchSize: 2 },
           checkpoint: { every: 1, keepLast: 0 },
-          resume: { mode: 'auto' },
+          resume: { mode: resume },
           validation: { beforeTrain: false },
         }),
       );
@@ -183,6 +193,15 @@ describe('extending a finished run', () => {
     for (const line of lines) {
       expect(Math.max(...line.policyVersions.map((v) => line.version - 1 - v)), `step ${line.step}`).toBe(0);
     }
+    // The same command once more: the run is finished, nothing is trained or appended.
+    const third = await start(recipe).done;
+    expect(third.code, third.stderr).toBe(0);
+    expect(trainedLines(runDir).map((l) => l.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+    // A fresh start over the same directory supersedes the old lines instead of appending a second step 0.
+    await write(2, 'disable');
+    const fresh = await start(recipe).done;
+    expect(fresh.code, fresh.stderr).toBe(0);
+    expect(trainedLines(runDir).map((l) => l.step)).toEqual([0, 1]);
     rmSync(dir, { recursive: true, force: true });
   }, 120_000);
 });
