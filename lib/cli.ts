@@ -24,6 +24,13 @@ Usage:
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>)
+  rxrl trainer <recipe.json|yaml> [--set key=value]…
+                    the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
+                    kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
+                    the workers must be able to read; checkpoints and resume as in 'rxrl run'
+  rxrl worker <recipe.json|yaml> [--set key=value]…
+                    a rollout worker of the recipe's Kafka run (any number, any machine sharing the weights
+                    directory); follows a restarted trainer; exits when the run ends
   rxrl config <recipe.json|yaml> [--set key=value]…
                     print the resolved, validated configuration (secrets redacted)
   rxrl report <run-dir> [--out FILE]
@@ -113,6 +120,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
   return runServeCommand({
     model: text('model') ?? text('checkpoint'),
+    modelFlag: text('model') === undefined && text('checkpoint') !== undefined ? 'checkpoint' : 'model',
     alphabet: text('alphabet'),
     defaultAlphabet: stringTransformTask().characters,
     defaultModel: EMBEDDED_MODEL,
@@ -172,13 +180,27 @@ async function configCommand(argv: readonly string[]): Promise<number> {
   return 0;
 }
 
-async function runCommand(argv: readonly string[]): Promise<number> {
+/** The Kafka client and topics of a recipe's `kafka` section. */
+async function kafkaOf(config: import('./config/schema.js').RxrlConfig, clientId: string) {
+  const { createKafka } = await import('./kafka/client.js');
+  const { kafkaTopics } = await import('./kafka/types.js');
+  return { kafka: createKafka(config.kafka.brokers, { clientId: `${config.kafka.clientId}-${clientId}` }), topics: kafkaTopics(config.kafka.topicPrefix) };
+}
+
+/** `rxrl run` (embedded rollouts) and `rxrl trainer` (rollouts by `rxrl worker` processes over Kafka). */
+async function runCommand(argv: readonly string[], overKafka = false): Promise<number> {
   const { runTraining } = await import('../pipelines/run.js');
   const { Progress } = await import('./observe/progress.js');
+  const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(argv);
+  const kafka = overKafka
+    ? { ...(await kafkaOf(config, 'trainer')), weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir) }
+    : undefined;
   const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
   const { createLogger } = await import('./observe/logger.js');
   const logger = createLogger({ level: config.logging.level });
+  const { moduleLogger } = await import('./observe/logger.js');
+  const kafkaLog = moduleLogger(logger, 'kafka');
   const controller = new AbortController();
   const stop = (): void => controller.abort();
   process.once('SIGINT', stop);
@@ -189,10 +211,31 @@ async function runCommand(argv: readonly string[]): Promise<number> {
     logger,
     log: (line) => progress.message(`rxrl: ${line}`),
     onStep: (step, elapsed) => progress.update(step, elapsed),
+    ...(kafka ? { kafka: { ...kafka, onEvent: (event) => kafkaLog.debug({ event: event.type, ...event.payload }, event.type) } } : {}),
   });
   progress.done();
   const { lastStep: _last, ...printed } = summary;
   process.stdout.write(`${JSON.stringify(printed)}\n`);
+  return 0;
+}
+
+/** `rxrl worker <recipe>`: rolls out the tasks of the recipe's Kafka run until it ends. */
+async function workerCommand(argv: readonly string[]): Promise<number> {
+  const { runWorker } = await import('../pipelines/run.js');
+  const { config, dir } = await resolvedConfig(argv);
+  const controller = new AbortController();
+  const stop = (): void => controller.abort();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  const summary = await runWorker(config, {
+    ...(await kafkaOf(config, 'worker')),
+    baseDir: dir,
+    signal: controller.signal,
+    onTask: (r) => {
+      if (r.outcome === 'rolled-out') process.stderr.write(`rxrl: task ${r.taskId} (${r.trajectories} trajectories, v${r.policyVersion})\n`);
+    },
+  });
+  process.stdout.write(`${JSON.stringify(summary)}\n`);
   return 0;
 }
 
@@ -232,12 +275,15 @@ async function main(argv: readonly string[]): Promise<number> {
       }
       return start(rest);
     case 'run':
+    case 'trainer':
+    case 'worker':
     case 'config':
       if (rest.includes('--help')) {
         process.stdout.write(usage);
         return 0;
       }
-      return command === 'run' ? runCommand(rest) : configCommand(rest);
+      if (command === 'worker') return workerCommand(rest);
+      return command === 'config' ? configCommand(rest) : runCommand(rest, command === 'trainer');
     case 'serve':
       if (rest.includes('--help')) {
         process.stdout.write(usage);

@@ -1,6 +1,6 @@
 import { EMPTY, Observable, concatMap, fromEvent, take, takeUntil, tap } from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
-import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
+import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
@@ -103,7 +103,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
       // A resumed run's engines already hold the checkpoint's version: admission counts batches from there.
       startVersion: config.startVersion ?? engine.version,
     });
-    const loader = isLoader(config.tasks) ? config.tasks : loadTasks(config.tasks as TaskSource, config.loader);
+    const loader = taskStream(config.tasks, config.loader);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
     // In sync and batch-async modes a train batch holds exactly one admission batch (see batchGroups' batchOf):
     // that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
@@ -175,8 +175,4 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
 /** Most tasks the gate lets in flight at once. */
 function admittable(gate: AdmissionGate): number {
   return gate.mode === 'fully-async' ? gate.capacity : (gate.eta + 1) * gate.tasksPerBatch;
-}
-
-function isLoader(tasks: TaskSource | AsyncIterable<Task>): tasks is AsyncIterable<Task> {
-  return typeof (tasks as AsyncIterable<Task>)[Symbol.asyncIterator] === 'function' && !Array.isArray(tasks);
 }

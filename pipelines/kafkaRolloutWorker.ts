@@ -31,6 +31,7 @@ import { decodeTaskMessage, decodeWeightsMessage, encodeTrajectoryMessage } from
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
 import { isSampleFailure, type PolicyVersion } from '../lib/types.js';
+import type { RolloutWorker } from '../lib/worker.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { toKafka } from '../operators/toKafka.js';
@@ -45,6 +46,8 @@ export interface KafkaRolloutWorkerConfig {
   readonly tokenizer: Tokenizer;
   /** Scores responses. */
   readonly evaluator: Evaluator;
+  /** Produces each sample (multi-turn, tools, chat templates). Default: one completion of the prompt. */
+  readonly worker?: RolloutWorker;
   /** Consumer group shared by the workers (they split the tasks). Default `<tasks topic>.workers`. */
   readonly groupId?: string;
   /** Name of this worker (its weights consumer group derives from it). Default `<host>-<pid>-<random>`. */
@@ -193,6 +196,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
               topP: m.sampling.topP,
               seed: m.sampling.seed,
               modelTag: engine.modelTag,
+              ...(config.worker ? { worker: config.worker } : {}),
             }),
             map((output): TrajectoryMessage => ({ run: m.run, output })),
             toKafka(producer, {

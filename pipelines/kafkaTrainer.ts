@@ -4,7 +4,7 @@ import type { ConsumerConfig, Kafka } from 'kafkajs';
 import { Observable, Subject, concatMap, map, of, take, tap, type Subscription } from 'rxjs';
 
 import type { StdKind } from '../lib/algos/advantages.js';
-import { loadTasks, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
+import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { NamedWeights } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
@@ -16,7 +16,7 @@ import type { Tokenizer } from '../lib/engine/types.js';
 import { specialIdsOf } from '../lib/model/modelDir.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Group, RolloutOutput, Task } from '../lib/types.js';
+import type { Group, Metrics, RolloutOutput, Task } from '../lib/types.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
 import { dropDuplicates } from '../operators/dropDuplicates.js';
@@ -31,7 +31,7 @@ import { train } from '../operators/train.js';
 export interface KafkaTrainerConfig {
   /** The kafkajs client (`createKafka`). */
   readonly kafka: Kafka;
-  /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a loader. */
+  /** Training tasks: an array, an iterable or `{ jsonl }` (read with `loader`), or an async iterable (a loader) used as it is. */
   readonly tasks: TaskSource;
   /** Loader options (epochs, seeded shuffle, resume position). */
   readonly loader?: LoadTasksOptions;
@@ -39,7 +39,7 @@ export interface KafkaTrainerConfig {
   readonly topics: KafkaTopics;
   /** Takes the train steps. */
   readonly trainer: Trainer;
-  /** The policy being trained: its architecture and initial weights (announced as version 0). */
+  /** The policy being trained: its architecture and initial weights (announced as version `trainer.step`, 0 unless resumed). */
   readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
   /** Token id of padding (the workers' tokenizer's `padId`). */
   readonly padId: number;
@@ -80,6 +80,25 @@ export interface KafkaTrainerConfig {
   readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions;
+  /** Close a group this long (ms) after its first trajectory arrived, complete or not. Default: wait. */
+  readonly groupTimeoutMs?: number;
+  /** A timed-out group is trained with the samples it has (`release`, default) or dropped and counted (`drop`). */
+  readonly onGroupTimeout?: 'release' | 'drop';
+  /** Called as each task is admitted, with its admission index (0-based, counted from this subscription). */
+  readonly onAdmit?: (task: Task, index: number) => void;
+  /**
+   * Called after each step is trained and its weights are announced, before the gate admits on its credit; the
+   * metrics it returns are merged into the step's (validation scores, for instance).
+   */
+  readonly afterStep?: (step: StepResult) => Promise<Metrics | void>;
+  /**
+   * Whether a checkpoint holds the work of every step up to `step` (asked after `afterStep`). The trajectories of
+   * trained steps are acknowledged, and their offsets committed, only once this says so; a trainer killed between
+   * checkpoints reads them again. Default: always (offsets are committed as soon as a step is trained).
+   */
+  readonly checkpointed?: (step: StepResult) => boolean;
+  /** Most steps between two checkpoints: sizes the buffer of trajectories held unacknowledged. Default 1. */
+  readonly stepsPerCheckpoint?: number;
   /** Partition counts of the topics if the trainer creates them. */
   readonly partitions?: TopicPartitions;
   /** kafkajs settings of the trajectories consumer. */
@@ -142,7 +161,10 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
   const groupId = config.groupId ?? `${topics.trajectories}.trainer`;
 
   return new Observable<StepResult>((subscriber) => {
-    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion: config.trainer.step });
+    // A resumed trainer starts at its checkpoint's version: admission batches (and the versions their tasks
+    // require) count from there.
+    const startVersion = config.trainer.step;
+    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion });
     const ordered = mode !== 'fully-async';
     const eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
     /** Most tasks admitted and not yet trained. */
@@ -173,9 +195,10 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
     let admitted = 0;
     let admissionDone = false;
     let released = 0;
-    let version = 0;
-    // Trajectory records waiting for the step that trains their group.
+    let version = startVersion;
+    // Trajectory records waiting for the step that trains their group, and those trained but not yet checkpointed.
     const pending = new Map<string, KafkaRecord<TrajectoryMessage>[]>();
+    const held: KafkaRecord<TrajectoryMessage>[] = [];
     const input = new Subject<RolloutOutput>();
     const checkAllIn = (): void => {
       if (admissionDone && released === admitted) queueMicrotask(() => input.complete());
@@ -185,7 +208,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
     const message = (task: Task, index: number): TaskMessage => ({
       run,
       index,
-      minVersion: ordered ? Math.max(0, Math.floor(index / batchSize) - eta) : 0,
+      minVersion: ordered ? Math.max(0, startVersion + Math.floor(index / batchSize) - eta) : startVersion,
       samples: groupSize,
       sampling: {
         maxTokens: config.maxTokens,
@@ -195,12 +218,13 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       },
       task,
     });
-    const admission$ = admit(limit(loadTasks(config.tasks, config.loader), maxTasks), gate, {
+    const admission$ = admit(limit(taskStream(config.tasks, config.loader), maxTasks), gate, {
       onAdmit: (task, index) => {
         const id = groupIdOf(task);
         admitted++;
         admittedGroups.add(id);
         if (ordered) admissionBatch.set(id, Math.floor(index / batchSize));
+        config.onAdmit?.(task, index);
       },
     }).pipe(
       map((task) => message(task, admitted - 1)),
@@ -212,14 +236,15 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       groupId,
       topics: [topics.trajectories],
       decode: decodeTrajectoryMessage,
-      // Every output of every admittable task, twice over for redeliveries.
-      capacity: Math.max(64, 2 * admittable * groupSize),
+      // Every output of every admittable task, twice over for redeliveries, plus those held until a checkpoint.
+      capacity: Math.max(64, 2 * admittable * groupSize + (config.stepsPerCheckpoint ?? 1) * batchSize * groupSize),
       deadLetter: { producer, topic: topics.deadLetter },
       consumer: config.consumer,
       onEvent: config.onEvent,
       onClosed: (closing) => void closings.push(closing.catch(() => undefined)),
     }).pipe(
-      dropDuplicates((record) => record.value.output.id, {
+      // Per run: a restarted trainer's run re-samples tasks of a killed one, under the same trajectory ids.
+      dropDuplicates((record) => `${record.value.run}\u0000${record.value.output.id}`, {
         onDuplicate: (record) => {
           emit('trainer.duplicate', { id: record.value.output.id, groupId: record.value.output.groupId });
           record.ack(); // the first copy is outstanding or trained: acknowledging this one loses nothing
@@ -239,16 +264,19 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
           signal,
         }),
         train(config.trainer, { signal }),
-        concatMap(async (result) => {
-          const published = await publisher.publish(result.version, result.weights(), signal);
-          version = result.version;
+        concatMap(async (trained) => {
+          const published = await publisher.publish(trained.version, trained.weights(), signal);
+          version = trained.version;
           emit('trainer.published', { version: published.version, path: published.path });
+          const extra = config.afterStep ? await config.afterStep(trained) : undefined;
+          const result = extra ? { ...trained, metrics: { ...trained.metrics, ...extra } } : trained;
           const groupIds = groups.map((g) => g.key[0]);
           for (const id of groupIds) {
-            for (const record of pending.get(id) ?? []) record.ack();
+            held.push(...(pending.get(id) ?? []));
             pending.delete(id);
             trainedGroups.add(id);
           }
+          if (config.checkpointed?.(result) ?? true) for (const record of held.splice(0)) record.ack();
           emit('trainer.trained', {
             step: result.step,
             version: result.version,
@@ -262,7 +290,12 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       );
 
     const steps$ = input.pipe(
-      groupTrajectories({ keys: ['groupId'], groupSize }),
+      groupTrajectories({
+        keys: ['groupId'],
+        groupSize,
+        ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
+        ...(config.onGroupTimeout === undefined ? {} : { onTimeout: config.onGroupTimeout }),
+      }),
       (source) =>
         new Observable<Group>((inner) =>
           source.subscribe({
@@ -307,8 +340,9 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       await ensureTopics(kafka, topics, config.partitions, signal);
       await producer.connect();
       signal.throwIfAborted();
-      await publisher.publish(0, config.policy.getWeights(), signal);
-      emit('trainer.published', { version: 0 });
+      // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
+      await publisher.publish(startVersion, config.policy.getWeights(), signal);
+      emit('trainer.published', { version: startVersion });
       await new Promise<void>((resolve, reject) => {
         subscriptions.push(steps$.subscribe({ next: (step) => subscriber.next(step), error: reject, complete: resolve }));
         subscriptions.push(

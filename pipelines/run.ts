@@ -3,6 +3,7 @@ import { appendFile, mkdir, readFile } from 'node:fs/promises';
 import { basename, dirname, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
+import type { Kafka } from 'kafkajs';
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type BufferedSample, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
@@ -19,6 +20,7 @@ import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
+import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
@@ -27,6 +29,8 @@ import { METRICS_FILE, MetricsWriter } from '../lib/observe/metricsFile.js';
 import { writeFileAtomic } from '../lib/model/safetensors.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
+import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
+import { kafkaTrainer } from './kafkaTrainer.js';
 import { validate } from './validate.js';
 
 /**
@@ -64,6 +68,25 @@ export interface RunTrainingOptions {
    * `dispose()` is awaited when the run ends.
    */
   readonly createEngine?: (context: EngineContext) => Promise<RolloutEngine>;
+  /**
+   * Trains over Kafka (`rxrl trainer`): tasks go to the topics' rollout workers and trajectories come back from
+   * them (see `kafkaTrainer`); the in-process engine only validates. Checkpoints and resume work as in an
+   * embedded run; each process start is a new run id, so workers drop what a killed trainer had handed out and
+   * the resumed trainer hands out again every task its checkpoint had not trained.
+   */
+  readonly kafka?: KafkaTransport;
+}
+
+/** Where {@link runTraining} finds its rollout workers when it trains over Kafka. */
+export interface KafkaTransport {
+  /** The kafkajs client (`createKafka`). */
+  readonly kafka: Kafka;
+  /** Topics of the deployment (`kafkaTopics(prefix)`). */
+  readonly topics: KafkaTopics;
+  /** Directory shared with the workers where each version's weights are written. */
+  readonly weightsDir: string;
+  /** Instrumentation: consumer and `trainer.*` events. */
+  readonly onEvent?: (event: KafkaEvent) => void;
 }
 
 /** What {@link RunTrainingOptions.createEngine} is given. */
@@ -176,7 +199,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
   const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;
   if (checkpoint) initial.dispose();
-  const rolloutModel = options.createEngine ? undefined : PolicyModel.fromWeights(policy.config, policy.getWeights());
+  // Over Kafka the in-process engine only validates, between steps: it reads the policy's own weights.
+  const rolloutModel = options.createEngine || options.kafka ? undefined : PolicyModel.fromWeights(policy.config, policy.getWeights());
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
@@ -188,7 +212,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         backend,
         samplesPerStep: batchSize * groupSize,
       })
-    : new LocalEngine(rolloutModel!, {
+    : new LocalEngine(rolloutModel ?? policy, {
         tokenizer,
         maxBatchSize: batchSize * groupSize * inFlightBatches,
         weightSync: config.rollout.weightSync,
@@ -239,7 +263,6 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     return sample;
   };
   let position: LoaderPosition = loader.position;
-  const batchGroups: (readonly string[])[] = [];
   let lastCheckpointStep = checkpoint?.state.step ?? -1;
   const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
   if (runDir) {
@@ -277,7 +300,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       const run = (async () => {
         const result = await trainer.trainStep(batch, signal);
         // Snapshot synchronously: admissions may continue while files are written.
-        const trainedGroups = new Set(batchGroups.shift() ?? []);
+        const trainedGroups = new Set(batch.meta.groups ?? []);
         for (const group of trainedGroups) admitted.delete(group);
         for (const [id, b] of generated) if (trainedGroups.has(b.groupId)) generated.delete(id);
         const pending = [...admitted.values()];
@@ -294,7 +317,9 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
           };
           await appendFile(files.trained, `${JSON.stringify(line)}\n`);
         }
-        if (config.checkpoint.every > 0 && result.version % config.checkpoint.every === 0) await save(pending, at, buffered);
+        // The last step of the budget is always saved, so a finished run needs no separate final checkpoint.
+        const due = config.checkpoint.every > 0 && (result.version % config.checkpoint.every === 0 || trainer.step === config.run.steps);
+        if (due) await save(pending, at, buffered);
         return result;
       })();
       training = run.catch(() => undefined);
@@ -317,52 +342,72 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
     if (remaining === 0) log(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
     else {
+      // What the embedded and the Kafka loops share: the data, the trainer, the staleness mode, the algorithm.
+      const common = {
+        tasks,
+        trainer: checkpointing,
+        mode,
+        stalenessThreshold: config.sync.stalenessThreshold,
+        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+        batchSize,
+        groupSize,
+        maxTokens,
+        temperature: config.rollout.temperature,
+        topP: config.rollout.topP,
+        ...(remaining === undefined ? {} : { steps: remaining }),
+        seed,
+        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+        onGroupTimeout: config.store.onGroupTimeout,
+        ...(reference && config.algorithm.klInReward.coef > 0
+          ? {
+              klInReward: {
+                reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+                controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
+                estimator: config.algorithm.klInReward.estimator,
+              },
+            }
+          : {}),
+        onAdmit: (task: Task) => {
+          admitted.set(groupIdOf(task), task);
+          position = loader.position;
+        },
+        afterStep: async (step: StepResult) => {
+          const every = config.validation.every;
+          const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
+          metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
+          return val;
+        },
+        signal,
+      };
+      const transport = options.kafka;
+      const steps$ = transport
+        ? kafkaTrainer({
+            ...common,
+            kafka: transport.kafka,
+            topics: transport.topics,
+            weightsDir: transport.weightsDir,
+            policy,
+            padId: tokenizer.padId,
+            tokenizer,
+            ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+            // Trajectory offsets are committed once a checkpoint holds their step.
+            ...(runDir && config.checkpoint.every > 0
+              ? { checkpointed: () => lastCheckpointStep === trainer.step, stepsPerCheckpoint: config.checkpoint.every }
+              : {}),
+          })
+        : grpoPipeline({
+            ...common,
+            engines: [engine],
+            evaluator,
+            worker: recordingWorker,
+            ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+            onSampleFailure: (failure) => {
+              reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+            },
+          });
       await lastValueFrom(
-        grpoPipeline({
-          tasks,
-          engines: [engine],
-          trainer: checkpointing,
-          evaluator,
-          worker: recordingWorker,
-          mode,
-          stalenessThreshold: config.sync.stalenessThreshold,
-          ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-          batchSize,
-          groupSize,
-          ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
-          maxTokens,
-          temperature: config.rollout.temperature,
-          topP: config.rollout.topP,
-          ...(remaining === undefined ? {} : { steps: remaining }),
-          seed,
-          advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-          ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-          onGroupTimeout: config.store.onGroupTimeout,
-          ...(reference && config.algorithm.klInReward.coef > 0
-            ? {
-                klInReward: {
-                  reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
-                  controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
-                  estimator: config.algorithm.klInReward.estimator,
-                },
-              }
-            : {}),
-          onSampleFailure: (failure) => {
-            reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
-          },
-          onAdmit: (task) => {
-            admitted.set(groupIdOf(task), task);
-            position = loader.position;
-          },
-          onBatch: (batch) => void batchGroups.push(batch.meta.groups ?? []),
-          afterStep: async (step) => {
-            const every = config.validation.every;
-            const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
-            metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
-            return val;
-          },
-          signal,
-        }).pipe(
+        steps$.pipe(
           tap((step) => {
             last = step;
             options.onStep?.(step, (performance.now() - started) / 1000);
@@ -406,6 +451,77 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     await engine.dispose?.();
     reference?.dispose();
   }
+}
+
+/** Options of {@link runWorker}. */
+export interface RunWorkerOptions {
+  /** Directory that relative paths of the configuration are resolved against (the recipe's). Default cwd. */
+  readonly baseDir?: string;
+  /** The kafkajs client (`createKafka`). */
+  readonly kafka: Kafka;
+  /** Topics of the deployment (`kafkaTopics(prefix)`). */
+  readonly topics: KafkaTopics;
+  /** Stops the worker: rollouts are cancelled and it leaves its consumer groups. */
+  readonly signal?: AbortSignal;
+  /** Name of this worker. Default `<host>-<pid>-<random>`. */
+  readonly workerId?: string;
+  /** Called as each task is done. */
+  readonly onTask?: (result: WorkerTaskResult) => void;
+  /** Instrumentation: consumer and `worker.*` events. */
+  readonly onEvent?: (event: KafkaEvent) => void;
+}
+
+/** What {@link runWorker} reports. */
+export interface WorkerSummary {
+  /** Tasks rolled out. */
+  readonly tasks: number;
+  readonly trajectories: number;
+  /** Samples that failed (published as failures; the trainer counts them). */
+  readonly failures: number;
+  /** Tasks of runs that were over when they arrived (a killed trainer's), acknowledged without rolling out. */
+  readonly skipped: number;
+  readonly seconds: number;
+}
+
+/**
+ * The rollout-worker half of a Kafka run (`rxrl worker`), from the same recipe as the trainer's: the recipe gives
+ * the tokenizer, the evaluator and the rollout worker; the weights come from the trainer's announcements. Runs
+ * until the trainer's run ends (a resumed trainer is a new run, which the worker follows) or `signal` fires.
+ */
+export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): Promise<WorkerSummary> {
+  const baseDir = options.baseDir ?? process.cwd();
+  await initBackend(config.run.backend, { logger: { info: () => undefined } });
+  const data = await loadData(config, baseDir);
+  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
+  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
+  const tokenizer: Tokenizer = config.model.path === null ? new CharTokenizer(data.characters) : await loadTokenizer(resolve(baseDir, config.model.path));
+  const started = performance.now();
+  const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
+  await lastValueFrom(
+    kafkaRolloutWorker({
+      kafka: options.kafka,
+      topics: options.topics,
+      tokenizer,
+      evaluator,
+      ...(worker ? { worker } : {}),
+      concurrency: config.kafka.workerConcurrency,
+      rolloutDelayMs: config.kafka.rolloutDelayMs,
+      engine: { weightSync: config.rollout.weightSync },
+      ...(options.workerId ? { workerId: options.workerId } : {}),
+      ...(options.signal ? { signal: options.signal } : {}),
+      ...(options.onEvent ? { onEvent: options.onEvent } : {}),
+    }).pipe(
+      tap((result) => {
+        if (result.outcome === 'rolled-out') counts.tasks++;
+        if (result.outcome === 'skipped') counts.skipped++;
+        counts.trajectories += result.trajectories;
+        counts.failures += result.failures;
+        options.onTask?.(result);
+      }),
+    ),
+    { defaultValue: undefined },
+  );
+  return { ...counts, seconds: round((performance.now() - started) / 1000, 1) };
 }
 
 /**

@@ -115,6 +115,20 @@ export function loadTasks(source: TaskSource, options?: LoadTasksOptions): TaskL
   return new TaskLoader(source, options);
 }
 
+/**
+ * A task source as the pipelines read it: an async iterable (a {@link TaskLoader}, or a generator whose tasks carry
+ * their own epochs, such as a resumed run's pending tasks followed by its loader) is used as it is; anything else
+ * is loaded with `options`.
+ *
+ * @param source - tasks, or a stream of them.
+ * @param options - loader options for sources that are not streams yet.
+ * @returns the stream of tasks.
+ */
+export function taskStream(source: TaskSource, options?: LoadTasksOptions): AsyncIterable<Task> {
+  const stream = typeof (source as AsyncIterable<Task>)[Symbol.asyncIterator] === 'function' && !Array.isArray(source);
+  return stream ? (source as AsyncIterable<Task>) : loadTasks(source, options);
+}
+
 function isJsonl(source: TaskSource): source is { readonly jsonl: string } {
   return typeof source === 'object' && source !== null && 'jsonl' in source;
 }
@@ -160,6 +174,34 @@ export function validateTask(value: unknown, where: Record<string, unknown> = {}
 }
 
 async function* readJsonl(file: string, signal?: AbortSignal): AsyncIterable<Task> {
+  for await (const { task } of readLocatedTasks(file, signal)) yield task;
+}
+
+/** A task with the place in its JSONL file it was read from. */
+export interface LocatedTask {
+  /** The task. */
+  readonly task: Task;
+  /** The file, as it was given. */
+  readonly file: string;
+  /** 1-based line number in the file. */
+  readonly line: number;
+}
+
+/**
+ * Streams a JSONL task file with the line of each task (blank lines skipped, still counted), for checks that
+ * must name where a bad task is. Nothing is read before it is asked for; breaking out closes the file.
+ *
+ * @example
+ * ```ts
+ * import { readLocatedTasks } from 'rxrl';
+ * for await (const { task, file, line } of readLocatedTasks('data/train.jsonl')) console.log(`${file}:${line}`, task.id);
+ * ```
+ * @param file - path of the JSONL file.
+ * @param signal - stops the reading (throws the signal's reason).
+ * @returns the tasks in file order, each with its file and line.
+ * @throws {@link DecodeError} naming file and line for a malformed line.
+ */
+export async function* readLocatedTasks(file: string, signal?: AbortSignal): AsyncGenerator<LocatedTask> {
   const stream = createReadStream(file, { encoding: 'utf8' });
   const lines = createInterface({ input: stream, crlfDelay: Infinity });
   let line = 0;
@@ -168,8 +210,10 @@ async function* readJsonl(file: string, signal?: AbortSignal): AsyncIterable<Tas
       line++;
       signal?.throwIfAborted();
       if (text.trim() === '') continue;
-      yield parseTaskLine(text, { file, line });
+      yield { task: parseTaskLine(text, { file, line }), file, line };
     }
+  } catch (error) {
+    throw isFileSystemError(error) ? new DecodeError(`cannot read ${file}: ${error.message}`, { cause: error, context: { file } }) : error;
   } finally {
     lines.close();
     stream.destroy();
@@ -184,4 +228,9 @@ export async function readTaskFile(file: string): Promise<Task[]> {
     if (row.trim() !== '') tasks.push(parseTaskLine(row, { file, line: i + 1 }));
   });
   return tasks;
+}
+
+/** An error of the file system (`ENOENT`, `EISDIR`, `EACCES`…): it has a string `code`. */
+function isFileSystemError(error: unknown): error is Error & { readonly code: string } {
+  return error instanceof Error && typeof (error as { code?: unknown }).code === 'string';
 }
