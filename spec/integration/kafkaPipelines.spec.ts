@@ -39,8 +39,15 @@ interface Outcome {
   readonly events: KafkaEvent[];
 }
 
-async function runDeployment(options: { mode: StalenessMode; tasks: number; batchSize: number; steps?: number }): Promise<Outcome> {
-  const topics = kafkaTopics(uniqueName('pipe'));
+interface DeploymentOptions {
+  mode: StalenessMode;
+  tasks: number;
+  batchSize: number;
+  steps?: number;
+  checkpointed?: (step: StepResult) => boolean;
+}
+
+async function runDeployment(options: DeploymentOptions, topics = kafkaTopics(uniqueName('pipe'))): Promise<Outcome> {
   await ensureTopics(kafka, topics, { tasks: 4, trajectories: 2 });
   const config = { vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 };
   const policy = PolicyModel.create(config, 7);
@@ -68,6 +75,7 @@ async function runDeployment(options: { mode: StalenessMode; tasks: number; batc
         groupSize: 2,
         maxTokens: task.maxAnswerLength + 1,
         steps: options.steps,
+        ...(options.checkpointed ? { checkpointed: options.checkpointed, stepsPerCheckpoint: 2 } : {}),
         onEvent: (e) => events.push(e),
       }).pipe(toArray()),
     );
@@ -107,5 +115,36 @@ describe('kafkaTrainer + kafkaRolloutWorker (in process, real broker)', () => {
     for (const step of steps) expect(step.metrics['rollout/staleness_max']).toBe(0);
     const published = events.filter((e) => e.type === 'trainer.published').map((e) => e.payload.version);
     expect(published).toEqual([0, 1, 2, 3]);
+  }, 120_000);
+
+  it('commits trajectory offsets only once a checkpoint holds the steps that trained them', async () => {
+    // One checkpoint, after step 1 of 4: the trajectories of steps 0–1 (2 steps × 2 tasks × 2 samples, first on
+    // their partitions in sync mode) are committed; those of steps 2–3 are not, a restarted trainer reads them again.
+    const topics = kafkaTopics(uniqueName('ckpt'));
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const { steps } = await runDeployment({ mode: 'sync', tasks: 8, batchSize: 2, steps: 4, checkpointed: (step) => step.step === 1 }, topics);
+      expect(steps).toHaveLength(4);
+      const [entry] = await admin.fetchOffsets({ groupId: `${topics.trajectories}.trainer`, topics: [topics.trajectories] });
+      expect(entry.partitions.reduce((n, p) => n + Math.max(0, Number(p.offset)), 0)).toBe(8);
+    } finally {
+      await admin.disconnect();
+    }
+  }, 120_000);
+
+  it('holds every offset when no checkpoint is ever written', async () => {
+    const topics = kafkaTopics(uniqueName('nockpt'));
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const { steps } = await runDeployment({ mode: 'sync', tasks: 6, batchSize: 2, steps: 3, checkpointed: () => false }, topics);
+      expect(steps).toHaveLength(3);
+      const [entry] = await admin.fetchOffsets({ groupId: `${topics.trajectories}.trainer`, topics: [topics.trajectories] });
+      // Nothing committed: a trainer restarted now would read all 12 trajectories again.
+      expect(entry.partitions.map((p) => Number(p.offset))).toEqual(entry.partitions.map(() => -1));
+    } finally {
+      await admin.disconnect();
+    }
   }, 120_000);
 });

@@ -1,0 +1,184 @@
+/**
+ * Chaos test of a Kafka run: `rxrl trainer` and three `rxrl worker` processes on the real broker, 60 steps in each
+ * staleness mode, with SIGKILLs at seeded random moments — workers (restarted at once) and the trainer (restarted
+ * from its checkpoint). Asserted by ids on the trainer's own records (`trained.jsonl`, `metrics.jsonl`): every task
+ * the loader admits is trained exactly once across the restarts, no trajectory twice, the staleness bound holds on
+ * every step, and the step and metric records continue where the checkpoint left off.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { describe, expect, it } from 'vitest';
+
+import { loadTasks } from '../../lib/data/loader.js';
+import { createRng } from '../../lib/random.js';
+import type { StalenessMode } from '../../lib/sync/gate.js';
+import { groupIdOf } from '../../operators/rollout.js';
+import { stringTransformTask } from '../../recipes/stringTransform.js';
+import { brokers, uniqueName } from '../kafka/helpers.js';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const cli = join(root, 'dist/lib/cli.js');
+const STEPS = 60;
+const BATCH = 2;
+const SEED = 11;
+const TASK = { transform: 'reverse', alphabet: 'abcd', minLength: 2, maxLength: 3, validationSize: 4 } as const;
+
+interface TrainedLine {
+  step: number;
+  version: number;
+  groups: string[];
+  trajectoryIds: string[];
+  policyVersions: number[];
+}
+
+function jsonLines<T>(file: string): T[] {
+  if (!existsSync(file)) return [];
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((line) => line.trim() !== '')
+    .map((line) => JSON.parse(line) as T);
+}
+
+interface Proc {
+  readonly child: ChildProcess;
+  readonly exited: Promise<number | null>;
+  stderr: string;
+}
+
+function launch(command: 'trainer' | 'worker', recipe: string): Proc {
+  const child = spawn(process.execPath, [cli, command, recipe], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc: Proc = { child, exited: new Promise((done) => child.on('exit', (code) => done(code))), stderr: '' };
+  child.stdout!.resume();
+  child.stderr!.on('data', (d: Buffer) => (proc.stderr = (proc.stderr + d.toString()).slice(-4000)));
+  return proc;
+}
+
+async function kill(proc: Proc): Promise<void> {
+  proc.child.kill('SIGKILL');
+  await proc.exited;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** The groups the loader hands out for a run of STEPS steps: what must be trained, each exactly once. */
+async function expectedGroups(): Promise<string[]> {
+  const task = stringTransformTask({ ...TASK, seed: SEED });
+  const out: string[] = [];
+  for await (const t of loadTasks(task.train, { epochs: Infinity, shuffle: true, seed: SEED })) {
+    out.push(groupIdOf(t));
+    if (out.length === STEPS * BATCH) break;
+  }
+  return out;
+}
+
+interface ChaosFigures {
+  mode: StalenessMode;
+  kills: { worker: number; trainer: number };
+  tasks: number;
+  duplicates: number;
+  stalenessMax: number;
+  seconds: number;
+}
+
+async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigures> {
+  const dir = mkdtempSync(join(tmpdir(), `rxrl-chaos-${mode}-`));
+  const recipe = join(dir, 'recipe.json');
+  writeFileSync(
+    recipe,
+    JSON.stringify({
+      run: { dir: 'run', seed: SEED, steps: STEPS, backend: 'cpu' },
+      data: { source: 'bundled', task: TASK, epochs: 0, shuffle: true },
+      model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
+      rollout: { groupSize: 2 },
+      sync: { mode, batchSize: BATCH, stalenessThreshold: 1, capacity: 2 * BATCH },
+      checkpoint: { every: 3, keepLast: 2 },
+      validation: { beforeTrain: false },
+      logging: { level: 'warn' },
+      kafka: { brokers: brokers(), topicPrefix: uniqueName(`chaos-${mode}`), workerConcurrency: 2, rolloutDelayMs: 60 },
+    }),
+  );
+  const runDir = join(dir, 'run');
+  const trainedFile = join(runDir, 'trained.jsonl');
+  const started = performance.now();
+  const rng = createRng(SEED, mode);
+  // Four kills at random steps, alternating worker and trainer, each after the previous one has taken effect.
+  const killAt = [0, 1, 2, 3].map((i) => 6 + i * 12 + Math.floor(rng.next() * 8));
+  const kills = { worker: 0, trainer: 0 };
+  const workers = [0, 1, 2].map(() => launch('worker', recipe));
+  let trainer = launch('trainer', recipe);
+  const all: Proc[] = [...workers, trainer];
+  try {
+    for (let i = 0; i < killAt.length; i++) {
+      const deadline = performance.now() + 120_000;
+      while (jsonLines<TrainedLine>(trainedFile).length < killAt[i]) {
+        if (performance.now() > deadline) throw new Error(`${mode}: step ${killAt[i]} not reached\n${trainer.stderr}`);
+        await sleep(100);
+      }
+      if (i % 2 === 0) {
+        const which = Math.floor(rng.next() * workers.length);
+        await kill(workers[which]);
+        workers[which] = launch('worker', recipe);
+        all.push(workers[which]);
+        kills.worker++;
+      } else {
+        await kill(trainer);
+        const checkpoints = readdirSync(runDir).filter((name) => name.startsWith('global_step_'));
+        expect(checkpoints.length, 'a checkpoint to resume from').toBeGreaterThan(0);
+        trainer = launch('trainer', recipe);
+        all.push(trainer);
+        kills.trainer++;
+      }
+    }
+    const code = await Promise.race([trainer.exited, sleep(180_000).then(() => 'timeout' as const)]);
+    expect(code, trainer.stderr).toBe(0);
+    // Workers follow the run to its end and exit.
+    const workerCodes = await Promise.race([Promise.all(workers.map((w) => w.exited)), sleep(30_000).then(() => 'timeout' as const)]);
+    expect(workerCodes).toEqual([0, 0, 0]);
+  } finally {
+    for (const proc of all) proc.child.kill('SIGKILL');
+  }
+
+  const lines = jsonLines<TrainedLine>(trainedFile);
+  // One record per step, in order: the killed trainers' steps past their checkpoint were rolled back and redone.
+  expect(lines.map((l) => l.step)).toEqual(Array.from({ length: STEPS }, (_, i) => i));
+  const metricSteps = jsonLines<Record<string, unknown>>(join(runDir, 'metrics.jsonl'))
+    .filter((r) => 'actor/pg_loss' in r)
+    .map((r) => r.step);
+  expect(metricSteps).toEqual(Array.from({ length: STEPS }, (_, i) => i));
+  // Every task the loader admitted trained exactly once; every trajectory once.
+  const groups = lines.flatMap((l) => l.groups);
+  expect([...groups].sort()).toEqual((await expectedGroups()).sort());
+  const trajectories = lines.flatMap((l) => l.trajectoryIds);
+  const duplicates = trajectories.length - new Set(trajectories).size;
+  expect(duplicates).toBe(0);
+  expect(trajectories).toHaveLength(STEPS * BATCH * 2);
+  // The staleness bound of the mode on every step.
+  let stalenessMax = 0;
+  for (const line of lines) {
+    const staleness = Math.max(...line.policyVersions.map((v) => line.version - 1 - v));
+    expect(staleness, `${mode} step ${line.step}`).toBeLessThanOrEqual(bound);
+    expect(staleness, `${mode} step ${line.step}: a trajectory from a rolled-back version`).toBeGreaterThanOrEqual(0);
+    stalenessMax = Math.max(stalenessMax, staleness);
+  }
+  expect(kills.worker + kills.trainer).toBeGreaterThanOrEqual(3);
+  rmSync(dir, { recursive: true, force: true });
+  return { mode, kills, tasks: groups.length, duplicates, stalenessMax, seconds: Math.round((performance.now() - started) / 1000) };
+}
+
+describe('a Kafka run under SIGKILLs (trainer + 3 workers, separate processes)', () => {
+  const cases: [StalenessMode, number][] = [
+    ['sync', 0],
+    ['batch-async', 1],
+    ['fully-async', 2],
+  ];
+  for (const [mode, bound] of cases) {
+    it(`${mode}: every admitted task trained once, staleness ≤ ${bound}, records continue across restarts`, async () => {
+      const figures = await chaosRun(mode, bound);
+      process.stderr.write(`chaos ${JSON.stringify(figures)}\n`);
+    }, 360_000);
+  }
+});
