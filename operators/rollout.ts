@@ -1,6 +1,6 @@
 import { Observable, concatMap, mergeMap, range, map, type OperatorFunction } from 'rxjs';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError, EvaluationError, isAbortError } from '../lib/errors.js';
+import { ConfigError, EngineError, EvaluationError, isAbortError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { hashSeed } from '../lib/random.js';
 import type { ModelTag, RolloutOutput, SampleFailure, Task, Trajectory } from '../lib/types.js';
@@ -26,6 +26,11 @@ export interface RolloutOptions {
   readonly modelTag?: ModelTag;
   /** Cancels every rollout; the stream then errors with the abort. */
   readonly signal?: AbortSignal;
+  /**
+   * A sample still running this long (ms) is cancelled and emitted as a failure (`EngineError`), so its group
+   * shrinks instead of waiting on a stuck engine or tool. Default: no limit.
+   */
+  readonly sampleTimeoutMs?: number;
   /**
    * Produces each sample (for example a multi-turn `agentWorker`). Default {@link singleTurnWorker}: one
    * completion of the task's prompt, every response token trained on.
@@ -65,6 +70,10 @@ export function rollout(engine: RolloutEngine, options: RolloutOptions): Operato
   if (!Number.isInteger(concurrency) || concurrency < 1) {
     throw new ConfigError(`rollout concurrency must be a finite integer >= 1, got ${concurrency}`);
   }
+  const timeoutMs = options.sampleTimeoutMs;
+  if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
+    throw new ConfigError(`rollout sampleTimeoutMs must be a finite number > 0, got ${timeoutMs}`, { context: { key: 'sampleTimeoutMs' } });
+  }
   return (source) =>
     source.pipe(
       concatMap((task) => range(0, samplesPerTask).pipe(map((runId) => ({ task, runId })))),
@@ -80,7 +89,8 @@ export function groupIdOf(task: Task): string {
 function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: RolloutOptions): Observable<RolloutOutput> {
   return new Observable<RolloutOutput>((subscriber) => {
     const controller = new AbortController();
-    const signal = options.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
+    const timeout = options.sampleTimeoutMs === undefined ? undefined : AbortSignal.timeout(options.sampleTimeoutMs);
+    const signal = AbortSignal.any([controller.signal, ...(options.signal ? [options.signal] : []), ...(timeout ? [timeout] : [])]);
     const groupId = groupIdOf(task);
     const modelTag = options.modelTag ?? engine.modelTag;
     const id = `${groupId}/${runId}`;
@@ -97,6 +107,7 @@ function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: R
           subscriber.error(error);
           return;
         }
+        const timedOut = timeout?.aborted === true && !controller.signal.aborted;
         const failure: SampleFailure = {
           kind: 'sample-failure',
           id,
@@ -104,7 +115,11 @@ function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: R
           groupId,
           runId,
           modelTag,
-          error: error instanceof Error ? error : new Error(String(error)),
+          error: timedOut
+            ? new EngineError(`sample ${id} did not finish within ${options.sampleTimeoutMs} ms`, { cause: error, context: { id } })
+            : error instanceof Error
+              ? error
+              : new Error(String(error)),
         };
         subscriber.next(failure);
         subscriber.complete();

@@ -48,6 +48,8 @@ export interface GrpoPipelineConfig {
   readonly temperature?: number;
   /** Nucleus mass. Default 1. */
   readonly topP?: number;
+  /** A sample running this long (ms) fails with an `EngineError` (see `rollout`). Default: no limit. */
+  readonly sampleTimeoutMs?: number;
   /** Stop after this many train steps (0 or absent: when the loader is exhausted). */
   readonly steps?: number;
   /** Base seed of the sampling streams. Default 0. */
@@ -130,6 +132,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         seed: config.seed,
         modelTag: config.trainer.modelTag,
         ...(config.worker ? { worker: config.worker } : {}),
+        ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
       }),
       tap((output) => {
         if (isSampleFailure(output)) config.onSampleFailure?.(output);

@@ -48,6 +48,11 @@ export interface KafkaRolloutWorkerConfig {
   readonly evaluator: Evaluator;
   /** Produces each sample (multi-turn, tools, chat templates). Default: one completion of the prompt. */
   readonly worker?: RolloutWorker;
+  /**
+   * A sample running this long (ms) is cancelled and published as a failure, so the trainer's group shrinks
+   * instead of waiting on a stuck engine or tool. Default: no limit.
+   */
+  readonly sampleTimeoutMs?: number;
   /** Consumer group shared by the workers (they split the tasks). Default `<tasks topic>.workers`. */
   readonly groupId?: string;
   /** Name of this worker (its weights consumer group derives from it). Default `<host>-<pid>-<random>`. */
@@ -197,6 +202,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
               seed: m.sampling.seed,
               modelTag: engine.modelTag,
               ...(config.worker ? { worker: config.worker } : {}),
+              ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
             }),
             map((output): TrajectoryMessage => ({ run: m.run, output })),
             toKafka(producer, {

@@ -402,6 +402,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
             evaluator,
             worker: recordingWorker,
             ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+            ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
             onSampleFailure: (failure) => {
               reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
             },
@@ -506,6 +507,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
       ...(worker ? { worker } : {}),
       concurrency: config.kafka.workerConcurrency,
       rolloutDelayMs: config.kafka.rolloutDelayMs,
+      ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
       engine: { weightSync: config.rollout.weightSync },
       ...(options.workerId ? { workerId: options.workerId } : {}),
       ...(options.signal ? { signal: options.signal } : {}),

@@ -46,6 +46,7 @@ export interface RxrlConfig {
     temperature: number;
     topP: number;
     weightSync: 'continue' | 'interrupt';
+    sampleTimeoutMs: number | null;
     worker: { module: string | null; export: string };
     evaluator: { module: string | null; export: string };
   };
@@ -184,6 +185,7 @@ export const SCHEMA = {
     temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
     topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
     weightSync: { doc: 'In-flight generations on a new version: continue, or interrupt and resume.', format: ['continue', 'interrupt'], default: 'continue' },
+    sampleTimeoutMs: { doc: 'A sample running this long is cancelled and counted as failed (null = no limit; rxrl run and rxrl worker).', format: 'optional-positive-number', default: null },
     worker: {
       module: { doc: 'Module of a custom rollout worker; relative to the recipe.', format: 'optional-string', default: null },
       export: { doc: 'Export name of the custom rollout worker.', format: 'non-empty-string', default: 'default' },

@@ -98,6 +98,34 @@ describe('rollout', () => {
     expect(engine.inFlight).toBe(0);
   });
 
+  it('emits a sample that outlives sampleTimeoutMs as an EngineError failure, and the stream goes on', async () => {
+    // The first call hangs (a stuck engine), the others answer at once.
+    const engine = new ScriptedEngine(undefined, 1);
+    const slow = new ScriptedEngine(undefined, 60_000);
+    const mixed = {
+      modelTag: engine.modelTag,
+      tokenizer: engine.tokenizer,
+      get version() {
+        return engine.version;
+      },
+      calls: 0,
+      generate(requests: Parameters<ScriptedEngine['generate']>[0], signal?: AbortSignal) {
+        return (this.calls++ === 0 ? slow : engine).generate(requests, signal);
+      },
+      loadWeights: engine.loadWeights.bind(engine),
+    };
+    const out = await lastValueFrom(
+      from([task('t')]).pipe(rollout(mixed, { samplesPerTask: 3, concurrency: 3, maxTokens: 2, evaluator: exact, sampleTimeoutMs: 50 }), toArray()),
+    );
+    const failures = out.filter(isSampleFailure);
+    expect(failures).toHaveLength(1);
+    expect(failures[0].error).toBeInstanceOf(EngineError);
+    expect(failures[0].error.message).toContain('did not finish within 50 ms');
+    expect(out.filter((o) => !isSampleFailure(o))).toHaveLength(2);
+    expect(slow.inFlight).toBe(0);
+    expect(() => rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 1, evaluator: exact, sampleTimeoutMs: 0 })).toThrow(ConfigError);
+  });
+
   it('errors with the abort when its signal fires, and rejects bad options', async () => {
     const controller = new AbortController();
     const engine = new ScriptedEngine(undefined, 50);
