@@ -167,8 +167,10 @@ export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engi
 export type { EvaluationResult, Evaluator } from './evaluator.js';
 
 // ── data ───────────────────────────────────────────────────────────────────────
-export { TaskLoader, loadTasks, parseTaskLine, readTaskFile, validateTask } from './data/loader.js';
-export type { LoadTasksOptions, LoaderPosition, TaskSource } from './data/loader.js';
+export { TaskLoader, loadTasks, parseTaskLine, readLocatedTasks, readTaskFile, validateTask } from './data/loader.js';
+export type { LoadTasksOptions, LoaderPosition, LocatedTask, TaskSource } from './data/loader.js';
+export { checkPrompts } from './data/checkPrompts.js';
+export type { CheckPromptsOptions, PromptsChecked } from './data/checkPrompts.js';
 export { collate } from './data/collate.js';
 export type { CollateOptions } from './data/collate.js';
 
@@ -278,6 +280,7 @@ export {
   MetricsWriter,
   Progress,
   REPORT_PALETTE,
+  REPORTER_MESSAGE_CAPACITY,
   REPORT_PLOTS,
   RunDirError,
   createLogger,
@@ -331,6 +334,8 @@ export type {
 // ── configuration ──────────────────────────────────────────────────────────────
 export { SCHEMA, describeConfig, loadConfig } from './config/schema.js';
 export type { LoadConfigOptions, RxrlConfig } from './config/schema.js';
+export { configWarnings } from './config/configWarnings.js';
+export type { ConfigWarningsContext } from './config/configWarnings.js';
 
 // ── checkpoints ────────────────────────────────────────────────────────────────
 export {

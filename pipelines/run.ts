@@ -7,6 +7,8 @@ import type { Kafka } from 'kafkajs';
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type BufferedSample, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
+import { checkPrompts } from '../lib/data/checkPrompts.js';
+import { configWarnings } from '../lib/config/configWarnings.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import { specialIdsOf } from '../lib/model/modelDir.js';
 import { ConfigError } from '../lib/errors.js';
@@ -194,6 +196,24 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   if (tokenizer.vocabSize > initial.config.vocabSize) {
     initial.dispose();
     throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
+  }
+  // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
+  // custom worker builds its own prompts, so it is trusted with them).
+  let trainTasks: number | undefined;
+  if (!worker) {
+    const budget = { tokenizer, maxSeqLen: initial.config.maxSeqLen, maxTokens: data.maxTokens, signal };
+    const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
+    try {
+      trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;
+      await checkPrompts(validationSource, { ...budget, source: 'validation' });
+    } catch (error) {
+      initial.dispose();
+      throw error;
+    }
+  }
+  for (const warning of configWarnings(config, trainTasks === undefined ? {} : { trainTasks })) {
+    moduleLogger(logger, 'config').warn(warning);
+    log(`warning: ${warning}`);
   }
   const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
   const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;

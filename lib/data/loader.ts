@@ -33,7 +33,10 @@ export interface LoadTasksOptions {
   readonly start?: LoaderPosition;
 }
 
-/** A loader of tasks that knows its position. Each task it yields carries its `epoch`. */
+/**
+ * A loader of tasks that knows its position. Each task it yields carries its `epoch`. An epoch in which the
+ * source holds no task ends the loader, whatever `epochs` says.
+ */
 export class TaskLoader extends AsyncIterableX<Task> {
   private pos: LoaderPosition;
   private readonly epochs: number;
@@ -76,6 +79,8 @@ export class TaskLoader extends AsyncIterableX<Task> {
         }
         index++;
       }
+      // An empty source stays empty: repeating it (epochs: Infinity) would spin forever without yielding.
+      if (index === 0) return;
       this.pos = { epoch: epoch + 1, index: 0 };
     }
   }

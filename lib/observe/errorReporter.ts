@@ -17,10 +17,20 @@ export const ERROR_POLICIES = ['stop_on_error', 'continue'] as const;
 /** One of {@link ERROR_POLICIES}. */
 export type ErrorPolicy = (typeof ERROR_POLICIES)[number];
 
+/**
+ * Distinct error messages whose stack the reporter remembers having logged; past this, the oldest is forgotten
+ * (and its next report logs the stack again).
+ */
+export const REPORTER_MESSAGE_CAPACITY = 1024;
+
 /** What {@link ErrorReporter.report} decided. */
 export type ErrorAction = 'stop' | 'continue' | 'ignore';
 
-/** Where an error happened: the module and any ids that help (task, step, path). */
+/**
+ * Where an error happened: the module and any ids that help (task, step, path). A field the reporter's logger
+ * already binds (its `module`, say) is not repeated on the line: with the same value it is dropped; with another
+ * it goes under `reported` (`reported.module`), so every log line has each key once.
+ */
 export interface ErrorContext {
   /** Module that reports. */
   readonly module?: string;
@@ -74,6 +84,10 @@ export function describeError(error: unknown): ErrorInfo {
 /**
  * Applies the error policy of a run.
  *
+ * Each report is one log line. The first report of a message (`name: message`) carries the error's stack in
+ * `err`; later reports of the same message carry `err` without the stack, and `occurrence` counts them (1 on
+ * the first), so a batch of samples failing alike logs one stack, not one per sample.
+ *
  * @example
  * ```ts
  * import { ErrorReporter, EngineError } from 'rxrl';
@@ -91,6 +105,8 @@ export class ErrorReporter {
   private readonly logger: Logger;
   private readonly instrumentation: Instrumentation | undefined;
   private readonly byName = new Map<string, number>();
+  /** Reports per distinct `name: message`, oldest first, at most {@link REPORTER_MESSAGE_CAPACITY}. */
+  private readonly byMessage = new Map<string, number>();
   private reported = 0;
   private stopError: unknown = undefined;
 
@@ -140,7 +156,9 @@ export class ErrorReporter {
     this.byName.set(info.name, (this.byName.get(info.name) ?? 0) + 1);
     const action: ErrorAction =
       isAbortError(error) || this.stopped ? 'ignore' : this.policy === 'stop_on_error' ? 'stop' : 'continue';
-    const fields = { ...context, err: error, errorName: info.name, action, policy: this.policy };
+    const occurrence = this.countMessage(`${info.name}: ${info.message}`);
+    const err = occurrence === 1 || !(error instanceof Error) ? error : withoutStack(info);
+    const fields = { ...this.unbound(context), err, errorName: info.name, occurrence, action, policy: this.policy };
     if (action === 'ignore') this.logger.debug(fields, `${info.name} reported after stop or as cancellation`);
     else this.logger.error(fields, `${info.name}: ${info.message}`);
     this.instrumentation?.emit('error.reported', { error: info, action, context: { ...context } });
@@ -160,10 +178,46 @@ export class ErrorReporter {
     if (!this.stopped) this.controller.abort(reason);
   }
 
+  /** Counts one more report of `key` and returns how many there have been (1 for the first). */
+  private countMessage(key: string): number {
+    const occurrence = (this.byMessage.get(key) ?? 0) + 1;
+    this.byMessage.delete(key); // re-inserted last: the map forgets the message reported longest ago
+    this.byMessage.set(key, occurrence);
+    if (this.byMessage.size > REPORTER_MESSAGE_CAPACITY) this.byMessage.delete(this.byMessage.keys().next().value!);
+    return occurrence;
+  }
+
+  /** The context without the fields the logger binds already (a differing value moves under `reported`). */
+  private unbound(context: ErrorContext): Record<string, unknown> {
+    const bound: Record<string, unknown> = typeof this.logger.bindings === 'function' ? this.logger.bindings() : {};
+    const fields: Record<string, unknown> = {};
+    const reported: Record<string, unknown> = {};
+    for (const [key, value] of Object.entries(context)) {
+      if (!Object.hasOwn(bound, key)) fields[key] = value;
+      else if (bound[key] !== value) reported[key] = value;
+    }
+    if (Object.keys(reported).length > 0) fields.reported = reported;
+    return fields;
+  }
+
   /** Reports per error name, names in alphabetical order. */
   counts(): Readonly<Record<string, number>> {
     const counts: Record<string, number> = {};
     for (const name of [...this.byName.keys()].sort()) counts[name] = this.byName.get(name)!;
     return counts;
   }
+}
+
+/**
+ * What the log line of a repeated error holds instead of the error: its name, message, `retriable` and context,
+ * without a stack or causes. A null-prototype object, so pino's `err` serializer takes `type` from `name` (not
+ * from `Object`) and finds no stack.
+ */
+function withoutStack(info: ErrorInfo): Record<string, unknown> {
+  return Object.assign(Object.create(null) as Record<string, unknown>, {
+    name: info.name,
+    message: info.message,
+    retriable: info.retriable,
+    ...(info.context === undefined ? {} : { context: info.context }),
+  });
 }

@@ -23,7 +23,7 @@ export type {
 // ── activity and errors ────────────────────────────────────────────────────────
 export { ActivityTracker, DEFAULT_ACTIVITY_CAPACITY } from './activity.js';
 export type { Activity, ActivitySnapshot, ActivityTrackerOptions, ModuleActivity } from './activity.js';
-export { ERROR_POLICIES, ErrorReporter, describeError, parseErrorPolicy } from './errorReporter.js';
+export { ERROR_POLICIES, ErrorReporter, REPORTER_MESSAGE_CAPACITY, describeError, parseErrorPolicy } from './errorReporter.js';
 export type { ErrorAction, ErrorContext, ErrorPolicy, ErrorReporterOptions } from './errorReporter.js';
 export { ActivityOverflowError, RunDirError } from './errors.js';
 

@@ -143,7 +143,8 @@ export function formatPretty(line: string): string {
   if (typeof err === 'object' && err !== null) {
     const { type, message: errMessage, stack } = err as { type?: unknown; message?: unknown; stack?: unknown };
     text += ` err=${String(type ?? 'Error')}: ${String(errMessage ?? '')}`;
-    if (typeof stack === 'string') text += `\n${stack.split('\n').slice(1).join('\n')}`;
+    const frames = typeof stack === 'string' ? stack.split('\n').slice(1).join('\n') : '';
+    if (frames !== '') text += `\n${frames}`;
   }
   return `${text}\n`;
 }

@@ -9,8 +9,9 @@
  *
  * @packageDocumentation
  */
-import { rename, writeFile } from 'node:fs/promises';
-import { basename, join, resolve } from 'node:path';
+import { rename, rm, writeFile } from 'node:fs/promises';
+import { basename, dirname, join, resolve } from 'node:path';
+import { ConfigError } from '../errors.js';
 import { readRunMetrics, type MetricsRecord, type SkippedLine } from './metricsFile.js';
 
 /** One curve of a plot. */
@@ -103,6 +104,8 @@ export interface ReportInput {
  * @param options - output path, title and plots.
  * @returns the absolute path of the written page.
  * @throws RunDirError when `runDir` is not a directory.
+ * @throws {@link ConfigError} naming the output path when it cannot be written (its directory is missing, it is
+ *   a directory, permission is denied); `context.path` holds it.
  */
 export async function writeReport(runDir: string, options: WriteReportOptions = {}): Promise<string> {
   const out = resolve(options.out ?? join(runDir, 'report.html'));
@@ -115,9 +118,41 @@ export async function writeReport(runDir: string, options: WriteReportOptions = 
     ...(options.plots === undefined ? {} : { plots: options.plots }),
   });
   const temporary = `${out}.${process.pid}.tmp`;
-  await writeFile(temporary, html, 'utf8');
-  await rename(temporary, out);
+  try {
+    await writeFile(temporary, html, 'utf8');
+    await rename(temporary, out);
+  } catch (error) {
+    await rm(temporary, { force: true }).catch(() => undefined);
+    throw unwritable(out, error);
+  }
   return out;
+}
+
+/** The typed error for an output file that cannot be written; anything but a file-system error passes through. */
+function unwritable(out: string, error: unknown): unknown {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (!(error instanceof Error) || typeof code !== 'string') return error;
+  return new ConfigError(`cannot write the report to ${out}: ${fileSystemReason(code, out)}`, {
+    cause: error,
+    context: { key: 'out', path: out, code },
+  });
+}
+
+/** Words for the common file-system error codes of writing `path`; the code itself otherwise. */
+function fileSystemReason(code: string, path: string): string {
+  switch (code) {
+    case 'ENOENT':
+      return `directory ${dirname(path)} does not exist`;
+    case 'ENOTDIR':
+      return 'a component of its directory is not a directory';
+    case 'EISDIR':
+      return 'it is a directory';
+    case 'EACCES':
+    case 'EPERM':
+      return 'permission denied';
+    default:
+      return code;
+  }
 }
 
 // ── geometry ──────────────────────────────────────────────────────────────────

@@ -3,6 +3,7 @@
  *
  * @packageDocumentation
  */
+import { stat } from 'node:fs/promises';
 import { basename, resolve } from 'node:path';
 
 import { loadChatTemplate } from '../chat/jinjaTemplate.js';
@@ -25,6 +26,8 @@ export interface ServeCommandOptions {
    * tokenizer of `alphabet` is initialized.
    */
   readonly model?: string;
+  /** The flag that named `model`, for messages (`--model` or `--checkpoint`). Default `model`. */
+  readonly modelFlag?: 'model' | 'checkpoint';
   /** Character alphabet of a fresh policy (without `model`). */
   readonly alphabet?: string;
   /** Alphabet when the flag names none. */
@@ -70,6 +73,10 @@ export interface ServeCommandOptions {
  * @throws {@link ConfigError} when `model` is not a model directory or its tokenizer does not fit its weights.
  */
 export async function runServeCommand(options: ServeCommandOptions): Promise<number> {
+  // The model directory and its tokenizer are checked before the backend starts (and logs a line), so a bad path
+  // fails with its error alone.
+  const dir = options.model === undefined ? undefined : await checkedModelDir(options.model, options);
+  const dirTokenizer = dir === undefined ? undefined : await loadTokenizer(dir);
   const backend = await initBackend(options.backend ?? 'auto', {
     logger: { info: (obj, msg) => options.err(`rxrl: ${msg} ${JSON.stringify(obj)}`) },
   });
@@ -78,15 +85,8 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
   let chatTemplate: ChatTemplate | undefined;
   let version = 0;
   let modelName = options.modelName;
-  if (options.model !== undefined) {
-    const dir = resolve(options.model);
-    if (!(await isModelDir(dir))) {
-      throw new ConfigError(`--model ${options.model}: not a model directory (no config.json)`, { context: { key: 'model', path: dir } });
-    }
-    if (options.alphabet !== undefined) {
-      throw new ConfigError('--alphabet applies to a fresh policy only: a model directory carries its tokenizer', { context: { key: 'alphabet' } });
-    }
-    tokenizer = await loadTokenizer(dir);
+  if (dir !== undefined && dirTokenizer !== undefined) {
+    tokenizer = dirTokenizer;
     const loaded = await loadModelDir(dir);
     model = loaded.model;
     if (tokenizer.vocabSize > model.config.vocabSize) {
@@ -141,4 +141,22 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
   } finally {
     model.dispose();
   }
+}
+
+/** The absolute path of the `--model` directory, or a {@link ConfigError} naming the flag and the path. */
+async function checkedModelDir(model: string, options: ServeCommandOptions): Promise<string> {
+  const dir = resolve(model);
+  const key = options.modelFlag ?? 'model';
+  if (!(await isModelDir(dir))) {
+    const why = (await isDirectory(dir)) ? 'no config.json' : 'no such directory';
+    throw new ConfigError(`--${key} ${model}: not a model directory (${why})`, { context: { key, path: dir } });
+  }
+  if (options.alphabet !== undefined) {
+    throw new ConfigError('--alphabet applies to a fresh policy only: a model directory carries its tokenizer', { context: { key: 'alphabet' } });
+  }
+  return dir;
+}
+
+async function isDirectory(path: string): Promise<boolean> {
+  return (await stat(path).catch(() => undefined))?.isDirectory() ?? false;
 }

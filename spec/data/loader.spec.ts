@@ -56,6 +56,19 @@ describe('loadTasks', () => {
     expect(closed).toBe(true);
   });
 
+  it('ends on an empty source even when told to repeat it forever', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-loader-empty-'));
+    const empty = join(dir, 'empty.jsonl');
+    await writeFile(empty, '\n');
+    // Reading a file yields to the event loop, so the timer can tell a loader that never ends.
+    for (const options of [{ epochs: Infinity }, { epochs: Infinity, shuffle: true }]) {
+      const iterator = loadTasks({ jsonl: empty }, options)[Symbol.asyncIterator]();
+      const first = await Promise.race([iterator.next(), new Promise<'still running'>((done) => setTimeout(() => done('still running'), 2_000))]);
+      expect(first).toEqual({ done: true, value: undefined });
+    }
+    expect(await collect(loadTasks([], { epochs: Infinity }))).toEqual([]);
+  });
+
   it('records its position and resumes from it without repeating a task', async () => {
     const loader = loadTasks(tasks, { epochs: 2, shuffle: true, seed: 1 });
     const head = await collect(loader, 8);

@@ -40,6 +40,9 @@ describe('createLogger', () => {
     expect(formatPretty('not json\n')).toBe('not json\n');
     const withError = formatPretty(JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: 'EngineError: down\n    at f' } }));
     expect(withError).toBe('00:00:00.000 ERROR x err=EngineError: down\n    at f\n');
+    // A repeated report's error has no stack: still one line.
+    const noStack = formatPretty(JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: '' } }));
+    expect(noStack).toBe('00:00:00.000 ERROR x err=EngineError: down\n');
   });
 
   it('appends to a file, creating its directory, synchronously', () => {
