@@ -8,7 +8,7 @@ import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
 import { DecodeError } from '../errors.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
-import { RequestError, absent, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
 import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
 
 function readContent(value: unknown, param: string, nullable: boolean): string {
@@ -116,7 +116,8 @@ export async function chatCompletions(ctx: ServeContext, body: JsonObject, signa
     prompt = ctx.template.render(messages, tools, { addGenerationPrompt: true });
   } catch (error) {
     const index = error instanceof DecodeError ? error.context.message : undefined;
-    throw invalid(typeof index === 'number' ? `messages[${index}].content` : 'messages', error instanceof Error ? error.message : String(error));
+    const why = excerpt(error instanceof Error ? error.message : String(error), MAX_ERROR_MESSAGE_CHARS);
+    throw invalid(typeof index === 'number' ? `messages[${index}].content` : 'messages', why);
   }
   const limit = ctx.maxSeqLen - prompt.length;
   const maxTokens =

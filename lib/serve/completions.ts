@@ -6,13 +6,23 @@
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import type { PromptTokenLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
+import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Sampling } from './sampling.js';
 
 /** New tokens when a request gives no `max_tokens` (the OpenAI default), cut to what the context allows. */
 const DEFAULT_MAX_TOKENS = 16;
 
-function readPrompts(ctx: ServeContext, body: JsonObject): number[][] {
+/** The prompts of a request: 400 unless they are valid and `prompts × n` is within `maxSamplesPerRequest`. */
+function readPrompts(ctx: ServeContext, body: JsonObject, sampling: Sampling): number[][] {
   const prompt = body.prompt;
+  // A list of token-id lists or of strings is several prompts; count them before encoding anything.
+  const count = Array.isArray(prompt) && prompt.length > 0 && prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt.length : 1;
+  if (count * sampling.n > ctx.maxSamplesPerRequest) {
+    throw invalid(
+      'prompt',
+      `${count} prompts × n = ${sampling.n} asks for ${count * sampling.n} samples; at most ${ctx.maxSamplesPerRequest} per request`,
+      'too_many_samples',
+    );
+  }
   const V = ctx.tokenizer.vocabSize;
   const isIds = (x: unknown): x is number[] =>
     Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && t >= 0 && t < V);
@@ -64,8 +74,8 @@ export async function completions(ctx: ServeContext, body: JsonObject, signal: A
   refuse(body, 'suffix', (v) => v === '', 'suffix');
   const sampling = readSampling(ctx, body);
   refuse(body, 'best_of', (v) => v === sampling.n, 'best_of other than n');
-  const prompts = readPrompts(ctx, body);
-  const room = ctx.maxSeqLen - Math.max(...prompts.map((p) => p.length));
+  const prompts = readPrompts(ctx, body, sampling);
+  const room = ctx.maxSeqLen - prompts.reduce((longest, p) => Math.max(longest, p.length), 0);
   const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(DEFAULT_MAX_TOKENS, room)));
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
   const logprobs = readInteger(body, 'logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));

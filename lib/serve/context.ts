@@ -23,6 +23,8 @@ export interface ServeContext {
   readonly modelName: string;
   readonly maxSeqLen: number;
   readonly maxN: number;
+  /** Most samples (prompts × `n`) one request may ask for. */
+  readonly maxSamplesPerRequest: number;
   readonly maxBodyBytes: number;
   readonly weightsRoot: string | undefined;
   readonly apiKey: string | undefined;

@@ -47,6 +47,70 @@ export function errorBody(message: string, type: string, param: string | null = 
   return { error: { message, type, param, code } };
 }
 
+/** Most characters of a client-supplied value that an error message quotes. */
+export const MAX_QUOTED_CHARS = 64;
+
+/** Most characters of an error message (messages of lower layers are cut to it). */
+export const MAX_ERROR_MESSAGE_CHARS = 512;
+
+/**
+ * `text`, cut to `max` characters (never inside a surrogate pair), with its length said when cut: error messages
+ * name what a client sent without echoing a whole body back.
+ *
+ * @example
+ * ```ts
+ * excerpt('a'.repeat(100), 4); // 'aaaa… (100 chars)'
+ * ```
+ */
+export function excerpt(text: string, max: number = MAX_QUOTED_CHARS): string {
+  return text.length <= max ? text : `${cut(text, max)} (${text.length} chars)`;
+}
+
+/**
+ * A client-supplied JSON value as short JSON-like text for an error message: long strings are cut, containers are
+ * shown two levels deep and only their first items, the whole is at most about `max` characters. It never throws
+ * (`JSON.stringify` overflows the stack on deeply nested input).
+ *
+ * @example
+ * ```ts
+ * quote([[[[1]]]]); // '[[[…]]]'
+ * quote({ a: 'x'.repeat(1000) }, 10); // '{"a":"xxxx…'
+ * ```
+ */
+export function quote(value: unknown, max: number = MAX_QUOTED_CHARS): string {
+  const text = sketch(value, 2, max);
+  return text.length <= max ? text : cut(text, max);
+}
+
+/** The first `max` characters of `text` and `…` (a surrogate pair is kept whole or dropped). */
+function cut(text: string, max: number): string {
+  const code = text.charCodeAt(max - 1);
+  return `${text.slice(0, code >= 0xd800 && code <= 0xdbff ? max - 1 : max)}…`;
+}
+
+/** JSON-like text of `value` down to `depth` container levels, stopping once about `budget` characters are out. */
+function sketch(value: unknown, depth: number, budget: number): string {
+  if (typeof value === 'string') return JSON.stringify(value.length > budget ? `${value.slice(0, budget)}…` : value);
+  if (typeof value !== 'object' || value === null) return String(JSON.stringify(value));
+  const isArray = Array.isArray(value);
+  const [open, close] = isArray ? ['[', ']'] : ['{', '}'];
+  const entries: Iterable<unknown> = isArray ? value : Object.entries(value);
+  const parts: string[] = [];
+  let used = 0;
+  for (const entry of entries) {
+    if (depth === 0 || used > budget) {
+      parts.push('…');
+      break;
+    }
+    const text = isArray
+      ? sketch(entry, depth - 1, budget)
+      : `${JSON.stringify(excerpt((entry as [string, unknown])[0]))}:${sketch((entry as [string, unknown])[1], depth - 1, budget)}`;
+    parts.push(text);
+    used += text.length + 1;
+  }
+  return `${open}${parts.join(',')}${close}`;
+}
+
 /** A JSON object request body. */
 export type JsonObject = Readonly<Record<string, unknown>>;
 
@@ -61,9 +125,8 @@ export function parseJsonObject(text: string): JsonObject {
   try {
     value = JSON.parse(text);
   } catch (cause) {
-    throw new RequestError(400, `request body is not valid JSON: ${cause instanceof Error ? cause.message : String(cause)}`, {
-      code: 'invalid_json',
-    });
+    const why = excerpt(cause instanceof Error ? cause.message : String(cause), MAX_ERROR_MESSAGE_CHARS);
+    throw new RequestError(400, `request body is not valid JSON: ${why}`, { code: 'invalid_json' });
   }
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new RequestError(400, 'request body must be a JSON object', { code: 'invalid_json' });
@@ -83,7 +146,7 @@ export function readInteger(body: JsonObject, name: string, min: number, max: nu
   if (absent(body, name)) return fallback;
   const value = body[name];
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    throw invalid(name, `'${name}' must be an integer in [${min}, ${max}], got ${JSON.stringify(value)}`);
+    throw invalid(name, `'${name}' must be an integer in [${min}, ${max}], got ${quote(value)}`);
   }
   return value;
 }
@@ -93,7 +156,7 @@ export function readNumber(body: JsonObject, name: string, min: number, max: num
   if (absent(body, name)) return fallback;
   const value = body[name];
   if (typeof value !== 'number' || !Number.isFinite(value) || value > max || (exclusiveMin ? value <= min : value < min)) {
-    throw invalid(name, `'${name}' must be a number in ${exclusiveMin ? '(' : '['}${min}, ${max}], got ${JSON.stringify(value)}`);
+    throw invalid(name, `'${name}' must be a number in ${exclusiveMin ? '(' : '['}${min}, ${max}], got ${quote(value)}`);
   }
   return value;
 }
@@ -102,7 +165,7 @@ export function readNumber(body: JsonObject, name: string, min: number, max: num
 export function readBoolean(body: JsonObject, name: string, fallback: boolean): boolean {
   if (absent(body, name)) return fallback;
   const value = body[name];
-  if (typeof value !== 'boolean') throw invalid(name, `'${name}' must be a boolean, got ${JSON.stringify(value)}`);
+  if (typeof value !== 'boolean') throw invalid(name, `'${name}' must be a boolean, got ${quote(value)}`);
   return value;
 }
 

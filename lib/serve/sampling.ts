@@ -11,6 +11,7 @@ import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
 import {
   RequestError,
+  excerpt,
   invalid,
   readBoolean,
   readInteger,
@@ -39,7 +40,9 @@ export interface Sampling {
 /** 404 unless the request names the served model. */
 export function checkModel(ctx: ServeContext, body: JsonObject): void {
   const model = readString(body, 'model');
-  if (model !== ctx.modelName) throw new RequestError(404, `The model '${model}' does not exist`, { param: 'model', code: 'model_not_found' });
+  if (model !== ctx.modelName) {
+    throw new RequestError(404, `The model '${excerpt(model)}' does not exist`, { param: 'model', code: 'model_not_found' });
+  }
 }
 
 /**
@@ -222,7 +225,8 @@ export async function sample(
   });
   const responses = await ctx.engine.generate(requests, signal);
   const promptLogprobs = prompts.map((_, p) => ctx.serving.scores(responses[p * sampling.n])?.prompt);
-  return { responses, promptLogprobs, version: Math.min(...responses.map((r) => r.policyVersion)) };
+  const version = responses.reduce((oldest, r) => Math.min(oldest, r.policyVersion), Number.POSITIVE_INFINITY);
+  return { responses, promptLogprobs, version };
 }
 
 /** The fields every completion response starts with, `policy_version` and `system_fingerprint` included. */

@@ -38,7 +38,7 @@ import type { PolicyVersion } from '../types.js';
 import { chatCompletions } from './chat.js';
 import { completions } from './completions.js';
 import type { ServeContext, ServeLogger } from './context.js';
-import { RequestError, errorBody, parseJsonObject } from './protocol.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, errorBody, excerpt, parseJsonObject } from './protocol.js';
 import { ServingModel } from './servingModel.js';
 import { updateWeights } from './weights.js';
 
@@ -79,6 +79,11 @@ export interface ServeOptions {
   readonly apiKey?: string;
   /** Largest `n` (samples per prompt). Default 128. */
   readonly maxN?: number;
+  /**
+   * Most samples one request may ask for: prompts × `n` (a completions request may list many prompts). Others
+   * get 400 before anything is encoded or queued, so one request cannot hold the engine for long. Default 4096.
+   */
+  readonly maxSamplesPerRequest?: number;
   /** Receives one record per request and per weight update. Default: silent. */
   readonly log?: ServeLogger;
   /** Closes the server when it fires. */
@@ -129,7 +134,11 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port must be an integer in [0, 65535], got ${port}`);
   const maxN = options.maxN ?? 128;
   const maxBodyBytes = options.maxBodyBytes ?? 4 * 1024 * 1024;
+  const maxSamplesPerRequest = options.maxSamplesPerRequest ?? 4096;
   if (!Number.isInteger(maxN) || maxN < 1) throw new ConfigError(`maxN must be an integer >= 1, got ${maxN}`);
+  if (!Number.isInteger(maxSamplesPerRequest) || maxSamplesPerRequest < 1) {
+    throw new ConfigError(`maxSamplesPerRequest must be an integer >= 1, got ${maxSamplesPerRequest}`);
+  }
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) throw new ConfigError(`maxBodyBytes must be an integer >= 1, got ${maxBodyBytes}`);
   if (options.weightsRoot !== undefined && !(await stat(options.weightsRoot).catch(() => undefined))?.isDirectory()) {
     throw new ConfigError(`weightsRoot ${options.weightsRoot} is not a directory`, { context: { key: 'weightsRoot' } });
@@ -152,6 +161,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     modelName,
     maxSeqLen: options.model.config.maxSeqLen,
     maxN,
+    maxSamplesPerRequest,
     maxBodyBytes,
     weightsRoot: options.weightsRoot,
     apiKey: options.apiKey,
@@ -165,9 +175,22 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
       sendJson(res, 500, errorBody('internal server error', 'server_error'));
     });
   });
-  server.on('clientError', (_error, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n');
-    else socket.destroy();
+  server.on('clientError', (error: NodeJS.ErrnoException, socket) => {
+    if (!socket.writable || error.code === 'ECONNRESET') {
+      socket.destroy();
+      return;
+    }
+    // Requests node's parser refuses (garbage, headers past its limit) still get an OpenAI-style error body.
+    const tooLarge = error.code === 'HPE_HEADER_OVERFLOW';
+    const text = JSON.stringify(
+      tooLarge
+        ? errorBody('request headers are too large', 'invalid_request_error', null, 'headers_too_large')
+        : errorBody('malformed HTTP request', 'invalid_request_error', null, 'bad_request'),
+    );
+    const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
+    socket.end(
+      `HTTP/1.1 ${status}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
+    );
   });
   await listen(server, port, host);
   const address = server.address() as AddressInfo;
@@ -225,13 +248,16 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
       return;
     }
     const refused = asRequestError(error);
-    if (refused === undefined) throw error;
+    if (refused === undefined) {
+      status = 500; // answered (and logged) by the caller
+      throw error;
+    }
     status = refused.status;
     const sglang = path === '/update_weights_from_disk'; // SGLang clients read `success` and `message`
     const body = sglang ? { success: false, message: refused.message, ...refused.toBody() } : refused.toBody();
     sendJson(res, refused.status, body, refused.status === 413 ? { connection: 'close' } : {});
   } finally {
-    ctx.log({ event: 'request', method, path, status, ms: Math.round(performance.now() - started) });
+    ctx.log({ event: 'request', method, path: excerpt(path, MAX_ERROR_MESSAGE_CHARS), status, ms: Math.round(performance.now() - started) });
   }
 }
 
@@ -239,7 +265,7 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
 function asRequestError(error: unknown): RequestError | undefined {
   if (error instanceof RequestError) return error;
   if (error instanceof DecodeError || error instanceof ShapeError || error instanceof ConfigError) {
-    return new RequestError(400, error.message, { code: 'invalid_value' }, { cause: error });
+    return new RequestError(400, excerpt(error.message, MAX_ERROR_MESSAGE_CHARS), { code: 'invalid_value' }, { cause: error });
   }
   return undefined;
 }
@@ -253,7 +279,7 @@ async function route(
 ): Promise<unknown> {
   const expect = (allowed: string): void => {
     if (method !== allowed) {
-      throw new RequestError(405, `${method} is not allowed on ${path}; use ${allowed}`, { code: 'method_not_allowed' });
+      throw new RequestError(405, `${method} is not allowed on ${excerpt(path)}; use ${allowed}`, { code: 'method_not_allowed' });
     }
   };
   if (path === '/health') {
@@ -265,7 +291,7 @@ async function route(
   }
   // JSON only: a browser page can POST a form or text/plain to a loopback server without asking (no preflight).
   if (method === 'POST' && !/^application\/json\s*(;|$)/i.test(req.headers['content-type'] ?? '')) {
-    throw new RequestError(415, `${path} accepts only 'content-type: application/json'`, { code: 'unsupported_media_type' });
+    throw new RequestError(415, `${excerpt(path)} accepts only 'content-type: application/json'`, { code: 'unsupported_media_type' });
   }
   if (path === '/v1/models') {
     expect('GET');
@@ -273,8 +299,10 @@ async function route(
   }
   if (path.startsWith('/v1/models/')) {
     expect('GET');
-    const id = decodeURIComponent(path.slice('/v1/models/'.length));
-    if (id !== ctx.modelName) throw new RequestError(404, `The model '${id}' does not exist`, { param: 'model', code: 'model_not_found' });
+    const id = decodePathSegment(path.slice('/v1/models/'.length));
+    if (id !== ctx.modelName) {
+      throw new RequestError(404, `The model '${excerpt(id)}' does not exist`, { param: 'model', code: 'model_not_found' });
+    }
     return modelCard(ctx);
   }
   if (path === '/v1/completions') {
@@ -289,7 +317,16 @@ async function route(
     expect('POST');
     return updateWeights(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
   }
-  throw new RequestError(404, `no route ${method} ${path}`, { code: 'not_found' });
+  throw new RequestError(404, `no route ${method} ${excerpt(path)}`, { code: 'not_found' });
+}
+
+/** A percent-encoded path segment, decoded; 400 when its escapes are not UTF-8 (`decodeURIComponent` throws). */
+function decodePathSegment(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch (cause) {
+    throw new RequestError(400, `the path segment '${excerpt(segment)}' is not valid percent-encoded UTF-8`, { code: 'invalid_path' }, { cause });
+  }
 }
 
 /** Compares two strings in time independent of where they differ. */
@@ -329,7 +366,11 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
     req.on('end', () => {
       if (!over) resolve(Buffer.concat(chunks).toString('utf8'));
     });
-    req.on('error', reject);
+    // The client went away mid-body ('aborted'): a client error, not a server one (nobody is left to read it).
+    req.on('error', (cause) => {
+      chunks.length = 0;
+      reject(new RequestError(400, 'the request body was cut off', { code: 'incomplete_body' }, { cause }));
+    });
   });
 }
 

@@ -6,13 +6,16 @@
 import { realpath, stat } from 'node:fs/promises';
 import { isAbsolute, relative } from 'node:path';
 
-import { ConfigError, DecodeError } from '../errors.js';
+import { RxrlError, ShapeError } from '../errors.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
 import type { ResolvedPolicyConfig } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
-import { RequestError, invalid, readBoolean, readString, type JsonObject } from './protocol.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 
+
+/** Most characters of `model_path` that a message quotes. */
+const MAX_QUOTED_PATH_CHARS = 256;
 
 /** Slack over the served model's float32 size for a weights file's header. */
 const HEADER_SLACK_BYTES = 16 << 20;
@@ -24,30 +27,33 @@ const HEADER_SLACK_BYTES = 16 << 20;
  *
  * Safe with any path: only a directory (below `--weights-root` when set, else 403) whose files are regular files,
  * none larger than the served model in float32, is read; its architecture must be the served one's; the version
- * must be above the current one unless `force: true`. Every refusal is a 4xx naming the parameter, and no message
- * quotes file content.
+ * must be above the current one unless `force: true`. Every refusal is a 4xx naming the parameter, whatever the
+ * directory holds (malformed files included); messages are short: an excerpt of the path and of the reader's reason.
  */
 export async function updateWeights(ctx: ServeContext, body: JsonObject): Promise<unknown> {
   const modelPath = readString(body, 'model_path');
   const force = readBoolean(body, 'force', false);
   if (modelPath.trim() === '' || modelPath.includes('\0')) throw invalid('model_path', 'model_path must be a directory path');
+  const named = quote(modelPath, MAX_QUOTED_PATH_CHARS);
   let real: string;
   let isDir: boolean;
   try {
     real = await realpath(modelPath);
     isDir = (await stat(real)).isDirectory();
   } catch (cause) {
-    throw new RequestError(400, `model_path ${JSON.stringify(modelPath)} does not exist`, { param: 'model_path', code: 'not_found' }, { cause });
+    const code = (cause as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' || code === undefined ? 'does not exist' : `cannot be resolved (${code})`;
+    throw new RequestError(400, `model_path ${named} ${why}`, { param: 'model_path', code: 'not_found' }, { cause });
   }
   if (ctx.weightsRoot !== undefined) {
     const root = await realpath(ctx.weightsRoot);
     const inside = relative(root, real);
     if (inside.startsWith('..') || isAbsolute(inside)) {
-      throw new RequestError(403, `model_path ${JSON.stringify(modelPath)} is outside the weights root`, { param: 'model_path', code: 'forbidden_path' });
+      throw new RequestError(403, `model_path ${named} is outside the weights root`, { param: 'model_path', code: 'forbidden_path' });
     }
   }
   if (!isDir || !(await isModelDir(real))) {
-    throw invalid('model_path', `model_path ${JSON.stringify(modelPath)} is not a model directory (no config.json)`);
+    throw invalid('model_path', `model_path ${named} is not a model directory (no config.json)`);
   }
   const requested = readVersion(body.weight_version, 'weight_version');
   if (requested !== undefined && requested <= ctx.engine.version && !force) {
@@ -62,11 +68,15 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
   try {
     contents = await readModelDir(real, { maxWeightBytes: served.numParameters() * 4 + HEADER_SLACK_BYTES });
   } catch (cause) {
-    if (cause instanceof ConfigError || cause instanceof DecodeError) throw invalid('model_path', cause.message);
-    throw cause;
+    // Whatever the client-named files make the reader throw (a typed refusal, or a TypeError or RangeError on
+    // content it did not expect) is a bad request; only rxrl's own messages are passed on, cut short.
+    const why = cause instanceof RxrlError
+      ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS)
+      : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
+    throw new RequestError(400, `model_path ${named} cannot be loaded: ${why}`, { param: 'model_path', code: 'invalid_value' }, { cause });
   }
   const mismatch = architectureMismatch(served.config, contents.config);
-  if (mismatch) throw invalid('model_path', `model_path ${JSON.stringify(modelPath)} holds another architecture: ${mismatch}`);
+  if (mismatch) throw invalid('model_path', `model_path ${named} holds another architecture: ${mismatch}`);
   const { weights, metadata } = contents;
   const version = requested ?? readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ?? ctx.engine.version + 1;
   if (version <= ctx.engine.version && !force) {
@@ -75,11 +85,18 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
       code: 'stale_version',
     });
   }
-  await ctx.engine.loadWeights(version, weights);
-  ctx.log({ event: 'weights', version, modelPath });
+  try {
+    await ctx.engine.loadWeights(version, weights);
+  } catch (cause) {
+    // Missing, unknown or misshapen tensors: checked before any weight is replaced, so the served ones stay.
+    if (!(cause instanceof ShapeError)) throw cause;
+    const why = excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS);
+    throw new RequestError(400, `model_path ${named}: ${why}`, { param: 'model_path', code: 'invalid_value' }, { cause });
+  }
+  ctx.log({ event: 'weights', version, modelPath: excerpt(modelPath, MAX_ERROR_MESSAGE_CHARS) });
   return {
     success: true,
-    message: `loaded ${modelPath} as policy version ${version}`,
+    message: `loaded ${excerpt(modelPath, MAX_ERROR_MESSAGE_CHARS)} as policy version ${version}`,
     weight_version: String(version),
     policy_version: version,
     num_paused_requests: 0,
@@ -100,7 +117,7 @@ function readVersion(value: unknown, param: string): PolicyVersion | undefined {
   if (value === undefined || value === null) return undefined;
   const n = typeof value === 'string' && value.trim() !== '' ? Number(value) : value;
   if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) {
-    throw invalid(param === 'metadata' ? 'model_path' : param, `${param} must be a non-negative integer version, got ${JSON.stringify(value)}`);
+    throw invalid(param === 'metadata' ? 'model_path' : param, `${param} must be a non-negative integer version, got ${quote(value)}`);
   }
   return n;
 }
