@@ -136,6 +136,8 @@ async function activate(name: BackendName): Promise<void> {
     throw unavailable(name, undefined);
   }
   await tf.ready();
+  // The package just loaded may have replaced rxrl's gradients with the stock ones.
+  installBackendFixes();
 }
 
 function unavailable(name: BackendName, cause: unknown): BackendUnavailableError {
@@ -202,12 +204,15 @@ let fixesInstalled = false;
  * `BatchMatMul` gradient is global (all backends) and numerically equal to the stock one.
  */
 export function installBackendFixes(): void {
+  // Importing a full TF.js bundle (tfjs-node imports @tensorflow/tfjs) registers the stock gradients of every
+  // kernel again, replacing ours: the BatchMatMul override is checked and re-applied on every call, and
+  // initBackend calls this after loading a backend's package.
+  if (tf.getGradient(tf.BatchMatMul) !== batchMatMulGradConfig) tf.registerGradient(batchMatMulGradConfig);
   if (fixesInstalled) {
     return;
   }
   fixesInstalled = true;
   registerCoreGradients();
-  tf.registerGradient(batchMatMulGradConfig);
   if (tf.getKernel(tf.UnsortedSegmentSum, 'wasm') === undefined) {
     tf.registerKernel(wasmUnsortedSegmentSumConfig);
   }

@@ -83,6 +83,20 @@ describe('initBackend', () => {
   });
 });
 
+describe('the BatchMatMul gradient override', () => {
+  it('survives a TF.js bundle that registers the stock gradients again (as importing tfjs-node does)', async () => {
+    installBackendFixes();
+    const ours = tf.getGradient(tf.BatchMatMul);
+    // What @tensorflow/tfjs does on import: every stock gradient registered, BatchMatMul's included.
+    const stock = (await import('@tensorflow/tfjs-core/dist/gradients/BatchMatMul_grad.js' as string)) as { batchMatMulGradConfig: tf.GradConfig };
+    tf.registerGradient(stock.batchMatMulGradConfig);
+    expect(tf.getGradient(tf.BatchMatMul)).toBe(stock.batchMatMulGradConfig);
+    await initBackend(nativeInstalled ? 'tensorflow' : 'cpu', { logger: quiet });
+    expect(tf.getGradient(tf.BatchMatMul)).toBe(ours);
+    expect(ours).not.toBe(stock.batchMatMulGradConfig);
+  });
+});
+
 describe('wasm fixes agree with cpu', () => {
   beforeAll(() => {
     installBackendFixes();
