@@ -17,6 +17,8 @@
  *
  * @packageDocumentation
  */
+import { createRequire } from 'node:module';
+
 import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-backend-cpu';
 
@@ -192,6 +194,23 @@ async function loadPackage(pkg: string, name: BackendName): Promise<void> {
 async function importOptional(specifier: string): Promise<unknown> {
   const name: string = specifier;
   return import(name);
+}
+
+/**
+ * Whether a native backend package (`@tensorflow/tfjs-node-gpu` or `@tensorflow/tfjs-node`, see `npm run native`)
+ * resolves from this module, without loading it. Specs and benchmarks use it to add the `tensorflow` backend to the
+ * ones they compare.
+ */
+export function nativeBackendInstalled(): boolean {
+  const require = createRequire(import.meta.url);
+  return NATIVE_BACKEND_PACKAGES.some((pkg) => {
+    try {
+      require.resolve(pkg);
+      return true;
+    } catch {
+      return false;
+    }
+  });
 }
 
 // ── fixes ─────────────────────────────────────────────────────────────────────

@@ -12,7 +12,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError } from '../../lib/errors.js';
-import { initBackend } from '../../lib/model/backend.js';
+import { initBackend, nativeBackendInstalled, type BackendName } from '../../lib/model/backend.js';
 import { loadModelDir, policyConfigFromHf, readModelDir, saveModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 
@@ -67,7 +67,10 @@ function maxLogitDiff(ours: number[][][], theirs: number[][][], mask: number[][]
   return worst;
 }
 
-describe.each(['cpu', 'wasm'] as const)('Llama-family decoder vs transformers (%s backend)', (backend) => {
+// The native backend joins the comparison where `npm run native` has installed it.
+const BACKENDS: BackendName[] = ['cpu', 'wasm', ...(nativeBackendInstalled() ? (['tensorflow'] as const) : [])];
+
+describe.each(BACKENDS)('Llama-family decoder vs transformers (%s backend)', (backend) => {
   beforeAll(async () => {
     await initBackend(backend, { logger: quiet });
   });
