@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--model-dir", default=None, help="load this local HF model directory instead")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="JSON object of LlamaConfig fields (vocab_size, hidden_size, ...) replacing SmolLM2-135M's; rope_theta too",
+    )
     args = parser.parse_args(argv)
     for name in ("threads", "reps", "batch", "seq"):
         if getattr(args, name) < 1:
@@ -87,12 +92,16 @@ def build_model(args, torch):
         return AutoModelForCausalLM.from_pretrained(
             args.model_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True
         )
+    shape = dict(SMOLLM2_135M)
+    rope_theta = ROPE_THETA
+    if args.shape:
+        fields = json.loads(args.shape)
+        rope_theta = float(fields.pop("rope_theta", rope_theta))
+        shape.update(fields)
     try:  # transformers >= 5
-        config = LlamaConfig(
-            **SMOLLM2_135M, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}
-        )
+        config = LlamaConfig(**shape, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
     except TypeError:  # transformers 4.x
-        config = LlamaConfig(**SMOLLM2_135M, rope_theta=ROPE_THETA)
+        config = LlamaConfig(**shape, rope_theta=rope_theta)
     config._attn_implementation = "eager"
     torch.manual_seed(args.seed)
     return LlamaForCausalLM(config).to(torch.float32)
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_tok_s": round(n_tokens / train_s, 1),
             "torch": torch.__version__.split("+")[0],
             "reps": args.reps,
-            "model": args.model_dir or "random:SmolLM2-135M",
+            "model": args.model_dir or ("random:" + args.shape if args.shape else "random:SmolLM2-135M"),
             "forward_s": round(forward_s, 4),
             "grad_s": round(grad_s, 4),
             "train_step_s": round(train_s, 4),

@@ -2,11 +2,17 @@
  * Training-step throughput of the policy model: forward, `tf.variableGrads` of the mean token NLL, and an
  * Adam update, in tokens per second (`B · T` tokens per step), for two model sizes on every available backend.
  *
- * Usage: `npm run bench -- train [--backends wasm,cpu,tensorflow] [--sizes small,medium] [--steps N]`.
- * Prints one JSON object per (backend, size).
+ * Usage: `npm run bench -- train [--backends wasm,cpu,tensorflow] [--sizes small,medium] [--steps N] [--no-torch]`.
+ * Prints one JSON object per (backend, size); then, when `python3` imports torch and transformers, PyTorch CPU's
+ * train step on the same shape, batch and sequence (`bench/torch_hf.py --shape`, AdamW, 2 threads and 1), and a
+ * `train-summary` line with every backend's ratio to both and the tensorflow / wasm ratio, all from this run.
  *
  * @packageDocumentation
  */
+import { spawnSync } from 'node:child_process';
+import { loadavg } from 'node:os';
+import { fileURLToPath } from 'node:url';
+
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
@@ -59,6 +65,8 @@ export async function main(args: readonly string[]): Promise<void> {
   const sizes = parseList(args, '--sizes') ?? CASES.map((c) => c.name);
   const stepsArg = parseList(args, '--steps');
   const quiet = { info: (): void => undefined };
+  const load = loadavg()[0];
+  const rows: Record<string, unknown>[] = [];
   for (const backend of backends) {
     try {
       await initBackend(backend, { logger: quiet });
@@ -69,9 +77,57 @@ export async function main(args: readonly string[]): Promise<void> {
     for (const c of CASES.filter((k) => sizes.includes(k.name))) {
       const steps = stepsArg !== undefined ? Number(stepsArg[0]) : TIMED_STEPS[backend];
       const batch = Math.max(1, Math.floor(c.batch / BATCH_DIVISOR[backend]));
-      console.log(JSON.stringify(await runCase(backend, { ...c, batch }, WARMUP_STEPS[backend], steps)));
+      const row = await runCase(backend, { ...c, batch }, WARMUP_STEPS[backend], steps);
+      rows.push(row);
+      console.log(JSON.stringify(row));
     }
   }
+  if (args.includes('--no-torch')) return;
+  const torch = new Map<string, { t2?: number; t1?: number }>();
+  for (const c of CASES.filter((k) => sizes.includes(k.name))) {
+    const t2 = benchTorch(c, 2);
+    const t1 = benchTorch(c, 1);
+    console.log(JSON.stringify({ ...t2, size: c.name }));
+    console.log(JSON.stringify({ ...t1, size: c.name }));
+    torch.set(c.name, { t2: t2.train_tok_s as number | undefined, t1: t1.train_tok_s as number | undefined });
+  }
+  const ratio = (a: unknown, b: unknown): number | null =>
+    typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
+  const tokS = (backend: string, size: string): unknown => rows.find((r) => r.backend === backend && r.size === size)?.tokensPerSecond;
+  console.log(
+    JSON.stringify({
+      bench: 'train-summary',
+      loadavg_1m_at_start: Number(load.toFixed(2)),
+      rows: rows.map((r) => ({
+        backend: r.backend,
+        size: r.size,
+        tokensPerSecond: r.tokensPerSecond,
+        vs_torch_2_threads: ratio(r.tokensPerSecond, torch.get(String(r.size))?.t2),
+        vs_torch_1_thread: ratio(r.tokensPerSecond, torch.get(String(r.size))?.t1),
+      })),
+      tensorflow_vs_wasm: CASES.filter((k) => sizes.includes(k.name)).map((c) => ({ size: c.name, ratio: ratio(tokS('tensorflow', c.name), tokS('wasm', c.name)) })),
+    }),
+  );
+}
+
+/** PyTorch CPU's train step (AdamW) on a Llama of the case's shape, batch and sequence, with `threads` threads. */
+function benchTorch(c: TrainCase, threads: number): Record<string, unknown> {
+  const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
+  const shape = {
+    vocab_size: c.config.vocabSize,
+    hidden_size: c.config.dModel,
+    intermediate_size: c.config.dFF,
+    num_hidden_layers: c.config.nLayers,
+    num_attention_heads: c.config.nHeads,
+    num_key_value_heads: c.config.nKvHeads ?? c.config.nHeads,
+    max_position_embeddings: c.config.maxSeqLen,
+    tie_word_embeddings: c.config.tieWordEmbeddings ?? false,
+    rope_theta: c.config.ropeTheta ?? 10_000,
+  };
+  const args = [script, '--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', JSON.stringify(shape)];
+  const run = spawnSync('python3', args, { encoding: 'utf8', maxBuffer: 16 << 20 });
+  if (run.status !== 0) return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
+  return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
 }
 
 async function runCase(backend: BackendName, c: TrainCase, warmup: number, steps: number): Promise<Record<string, unknown>> {
