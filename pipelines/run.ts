@@ -337,6 +337,9 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
           };
           await appendFile(files.trained, `${JSON.stringify(line)}\n`);
         }
+        // The step's metrics line goes out before its checkpoint: a process killed between the two resumes past
+        // this step, so a line written after the checkpoint could be lost for good.
+        metricsWriter?.write({ step: result.step, version: result.version, metrics: result.metrics });
         // The last step of the budget is always saved, so a finished run needs no separate final checkpoint.
         const due = config.checkpoint.every > 0 && (result.version % config.checkpoint.every === 0 || trainer.step === config.run.steps);
         if (due) await save(pending, at, buffered);
@@ -395,7 +398,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         afterStep: async (step: StepResult) => {
           const every = config.validation.every;
           const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
-          metricsWriter?.write({ step: step.step, version: step.version, metrics: { ...step.metrics, ...val } });
+          // Validation scores get a line of their own, like those before and after training.
+          if (val) metricsWriter?.write({ step: step.step, version: step.version, metrics: val });
           return val;
         },
         signal,

@@ -38,12 +38,15 @@ describe('runTraining', () => {
     expect(summary).toMatchObject({ recipe: 'train', steps: 3, mode: 'sync', runDir: join(dir, 'run') });
     expect(summary.lastStep['rollout/reward_mean']).toBe(0.5);
     const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-    // before training (the step it follows: −1), steps 0, 1 (+ validation at version 2), 2, and the final validation
-    expect(metrics.map((m) => m.step)).toEqual([-1, 0, 1, 2, 2]);
-    expect(metrics.map((m) => m.version)).toEqual([0, 1, 2, 3, 3]);
+    // before training (the step it follows: −1), steps 0, 1, validation at version 2 (its own line), step 2, and
+    // the final validation
+    expect(metrics.map((m) => m.step)).toEqual([-1, 0, 1, 1, 2, 2]);
+    expect(metrics.map((m) => m.version)).toEqual([0, 1, 2, 2, 3, 3]);
     expect(metrics[0]['val/custom_mean']).toBeTypeOf('number');
-    expect(metrics[2]['val/reward_mean']).toBe(0.5);
-    expect(metrics[1]['val/reward_mean']).toBeUndefined();
+    expect(metrics[3]['val/reward_mean']).toBe(0.5);
+    expect(metrics[3]['actor/pg_loss']).toBeUndefined();
+    expect(metrics[2]['actor/pg_loss']).toBeTypeOf('number');
+    expect(metrics[2]['val/reward_mean']).toBeUndefined();
     expect(readdirSync(join(dir, 'run')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_2', 'global_step_3']);
     const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
     expect(trained).toHaveLength(3);
