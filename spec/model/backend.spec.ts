@@ -26,7 +26,7 @@ function randn(shape: number[], seed: number): tf.Tensor {
 }
 
 /** Runs `f` on the named backend and returns plain arrays of its outputs. */
-async function on(backend: 'cpu' | 'wasm', f: () => tf.Tensor[]): Promise<Float32Array[]> {
+async function on(backend: 'cpu' | 'wasm' | 'tensorflow', f: () => tf.Tensor[]): Promise<Float32Array[]> {
   await initBackend(backend, { logger: quiet });
   const outs = f();
   const values = outs.map((t) => t.dataSync() as Float32Array).map((a) => Float32Array.from(a));
@@ -111,6 +111,7 @@ describe('wasm fixes agree with cpu', () => {
       { a: [2, 5, 3], b: [2, 3, 4], ta: false, tb: false },
       { a: [2, 3, 5], b: [2, 4, 3], ta: true, tb: true },
       { a: [2, 6, 3], b: [3, 4], ta: false, tb: false },
+      { a: [2, 6, 3], b: [4, 3], ta: false, tb: true },
       { a: [2, 3, 6, 3], b: [3, 4], ta: false, tb: false },
       { a: [5, 3], b: [2, 3, 4], ta: false, tb: false },
     ];
@@ -134,6 +135,8 @@ describe('wasm fixes agree with cpu', () => {
       });
       cpu.forEach((v, k) => expectClose(v, wasm[k]));
       cpu.forEach((v, k) => expectClose(v, ref[k]));
+      // The native backend too, where `npm run native` installed it.
+      if (nativeInstalled) (await on('tensorflow', run)).forEach((v, k) => expectClose(cpu[k], v));
     }
   });
 
