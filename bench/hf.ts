@@ -15,17 +15,16 @@
  *
  * @packageDocumentation
  */
-import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { homedir, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import { ratio, runTorchHf } from './_torch.js';
 
 /** SmolLM2-135M's architecture (its config.json). */
 export const SMOLLM2_135M: PolicyConfig = {
@@ -136,12 +135,9 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
 }
 
 function benchTorch(options: Options): Record<string, unknown> {
-  const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
-  const args = [script, '--threads', String(options.threads), '--reps', String(options.reps), '--batch', String(options.batch), '--seq', String(options.seq)];
+  const args = ['--threads', String(options.threads), '--reps', String(options.reps), '--batch', String(options.batch), '--seq', String(options.seq)];
   if (options.modelDir) args.push('--model-dir', options.modelDir);
-  const run = spawnSync('python3', args, { encoding: 'utf8', maxBuffer: 16 << 20 });
-  if (run.status !== 0) return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
-  return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
+  return runTorchHf(args);
 }
 
 export async function main(args: readonly string[]): Promise<void> {
@@ -155,8 +151,6 @@ export async function main(args: readonly string[]): Promise<void> {
   }
   const torch = options.torch ? benchTorch(options) : { bench: 'hf-torch', skipped: '--no-torch' };
   console.log(JSON.stringify(torch));
-  const ratio = (a: unknown, b: unknown): number | null =>
-    typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
   console.log(
     JSON.stringify({
       bench: 'hf-summary',

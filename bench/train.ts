@@ -9,14 +9,13 @@
  *
  * @packageDocumentation
  */
-import { spawnSync } from 'node:child_process';
 import { loadavg } from 'node:os';
-import { fileURLToPath } from 'node:url';
 
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/random.js';
+import { ratio, runTorchHf } from './_torch.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 
 /** One benchmarked model size and its batch. */
@@ -91,8 +90,6 @@ export async function main(args: readonly string[]): Promise<void> {
     console.log(JSON.stringify({ ...t1, size: c.name }));
     torch.set(c.name, { t2: t2.train_tok_s as number | undefined, t1: t1.train_tok_s as number | undefined });
   }
-  const ratio = (a: unknown, b: unknown): number | null =>
-    typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
   const tokS = (backend: string, size: string): unknown => rows.find((r) => r.backend === backend && r.size === size)?.tokensPerSecond;
   console.log(
     JSON.stringify({
@@ -112,7 +109,6 @@ export async function main(args: readonly string[]): Promise<void> {
 
 /** PyTorch CPU's train step (AdamW) on a Llama of the case's shape, batch and sequence, with `threads` threads. */
 function benchTorch(c: TrainCase, threads: number): Record<string, unknown> {
-  const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
   const shape = {
     vocab_size: c.config.vocabSize,
     hidden_size: c.config.dModel,
@@ -124,10 +120,7 @@ function benchTorch(c: TrainCase, threads: number): Record<string, unknown> {
     tie_word_embeddings: c.config.tieWordEmbeddings ?? false,
     rope_theta: c.config.ropeTheta ?? 10_000,
   };
-  const args = [script, '--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', JSON.stringify(shape)];
-  const run = spawnSync('python3', args, { encoding: 'utf8', maxBuffer: 16 << 20 });
-  if (run.status !== 0) return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
-  return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
+  return runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', JSON.stringify(shape)]);
 }
 
 async function runCase(backend: BackendName, c: TrainCase, warmup: number, steps: number): Promise<Record<string, unknown>> {

@@ -1,0 +1,26 @@
+/**
+ * The PyTorch CPU reference shared by benchmarks: runs `bench/torch_hf.py` and reads its JSON line, and the ratio
+ * helper their summaries use.
+ *
+ * @packageDocumentation
+ */
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+/**
+ * Runs `python3 bench/torch_hf.py <args>` and returns its last JSON line; a failure (no python3, a crash) is a
+ * `{ bench: 'hf-torch', skipped }` record, like the script's own when torch is missing.
+ */
+export function runTorchHf(args: readonly string[]): Record<string, unknown> {
+  const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
+  const run = spawnSync('python3', [script, ...args], { encoding: 'utf8', maxBuffer: 16 << 20 });
+  if (run.status !== 0) {
+    return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
+  }
+  return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
+}
+
+/** `a / b` to 3 decimals, or null when either is not a number (a skipped side). */
+export function ratio(a: unknown, b: unknown): number | null {
+  return typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
+}
