@@ -58,6 +58,9 @@ interface Pending {
   readonly reject: (error: unknown) => void;
 }
 
+/** How many batch sizes {@link LocalEngine.batchSizes} keeps (a long-running server must not grow it forever). */
+export const BATCH_HISTORY = 1024;
+
 /**
  * A {@link RolloutEngine} over an in-process model. Concurrent `generate` calls are gathered into batches of at
  * most `maxBatchSize` requests; one batch runs at a time, and requests that arrive meanwhile form the next one.
@@ -78,7 +81,7 @@ export class LocalEngine implements RolloutEngine {
   private readonly weightSync: WeightSyncPolicy;
   /** Aborts the running batch when a weight load interrupts it. */
   private interrupt: AbortController | undefined;
-  /** Batches run so far and their sizes (for tests and metrics). */
+  /** Sizes of the batches run so far, the newest {@link BATCH_HISTORY} of them (for tests and metrics). */
   readonly batchSizes: number[] = [];
   /** Requests resumed after a weight load interrupted them. */
   resumed = 0;
@@ -163,6 +166,7 @@ export class LocalEngine implements RolloutEngine {
     const batch = this.takeLive();
     if (batch.length === 0) return;
     this.batchSizes.push(batch.length);
+    if (this.batchSizes.length > BATCH_HISTORY) this.batchSizes.splice(0, this.batchSizes.length - BATCH_HISTORY);
     const controller = new AbortController();
     const interrupt = new AbortController();
     this.interrupt = interrupt;

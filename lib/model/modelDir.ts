@@ -272,7 +272,7 @@ async function checkFile(path: string, limit: number): Promise<void> {
   }
 }
 
-async function readJson(path: string): Promise<unknown> {
+async function readJson(path: string): Promise<object> {
   let text: string;
   await checkFile(path, MAX_JSON_BYTES);
   try {
@@ -283,11 +283,17 @@ async function readJson(path: string): Promise<unknown> {
       context: { path },
     });
   }
+  let value: unknown;
   try {
-    return JSON.parse(text);
+    value = JSON.parse(text);
   } catch (cause) {
     throw new DecodeError(`${path}: not valid JSON`, { cause, context: { path } });
   }
+  // Every file of a model directory holds an object (a `null` config or index made the readers dereference null).
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new DecodeError(`${path}: not a JSON object`, { context: { path } });
+  }
+  return value;
 }
 
 async function exists(path: string): Promise<boolean> {

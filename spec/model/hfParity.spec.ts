@@ -202,5 +202,11 @@ describe('model directories', () => {
     await saveModelDir(broken, { config: { vocabSize: 8, dModel: 8, nLayers: 1, nHeads: 2, dFF: 8, maxSeqLen: 8 }, weights: new Map() });
     await writeFile(join(broken, 'config.json'), '{"model_type": "llama",');
     await expect(readModelDir(broken)).rejects.toThrow(/config\.json: not valid JSON/);
+    // Valid JSON that is not an object (a `null` generation config crashed the reader with a TypeError).
+    await saveModelDir(broken, { config: { vocabSize: 8, dModel: 8, nLayers: 1, nHeads: 2, dFF: 8, maxSeqLen: 8 }, weights: new Map() });
+    await writeFile(join(broken, 'generation_config.json'), 'null');
+    await expect(readModelDir(broken)).rejects.toThrow(/generation_config\.json: not a JSON object/);
+    await writeFile(join(broken, 'config.json'), '[1, 2]');
+    await expect(readModelDir(broken)).rejects.toThrow(/config\.json: not a JSON object/);
   });
 });
