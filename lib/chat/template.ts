@@ -67,7 +67,8 @@ export function createChatTemplate(tokenizer: Tokenizer, options: ChatTemplateOp
         let text: string;
         try {
           text = prefixes[message.role] + message.content + calls.map((call) => formatToolCall(call, tools)).join('');
-          ids.push(...tokenizer.encode(text));
+          // A loop, not a spread: a message of ~150k tokens would overflow the call stack as spread arguments.
+          for (const id of tokenizer.encode(text)) ids.push(id);
         } catch (cause) {
           throw new DecodeError(`message ${index}: ${cause instanceof Error ? cause.message : String(cause)}`, {
             cause,

@@ -82,4 +82,9 @@ describe('the bundled chat template', () => {
     expect(error).toBeInstanceOf(DecodeError);
     expect((error as DecodeError).context.message).toBe(1);
   });
+
+  it('renders a message of 300 000 characters (spread arguments overflowed the stack)', () => {
+    const ids = template.render([{ role: 'user', content: 'ab'.repeat(150_000) }], [], { addGenerationPrompt: false });
+    expect(ids).toHaveLength(1 + 300_000 + 1);
+  });
 });
