@@ -49,6 +49,8 @@ export interface BackendLogger {
 export interface InitBackendOptions {
   /** Where to report the choice. Default: one line on stderr. */
   readonly logger?: BackendLogger;
+  /** Native packages to try for `tensorflow`, in order. Default {@link NATIVE_BACKEND_PACKAGES}. */
+  readonly nativePackages?: readonly string[];
 }
 
 const stderrLogger: BackendLogger = {
@@ -83,14 +85,14 @@ export async function initBackend(kind: BackendKind, options: InitBackendOptions
     case 'tensorflow':
     case 'wasm':
     case 'cpu':
-      await activate(kind);
+      await activate(kind, options.nativePackages);
       chosen = kind;
       break;
     case 'auto': {
       chosen = 'cpu';
       for (const candidate of ['tensorflow', 'wasm'] as const) {
         try {
-          await activate(candidate);
+          await activate(candidate, options.nativePackages);
           chosen = candidate;
           break;
         } catch (error) {
@@ -112,13 +114,13 @@ export async function initBackend(kind: BackendKind, options: InitBackendOptions
   return chosen;
 }
 
-async function activate(name: BackendName): Promise<void> {
+async function activate(name: BackendName, nativePackages: readonly string[] = NATIVE_BACKEND_PACKAGES): Promise<void> {
   if (tf.getBackend() === name && tf.findBackend(name) !== null) {
     return;
   }
   switch (name) {
     case 'tensorflow':
-      await loadNative();
+      await loadNative(nativePackages);
       break;
     case 'wasm':
       await loadPackage(WASM_BACKEND_PACKAGE, 'wasm');
@@ -151,9 +153,9 @@ function unavailable(name: BackendName, cause: unknown): BackendUnavailableError
   });
 }
 
-async function loadNative(): Promise<void> {
+async function loadNative(packages: readonly string[]): Promise<void> {
   const failures: unknown[] = [];
-  for (const pkg of NATIVE_BACKEND_PACKAGES) {
+  for (const pkg of packages) {
     try {
       await importOptional(pkg);
     } catch (error) {
@@ -170,9 +172,10 @@ async function loadNative(): Promise<void> {
     return;
   }
   throw new BackendUnavailableError(
-    `tfjs backend 'tensorflow' is not installed: npm install ${NATIVE_BACKEND_PACKAGES[1]} ` +
-      `(or ${NATIVE_BACKEND_PACKAGES[0]} with CUDA)`,
-    { cause: failures[failures.length - 1], context: { backend: 'tensorflow', packages: NATIVE_BACKEND_PACKAGES } },
+    `tfjs backend 'tensorflow' is not installed (tried ${packages.join(', ')}): run 'npm run native' ` +
+      `('npm run native -- --gpu' with CUDA) in the rxrl checkout, or npm install ${NATIVE_BACKEND_PACKAGES[1]} ` +
+      'where its installer can download libtensorflow',
+    { cause: failures[failures.length - 1], context: { backend: 'tensorflow', packages } },
   );
 }
 

@@ -44,15 +44,20 @@ function expectClose(a: Float32Array, b: Float32Array, tol = TOLERANCE): void {
 }
 
 describe('initBackend', () => {
-  it.skipIf(nativeInstalled)('forcing the tensorflow backend without tfjs-node throws BackendUnavailableError naming the package', async () => {
-    const error = await initBackend('tensorflow', { logger: quiet }).catch((e: unknown) => e);
+  // Where `npm run native` has installed tfjs-node these name a package that is not there, so they run everywhere.
+  const absent = nativeInstalled ? { nativePackages: ['@rxrl-spec/no-such-native-backend'] } : {};
+
+  it('forcing the tensorflow backend without tfjs-node throws BackendUnavailableError naming the command to run', async () => {
+    await initBackend('cpu', { logger: quiet });
+    const error = await initBackend('tensorflow', { logger: quiet, ...absent }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(BackendUnavailableError);
     expect((error as Error).message).toContain('@tensorflow/tfjs-node');
+    expect((error as Error).message).toContain('npm run native');
   });
 
-  it.skipIf(nativeInstalled)('auto falls back to wasm here and logs the choice once', async () => {
+  it('auto falls back to wasm without a native package and logs the choice once', async () => {
     const records: { obj: Record<string, unknown>; msg: string }[] = [];
-    const name = await initBackend('auto', { logger: { info: (obj, msg) => records.push({ obj, msg }) } });
+    const name = await initBackend('auto', { logger: { info: (obj, msg) => records.push({ obj, msg }) }, ...absent });
     expect(name).toBe('wasm');
     expect(tf.getBackend()).toBe('wasm');
     expect(records).toHaveLength(1);
