@@ -27,7 +27,7 @@ import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
-import { METRICS_FILE, MetricsWriter } from '../lib/observe/metricsFile.js';
+import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
 import { writeFileAtomic } from '../lib/model/safetensors.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
@@ -140,8 +140,6 @@ interface Data {
   readonly validation: readonly Task[];
   readonly evaluator: Evaluator;
   readonly maxTokens: number;
-  /** Longest prompt in tokens (BOS included), when known. */
-  readonly promptLength?: number;
   readonly randomPolicyReward?: number;
 }
 
@@ -171,9 +169,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const signal = reporter.signal;
   const seed = config.run.seed;
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const data = await loadData(config, baseDir);
-  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
-  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
+  const { data, evaluator, worker, modelDir, tokenizer } = await loadRollout(config, baseDir);
   const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
   if (runDir) await mkdir(runDir, { recursive: true });
 
@@ -183,13 +179,6 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
 
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
-  if (modelDir === undefined && data.promptLength !== undefined && data.promptLength + data.maxTokens > config.model.maxSeqLen) {
-    throw new ConfigError(
-      `model.maxSeqLen: ${config.model.maxSeqLen} is shorter than prompt + response (${data.promptLength + data.maxTokens})`,
-    );
-  }
-  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const initial = modelDir
     ? (await loadModelDir(modelDir)).model
     : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
@@ -290,7 +279,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     // superseded by this run: drop them, so each step appears once in each file.
     const keepBelow = checkpoint?.state.step ?? -Infinity;
     await dropStepsFrom(resolve(runDir, 'trained.jsonl'), keepBelow);
-    await dropStepsFrom(resolve(runDir, METRICS_FILE), keepBelow);
+    await dropStepsFrom(metricsPath(runDir), keepBelow);
   }
   const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
 
@@ -340,7 +329,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         // The step's metrics line goes out before its checkpoint: a process killed between the two resumes past
         // this step, so a line written after the checkpoint could be lost for good.
         metricsWriter?.write({ step: result.step, version: result.version, metrics: result.metrics });
-        // The last step of the budget is always saved, so a finished run needs no separate final checkpoint.
+        // The last step of the budget is saved here too, inside the step, so a Kafka trainer can still commit the
+        // offsets of its trajectories before it ends.
         const due = config.checkpoint.every > 0 && (result.version % config.checkpoint.every === 0 || trainer.step === config.run.steps);
         if (due) await save(pending, at, buffered);
         return result;
@@ -516,10 +506,7 @@ export interface WorkerSummary {
 export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): Promise<WorkerSummary> {
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
-  const data = await loadData(config, baseDir);
-  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
-  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
-  const tokenizer: Tokenizer = config.model.path === null ? new CharTokenizer(data.characters) : await loadTokenizer(resolve(baseDir, config.model.path));
+  const { evaluator, worker, tokenizer } = await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
   await lastValueFrom(
@@ -551,8 +538,9 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
 }
 
 /**
- * Rewrites a JSONL file of step records without those whose `step` is `from` or later (validation lines before
- * training have step −1 and stay). A missing file is left missing; unparsable lines are kept as they are.
+ * Rewrites a JSONL file of step records without those whose `step` is `from` or later (a resumed run's validation
+ * line after its checkpoint's last step has step `from − 1` and stays; `−Infinity` drops every record). A missing
+ * file is left missing; unparsable lines are kept as they are.
  */
 async function dropStepsFrom(path: string, from: number): Promise<void> {
   let text: string;
@@ -582,6 +570,22 @@ function round(x: number, digits: number): number {
   return Number(x.toFixed(digits));
 }
 
+/**
+ * What both halves of a run build from the recipe: the data, the evaluator and rollout worker it names, and the
+ * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
+ */
+async function loadRollout(
+  config: RxrlConfig,
+  baseDir: string,
+): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
+  const data = await loadData(config, baseDir);
+  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
+  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
+  return { data, evaluator, worker, modelDir, tokenizer };
+}
+
 async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
   if (config.data.source === 'bundled') {
     const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
@@ -592,7 +596,6 @@ async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
       validation: task.validation,
       evaluator: task.evaluator,
       maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
-      promptLength: task.maxAnswerLength + 2, // BOS, the letters, the separator
       randomPolicyReward: task.randomPolicyReward,
     };
   }

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError, DecodeError } from '../../lib/errors.js';
 import { runTraining } from '../../pipelines/run.js';
 
 async function fixture(): Promise<string> {
@@ -98,7 +98,11 @@ describe('runTraining', () => {
 
   it('rejects a model too short for the bundled task before anything runs', async () => {
     const config = loadConfig({ values: { run: { dir: null, backend: 'cpu' }, model: { maxSeqLen: 8 } }, env: {} });
-    await expect(runTraining(config)).rejects.toThrow(/model\.maxSeqLen: 8 is shorter than prompt \+ response \(11\)/);
+    // The bundled 4-letter prompts are 6 tokens (BOS, letters, separator) and the response budget 5: 6 > 8 − 5.
+    await expect(runTraining(config)).rejects.toThrow(
+      /^data\.train\[0\]: task reverse-abcde-4\/\w+: prompt is 6 tokens, longer than model\.maxSeqLen − rollout\.maxTokens = 8 − 5 = 3$/,
+    );
+    await expect(runTraining(config)).rejects.toBeInstanceOf(DecodeError);
   });
 
   it('names a missing evaluator export', async () => {
