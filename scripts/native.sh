@@ -105,7 +105,12 @@ ln -sf libtensorflow_cc.so.2 "$dir/deps/lib/libtensorflow.so"
 ln -sf libtensorflow_cc.so.2 "$dir/deps/lib/libtensorflow.so.2"
 ln -sf libtensorflow_framework.so.2 "$dir/deps/lib/libtensorflow_framework.so"
 
-# 5. Compile the addon (node-gyp needs Node's headers: npm's `nodedir`, or the ones node-gyp has cached).
+# 5. Compile the addon. node-gyp needs Node's headers and would download them; use the ones installed beside
+#    node (Debian's nodejs ships /usr/include/node) unless npm's `nodedir` already names some.
+node_prefix=$(node -p "require('path').resolve(process.execPath, '..', '..')")
+if [ -z "${npm_config_nodedir:-}" ] && [ -f "$node_prefix/include/node/node_api.h" ]; then
+  export npm_config_nodedir="$node_prefix"
+fi
 addon=$(ls "$dir"/lib/napi-v*/tfjs_binding.node 2>/dev/null | head -n 1 || true)
 if [ -z "$addon" ]; then
   echo "native: compiling the tfjs-node binding" >&2

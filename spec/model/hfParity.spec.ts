@@ -12,7 +12,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError } from '../../lib/errors.js';
-import { initBackend, nativeBackendInstalled, type BackendName } from '../../lib/model/backend.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { ALL_BACKENDS } from '../helpers/backends.js';
 import { loadModelDir, policyConfigFromHf, readModelDir, saveModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 
@@ -67,10 +68,8 @@ function maxLogitDiff(ours: number[][][], theirs: number[][][], mask: number[][]
   return worst;
 }
 
-// The native backend joins the comparison where `npm run native` has installed it.
-const BACKENDS: BackendName[] = ['cpu', 'wasm', ...(nativeBackendInstalled() ? (['tensorflow'] as const) : [])];
 
-describe.each(BACKENDS)('Llama-family decoder vs transformers (%s backend)', (backend) => {
+describe.each(ALL_BACKENDS)('Llama-family decoder vs transformers (%s backend)', (backend) => {
   beforeAll(async () => {
     await initBackend(backend, { logger: quiet });
   });

@@ -12,6 +12,7 @@ import type { StepResult } from '../../lib/train/types.js';
 import type { Batch } from '../../lib/types.js';
 import { grpoPipeline } from '../../pipelines/grpoPipeline.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
+import { SPEC_BACKENDS } from '../helpers/backends.js';
 
 const task = stringTransformTask({ alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4, seed: 2 });
 const tokenizer = new CharTokenizer(task.characters);
@@ -41,9 +42,9 @@ function setup(): { trainer: GrpoTrainer; engine: LocalEngine; trained: Batch[];
   };
 }
 
-describe('grpoPipeline', () => {
+describe.each(SPEC_BACKENDS)('grpoPipeline (%s backend)', (backend) => {
   beforeAll(async () => {
-    await initBackend('cpu', { logger: { info: () => undefined } });
+    await initBackend(backend, { logger: { info: () => undefined } });
   });
 
   it('sync mode: every trained trajectory has staleness 0, versions advance once per step', async () => {

@@ -2,10 +2,12 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../lib/config/schema.js';
 import { ConfigError, DecodeError } from '../../lib/errors.js';
+import type { BackendName } from '../../lib/model/backend.js';
 import { runTraining } from '../../pipelines/run.js';
+import { SPEC_BACKENDS } from '../helpers/backends.js';
 
 async function fixture(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'rxrl-run-'));
@@ -20,8 +22,11 @@ async function fixture(): Promise<string> {
   return dir;
 }
 
+// The backend of the runs in each block (`describe.each` below sets it before the block's tests start).
+let backend: BackendName = 'cpu';
+
 const base = (extra: Record<string, unknown> = {}): Record<string, unknown> => ({
-  run: { dir: 'run', steps: 3, backend: 'cpu', seed: 2 },
+  run: { dir: 'run', steps: 3, backend, seed: 2 },
   data: { source: 'jsonl', trainFile: 'train.jsonl', validationFile: 'val.jsonl', alphabet: 'ab=', epochs: 0 },
   model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
   rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'half' } },
@@ -31,7 +36,11 @@ const base = (extra: Record<string, unknown> = {}): Record<string, unknown> => (
   ...extra,
 });
 
-describe('runTraining', () => {
+describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
+  beforeAll(() => {
+    backend = name;
+  });
+
   it('trains JSONL tasks with an evaluator loaded by module path, validating and checkpointing as configured', async () => {
     const dir = await fixture();
     const summary = await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
@@ -55,7 +64,7 @@ describe('runTraining', () => {
   it('resumes from the newest checkpoint and trains only the remaining steps', async () => {
     const dir = await fixture();
     await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
-    const resumed = await runTraining(loadConfig({ values: base({ run: { dir: 'run', steps: 5, backend: 'cpu', seed: 2 } }), env: {} }), { baseDir: dir });
+    const resumed = await runTraining(loadConfig({ values: base({ run: { dir: 'run', steps: 5, backend, seed: 2 } }), env: {} }), { baseDir: dir });
     expect(resumed.steps).toBe(5);
     expect(resumed.resumedFrom).toBe(join(dir, 'run', 'global_step_3'));
     const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { step: number }).step);
@@ -66,7 +75,7 @@ describe('runTraining', () => {
     const dir = await fixture();
     const flaky = { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'flaky' } };
     const going = await runTraining(
-      loadConfig({ values: base({ rollout: flaky, run: { dir: 'go', steps: 4, backend: 'cpu', seed: 2, errorPolicy: 'continue' } }), env: {} }),
+      loadConfig({ values: base({ rollout: flaky, run: { dir: 'go', steps: 4, backend, seed: 2, errorPolicy: 'continue' } }), env: {} }),
       { baseDir: dir },
     );
     expect(going.steps).toBe(4);
@@ -76,7 +85,7 @@ describe('runTraining', () => {
     expect(lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0)).toBe(going.failedSamples);
 
     const stopped = await runTraining(
-      loadConfig({ values: base({ rollout: flaky, run: { dir: 'stop', steps: 50, backend: 'cpu', seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
+      loadConfig({ values: base({ rollout: flaky, run: { dir: 'stop', steps: 50, backend, seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
       { baseDir: dir },
     );
     expect(stopped.steps).toBeLessThan(50);
@@ -89,11 +98,18 @@ describe('runTraining', () => {
   it('ends every run with a checkpoint of its last step, even one shorter than checkpoint.every', async () => {
     const dir = await fixture();
     const summary = await runTraining(
-      loadConfig({ values: base({ run: { dir: 'short', steps: 2, backend: 'cpu', seed: 2 }, checkpoint: { every: 50, keepLast: 2 } }), env: {} }),
+      loadConfig({ values: base({ run: { dir: 'short', steps: 2, backend, seed: 2 }, checkpoint: { every: 50, keepLast: 2 } }), env: {} }),
       { baseDir: dir },
     );
     expect(summary.steps).toBe(2);
     expect(readdirSync(join(dir, 'short')).filter((n) => n.startsWith('global_step_'))).toEqual(['global_step_2']);
+  });
+
+});
+
+describe('runTraining rejects bad set-ups', () => {
+  beforeAll(() => {
+    backend = 'cpu';
   });
 
   it('rejects a model too short for the bundled task before anything runs', async () => {

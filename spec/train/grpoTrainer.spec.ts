@@ -5,7 +5,8 @@ import { collate } from '../../lib/data/collate.js';
 import { ConfigError } from '../../lib/errors.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
-import { initBackend, nativeBackendInstalled, type BackendName } from '../../lib/model/backend.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { ALL_BACKENDS } from '../helpers/backends.js';
 import type { Batch, Trajectory } from '../../lib/types.js';
 import { traj } from '../helpers/fixtures.js';
 
@@ -41,10 +42,8 @@ function batchOf(model: PolicyModel, advantages = [1, -1, 1, -1]): Batch {
   return collate(rows(model), { padId: 0, modelTag: 'policy', advantages });
 }
 
-// Every backend here: cpu and wasm always, tensorflow where `npm run native` installed it.
-const BACKENDS: BackendName[] = ['cpu', 'wasm', ...(nativeBackendInstalled() ? (['tensorflow'] as const) : [])];
 
-describe.each(BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
+describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
   beforeAll(async () => {
     await initBackend(backend, { logger: { info: () => undefined } });
   });
@@ -243,5 +242,38 @@ describe('GrpoTrainer checkpoint state', () => {
     a.dispose();
     b.dispose();
     c.dispose();
+  });
+});
+
+describe('GrpoTrainer agrees across backends', () => {
+  /** Three PPO steps (KL loss, mini-batches, micro-batches) on one backend: the metrics and the trained log-probs. */
+  async function train(backend: (typeof ALL_BACKENDS)[number]): Promise<{ metrics: Record<string, number>[]; logprobs: (readonly number[])[] }> {
+    await initBackend(backend, { logger: { info: () => undefined } });
+    const model = PolicyModel.create(config, 11);
+    const reference = PolicyModel.create(config, 11);
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-2, ppoEpochs: 2, miniBatches: 2, microBatchSize: 1, klLoss: { coef: 0.1 }, reference });
+    const batch = batchOf(model);
+    const metrics: Record<string, number>[] = [];
+    for (let step = 0; step < 3; step++) metrics.push((await trainer.trainStep(batch)).metrics);
+    const logprobs = rows(model).map((t) => t.logprobs);
+    trainer.dispose();
+    model.dispose();
+    reference.dispose();
+    return { metrics, logprobs };
+  }
+
+  it('gives the pure-JS reference results to float32 tolerance on every other backend', async () => {
+    const expected = await train('cpu');
+    for (const backend of ALL_BACKENDS.slice(1)) {
+      const got = await train(backend);
+      got.logprobs.forEach((row, r) => row.forEach((x, i) => expect(Math.abs(x - expected.logprobs[r][i]), `${backend} logprob ${r}/${i}`).toBeLessThan(1e-3)));
+      for (const [step, m] of got.metrics.entries()) {
+        for (const key of ['actor/pg_loss', 'actor/kl_loss', 'actor/entropy', 'actor/grad_norm']) {
+          expect(expected.metrics[step]).toHaveProperty([key]);
+          const want = expected.metrics[step][key];
+          expect(Math.abs(m[key] - want), `${backend} step ${step} ${key}`).toBeLessThanOrEqual(1e-3 * Math.max(1, Math.abs(want)));
+        }
+      }
+    }
   });
 });
