@@ -7,6 +7,8 @@
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
+import type { PolicyConfig } from '../lib/model/transformer.js';
+
 /**
  * Runs `python3 bench/torch_hf.py <args>` and returns its last JSON line; a failure (no python3, a crash) is a
  * `{ bench: 'hf-torch', skipped }` record, like the script's own when torch is missing.
@@ -23,4 +25,19 @@ export function runTorchHf(args: readonly string[]): Record<string, unknown> {
 /** `a / b` to 3 decimals, or null when either is not a number (a skipped side). */
 export function ratio(a: unknown, b: unknown): number | null {
   return typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(3)) : null;
+}
+
+/** The `--shape` JSON of `bench/torch_hf.py`: the `LlamaConfig` fields of a policy configuration. */
+export function torchShape(config: PolicyConfig): string {
+  return JSON.stringify({
+    vocab_size: config.vocabSize,
+    hidden_size: config.dModel,
+    intermediate_size: config.dFF,
+    num_hidden_layers: config.nLayers,
+    num_attention_heads: config.nHeads,
+    num_key_value_heads: config.nKvHeads ?? config.nHeads,
+    max_position_embeddings: config.maxSeqLen,
+    tie_word_embeddings: config.tieWordEmbeddings ?? false,
+    rope_theta: config.ropeTheta ?? 10_000,
+  });
 }

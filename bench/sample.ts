@@ -4,7 +4,9 @@
  * speedup ratio.
  *
  * Usage: `npm run bench -- sample [--backends wasm,cpu,tensorflow] [--sizes small,medium] [--batch 32]
- * [--new 64]`. Prints one JSON object per (backend, size).
+ * [--new 64] [--no-torch]`. Prints one JSON object per (backend, size); then, when `python3` imports torch and
+ * transformers, PyTorch CPU's `model.generate` (KV cache, same shape, batch, prompt lengths and new tokens; 2
+ * threads and 1) and a `sample-summary` line with each backend's KV-cache rate as a ratio to both.
  *
  * @packageDocumentation
  */
@@ -14,6 +16,7 @@ import type { GenerateRequest } from '../lib/engine/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/random.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import { ratio, runTorchHf, torchShape } from './_torch.js';
 
 /** One benchmarked model size. */
 interface SampleCase {
@@ -42,6 +45,7 @@ export async function main(args: readonly string[]): Promise<void> {
   const batch = Number(flag(args, '--batch') ?? 32);
   const newTokens = Number(flag(args, '--new') ?? 64);
   const quiet = { info: (): void => undefined };
+  const rows: Record<string, unknown>[] = [];
   for (const backend of backends) {
     try {
       await initBackend(backend, { logger: quiet });
@@ -50,9 +54,33 @@ export async function main(args: readonly string[]): Promise<void> {
       continue;
     }
     for (const c of CASES.filter((k) => sizes.includes(k.name))) {
-      console.log(JSON.stringify(await runCase(backend, c, batch, newTokens)));
+      const row = await runCase(backend, c, batch, newTokens);
+      rows.push(row);
+      console.log(JSON.stringify(row));
     }
   }
+  if (args.includes('--no-torch')) return;
+  const torch = new Map<string, { t2?: unknown; t1?: unknown }>();
+  for (const c of CASES.filter((k) => sizes.includes(k.name))) {
+    const run = (threads: number): Record<string, unknown> =>
+      runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(batch), '--sample', String(newTokens), '--shape', torchShape(c.config)]);
+    const [t2, t1] = [run(2), run(1)];
+    console.log(JSON.stringify({ ...t2, size: c.name }));
+    console.log(JSON.stringify({ ...t1, size: c.name }));
+    torch.set(c.name, { t2: t2.sample_tok_s, t1: t1.sample_tok_s });
+  }
+  console.log(
+    JSON.stringify({
+      bench: 'sample-summary',
+      rows: rows.map((r) => ({
+        backend: r.backend,
+        size: r.size,
+        kvTokensPerSecond: r.kvTokensPerSecond,
+        vs_torch_2_threads: ratio(r.kvTokensPerSecond, torch.get(String(r.size))?.t2),
+        vs_torch_1_thread: ratio(r.kvTokensPerSecond, torch.get(String(r.size))?.t1),
+      })),
+    }),
+  );
 }
 
 function makeRequests(c: SampleCase, batch: number, newTokens: number): GenerateRequest[] {

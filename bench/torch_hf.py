@@ -8,13 +8,17 @@ Measures, in float32 on CPU with ``torch.set_num_threads(N)``, for batch ``B`` x
   token, and backward (every weight's gradient, no optimizer step);
 * ``train_tok_s``: the same plus an AdamW step (lr 1e-5).
 
+With ``--sample N`` it measures sampling instead: ``sample_tok_s``, new tokens per second of ``model.generate``
+(KV cache, temperature 1, no top-k/top-p, no stop token) drawing ``N`` tokens for each of ``B`` left-padded
+prompts whose lengths are drawn from 8..24 (as ``npm run bench -- sample``).
+
 Each is timed after one warm-up run as the median of ``--reps`` runs. The model is a randomly initialised
 (seeded) ``LlamaForCausalLM`` with SmolLM2-135M's shape — nothing is downloaded — or, with ``--model-dir``, a
 local Hugging Face model directory (e.g. the one ``scripts/smollm2.py`` builds).
 
 Usage::
 
-    python3 bench/torch_hf.py [--threads 2] [--reps 3] [--batch 1] [--seq 128] [--model-dir DIR]
+    python3 bench/torch_hf.py [--threads 2] [--reps 3] [--batch 1] [--seq 128] [--sample N] [--model-dir DIR]
 
 ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (set it to override): on a shared, busy 2-core machine the default
 spinning OpenMP workers made 2 threads several times slower than 1.
@@ -72,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--sample", type=int, default=0, help="measure sampling of this many new tokens per row instead")
     parser.add_argument("--model-dir", default=None, help="load this local HF model directory instead")
     parser.add_argument(
         "--shape",
@@ -117,6 +122,53 @@ def timed(fn, reps: int) -> list[float]:
     return times
 
 
+def sample_throughput(args, model, torch) -> dict:
+    """New tokens per second of ``model.generate`` over ``args.batch`` left-padded prompts of 8..24 tokens."""
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    vocab = model.config.vocab_size
+    lengths = torch.randint(8, 25, (args.batch,), generator=generator).tolist()
+    width = max(lengths)
+    input_ids = torch.zeros((args.batch, width), dtype=torch.long)
+    attention_mask = torch.zeros((args.batch, width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        input_ids[row, width - length :] = torch.randint(3, vocab, (length,), generator=generator)
+        attention_mask[row, width - length :] = 1
+    model.eval()
+    torch.manual_seed(args.seed)
+
+    def sample() -> None:
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.sample,
+                min_new_tokens=args.sample,
+                pad_token_id=0,
+                eos_token_id=None,
+                use_cache=True,
+            )
+        assert out.shape[1] == width + args.sample
+
+    sample_s = statistics.median(timed(sample, args.reps))
+    import transformers
+
+    return {
+        "bench": BENCH,
+        "threads": args.threads,
+        "batch": args.batch,
+        "new_tokens": args.sample,
+        "sample_tok_s": round(args.batch * args.sample / sample_s, 1),
+        "sample_s": round(sample_s, 4),
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "reps": args.reps,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -138,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args, torch)
     vocab = model.config.vocab_size
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+
+    if args.sample > 0:
+        emit({**sample_throughput(args, model, torch), "params": params, "seconds": round(time.perf_counter() - started, 1)})
+        return 0
 
     generator = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=generator)

@@ -15,7 +15,7 @@ import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/random.js';
-import { ratio, runTorchHf } from './_torch.js';
+import { ratio, runTorchHf, torchShape } from './_torch.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 
 /** One benchmarked model size and its batch. */
@@ -109,18 +109,7 @@ export async function main(args: readonly string[]): Promise<void> {
 
 /** PyTorch CPU's train step (AdamW) on a Llama of the case's shape, batch and sequence, with `threads` threads. */
 function benchTorch(c: TrainCase, threads: number): Record<string, unknown> {
-  const shape = {
-    vocab_size: c.config.vocabSize,
-    hidden_size: c.config.dModel,
-    intermediate_size: c.config.dFF,
-    num_hidden_layers: c.config.nLayers,
-    num_attention_heads: c.config.nHeads,
-    num_key_value_heads: c.config.nKvHeads ?? c.config.nHeads,
-    max_position_embeddings: c.config.maxSeqLen,
-    tie_word_embeddings: c.config.tieWordEmbeddings ?? false,
-    rope_theta: c.config.ropeTheta ?? 10_000,
-  };
-  return runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', JSON.stringify(shape)]);
+  return runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', torchShape(c.config)]);
 }
 
 async function runCase(backend: BackendName, c: TrainCase, warmup: number, steps: number): Promise<Record<string, unknown>> {

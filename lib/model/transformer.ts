@@ -285,6 +285,9 @@ type LayerCache = {
 interface Rotary {
   readonly cos: tf.Tensor3D;
   readonly sin: tf.Tensor3D;
+  /** `cos` and `sin` times the attention scale `1/√dh`, for the queries (so scores need no scaling pass). */
+  readonly qCos: tf.Tensor3D;
+  readonly qSin: tf.Tensor3D;
 }
 
 /**
@@ -566,24 +569,32 @@ export class PolicyModel {
     return tf.matMul(h, this.lmHead ?? tf.transpose(this.embedTokens)); // [N, V]
   }
 
-  /** Cosines and sines of `positions · invFreq`, duplicated over the two halves of a head: `[N, 1, dh]`. */
+  /**
+   * Cosines and sines of `positions · invFreq`, duplicated over the two halves of a head: `[N, 1, dh]`; the
+   * queries' copies also carry the attention scale `1/√dh` (RoPE is linear, so scaling the tables scales the
+   * queries, once per forward instead of once per layer).
+   */
   private rotary(positions: tf.Tensor): Rotary {
     const N = positions.size;
+    const dh = this.config.headDim;
     const angles = tf.matMul(tf.reshape(tf.cast(positions, 'float32'), [N, 1]), this.invFreq); // [N, dh/2]
-    const full = tf.reshape(tf.concat([angles, angles], 1), [N, 1, this.config.headDim]); // [N, 1, dh]
-    return { cos: tf.cos(full) as tf.Tensor3D, sin: tf.sin(full) as tf.Tensor3D };
+    const full: tf.Tensor3D = tf.reshape(tf.concat([angles, angles], 1), [N, 1, dh]); // [N, 1, dh]
+    const cos = tf.cos(full);
+    const sin = tf.sin(full);
+    const scale = 1 / Math.sqrt(dh);
+    return { cos, sin, qCos: tf.mul(cos, scale), qSin: tf.mul(sin, scale) };
   }
 
   /** RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`. */
-  private rope(x: tf.Tensor2D, heads: number, rot: Rotary): tf.Tensor2D {
+  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor2D {
     const N = x.shape[0];
     const dh = this.config.headDim;
     const x3 = tf.reshape(x, [N, heads, dh]); // [N, heads, dh]
     const turned = tf.reshape(tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf), [N, heads, dh]); // [N, heads, dh]
-    return tf.reshape(tf.add(tf.mul(x3, rot.cos), tf.mul(turned, rot.sin)), [N, heads * dh]);
+    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(turned, sin)), [N, heads * dh]);
   }
 
-  /** Queries, keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
+  /** Queries (scaled by `1/√dh`), keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
   private projectQkv(h: tf.Tensor2D, block: Block, rot: Rotary): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
     const N = h.shape[0];
@@ -594,19 +605,20 @@ export class PolicyModel {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
     }
-    return [this.rope(q, H, rot), this.rope(k, Hkv, rot), v];
+    return [this.rope(q, H, rot.qCos, rot.qSin), this.rope(k, Hkv, rot.cos, rot.sin), v];
   }
 
-  /** `[b*T, heads·dh] → [b, heads, T, dh]`. */
+  /** `[b*T, heads·dh] → [b, heads, T, dh]` (a free reshape for one position, as in a decode step). */
   private splitHeads(x: tf.Tensor2D, b: number, t: number, heads: number): tf.Tensor4D {
-    return tf.transpose(tf.reshape(x, [b, t, heads, this.config.headDim]), [0, 2, 1, 3]);
+    const dh = this.config.headDim;
+    return t === 1 ? tf.reshape(x, [b, heads, 1, dh]) : tf.transpose(tf.reshape(x, [b, t, heads, dh]), [0, 2, 1, 3]);
   }
 
   /**
    * Scaled dot-product attention with grouped queries: the `g = H/Hkv` query heads of each key/value head
    * are stacked along the query axis, so no key or value is repeated.
    *
-   * @param q - Queries `[b, H, Tq, dh]`.
+   * @param q - Queries `[b, H, Tq, dh]`, already scaled by `1/√dh`.
    * @param k - Keys `[b, Hkv, Tk, dh]`.
    * @param v - Values `[b, Hkv, Tk, dh]`.
    * @param bias - Additive mask `[b, 1, Tq, Tk]` (0 or {@link MASK_BIAS}).
@@ -616,11 +628,11 @@ export class PolicyModel {
     const [b, H, Tq, dh] = q.shape;
     const Hkv = k.shape[1];
     const g = H / Hkv;
-    const qg: tf.Tensor4D = tf.reshape(tf.mul(q, 1 / Math.sqrt(dh)), [b, Hkv, g * Tq, dh]); // [b, Hkv, g·Tq, dh]
+    const qg: tf.Tensor4D = tf.reshape(q, [b, Hkv, g * Tq, dh]); // [b, Hkv, g·Tq, dh]
     const biasG = g === 1 ? bias : tf.tile(bias, [1, 1, g, 1]); // [b, 1, g·Tq, Tk]
     const probs = tf.softmax(tf.add(tf.matMul(qg, k, false, true), biasG)); // [b, Hkv, g·Tq, Tk]
     const o = tf.reshape(tf.matMul(probs, v), [b, H, Tq, dh]); // [b, H, Tq, dh]
-    return tf.reshape(tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
+    return tf.reshape(Tq === 1 ? o : tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
   }
 
   /** `(SiLU(h·Wgate) ⊙ (h·Wup)) · Wdown` after the block's post-attention RMSNorm: `[N, d] → [N, d]`. */
