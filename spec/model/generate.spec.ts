@@ -6,6 +6,8 @@ import { AbortError, ConfigError } from '../../lib/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { createRng, normalArray } from '../../lib/random.js';
+import { ALL_BACKENDS } from '../helpers/backends.js';
 
 const LOGPROB_TOLERANCE = 1e-4;
 const quiet = { info: (): void => undefined };
@@ -164,5 +166,34 @@ describe('PolicyModel.generate', () => {
     await pending;
     await model.generate([{ promptTokens: [1], maxTokens: 99 }]).catch(() => undefined);
     expect(tf.memory().numTensors).toBe(before);
+  });
+});
+
+describe.each(ALL_BACKENDS)('the fused decode step equals full recompute for every variant of the family (%s backend)', (backend) => {
+  const base = { vocabSize: tok.vocabSize, dModel: 32, nLayers: 2, nHeads: 4, dFF: 48, maxSeqLen: 40 };
+  const VARIANTS: Record<string, PolicyConfig> = {
+    'llama, grouped-query, llama3 rope scaling': {
+      ...base,
+      nKvHeads: 2,
+      ropeScaling: { type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 },
+    },
+    'qwen2, q/k/v biases, tied head': { ...base, modelType: 'qwen2', qkvBias: true, tieWordEmbeddings: true, nKvHeads: 1 },
+    'qwen3, q/k norms, explicit head width, attention biases': { ...base, modelType: 'qwen3', qkNorm: true, headDim: 12, nKvHeads: 2, qkvBias: true, oBias: true },
+  };
+  beforeAll(async () => {
+    await initBackend(backend, { logger: quiet });
+  });
+
+  it.each(Object.keys(VARIANTS))('%s', async (name) => {
+    // Every weight perturbed (norm gains and biases too, which start at ones and zeros), so each fold is exercised.
+    const rng = createRng(7, name);
+    const created = PolicyModel.create(VARIANTS[name], 3);
+    const weights = new Map([...created.getWeights()].map(([key, w]) => [key, { shape: w.shape, data: w.data.map((x, i) => x + normalArray(1, 0.3, rng)[0] * (i % 3 === 0 ? 1 : 0.5)) }]));
+    created.dispose();
+    const model = PolicyModel.fromWeights(VARIANTS[name], weights);
+    const tensors = tf.memory().numTensors;
+    expectSame(await model.generate(requests()), await model.generateRecompute(requests()));
+    expect(tf.memory().numTensors).toBe(tensors);
+    model.dispose();
   });
 });
