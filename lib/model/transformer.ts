@@ -275,27 +275,6 @@ interface Block {
   readonly wDown: tf.Variable;
 }
 
-/**
- * A block's weights rearranged for the one-position decode step, built once per generation from the variables
- * (so a step costs about 30 % fewer kernels, which dominate at one position): the input norm's gain folded into
- * the rows of one `[d, (2H + 3Hkv)·dh]` projection whose column blocks are `Wq`, `Wq·R`, `Wk`, `Wk·R`, `Wv`
- * (`R` is RoPE's rotate-half, so the rotated queries and keys come out of the same product), and the
- * post-attention norm's gain folded into one `[d, 2·dFF]` gate-and-up projection.
- */
-type DecodeBlock = {
-  readonly qkv: tf.Tensor2D;
-  readonly qkvBias: tf.Tensor1D | null;
-  /** Qwen3's q/k norm gains as RoPE-table factors, tiled over heads: `g` and its half-swap, `[H·dh]`, `[Hkv·dh]`. */
-  readonly qkNorm: { readonly q: tf.Tensor1D; readonly qSwap: tf.Tensor1D; readonly k: tf.Tensor1D; readonly kSwap: tf.Tensor1D } | null;
-  readonly gateUp: tf.Tensor2D;
-};
-
-/** Per-generation decode weights: one {@link DecodeBlock} per block and the head with the final norm's gain folded in. */
-type DecodeWeights = {
-  readonly blocks: readonly DecodeBlock[];
-  readonly head: tf.Tensor2D;
-};
-
 /** Keys and values of one block for a batch: `k [b, Hkv, L, dh]`, `v [b, Hkv, L, dh]`. */
 type LayerCache = {
   readonly k: tf.Tensor4D;
@@ -725,45 +704,9 @@ export class PolicyModel {
   }
 
   /**
-   * Builds the {@link DecodeWeights} of the current variables (the caller disposes them). The math is that of
-   * {@link PolicyModel.block}: `(x̂ ⊙ g)·W = x̂·(diag(g)·W)`, and RoPE's `rotateHalf(h·W) = h·(W·R)`.
-   */
-  /** @internal */
-  decodeWeightsInternal(): DecodeWeights {
-    const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
-    // Each result is built in its own tidy (intermediates freed); the structure holds nulls, which tidy cannot return.
-    const build = <T extends tf.Tensor>(f: () => T): T => tf.tidy(f);
-    const rowScaled = (g: tf.Tensor, w: tf.Tensor): tf.Tensor2D => tf.mul(w, tf.reshape(g, [-1, 1])); // diag(g)·w
-    const rotated = (w: tf.Tensor, heads: number): tf.Tensor => {
-      const rows = w.rank === 1 ? 1 : w.shape[0];
-      return tf.reshape(tf.matMul(tf.reshape(w, [rows * heads, dh]), this.rotateHalf), w.shape); // w·R per head
-    };
-    const tiled = (g: tf.Tensor, heads: number): tf.Tensor1D => tf.tile(g as tf.Tensor1D, [heads]);
-    const halfSwap = (g: tf.Tensor): tf.Tensor => tf.concat([tf.slice(g, dh / 2), tf.slice(g, 0, dh / 2)]);
-    const blocks = this.blocks.map((block): DecodeBlock => {
-      const { bq, bk, bv, qNorm, kNorm } = block;
-      return {
-        qkv: build(() => rowScaled(block.inputNorm, tf.concat([block.wq, rotated(block.wq, H), block.wk, rotated(block.wk, Hkv), block.wv], 1))),
-        qkvBias: bq && bk && bv ? build(() => tf.concat([bq, rotated(bq, H), bk, rotated(bk, Hkv), bv]) as tf.Tensor1D) : null,
-        qkNorm:
-          qNorm && kNorm
-            ? {
-                q: build(() => tiled(qNorm, H)),
-                qSwap: build(() => tiled(halfSwap(qNorm), H)),
-                k: build(() => tiled(kNorm, Hkv)),
-                kSwap: build(() => tiled(halfSwap(kNorm), Hkv)),
-              }
-            : null,
-        gateUp: build(() => rowScaled(block.postNorm, tf.concat([block.wGate, block.wUp], 1))),
-      };
-    });
-    return { blocks, head: build(() => rowScaled(this.finalNorm, this.lmHead ?? tf.transpose(this.embedTokens))) };
-  }
-
-  /**
-   * One decoding step with the cache and the generation's {@link DecodeWeights}: `tokens [b]` at
-   * `positions [b]`, keys masked by `keyMask [b, L+1]` (which includes the new token). Returns the logits
-   * `[b, V]` and the extended caches (the old ones are left to the caller).
+   * One decoding step with the cache: `tokens [b]` at `positions [b]`, keys masked by `keyMask [b, L+1]`
+   * (which includes the new token). Returns the logits `[b, V]` and the extended caches (the old ones are
+   * left to the caller).
    */
   /** @internal */
   decodeInternal(
@@ -771,63 +714,26 @@ export class PolicyModel {
     positions: Int32Array,
     keyMask: Float32Array,
     caches: readonly LayerCache[],
-    weights: DecodeWeights,
   ): { logits: tf.Tensor2D; caches: LayerCache[] } {
     return tf.tidy(() => {
-      const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
-      const g = H / Hkv;
       const b = tokens.length;
       const L1 = keyMask.length / b;
-      // RMSNorm without its gain (folded into the next product).
-      const normalized = (x: tf.Tensor2D): tf.Tensor2D => tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps)));
       let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b, d]
-      // RoPE tables tiled over heads, `[b, heads·dh]`; the queries' carry the attention scale 1/√dh.
-      const angles = tf.matMul(tf.tensor2d(Float32Array.from(positions), [b, 1]), this.invFreq); // [b, dh/2]
-      const full = tf.concat([angles, angles], 1); // [b, dh]
-      const [cos, sin] = [tf.cos(full), tf.sin(full)];
-      const scale = 1 / Math.sqrt(dh);
-      const qCos = tf.tile(tf.mul(cos, scale), [1, H]);
-      const qSin = tf.tile(tf.mul(sin, scale), [1, H]);
-      const kCos = tf.tile(cos, [1, Hkv]);
-      const kSin = tf.tile(sin, [1, Hkv]);
-      const maskBias = tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS); // [b, L+1]
-      const bias = tf.reshape(g === 1 ? maskBias : tf.tile(maskBias, [1, g]), [b, 1, g, L1]);
-      const widths = [H * dh, H * dh, Hkv * dh, Hkv * dh, Hkv * dh];
+      const rot = this.rotary(tf.tensor1d(positions, 'int32'));
+      const bias = tf.reshape(
+        tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
+        [b, 1, 1, L1],
+      ) as tf.Tensor4D;
       const next: LayerCache[] = [];
       this.blocks.forEach((block, i) => {
-        const w = weights.blocks[i];
-        let proj: tf.Tensor2D = tf.matMul(normalized(x), w.qkv); // [b, (2H + 3Hkv)·dh]
-        if (w.qkvBias !== null) proj = tf.add(proj, w.qkvBias);
-        const [q, qRot, k, kRot, v] = tf.split(proj, widths, 1);
-        let qe: tf.Tensor;
-        let ke: tf.Tensor;
-        if (w.qkNorm === null) {
-          qe = tf.add(tf.mul(q, qCos), tf.mul(qRot, qSin)); // [b, H·dh]
-          ke = tf.add(tf.mul(k, kCos), tf.mul(kRot, kSin)); // [b, Hkv·dh]
-        } else {
-          // Qwen3: per-head RMSNorm before RoPE. A head's RMS is unchanged by rotate-half, and
-          // rotateHalf(y ⊙ gain) = rotateHalf(y) ⊙ halfSwap(gain), so the gains ride on the tables.
-          const n = w.qkNorm;
-          const perHead = (y: tf.Tensor, heads: number, rope: tf.Tensor): tf.Tensor => {
-            const y3 = tf.reshape(y, [b, heads, dh]);
-            const r = tf.rsqrt(tf.add(tf.mean(tf.square(y3), -1, true), eps)); // [b, heads, 1]
-            return tf.reshape(tf.mul(tf.reshape(rope, [b, heads, dh]), r), [b, heads * dh]);
-          };
-          qe = perHead(q, H, tf.add(tf.mul(q, tf.mul(qCos, n.q)), tf.mul(qRot, tf.mul(qSin, n.qSwap))));
-          ke = perHead(k, Hkv, tf.add(tf.mul(k, tf.mul(kCos, n.k)), tf.mul(kRot, tf.mul(kSin, n.kSwap))));
-        }
-        const cache = {
-          k: tf.concat([caches[i].k, tf.reshape(ke, [b, Hkv, 1, dh])], 2) as tf.Tensor4D, // [b, Hkv, L+1, dh]
-          v: tf.concat([caches[i].v, tf.reshape(v, [b, Hkv, 1, dh])], 2) as tf.Tensor4D,
-        };
-        next.push(cache);
-        const probs = tf.softmax(tf.add(tf.matMul(tf.reshape(qe, [b, Hkv, g, dh]), cache.k, false, true), bias)); // [b, Hkv, g, L+1]
-        const attended = linear(tf.reshape(tf.matMul(probs, cache.v), [b, H * dh]), block.wo, block.bo); // [b, d]
-        x = tf.add(x, attended);
-        const [gate, up] = tf.split(tf.matMul(normalized(x), w.gateUp), 2, 1); // [b, dFF] each
-        x = tf.add(x, tf.matMul(tf.mul(tf.mul(gate, tf.sigmoid(gate)), up), block.wDown));
+        x = this.block(x, block, rot, { b, t: 1 }, bias, (k, v) => {
+          const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+1, dh]
+          next.push(cache);
+          return cache;
+        });
       });
-      return { logits: tf.matMul(normalized(x), weights.head), caches: next };
+      const logits = this.head(rmsNorm(x, this.finalNorm, this.config.rmsNormEps)); // [b, V]
+      return { logits, caches: next };
     });
   }
 
@@ -950,7 +856,6 @@ function attentionBias(mask: tf.Tensor, T: number): tf.Tensor4D {
 /** KV-cache decoder: one prefill, then one position per step. */
 class KvCacheDecoder implements StepDecoder {
   private caches: LayerCache[] = [];
-  private weights: DecodeWeights | null = null;
   /** Key mask of the current rows, row-major `[b, L]`. */
   private keyMask = new Float32Array(0);
   private rows = 0;
@@ -973,8 +878,7 @@ class KvCacheDecoder implements StepDecoder {
       mask.set(this.keyMask.subarray(r * L, (r + 1) * L), r * (L + 1));
       mask[r * (L + 1) + L] = 1;
     }
-    this.weights ??= this.model.decodeWeightsInternal(); // built at the first step: a prefill-only run needs none
-    const { logits, caches } = this.model.decodeInternal(tokens, positions, mask, this.caches, this.weights);
+    const { logits, caches } = this.model.decodeInternal(tokens, positions, mask, this.caches);
     this.disposeCaches();
     this.caches = caches;
     this.keyMask = mask;
@@ -997,11 +901,6 @@ class KvCacheDecoder implements StepDecoder {
 
   dispose(): void {
     this.disposeCaches();
-    if (this.weights !== null) {
-      tf.dispose(this.weights.blocks.flatMap((w) => [w.qkv, w.gateUp, ...(w.qkvBias ? [w.qkvBias] : []), ...(w.qkNorm ? Object.values(w.qkNorm) : [])]));
-      this.weights.head.dispose();
-      this.weights = null;
-    }
   }
 
   private disposeCaches(): void {

@@ -169,7 +169,7 @@ describe('PolicyModel.generate', () => {
   });
 });
 
-describe.each(ALL_BACKENDS)('the fused decode step equals full recompute for every variant of the family (%s backend)', (backend) => {
+describe.each(ALL_BACKENDS)('the KV-cache decode step equals full recompute for every variant of the family (%s backend)', (backend) => {
   const base = { vocabSize: tok.vocabSize, dModel: 32, nLayers: 2, nHeads: 4, dFF: 48, maxSeqLen: 40 };
   const VARIANTS: Record<string, PolicyConfig> = {
     'llama, grouped-query, llama3 rope scaling': {
