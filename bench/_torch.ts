@@ -41,3 +41,35 @@ export function torchShape(config: PolicyConfig): string {
     rope_theta: config.ropeTheta ?? 10_000,
   });
 }
+
+/** PyTorch's figure for one size, with 2 threads and with 1. */
+export interface TorchPair {
+  readonly t2: unknown;
+  readonly t1: unknown;
+}
+
+/**
+ * Runs `bench/torch_hf.py` with 2 threads and with 1 for each size, prints both records (tagged with the size)
+ * and returns each size's `field`.
+ */
+export function torchBySize(sizes: readonly string[], args: (size: string, threads: number) => string[], field: string): Map<string, TorchPair> {
+  const out = new Map<string, TorchPair>();
+  for (const size of sizes) {
+    const [t2, t1] = [2, 1].map((threads) => runTorchHf(args(size, threads)));
+    console.log(JSON.stringify({ ...t2, size }));
+    console.log(JSON.stringify({ ...t1, size }));
+    out.set(size, { t2: t2[field], t1: t1[field] });
+  }
+  return out;
+}
+
+/** Each benchmark row's backend, size and `field`, with that as a ratio to PyTorch's (2 threads and 1) at its size. */
+export function vsTorch(rows: readonly Record<string, unknown>[], field: string, torch: ReadonlyMap<string, TorchPair>): Record<string, unknown>[] {
+  return rows.map((r) => ({
+    backend: r.backend,
+    size: r.size,
+    [field]: r[field],
+    vs_torch_2_threads: ratio(r[field], torch.get(String(r.size))?.t2),
+    vs_torch_1_thread: ratio(r[field], torch.get(String(r.size))?.t1),
+  }));
+}

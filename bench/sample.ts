@@ -16,7 +16,7 @@ import type { GenerateRequest } from '../lib/engine/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/random.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
-import { ratio, runTorchHf, torchShape } from './_torch.js';
+import { torchBySize, torchShape, vsTorch } from './_torch.js';
 
 /** One benchmarked model size. */
 interface SampleCase {
@@ -60,27 +60,12 @@ export async function main(args: readonly string[]): Promise<void> {
     }
   }
   if (args.includes('--no-torch')) return;
-  const torch = new Map<string, { t2?: unknown; t1?: unknown }>();
-  for (const c of CASES.filter((k) => sizes.includes(k.name))) {
-    const run = (threads: number): Record<string, unknown> =>
-      runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(batch), '--sample', String(newTokens), '--shape', torchShape(c.config)]);
-    const [t2, t1] = [run(2), run(1)];
-    console.log(JSON.stringify({ ...t2, size: c.name }));
-    console.log(JSON.stringify({ ...t1, size: c.name }));
-    torch.set(c.name, { t2: t2.sample_tok_s, t1: t1.sample_tok_s });
-  }
-  console.log(
-    JSON.stringify({
-      bench: 'sample-summary',
-      rows: rows.map((r) => ({
-        backend: r.backend,
-        size: r.size,
-        kvTokensPerSecond: r.kvTokensPerSecond,
-        vs_torch_2_threads: ratio(r.kvTokensPerSecond, torch.get(String(r.size))?.t2),
-        vs_torch_1_thread: ratio(r.kvTokensPerSecond, torch.get(String(r.size))?.t1),
-      })),
-    }),
+  const torch = torchBySize(
+    sizes.filter((name) => CASES.some((c) => c.name === name)),
+    (size, threads) => ['--threads', String(threads), '--reps', '3', '--batch', String(batch), '--sample', String(newTokens), '--shape', torchShape(CASES.find((c) => c.name === size)!.config)],
+    'sample_tok_s',
   );
+  console.log(JSON.stringify({ bench: 'sample-summary', rows: vsTorch(rows, 'kvTokensPerSecond', torch) }));
 }
 
 function makeRequests(c: SampleCase, batch: number, newTokens: number): GenerateRequest[] {

@@ -15,7 +15,7 @@ import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/random.js';
-import { ratio, runTorchHf, torchShape } from './_torch.js';
+import { ratio, torchBySize, torchShape, vsTorch } from './_torch.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 
 /** One benchmarked model size and its batch. */
@@ -82,34 +82,25 @@ export async function main(args: readonly string[]): Promise<void> {
     }
   }
   if (args.includes('--no-torch')) return;
-  const torch = new Map<string, { t2?: number; t1?: number }>();
-  for (const c of CASES.filter((k) => sizes.includes(k.name))) {
-    const t2 = benchTorch(c, 2);
-    const t1 = benchTorch(c, 1);
-    console.log(JSON.stringify({ ...t2, size: c.name }));
-    console.log(JSON.stringify({ ...t1, size: c.name }));
-    torch.set(c.name, { t2: t2.train_tok_s as number | undefined, t1: t1.train_tok_s as number | undefined });
-  }
+  const torch = torchBySize(
+    CASES.filter((k) => sizes.includes(k.name)).map((c) => c.name),
+    (size, threads) => benchTorchArgs(CASES.find((c) => c.name === size)!, threads),
+    'train_tok_s',
+  );
   const tokS = (backend: string, size: string): unknown => rows.find((r) => r.backend === backend && r.size === size)?.tokensPerSecond;
   console.log(
     JSON.stringify({
       bench: 'train-summary',
       loadavg_1m_at_start: Number(load.toFixed(2)),
-      rows: rows.map((r) => ({
-        backend: r.backend,
-        size: r.size,
-        tokensPerSecond: r.tokensPerSecond,
-        vs_torch_2_threads: ratio(r.tokensPerSecond, torch.get(String(r.size))?.t2),
-        vs_torch_1_thread: ratio(r.tokensPerSecond, torch.get(String(r.size))?.t1),
-      })),
+      rows: vsTorch(rows, 'tokensPerSecond', torch),
       tensorflow_vs_wasm: CASES.filter((k) => sizes.includes(k.name)).map((c) => ({ size: c.name, ratio: ratio(tokS('tensorflow', c.name), tokS('wasm', c.name)) })),
     }),
   );
 }
 
-/** PyTorch CPU's train step (AdamW) on a Llama of the case's shape, batch and sequence, with `threads` threads. */
-function benchTorch(c: TrainCase, threads: number): Record<string, unknown> {
-  return runTorchHf(['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', torchShape(c.config)]);
+/** `bench/torch_hf.py` arguments of PyTorch CPU's train step (AdamW) on the case's shape, batch and sequence. */
+function benchTorchArgs(c: TrainCase, threads: number): string[] {
+  return ['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', torchShape(c.config)];
 }
 
 async function runCase(backend: BackendName, c: TrainCase, warmup: number, steps: number): Promise<Record<string, unknown>> {
