@@ -145,6 +145,17 @@ export type { HfTokenizerFiles, HfTokenizerSources, JsonRecord } from './model/h
 export { MODEL_TYPES, PolicyModel, validatePolicyConfig } from './model/transformer.js';
 export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling, TokenLogprobs } from './model/transformer.js';
 export { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from './model/safetensors.js';
+export {
+  LORA_TARGETS,
+  LoraAdapter,
+  PEFT_FILES,
+  loadPeftAdapter,
+  peftAdapterConfig,
+  readPeftAdapterConfig,
+  savePeftAdapter,
+  validateLoraConfig,
+} from './model/lora.js';
+export type { LoraConfig, LoraPair, LoraTarget, ResolvedLoraConfig } from './model/lora.js';
 export type { SafetensorsContents, SafetensorsDtype, SafetensorsMetadata } from './model/safetensors.js';
 export {
   MODEL_FILES,

@@ -6,7 +6,10 @@ that model directories written by rxrl load in transformers unchanged and give
 the same logits and token ids that rxrl computes.
 
 Usage:
-    echo '{"input_ids": [[1, 2, 3]]}' | python3 scripts/hf_logits.py MODEL_DIR
+    echo '{"input_ids": [[1, 2, 3]]}' | python3 scripts/hf_logits.py MODEL_DIR [--adapter PEFT_DIR]
+
+With --adapter, the PEFT adapter directory is loaded on top of the model
+(``peft.PeftModel.from_pretrained``) and the logits are those of the adapted model.
 
 stdin is one JSON object:
     input_ids       [[int]]   required, B rows of equal length T
@@ -15,7 +18,7 @@ stdin is one JSON object:
     texts           [str]     optional, each encoded with add_special_tokens=False
 
 stdout is one JSON line:
-    {"logits": [B][T][V], "encoded": [[int]], "model_type": str, "num_parameters": int}
+    {"logits": [B][T][V], "encoded": [[int]], "model_type": str, "num_parameters": int, "peft": str|null}
 
 The model is loaded in float32 with eager attention.  On failure the script
 prints a one-line message to stderr and exits with a non-zero status.
@@ -51,8 +54,11 @@ def int_matrix(value, key):
 
 
 def main(argv):
-    if len(argv) != 2:
-        fail("usage: python3 scripts/hf_logits.py MODEL_DIR < request.json")
+    adapter_dir = None
+    if len(argv) == 4 and argv[2] == "--adapter":
+        adapter_dir = argv[3]
+    elif len(argv) != 2:
+        fail("usage: python3 scripts/hf_logits.py MODEL_DIR [--adapter PEFT_DIR] < request.json")
     model_dir = argv[1]
     if not os.path.isdir(model_dir):
         fail(f"not a directory: {model_dir}")
@@ -89,10 +95,20 @@ def main(argv):
 
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-        model.eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir) if texts else None
     except Exception as err:  # noqa: BLE001 - report any loading problem on one line
         fail(f"cannot load {model_dir}: {type(err).__name__}: {err}")
+    peft_version = None
+    if adapter_dir is not None:
+        try:
+            import peft
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter_dir)
+            peft_version = peft.__version__
+        except Exception as err:  # noqa: BLE001
+            fail(f"cannot load the adapter {adapter_dir}: {type(err).__name__}: {err}")
+    model.eval()
 
     vocab = model.config.get_text_config().vocab_size
     if any(v < 0 or v >= vocab for row in input_ids for v in row):
@@ -104,7 +120,7 @@ def main(argv):
             inputs[key] = torch.tensor(value, dtype=torch.long)
         with torch.no_grad():
             logits = model(**inputs).logits.float()
-        encoded = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+        encoded = [tokenizer.encode(text, add_special_tokens=False) for text in texts] if tokenizer else []
     except Exception as err:  # noqa: BLE001
         fail(f"forward pass failed: {type(err).__name__}: {err}")
 
@@ -113,6 +129,7 @@ def main(argv):
         "encoded": encoded,
         "model_type": model.config.model_type,
         "num_parameters": int(model.num_parameters()),
+        "peft": peft_version,
     }
     sys.stdout.write(json.dumps(result, separators=(",", ":")) + "\n")
     sys.stdout.flush()

@@ -80,3 +80,14 @@ export {
   specialIdsOf,
 } from './modelDir.js';
 export type { ModelDirContents, SaveModelDirOptions, SpecialTokenIds } from './modelDir.js';
+export {
+  LORA_TARGETS,
+  LoraAdapter,
+  PEFT_FILES,
+  loadPeftAdapter,
+  peftAdapterConfig,
+  readPeftAdapterConfig,
+  savePeftAdapter,
+  validateLoraConfig,
+} from './lora.js';
+export type { LoraConfig, LoraPair, LoraTarget, ResolvedLoraConfig } from './lora.js';

@@ -14,7 +14,7 @@ import { mkdir, readFile, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from '../engine/types.js';
-import { ConfigError, DecodeError } from '../errors.js';
+import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';
 import {
   PolicyModel,
@@ -392,6 +392,9 @@ export async function saveModelDir(
   source: PolicyModel | { readonly config: PolicyConfig; readonly weights: NamedWeights },
   options: SaveModelDirOptions = {},
 ): Promise<{ readonly bytes: number; readonly sha256: string }> {
+  if (source instanceof PolicyModel && source.adapter !== null) {
+    throw new ShapeError('saveModelDir: this model is a LoRA adapter view; save the adapter with savePeftAdapter, or the merged model from mergedWeights()');
+  }
   const config = source.config;
   const weights = source instanceof PolicyModel ? source.getWeights() : source.weights;
   const special = options.special ?? {};

@@ -31,6 +31,7 @@ import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } fro
 import { ConfigError, ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes } from './backend.js';
 import { runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
+import type { LoraAdapter, LoraPair, LoraTarget } from './lora.js';
 import { createRng, normalArray } from '../random.js';
 
 /** Model families the decoder implements (Hugging Face `model_type`). */
@@ -273,6 +274,8 @@ interface Block {
   readonly wGate: tf.Variable;
   readonly wUp: tf.Variable;
   readonly wDown: tf.Variable;
+  /** The attached adapter's pairs for this block's targets (none without an adapter). */
+  readonly lora: Partial<Record<LoraTarget, LoraPair>>;
 }
 
 /** Keys and values of one block for a batch: `k [b, Hkv, L, dh]`, `v [b, Hkv, L, dh]`. */
@@ -314,12 +317,20 @@ export class PolicyModel {
   private readonly invFreq: tf.Tensor2D;
   /** `[dh, dh]`: `x · rotateHalf = concat(−x₂, x₁)`. */
   private readonly rotateHalf: tf.Tensor2D;
+  /** The LoRA adapter of a view made by {@link PolicyModel.withAdapter}; its base's variables are not owned. */
+  readonly adapter: LoraAdapter | null;
   private disposed = false;
 
-  private constructor(config: ResolvedPolicyConfig, params: ReadonlyMap<string, tf.Variable>, linear: ReadonlySet<string>) {
+  private constructor(
+    config: ResolvedPolicyConfig,
+    params: ReadonlyMap<string, tf.Variable>,
+    linear: ReadonlySet<string>,
+    adapter: LoraAdapter | null = null,
+  ) {
     this.config = config;
     this.params = params;
     this.linear = linear;
+    this.adapter = adapter;
     const get = (name: string): tf.Variable => params.get(name) as tf.Variable;
     const opt = (name: string): tf.Variable | null => params.get(name) ?? null;
     this.embedTokens = get('model.embed_tokens.weight');
@@ -341,6 +352,10 @@ export class PolicyModel {
         wGate: get(`${p}.mlp.gate_proj.weight`),
         wUp: get(`${p}.mlp.up_proj.weight`),
         wDown: get(`${p}.mlp.down_proj.weight`),
+        lora: Object.fromEntries((adapter?.lora.targetModules ?? []).flatMap((t) => {
+          const pair = adapter?.pair(i, t);
+          return pair ? [[t, pair]] : [];
+        })),
       };
     });
     this.finalNorm = get('model.norm.weight');
@@ -417,36 +432,81 @@ export class PolicyModel {
     return new PolicyModel(config, params, linear);
   }
 
-  /** Weight names (Hugging Face's) in their stable order. */
+  /**
+   * A view of `base` with a LoRA adapter attached: it computes `base + adapter`, shares the base's variables
+   * (any number of views share one base in memory) and trains, reads and writes only the adapter's
+   * ({@link PolicyModel.trainableVariables}, {@link PolicyModel.getWeights}, {@link PolicyModel.setWeights}).
+   * Disposing the view disposes neither the base nor the adapter.
+   *
+   * @throws {@link ShapeError} when the adapter was made for another architecture, or `base` is a view itself.
+   */
+  static withAdapter(base: PolicyModel, adapter: LoraAdapter): PolicyModel {
+    if (base.adapter !== null) throw new ShapeError('withAdapter: the base model is already an adapter view');
+    const mismatched = (Object.keys(base.config) as (keyof ResolvedPolicyConfig)[]).filter(
+      (k) => JSON.stringify(base.config[k]) !== JSON.stringify(adapter.config[k]),
+    );
+    if (mismatched.length > 0) {
+      throw new ShapeError(`withAdapter: the adapter was made for another architecture (${mismatched.join(', ')} differ)`, { context: { mismatched } });
+    }
+    return new PolicyModel(base.config, base.params, base.linear, adapter);
+  }
+
+  /** Weight names in their stable order: the base's (Hugging Face's), or the adapter's (PEFT's) on a view. */
   weightNames(): string[] {
-    return [...this.params.keys()];
+    return this.adapter?.weightNames() ?? [...this.params.keys()];
   }
 
-  /** The trainable variables, in {@link PolicyModel.weightNames} order (linear weights `[in, out]`). */
+  /**
+   * The trainable variables, in {@link PolicyModel.weightNames} order (linear weights `[in, out]`): every base
+   * weight, or on an adapter view only the adapter's.
+   */
   trainableVariables(): tf.Variable[] {
-    return [...this.params.values()];
+    return this.adapter?.variables() ?? [...this.params.values()];
   }
 
-  /** Total number of weights (scalars). */
+  /** Total number of weights (scalars): the base's plus, on a view, the adapter's. */
   numParameters(): number {
-    let n = 0;
+    let n = this.adapter?.numParameters() ?? 0;
     for (const v of this.params.values()) {
       n += v.size;
     }
     return n;
   }
 
-  /** Disposes every variable. Idempotent. */
+  /** Disposes every variable (on an adapter view, only its own constants). Idempotent. */
   dispose(): void {
     if (this.disposed) {
       return;
     }
     this.disposed = true;
-    for (const v of this.params.values()) {
-      v.dispose();
+    if (this.adapter === null) {
+      for (const v of this.params.values()) {
+        v.dispose();
+      }
     }
     this.invFreq.dispose();
     this.rotateHalf.dispose();
+  }
+
+  /**
+   * The base weights with the adapter merged in (`W + (α/r)·B·A`), Hugging Face names and layout: a plain model
+   * that computes what the view computes, for runtimes without LoRA. Without an adapter, {@link PolicyModel.getWeights}.
+   */
+  mergedWeights(): NamedWeights {
+    const out = new Map<string, WeightArray>();
+    const adapter = this.adapter;
+    for (const [name, v] of this.params) {
+      const match = /^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.weight$/.exec(name);
+      const pair = adapter && match ? adapter.pair(Number(match[1]), match[2] as LoraTarget) : null;
+      const data = tf.tidy(() => {
+        let w: tf.Tensor = v; // [in, out] for linear weights
+        if (pair !== null && adapter !== null) w = tf.add(w, tf.mul(tf.matMul(pair.a, pair.b), adapter.lora.scale));
+        return (this.linear.has(name) ? tf.transpose(w) : w).dataSync() as Float32Array;
+      });
+      const shape = this.linear.has(name) ? [...v.shape].reverse() : [...v.shape];
+      out.set(name, { shape, data: Float32Array.from(data) });
+    }
+    return out;
   }
 
   /**
@@ -500,6 +560,7 @@ export class PolicyModel {
    * `lm_head.weight` (absent when tied).
    */
   getWeights(): NamedWeights {
+    if (this.adapter !== null) return this.adapter.getWeights();
     const out = new Map<string, WeightArray>();
     for (const [name, v] of this.params) {
       const t = this.linear.has(name) ? tf.transpose(v) : v;
@@ -510,13 +571,17 @@ export class PolicyModel {
   }
 
   /**
-   * Replaces every weight.
+   * Replaces every weight (on an adapter view, the adapter's).
    *
    * @param weights - Exactly the names of {@link PolicyModel.getWeights}, with equal (Hugging Face) shapes.
    * @throws {@link ShapeError} (before changing anything) when a name is missing or unknown, or a shape or
    *   data length differs.
    */
   setWeights(weights: NamedWeights): void {
+    if (this.adapter !== null) {
+      this.adapter.setWeights(weights);
+      return;
+    }
     checkWeights(policyParamSpecs(this.config), weights);
     for (const [name, v] of this.params) {
       const w = weights.get(name) as WeightArray;
@@ -598,9 +663,9 @@ export class PolicyModel {
   private projectQkv(h: tf.Tensor2D, block: Block, rot: Rotary): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
     const N = h.shape[0];
-    let q = linear(h, block.wq, block.bq); // [N, H·dh]
-    let k = linear(h, block.wk, block.bk); // [N, Hkv·dh]
-    const v = linear(h, block.wv, block.bv); // [N, Hkv·dh]
+    let q = this.project(h, block, 'q_proj', block.wq, block.bq); // [N, H·dh]
+    let k = this.project(h, block, 'k_proj', block.wk, block.bk); // [N, Hkv·dh]
+    const v = this.project(h, block, 'v_proj', block.wv, block.bv); // [N, Hkv·dh]
     if (block.qNorm !== null && block.kNorm !== null) {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
@@ -638,7 +703,17 @@ export class PolicyModel {
   /** `(SiLU(h·Wgate) ⊙ (h·Wup)) · Wdown` after the block's post-attention RMSNorm: `[N, d] → [N, d]`. */
   private mlp(x: tf.Tensor2D, block: Block): tf.Tensor2D {
     const h = rmsNorm(x, block.postNorm, this.config.rmsNormEps); // [N, d]
-    return tf.matMul(tf.mul(silu(tf.matMul(h, block.wGate)), tf.matMul(h, block.wUp)), block.wDown); // [N, d]
+    const gate = silu(this.project(h, block, 'gate_proj', block.wGate, null));
+    return this.project(tf.mul(gate, this.project(h, block, 'up_proj', block.wUp, null)), block, 'down_proj', block.wDown, null); // [N, d]
+  }
+
+  /** `x·W (+ bias)` of one of the block's linear layers, plus the adapter's `(α/r)·(x·A)·B` where it has one. */
+  private project(x: tf.Tensor2D, block: Block, target: LoraTarget, w: tf.Variable, bias: tf.Variable | null): tf.Tensor2D {
+    const y = linear(x, w, bias);
+    const pair = block.lora[target];
+    if (pair === undefined || this.adapter === null) return y;
+    const low = tf.mul(tf.matMul(x, pair.a as tf.Tensor2D), this.adapter.lora.scale); // [N, r]
+    return tf.add(y, tf.matMul(low, pair.b as tf.Tensor2D));
   }
 
   /** One block on the stream `x [N, d]`; `kv` turns the new keys and values `[b, Hkv, T, dh]` into the attended ones. */
@@ -654,7 +729,7 @@ export class PolicyModel {
     const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.inputNorm, this.config.rmsNormEps), block, rot);
     const q = this.splitHeads(qx, shape.b, shape.t, H); // [b, H, T, dh]
     const { k, v } = kv(this.splitHeads(kx, shape.b, shape.t, Hkv), this.splitHeads(vx, shape.b, shape.t, Hkv));
-    const attended = linear(this.attend(q, k, v, bias), block.wo, block.bo); // [N, d]
+    const attended = this.project(this.attend(q, k, v, bias), block, 'o_proj', block.wo, block.bo); // [N, d]
     const mid: tf.Tensor2D = tf.add(x, attended); // [N, d]
     return tf.add(mid, this.mlp(mid, block)) as tf.Tensor2D; // [N, d]
   }
