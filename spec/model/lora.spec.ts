@@ -247,3 +247,51 @@ describe('PEFT adapter directories', () => {
     base.dispose();
   }, 240_000);
 });
+
+describe('LoRA through the GRPO pipeline', () => {
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: quiet });
+  });
+
+  it('trains the adapter only and ships only the adapter to the rollout engine, whose base is a separate copy', async () => {
+    const { grpoPipeline } = await import('../../pipelines/grpoPipeline.js');
+    const { LocalEngine } = await import('../../lib/engine/local.js');
+    const { CharTokenizer } = await import('../../lib/model/tokenizer.js');
+    const { stringTransformTask } = await import('../../recipes/stringTransform.js');
+    const { lastValueFrom, toArray } = await import('rxjs');
+    const task = stringTransformTask({ alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4, seed: 2 });
+    const tokenizer = new CharTokenizer(task.characters);
+    const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 };
+    const lora: LoraConfig = { rank: 2, alpha: 4, targetModules: ['q_proj', 'v_proj', 'up_proj'] };
+    const base = PolicyModel.create(config, 4);
+    const rolloutBase = PolicyModel.fromWeights(config, base.getWeights());
+    const adapter = LoraAdapter.create(config, lora, 1);
+    const rolloutAdapter = LoraAdapter.create(config, lora, 1);
+    const policy = PolicyModel.withAdapter(base, adapter);
+    const engine = new LocalEngine(PolicyModel.withAdapter(rolloutBase, rolloutAdapter), { tokenizer });
+    const shipped: string[][] = [];
+    const load = engine.loadWeights.bind(engine);
+    engine.loadWeights = (version, weights) => {
+      shipped.push([...weights.keys()]);
+      return load(version, weights);
+    };
+    const baseBefore = base.getWeights();
+    const trainer = new GrpoTrainer(policy, { learningRate: 1e-2 });
+    const steps = await lastValueFrom(
+      grpoPipeline({ tasks: task.train, loader: { epochs: 2, shuffle: true, seed: 1 }, engines: [engine], trainer, evaluator: task.evaluator, batchSize: 3, groupSize: 4, maxTokens: 4, steps: 3 }).pipe(toArray()),
+    );
+    expect(steps.map((s) => s.version)).toEqual([1, 2, 3]);
+    expect(shipped).toHaveLength(3);
+    for (const names of shipped) expect(names).toEqual(adapter.weightNames());
+    expect(sameWeights(base.getWeights(), baseBefore)).toBe(true);
+    expect(sameWeights(rolloutBase.getWeights(), baseBefore)).toBe(true);
+    expect(sameWeights(rolloutAdapter.getWeights(), adapter.getWeights())).toBe(true);
+    const fresh = LoraAdapter.create(config, lora, 1);
+    expect(sameWeights(adapter.getWeights(), fresh.getWeights())).toBe(false);
+    fresh.dispose();
+    trainer.dispose();
+    for (const m of [policy, base, rolloutBase]) m.dispose();
+    adapter.dispose();
+    rolloutAdapter.dispose();
+  });
+});
