@@ -13,13 +13,16 @@ Usage:
                     train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
   rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
              [--max-batch-size N] [--max-wait-ms N] [--weights-root DIR] [--api-key KEY] [--backend …] [--verbose]
+             [--lora-modules NAME=DIR[,NAME=DIR…]]
                     OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
                     model's chat template, /v1/models, /health, /update_weights_from_disk) for a Hugging Face
                     model directory (Llama 3, Qwen2, Qwen3, SmolLM2; a run checkpoint is one), or a fresh tiny
                     policy over --alphabet; served model id = the directory's name unless --served-model-name;
                     port 8000 by default, 0 picks a free one; --weights-root confines update_weights_from_disk
                     to directories below DIR; --api-key (or RXRL_SERVE_API_KEY) is required as a Bearer token
-                    on every route but /health; prints {"event":"listening","url":…} on stdout,
+                    on every route but /health; --lora-modules serves PEFT LoRA adapters on the shared base,
+                    each under its own model name (more load through /v1/load_lora_adapter, as in vLLM);
+                    prints {"event":"listening","url":…} on stdout,
                     stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
@@ -100,11 +103,23 @@ async function start(argv: readonly string[]): Promise<number> {
   return 0;
 }
 
+/** `NAME=DIR[,NAME=DIR…]` of `--lora-modules` as a record; a `ConfigError` names a malformed entry. */
+function loraModules(value: string | undefined): Record<string, string> | undefined {
+  if (value === undefined) return undefined;
+  const out: Record<string, string> = {};
+  for (const entry of value.split(',')) {
+    const at = entry.indexOf('=');
+    if (at <= 0 || at === entry.length - 1) throw new ConfigError(`--lora-modules: '${entry}' is not NAME=DIR`, { context: { key: 'lora-modules' } });
+    out[entry.slice(0, at)] = entry.slice(at + 1);
+  }
+  return out;
+}
+
 async function serveCommand(argv: readonly string[]): Promise<number> {
   checkFlags(
     'serve',
     argv,
-    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend'],
+    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules'],
     ['verbose'],
   );
   const { runServeCommand } = await import('./serve/command.js');
@@ -133,6 +148,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
     ...(maxWaitMs === undefined ? {} : { maxWaitMs }),
     weightsRoot: text('weights-root'),
     apiKey: text('api-key'),
+    loraModules: loraModules(text('lora-modules')),
     verbose: argv.includes('--verbose'),
     signal: controller.signal,
     out: (line) => process.stdout.write(`${line}\n`),

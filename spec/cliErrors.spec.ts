@@ -67,6 +67,17 @@ describe('rxrl CLI: missing paths are one typed line', () => {
     expect(result.stderr).toMatch(/^rxrl: ConfigError: --checkpoint .*missing-checkpoint: not a model directory \(no such directory\)\n$/);
   });
 
+  it('serve --lora-modules: a malformed entry or a missing adapter is a ConfigError naming it, no stack', async () => {
+    const malformed = await rxrl(['serve', '--lora-modules', 'coder', '--port', '0', '--backend', 'cpu']);
+    expect(malformed.code).not.toBe(0);
+    expectOneLine(malformed.stderr, 'ConfigError', "--lora-modules: 'coder' is not NAME=DIR");
+    const missing = join(dir, 'missing-adapter');
+    const result = await rxrl(['serve', '--lora-modules', `coder=${missing}`, '--port', '0', '--backend', 'cpu']);
+    expect(result.code).not.toBe(0);
+    expect(result.stderr).not.toContain('    at ');
+    expect(result.stderr.trim().split('\n').at(-1)).toMatch(/^rxrl: ConfigError: loraModules\.coder: lora_path ".*missing-adapter" does not exist$/);
+  });
+
   it('serve --model with a directory that is no model: ConfigError naming it', async () => {
     const result = await rxrl(['serve', '--model', dir, '--port', '0', '--backend', 'cpu']);
     expect(result.code).not.toBe(0);

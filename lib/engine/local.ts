@@ -70,8 +70,10 @@ export class LocalEngine implements RolloutEngine {
   readonly modelTag: ModelTag;
   readonly tokenizer: Tokenizer;
   private current: PolicyVersion;
-  private readonly maxBatchSize: number;
-  private readonly maxWaitMs: number;
+  /** Most requests in one batch. */
+  readonly maxBatchSize: number;
+  /** How long an idle engine waits for more requests before starting a batch, in ms. */
+  readonly maxWaitMs: number;
   private queue: Pending[] = [];
   private running: Promise<void> | undefined;
   private timer: ReturnType<typeof setTimeout> | undefined;
@@ -119,6 +121,22 @@ export class LocalEngine implements RolloutEngine {
     );
     this.schedule();
     return Promise.all(responses);
+  }
+
+  /**
+   * Resolves once the engine has answered every request submitted so far and runs nothing (callers stop sending
+   * requests first, e.g. before disposing the model).
+   */
+  async idle(): Promise<void> {
+    for (;;) {
+      if (this.running) {
+        await this.running.catch(() => undefined);
+      } else if (this.queue.length > 0 || this.loads > 0) {
+        await new Promise((resolve) => setTimeout(resolve, this.maxWaitMs + 1));
+      } else {
+        return;
+      }
+    }
   }
 
   async loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void> {

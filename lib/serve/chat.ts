@@ -105,8 +105,8 @@ function readToolChoice(body: JsonObject): boolean {
  * parses tool calls of the offered tools (unless `tool_choice` is `none`); `return_token_ids` adds
  * `prompt_token_ids` and per-choice `token_ids`.
  */
-export async function chatCompletions(ctx: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
-  checkModel(ctx, body);
+export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+  const ctx = checkModel(server, body); // the base model's context, or the named adapter's
   const sampling = readSampling(ctx, body);
   const messages = readMessages(body);
   const tools = readTools(body);

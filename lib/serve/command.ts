@@ -52,6 +52,8 @@ export interface ServeCommandOptions {
   readonly weightsRoot?: string;
   /** Bearer token required on every route but `/health`. */
   readonly apiKey?: string;
+  /** LoRA adapters to serve, model name → PEFT directory (`--lora-modules`). */
+  readonly loraModules?: Readonly<Record<string, string>>;
   /** Log one JSON line per request on stderr. Default false. */
   readonly verbose?: boolean;
   /** Stops the server. */
@@ -117,6 +119,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       maxWaitMs: options.maxWaitMs,
       ...(options.weightsRoot === undefined ? {} : { weightsRoot: options.weightsRoot }),
       ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
+      ...(options.loraModules === undefined ? {} : { loraModules: options.loraModules }),
       log: options.verbose ? (record) => options.err(JSON.stringify(record)) : undefined,
     });
     options.out(

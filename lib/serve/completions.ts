@@ -68,8 +68,8 @@ function promptLogprobsJson(ctx: ServeContext, scored: readonly (PromptTokenLogp
  * prefix (`null` for the first) plus the top-k alternatives; `return_token_ids` adds `token_ids` and
  * `prompt_token_ids` per choice.
  */
-export async function completions(ctx: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
-  checkModel(ctx, body);
+export async function completions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+  const ctx = checkModel(server, body); // the base model's context, or the named adapter's
   refuse(body, 'echo', (v) => v === false, 'echo');
   refuse(body, 'suffix', (v) => v === '', 'suffix');
   const sampling = readSampling(ctx, body);

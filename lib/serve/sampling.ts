@@ -10,8 +10,6 @@ import { hashSeed } from '../random.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
 import {
-  RequestError,
-  excerpt,
   invalid,
   readBoolean,
   readInteger,
@@ -23,6 +21,7 @@ import {
   type JsonObject,
 } from './protocol.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
+import { modelContext } from './adapters.js';
 
 /** Sampling parameters common to both endpoints, validated. */
 export interface Sampling {
@@ -37,12 +36,9 @@ export interface Sampling {
   readonly includeStop: boolean;
 }
 
-/** 404 unless the request names the served model. */
-export function checkModel(ctx: ServeContext, body: JsonObject): void {
-  const model = readString(body, 'model');
-  if (model !== ctx.modelName) {
-    throw new RequestError(404, `The model '${excerpt(model)}' does not exist`, { param: 'model', code: 'model_not_found' });
-  }
+/** The context of the model the request names: the base model or a served LoRA adapter (404 otherwise). */
+export function checkModel(ctx: ServeContext, body: JsonObject): ServeContext {
+  return modelContext(ctx, readString(body, 'model'));
 }
 
 /**

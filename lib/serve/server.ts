@@ -11,6 +11,9 @@
  * |  | format ({@link chatCompletions}) |
  * | `POST /update_weights_from_disk` | SGLang's API: `{ model_path, weight_version? }` loads a safetensors |
  * |  | checkpoint as a new version ({@link updateWeights}) |
+ * | `POST /v1/load_lora_adapter` | vLLM's API: `{ lora_name, lora_path, load_inplace? }` serves a PEFT LoRA |
+ * |  | directory as model `lora_name` on the shared base ({@link loadLoraAdapter}) |
+ * | `POST /v1/unload_lora_adapter` | `{ lora_name }` |
  *
  * vLLM's extensions are understood: `return_tokens_as_token_ids` (log-prob tokens spelled `token_id:<id>`),
  * `return_token_ids` (`token_ids` per choice and `prompt_token_ids`), `stop_token_ids` and
@@ -39,6 +42,7 @@ import { chatCompletions } from './chat.js';
 import { completions } from './completions.js';
 import type { ServeContext, ServeLogger } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, errorBody, excerpt, parseJsonObject } from './protocol.js';
+import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
 import { updateWeights } from './weights.js';
 
@@ -84,6 +88,11 @@ export interface ServeOptions {
    * get 400 before anything is encoded or queued, so one request cannot hold the engine for long. Default 4096.
    */
   readonly maxSamplesPerRequest?: number;
+  /**
+   * LoRA adapters to serve from the start, model name → PEFT directory (vLLM's `--lora-modules name=path`).
+   * Each is a model of its own in `/v1/models` and in requests' `model`, computed on the shared base weights.
+   */
+  readonly loraModules?: Readonly<Record<string, string>>;
   /** Receives one record per request and per weight update. Default: silent. */
   readonly log?: ServeLogger;
   /** Closes the server when it fires. */
@@ -159,6 +168,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     tokenizer: options.tokenizer,
     template: options.chatTemplate ?? createChatTemplate(options.tokenizer),
     modelName,
+    adapters: new Map(),
     maxSeqLen: options.model.config.maxSeqLen,
     maxN,
     maxSamplesPerRequest,
@@ -169,6 +179,14 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     log: options.log ?? (() => undefined),
     closing: false,
   };
+  for (const [name, path] of Object.entries(options.loraModules ?? {})) {
+    try {
+      await addAdapter(ctx, name, path);
+    } catch (error) {
+      disposeAdapters(ctx);
+      throw error instanceof RequestError ? new ConfigError(`loraModules.${name}: ${error.message}`, { context: { key: `loraModules.${name}` }, cause: error }) : error;
+    }
+  }
   const server = createServer((req, res) => {
     handle(ctx, req, res).catch((error: unknown) => {
       ctx.log({ event: 'internal_error', error: String(error) });
@@ -201,6 +219,9 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
       ctx.closing = true;
       server.close(() => resolve());
       server.closeAllConnections();
+    }).then(async () => {
+      await Promise.all([...ctx.adapters.values()].map((a) => a.engine.idle()));
+      disposeAdapters(ctx);
     });
     return closed;
   };
@@ -217,6 +238,15 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     },
     close,
   };
+}
+
+/** Disposes every served adapter's view and weights (the base model is the caller's). */
+function disposeAdapters(ctx: ServeContext): void {
+  for (const served of ctx.adapters.values()) {
+    served.view.dispose();
+    served.adapter.dispose();
+  }
+  ctx.adapters.clear();
 }
 
 function listen(server: Server, port: number, host: string): Promise<void> {
@@ -295,15 +325,11 @@ async function route(
   }
   if (path === '/v1/models') {
     expect('GET');
-    return { object: 'list', data: [modelCard(ctx)] };
+    return { object: 'list', data: [ctx.modelName, ...ctx.adapters.keys()].map((id) => modelCard(ctx, id)) };
   }
   if (path.startsWith('/v1/models/')) {
     expect('GET');
-    const id = decodePathSegment(path.slice('/v1/models/'.length));
-    if (id !== ctx.modelName) {
-      throw new RequestError(404, `The model '${excerpt(id)}' does not exist`, { param: 'model', code: 'model_not_found' });
-    }
-    return modelCard(ctx);
+    return modelCard(ctx, decodePathSegment(path.slice('/v1/models/'.length)));
   }
   if (path === '/v1/completions') {
     expect('POST');
@@ -316,6 +342,14 @@ async function route(
   if (path === '/update_weights_from_disk') {
     expect('POST');
     return updateWeights(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+  }
+  if (path === '/v1/load_lora_adapter') {
+    expect('POST');
+    return loadLoraAdapter(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+  }
+  if (path === '/v1/unload_lora_adapter') {
+    expect('POST');
+    return unloadLoraAdapter(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
   }
   throw new RequestError(404, `no route ${method} ${excerpt(path)}`, { code: 'not_found' });
 }
@@ -336,14 +370,19 @@ function sameSecret(given: string, expected: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
-function modelCard(ctx: ServeContext): Record<string, unknown> {
+/** The `/v1/models` card of the base model or of an adapter (with vLLM's `root` and `parent`); 404 for others. */
+function modelCard(ctx: ServeContext, id: string): Record<string, unknown> {
+  const served = modelContext(ctx, id);
+  const adapter = ctx.adapters.get(id);
   return {
-    id: ctx.modelName,
+    id,
     object: 'model',
     created: ctx.created,
     owned_by: 'rxrl',
+    root: adapter?.path ?? id,
+    parent: adapter === undefined ? null : ctx.modelName,
     max_model_len: ctx.maxSeqLen,
-    policy_version: ctx.engine.version,
+    policy_version: served.engine.version,
   };
 }
 

@@ -33,26 +33,9 @@ const HEADER_SLACK_BYTES = 16 << 20;
 export async function updateWeights(ctx: ServeContext, body: JsonObject): Promise<unknown> {
   const modelPath = readString(body, 'model_path');
   const force = readBoolean(body, 'force', false);
-  if (modelPath.trim() === '' || modelPath.includes('\0')) throw invalid('model_path', 'model_path must be a directory path');
   const named = quote(modelPath, MAX_QUOTED_PATH_CHARS);
-  let real: string;
-  let isDir: boolean;
-  try {
-    real = await realpath(modelPath);
-    isDir = (await stat(real)).isDirectory();
-  } catch (cause) {
-    const code = (cause as NodeJS.ErrnoException).code;
-    const why = code === 'ENOENT' || code === undefined ? 'does not exist' : `cannot be resolved (${code})`;
-    throw new RequestError(400, `model_path ${named} ${why}`, { param: 'model_path', code: 'not_found' }, { cause });
-  }
-  if (ctx.weightsRoot !== undefined) {
-    const root = await realpath(ctx.weightsRoot);
-    const inside = relative(root, real);
-    if (inside.startsWith('..') || isAbsolute(inside)) {
-      throw new RequestError(403, `model_path ${named} is outside the weights root`, { param: 'model_path', code: 'forbidden_path' });
-    }
-  }
-  if (!isDir || !(await isModelDir(real))) {
+  const real = await resolveClientDir(ctx, 'model_path', modelPath);
+  if (!(await isModelDir(real))) {
     throw invalid('model_path', `model_path ${named} is not a model directory (no config.json)`);
   }
   const requested = readVersion(body.weight_version, 'weight_version');
@@ -101,6 +84,34 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
     policy_version: version,
     num_paused_requests: 0,
   };
+}
+
+/**
+ * The real path of a directory a client named in `param`: 400 when it is empty, does not exist or is no
+ * directory, 403 when it lies outside `--weights-root` (after resolving links).
+ */
+export async function resolveClientDir(ctx: ServeContext, param: string, path: string): Promise<string> {
+  if (path.trim() === '' || path.includes('\0')) throw invalid(param, `${param} must be a directory path`);
+  const named = quote(path, MAX_QUOTED_PATH_CHARS);
+  let real: string;
+  let isDir: boolean;
+  try {
+    real = await realpath(path);
+    isDir = (await stat(real)).isDirectory();
+  } catch (cause) {
+    const code = (cause as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' || code === undefined ? 'does not exist' : `cannot be resolved (${code})`;
+    throw new RequestError(400, `${param} ${named} ${why}`, { param, code: 'not_found' }, { cause });
+  }
+  if (ctx.weightsRoot !== undefined) {
+    const root = await realpath(ctx.weightsRoot);
+    const inside = relative(root, real);
+    if (inside.startsWith('..') || isAbsolute(inside)) {
+      throw new RequestError(403, `${param} ${named} is outside the weights root`, { param, code: 'forbidden_path' });
+    }
+  }
+  if (!isDir) throw invalid(param, `${param} ${named} is not a directory`);
+  return real;
 }
 
 /** The first architecture field in which `loaded` differs from `served`, or undefined. */

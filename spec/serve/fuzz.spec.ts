@@ -334,6 +334,24 @@ function weightsRequest(rng: Rng): FuzzRequest {
   return { kind: 'weights/mutated', method: 'POST', path, headers: JSON_HEADERS, body: text };
 }
 
+const LORA_KEYS = ['lora_name', 'lora_path', 'load_inplace'];
+
+/** vLLM's adapter routes with names and paths that are never a PEFT adapter (so none may succeed). */
+function loraRequest(rng: Rng): FuzzRequest {
+  if (chance(rng, 0.3)) {
+    const name = pick(rng, ['coder', MODEL, '', 'a/b', 'x'.repeat(randomInt(rng, 1, 400)), '\u0000']);
+    return { kind: 'lora/unload', method: 'POST', path: '/v1/unload_lora_adapter', headers: JSON_HEADERS, body: JSON.stringify({ lora_name: name }) };
+  }
+  const loraPath = pick(rng, [...weightPaths.bad, ...weightPaths.good, '/nonexistent']);
+  const text = pick(rng, [
+    () => JSON.stringify({ lora_name: 'coder', lora_path: loraPath }),
+    () => JSON.stringify({ lora_name: pick(rng, [MODEL, '', 'a/b', 'x'.repeat(300)]), lora_path: loraPath }),
+    () => mutate(rng, { lora_name: '"coder"', lora_path: JSON.stringify(loraPath), load_inplace: 'true' }, LORA_KEYS),
+    () => jsonObject([['lora_path', jsonValue(rng)], ['lora_name', jsonValue(rng)]]),
+  ])();
+  return { kind: 'lora/load', method: 'POST', path: '/v1/load_lora_adapter', headers: JSON_HEADERS, body: text };
+}
+
 function modelsRequest(rng: Rng): FuzzRequest {
   if (chance(rng, 0.4)) return { kind: 'models/list', method: 'GET', path: pick(rng, ['/v1/models', '/v1/models/', '/v1/models?limit=1']), headers: {}, valid: true };
   const id = pick(rng, [
@@ -350,7 +368,7 @@ function healthRequest(rng: Rng): FuzzRequest {
   return { kind: 'health', method: 'GET', path: pick(rng, ['/health', '/health/', '/health?full=1', '/health//']), headers: {}, valid: true };
 }
 
-const ROUTES = ['/health', '/v1/models', `/v1/models/${MODEL}`, '/v1/completions', '/v1/chat/completions', '/update_weights_from_disk'];
+const ROUTES = ['/health', '/v1/models', `/v1/models/${MODEL}`, '/v1/completions', '/v1/chat/completions', '/update_weights_from_disk', '/v1/load_lora_adapter', '/v1/unload_lora_adapter'];
 
 function wrongMethodRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, ROUTES);
@@ -424,6 +442,7 @@ const GENERATORS: readonly (readonly [number, (rng: Rng) => FuzzRequest])[] = [
   [22, completionRequest],
   [20, chatRequest],
   [10, weightsRequest],
+  [5, loraRequest],
   [6, modelsRequest],
   [3, healthRequest],
   [6, wrongMethodRequest],
@@ -515,6 +534,7 @@ function successProblem(request: FuzzRequest, json: unknown): string | undefined
   if (path === '/update_weights_from_disk') {
     return json.success === true && isString(json.message) && isString(json.weight_version) && isNumber(json.policy_version) ? undefined : 'not an update answer';
   }
+  if (path === '/v1/load_lora_adapter' || path === '/v1/unload_lora_adapter') return 'a LoRA route succeeded, but no request names an adapter';
   return `200 on a route that does not exist`;
 }
 

@@ -1,0 +1,115 @@
+/**
+ * LoRA adapters served by `rxrl serve` beside their base model, as vLLM does (`--lora-modules name=path`,
+ * `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter`): each adapter is a model name of its own whose
+ * requests run on the shared base weights plus that adapter, batched by an engine of its own.
+ *
+ * @packageDocumentation
+ */
+import { stat } from 'node:fs/promises';
+import { join } from 'node:path';
+
+import { LocalEngine } from '../engine/local.js';
+import { RxrlError } from '../errors.js';
+import { LoraAdapter, PEFT_FILES, loadPeftAdapter } from '../model/lora.js';
+import { PolicyModel } from '../model/transformer.js';
+import type { ServeContext, ServedAdapter } from './context.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
+import { ServingModel } from './servingModel.js';
+import { resolveClientDir } from './weights.js';
+
+/** Most characters of a path that a message quotes. */
+const MAX_QUOTED_PATH_CHARS = 256;
+
+/** The context a request runs in: the base model's, or that of the adapter it names (404 for any other name). */
+export function modelContext(ctx: ServeContext, name: string): ServeContext {
+  if (name === ctx.modelName) return ctx;
+  const served = ctx.adapters.get(name);
+  if (served === undefined) {
+    throw new RequestError(404, `The model '${excerpt(name)}' does not exist`, { param: 'model', code: 'model_not_found' });
+  }
+  return { ...ctx, engine: served.engine, serving: served.serving, modelName: name };
+}
+
+/**
+ * Loads the PEFT directory `path` as adapter `name` (refused when the name is taken, unless `inPlace`: then the
+ * adapter's engine swaps to the new weights between batches, as a new version).
+ *
+ * @throws {@link RequestError} 400 naming the field for a taken or invalid name, a directory that is not a PEFT
+ *   LoRA directory of the served architecture, or files that are not regular files of a plausible size; 403
+ *   outside the weights root.
+ */
+export async function addAdapter(ctx: ServeContext, name: string, path: string, inPlace = false): Promise<ServedAdapter> {
+  if (name.trim() === '' || name.length > 256 || /[\0/]/.test(name)) throw invalid('lora_name', 'lora_name must be a non-empty name without "/"');
+  if (name === ctx.modelName) throw invalid('lora_name', `lora_name ${quote(name)} is the base model's name`);
+  const existing = ctx.adapters.get(name);
+  if (existing !== undefined && !inPlace) {
+    throw new RequestError(400, `The lora adapter ${quote(name)} has already been loaded (pass load_inplace: true to replace it)`, { param: 'lora_name', code: 'adapter_exists' });
+  }
+  const dir = await resolveClientDir(ctx, 'lora_path', path);
+  const named = quote(path, MAX_QUOTED_PATH_CHARS);
+  // Regular files only, no larger than the base model in float32 (a FIFO or /dev/zero must not hang the reader).
+  const limit = ctx.serving.model.numParameters() * 4 + (1 << 20);
+  for (const file of [PEFT_FILES.config, PEFT_FILES.weights]) {
+    const info = await stat(join(dir, file)).catch(() => undefined);
+    if (!info?.isFile() || info.size > limit) {
+      throw invalid('lora_path', `lora_path ${named} is not a PEFT LoRA directory (${file} ${info === undefined ? 'is missing' : info.isFile() ? 'is too large' : 'is not a regular file'})`);
+    }
+  }
+  let adapter: LoraAdapter;
+  try {
+    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config)).adapter;
+  } catch (cause) {
+    const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
+    throw new RequestError(400, `lora_path ${named} cannot be loaded: ${why}`, { param: 'lora_path', code: 'invalid_value' }, { cause });
+  }
+  if (existing !== undefined) {
+    // Same rank and targets: swap the weights between batches. Otherwise the new adapter gets an engine of its own.
+    const sameShape = JSON.stringify(existing.adapter.lora) === JSON.stringify(adapter.lora);
+    if (sameShape) {
+      try {
+        await existing.engine.loadWeights(existing.engine.version + 1, adapter.getWeights());
+      } finally {
+        adapter.dispose();
+      }
+      const replaced = { ...existing, path };
+      ctx.adapters.set(name, replaced);
+      return replaced;
+    }
+  }
+  const view = PolicyModel.withAdapter(ctx.serving.model, adapter);
+  const serving = new ServingModel(view);
+  const engine = new LocalEngine(serving, { tokenizer: ctx.tokenizer, modelTag: name, maxBatchSize: ctx.engine.maxBatchSize, maxWaitMs: ctx.engine.maxWaitMs, version: 0 });
+  const served: ServedAdapter = { name, path, adapter, view, serving, engine };
+  ctx.adapters.set(name, served);
+  if (existing !== undefined) void retire(existing);
+  return served;
+}
+
+/** Frees an adapter once its engine has finished the batch it runs (new requests no longer reach it). */
+async function retire(served: ServedAdapter): Promise<void> {
+  await served.engine.idle();
+  served.view.dispose();
+  served.adapter.dispose();
+}
+
+/** `POST /v1/load_lora_adapter`: `{ lora_name, lora_path, load_inplace? }`. */
+export async function loadLoraAdapter(ctx: ServeContext, body: JsonObject): Promise<unknown> {
+  const name = readString(body, 'lora_name');
+  const path = readString(body, 'lora_path');
+  const served = await addAdapter(ctx, name, path, readBoolean(body, 'load_inplace', false));
+  ctx.log({ event: 'lora_loaded', name, path: excerpt(path, MAX_ERROR_MESSAGE_CHARS) });
+  return { success: true, message: `Success: LoRA adapter '${excerpt(name)}' added successfully.`, lora_name: name, policy_version: served.engine.version };
+}
+
+/** `POST /v1/unload_lora_adapter`: `{ lora_name }`. Requests already running finish on it. */
+export async function unloadLoraAdapter(ctx: ServeContext, body: JsonObject): Promise<unknown> {
+  const name = readString(body, 'lora_name');
+  const served = ctx.adapters.get(name);
+  if (served === undefined) {
+    throw new RequestError(404, `The lora adapter ${quote(name)} cannot be found`, { param: 'lora_name', code: 'adapter_not_found' });
+  }
+  ctx.adapters.delete(name);
+  await retire(served);
+  ctx.log({ event: 'lora_unloaded', name });
+  return { success: true, message: `Success: LoRA adapter '${excerpt(name)}' removed successfully.`, lora_name: name };
+}
