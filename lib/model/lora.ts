@@ -129,6 +129,28 @@ function loraParamSpecs(config: ResolvedPolicyConfig, lora: ResolvedLoraConfig):
   return specs;
 }
 
+/** Throws a {@link ShapeError} naming every missing, unknown or misshapen tensor (and each one's data length). */
+function checkLoraWeights(specs: readonly LoraParamSpec[], lora: ResolvedLoraConfig, weights: NamedWeights): void {
+  const problems: string[] = [];
+  const known = new Set(specs.map((s) => s.name));
+  for (const spec of specs) {
+    const w = weights.get(spec.name);
+    if (w === undefined) problems.push(`missing ${spec.name}`);
+    else if (w.shape.length !== 2 || w.shape[0] !== spec.shape[0] || w.shape[1] !== spec.shape[1]) {
+      problems.push(`${spec.name} has shape [${w.shape.join(', ')}], expected [${spec.shape.join(', ')}]`);
+    } else if (w.data.length !== spec.shape[0] * spec.shape[1]) {
+      problems.push(`${spec.name} has ${w.data.length} values for shape [${spec.shape.join(', ')}]`);
+    }
+  }
+  for (const name of weights.keys()) if (!known.has(name)) problems.push(`unknown tensor ${name}`);
+  if (problems.length > 0) {
+    const more = problems.length > 5 ? `; and ${problems.length - 5} more` : '';
+    throw new ShapeError(`LoRA weights do not match the adapter (rank ${lora.rank}, ${lora.targetModules.join(', ')}): ${problems.slice(0, 5).join('; ')}${more}`, {
+      context: { problems: problems.length },
+    });
+  }
+}
+
 /** One adapted layer: `A` held as `[in, r]` and `B` as `[r, out]`, so the update is two plain products. */
 export interface LoraPair {
   readonly a: tf.Variable;
@@ -189,22 +211,7 @@ export class LoraAdapter {
   static fromWeights(config: PolicyConfig, lora: LoraConfig, weights: NamedWeights): LoraAdapter {
     const valid = validatePolicyConfig(config);
     const resolved = validateLoraConfig(lora);
-    const specs = loraParamSpecs(valid, resolved);
-    const problems: string[] = [];
-    const known = new Set(specs.map((s) => s.name));
-    for (const spec of specs) {
-      const w = weights.get(spec.name);
-      if (w === undefined) problems.push(`missing ${spec.name}`);
-      else if (w.shape.length !== 2 || w.shape[0] !== spec.shape[0] || w.shape[1] !== spec.shape[1]) {
-        problems.push(`${spec.name} has shape [${w.shape.join(', ')}], expected [${spec.shape.join(', ')}]`);
-      }
-    }
-    for (const name of weights.keys()) if (!known.has(name)) problems.push(`unknown tensor ${name}`);
-    if (problems.length > 0) {
-      throw new ShapeError(`LoRA weights do not match the adapter (rank ${resolved.rank}, ${resolved.targetModules.join(', ')}): ${problems.slice(0, 5).join('; ')}${problems.length > 5 ? `; and ${problems.length - 5} more` : ''}`, {
-        context: { problems: problems.length },
-      });
-    }
+    checkLoraWeights(loraParamSpecs(valid, resolved), resolved, weights);
     return new LoraAdapter(valid, resolved, (spec) => (weights.get(spec.name) as WeightArray).data);
   }
 
@@ -247,7 +254,7 @@ export class LoraAdapter {
    * @throws {@link ShapeError} as {@link LoraAdapter.fromWeights}.
    */
   setWeights(weights: NamedWeights): void {
-    LoraAdapter.fromWeights(this.config, this.lora, weights).dispose(); // validates names and shapes
+    checkLoraWeights(this.specs, this.lora, weights);
     for (const spec of this.specs) {
       const w = weights.get(spec.name) as WeightArray;
       const v = this.vars.get(spec.name) as tf.Variable;

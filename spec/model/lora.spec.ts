@@ -201,6 +201,10 @@ describe('PEFT adapter directories', () => {
     await writeFile(join(out, 'adapter_config.json'), JSON.stringify({ ...good, r: 3 }));
     await expect(loadPeftAdapter(out, CONFIG)).rejects.toThrow(ShapeError);
     await expect(loadPeftAdapter(out, CONFIG)).rejects.toThrow(/lora_A\.weight has shape \[2, 16\], expected \[3, 16\]/);
+    const kept = adapter.getWeights();
+    const short = new Map([...kept].map(([name, w]) => [name, { shape: w.shape, data: w.data.subarray(1) }]));
+    expect(() => adapter.setWeights(short)).toThrow(/has \d+ values for shape/);
+    expect(sameWeights(adapter.getWeights(), kept)).toBe(true); // checked before anything changed
     const base = PolicyModel.create(CONFIG, 1);
     const view = PolicyModel.withAdapter(base, adapter);
     await expect(saveModelDir(join(dir, 'view'), view)).rejects.toThrow(/LoRA adapter view/);
