@@ -62,6 +62,11 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
     const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
     throw new RequestError(400, `lora_path ${named} cannot be loaded: ${why}`, { param: 'lora_path', code: 'invalid_value' }, { cause });
   }
+  if (ctx.adapters.get(name) !== existing) {
+    // Another request loaded, replaced or unloaded this name while the files were read.
+    adapter.dispose();
+    throw new RequestError(409, `The lora adapter ${quote(name)} changed while loading; try again`, { param: 'lora_name', code: 'adapter_changed' });
+  }
   if (existing !== undefined) {
     // Same rank and targets: swap the weights between batches. Otherwise the new adapter gets an engine of its own.
     const sameShape = JSON.stringify(existing.adapter.lora) === JSON.stringify(adapter.lora);

@@ -1,3 +1,4 @@
+import * as tf from '@tensorflow/tfjs-core';
 import { execFileSync } from 'node:child_process';
 import { cp, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -100,6 +101,14 @@ describe('rxrl serve with LoRA adapters (vLLM --lora-modules and /v1/load_lora_a
     expect(await post('/v1/unload_lora_adapter', { lora_name: 'critic' })).toMatchObject({ status: 200, json: { success: true } });
     expect((await client.models.list()).data.map((m) => m.id)).toEqual(['rxrl-policy', 'coder']);
     expect(await post('/v1/unload_lora_adapter', { lora_name: 'critic' })).toMatchObject({ status: 404, json: { error: { code: 'adapter_not_found' } } });
+
+    // Two loads of one new name at once: one wins, the other is refused, and nothing leaks.
+    const tensors = tf.memory().numTensors;
+    const twins = await Promise.all([0, 1].map(() => post('/v1/load_lora_adapter', { lora_name: 'twin', lora_path: join(dir, 'root', 'critic') })));
+    expect(twins.map((t) => t.status).sort()).toEqual([200, 409]);
+    expect((await client.models.list()).data.map((m) => m.id)).toEqual(['rxrl-policy', 'coder', 'twin']);
+    expect(await post('/v1/unload_lora_adapter', { lora_name: 'twin' })).toMatchObject({ status: 200 });
+    expect(tf.memory().numTensors).toBe(tensors);
   });
 
   it('refuses what is not a PEFT LoRA directory of this architecture, naming lora_path, and leaves nothing loaded', async () => {
