@@ -11,12 +11,13 @@
  * @packageDocumentation
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
+import { checkFile, readJson } from './modelDir.js';
 import { loadSafetensors, saveSafetensors, writeFileAtomic } from './safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from './transformer.js';
 import { validatePolicyConfig } from './transformer.js';
@@ -313,14 +314,7 @@ export async function savePeftAdapter(dir: string, adapter: LoraAdapter, baseMod
  */
 export async function readPeftAdapterConfig(dir: string): Promise<{ lora: ResolvedLoraConfig; baseModel: string | null }> {
   const path = join(dir, PEFT_FILES.config);
-  let raw: unknown;
-  try {
-    raw = JSON.parse(await readFile(path, 'utf8'));
-  } catch (error) {
-    throw new DecodeError(`${path}: ${error instanceof Error ? error.message : String(error)}`, { cause: error, context: { path } });
-  }
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new DecodeError(`${path}: not a JSON object`, { context: { path } });
-  const c = raw as Record<string, unknown>;
+  const c = (await readJson(path)) as Record<string, unknown>;
   const unsupported = (field: string, why: string): never => {
     throw new ConfigError(`${path}: ${field} ${why}, got ${JSON.stringify(c[field])}`, { context: { path, key: field } });
   };
@@ -355,13 +349,21 @@ export async function readPeftAdapterConfig(dir: string): Promise<{ lora: Resolv
 
 /**
  * Loads a PEFT LoRA directory for a model architecture. PEFT's tensor names may carry the adapter name
- * (`….lora_A.default.weight`); it is dropped.
+ * (`….lora_A.default.weight`); it is dropped. Both files must be regular files (a FIFO or a device is refused
+ * unopened), the weights at most `maxWeightBytes` (default unbounded).
  *
- * @throws as {@link readPeftAdapterConfig}, and {@link ShapeError} when the tensors do not match.
+ * @throws as {@link readPeftAdapterConfig}, {@link DecodeError} for a weights file that is not a regular file,
+ *   too large or malformed, and {@link ShapeError} when the tensors do not match.
  */
-export async function loadPeftAdapter(dir: string, config: PolicyConfig): Promise<{ adapter: LoraAdapter; baseModel: string | null }> {
+export async function loadPeftAdapter(
+  dir: string,
+  config: PolicyConfig,
+  options: { readonly maxWeightBytes?: number } = {},
+): Promise<{ adapter: LoraAdapter; baseModel: string | null }> {
   const { lora, baseModel } = await readPeftAdapterConfig(dir);
-  const { weights } = await loadSafetensors(join(dir, PEFT_FILES.weights));
+  const weightsPath = join(dir, PEFT_FILES.weights);
+  await checkFile(weightsPath, options.maxWeightBytes ?? Number.MAX_SAFE_INTEGER);
+  const { weights } = await loadSafetensors(weightsPath);
   const renamed = new Map<string, WeightArray>();
   for (const [name, w] of weights) renamed.set(name.replace(/\.lora_([AB])\.[^.]+\.weight$/, '.lora_$1.weight'), w);
   return { adapter: LoraAdapter.fromWeights(config, lora, renamed), baseModel };

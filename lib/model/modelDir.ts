@@ -257,9 +257,11 @@ const MAX_JSON_BYTES = 16 << 20;
 
 /**
  * Checks that `path` is a regular file (after links) of at most `limit` bytes before anything reads it, so a
- * device, a FIFO or a huge file is refused without being opened.
+ * device, a FIFO or a huge file is refused without being opened. Shared with the PEFT adapter reader.
+ *
+ * @internal
  */
-async function checkFile(path: string, limit: number): Promise<void> {
+export async function checkFile(path: string, limit: number): Promise<void> {
   let info: Awaited<ReturnType<typeof stat>>;
   try {
     info = await stat(path);
@@ -272,7 +274,12 @@ async function checkFile(path: string, limit: number): Promise<void> {
   }
 }
 
-async function readJson(path: string): Promise<object> {
+/**
+ * Reads a JSON file of at most 16 MiB that must hold an object ({@link DecodeError} otherwise, naming the path).
+ *
+ * @internal
+ */
+export async function readJson(path: string): Promise<object> {
   let text: string;
   await checkFile(path, MAX_JSON_BYTES);
   try {

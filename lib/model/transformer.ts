@@ -442,9 +442,7 @@ export class PolicyModel {
    */
   static withAdapter(base: PolicyModel, adapter: LoraAdapter): PolicyModel {
     if (base.adapter !== null) throw new ShapeError('withAdapter: the base model is already an adapter view');
-    const mismatched = (Object.keys(base.config) as (keyof ResolvedPolicyConfig)[]).filter(
-      (k) => JSON.stringify(base.config[k]) !== JSON.stringify(adapter.config[k]),
-    );
+    const mismatched = configMismatches(base.config, adapter.config);
     if (mismatched.length > 0) {
       throw new ShapeError(`withAdapter: the adapter was made for another architecture (${mismatched.join(', ')} differ)`, { context: { mismatched } });
     }
@@ -493,11 +491,15 @@ export class PolicyModel {
    * that computes what the view computes, for runtimes without LoRA. Without an adapter, {@link PolicyModel.getWeights}.
    */
   mergedWeights(): NamedWeights {
+    return this.baseWeights(this.adapter);
+  }
+
+  /** Copies of the base weights in Hugging Face names and layout, with `adapter` merged in where it has a pair. */
+  private baseWeights(adapter: LoraAdapter | null): NamedWeights {
     const out = new Map<string, WeightArray>();
-    const adapter = this.adapter;
     for (const [name, v] of this.params) {
-      const match = /^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.weight$/.exec(name);
-      const pair = adapter && match ? adapter.pair(Number(match[1]), match[2] as LoraTarget) : null;
+      const match = adapter === null ? null : /^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.weight$/.exec(name);
+      const pair = adapter !== null && match !== null ? adapter.pair(Number(match[1]), match[2] as LoraTarget) : null;
       const data = tf.tidy(() => {
         let w: tf.Tensor = v; // [in, out] for linear weights
         if (pair !== null && adapter !== null) w = tf.add(w, tf.mul(tf.matMul(pair.a, pair.b), adapter.lora.scale));
@@ -560,14 +562,7 @@ export class PolicyModel {
    * `lm_head.weight` (absent when tied).
    */
   getWeights(): NamedWeights {
-    if (this.adapter !== null) return this.adapter.getWeights();
-    const out = new Map<string, WeightArray>();
-    for (const [name, v] of this.params) {
-      const t = this.linear.has(name) ? tf.transpose(v) : v;
-      out.set(name, { shape: [...t.shape], data: Float32Array.from(t.dataSync() as Float32Array) });
-      if (t !== v) t.dispose();
-    }
-    return out;
+    return this.adapter?.getWeights() ?? this.baseWeights(null);
   }
 
   /**
@@ -827,6 +822,11 @@ export class PolicyModel {
       return this.head(last as tf.Tensor2D);
     });
   }
+}
+
+/** The fields in which two resolved architectures differ (empty when they are the same model shape). */
+export function configMismatches(a: ResolvedPolicyConfig, b: ResolvedPolicyConfig): (keyof ResolvedPolicyConfig)[] {
+  return (Object.keys(a) as (keyof ResolvedPolicyConfig)[]).filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k]));
 }
 
 /** Checks names and Hugging Face shapes of `weights` against `specs`, naming every mismatch. */

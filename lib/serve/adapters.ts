@@ -5,20 +5,13 @@
  *
  * @packageDocumentation
  */
-import { stat } from 'node:fs/promises';
-import { join } from 'node:path';
-
 import { LocalEngine } from '../engine/local.js';
-import { RxrlError } from '../errors.js';
-import { LoraAdapter, PEFT_FILES, loadPeftAdapter } from '../model/lora.js';
+import { LoraAdapter, loadPeftAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
 import type { ServeContext, ServedAdapter } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 import { ServingModel } from './servingModel.js';
-import { resolveClientDir } from './weights.js';
-
-/** Most characters of a path that a message quotes. */
-const MAX_QUOTED_PATH_CHARS = 256;
+import { cannotLoad, maxWeightBytes, resolveClientDir } from './weights.js';
 
 /** The context a request runs in: the base model's, or that of the adapter it names (404 for any other name). */
 export function modelContext(ctx: ServeContext, name: string): ServeContext {
@@ -46,21 +39,12 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
     throw new RequestError(400, `The lora adapter ${quote(name)} has already been loaded (pass load_inplace: true to replace it)`, { param: 'lora_name', code: 'adapter_exists' });
   }
   const dir = await resolveClientDir(ctx, 'lora_path', path);
-  const named = quote(path, MAX_QUOTED_PATH_CHARS);
-  // Regular files only, no larger than the base model in float32 (a FIFO or /dev/zero must not hang the reader).
-  const limit = ctx.serving.model.numParameters() * 4 + (1 << 20);
-  for (const file of [PEFT_FILES.config, PEFT_FILES.weights]) {
-    const info = await stat(join(dir, file)).catch(() => undefined);
-    if (!info?.isFile() || info.size > limit) {
-      throw invalid('lora_path', `lora_path ${named} is not a PEFT LoRA directory (${file} ${info === undefined ? 'is missing' : info.isFile() ? 'is too large' : 'is not a regular file'})`);
-    }
-  }
   let adapter: LoraAdapter;
   try {
-    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config)).adapter;
+    // Regular files only (a FIFO or /dev/zero must not hang the reader), no larger than the base model.
+    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config, { maxWeightBytes: maxWeightBytes(ctx) })).adapter;
   } catch (cause) {
-    const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
-    throw new RequestError(400, `lora_path ${named} cannot be loaded: ${why}`, { param: 'lora_path', code: 'invalid_value' }, { cause });
+    throw cannotLoad('lora_path', path, cause);
   }
   if (ctx.adapters.get(name) !== existing) {
     // Another request loaded, replaced or unloaded this name while the files were read.

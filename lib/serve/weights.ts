@@ -8,14 +8,14 @@ import { isAbsolute, relative } from 'node:path';
 
 import { RxrlError, ShapeError } from '../errors.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
-import type { ResolvedPolicyConfig } from '../model/transformer.js';
+import { configMismatches } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
 import type { ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 
 
-/** Most characters of `model_path` that a message quotes. */
-const MAX_QUOTED_PATH_CHARS = 256;
+/** Most characters of a client-named path (`model_path`, `lora_path`) that a message quotes. */
+export const MAX_QUOTED_PATH_CHARS = 256;
 
 /** Slack over the served model's float32 size for a weights file's header. */
 const HEADER_SLACK_BYTES = 16 << 20;
@@ -49,17 +49,15 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
   const served = ctx.serving.model;
   let contents: Awaited<ReturnType<typeof readModelDir>>;
   try {
-    contents = await readModelDir(real, { maxWeightBytes: served.numParameters() * 4 + HEADER_SLACK_BYTES });
+    contents = await readModelDir(real, { maxWeightBytes: maxWeightBytes(ctx) });
   } catch (cause) {
-    // Whatever the client-named files make the reader throw (a typed refusal, or a TypeError or RangeError on
-    // content it did not expect) is a bad request; only rxrl's own messages are passed on, cut short.
-    const why = cause instanceof RxrlError
-      ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS)
-      : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
-    throw new RequestError(400, `model_path ${named} cannot be loaded: ${why}`, { param: 'model_path', code: 'invalid_value' }, { cause });
+    throw cannotLoad('model_path', modelPath, cause);
   }
-  const mismatch = architectureMismatch(served.config, contents.config);
-  if (mismatch) throw invalid('model_path', `model_path ${named} holds another architecture: ${mismatch}`);
+  const [mismatch] = configMismatches(served.config, contents.config);
+  if (mismatch !== undefined) {
+    const differs = `${mismatch} ${JSON.stringify(contents.config[mismatch])}, served ${JSON.stringify(served.config[mismatch])}`;
+    throw invalid('model_path', `model_path ${named} holds another architecture: ${differs}`);
+  }
   const { weights, metadata } = contents;
   const version = requested ?? readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ?? ctx.engine.version + 1;
   if (version <= ctx.engine.version && !force) {
@@ -114,14 +112,19 @@ export async function resolveClientDir(ctx: ServeContext, param: string, path: s
   return real;
 }
 
-/** The first architecture field in which `loaded` differs from `served`, or undefined. */
-function architectureMismatch(served: ResolvedPolicyConfig, loaded: ResolvedPolicyConfig): string | undefined {
-  for (const key of Object.keys(served) as (keyof ResolvedPolicyConfig)[]) {
-    if (JSON.stringify(served[key]) !== JSON.stringify(loaded[key])) {
-      return `${key} ${JSON.stringify(loaded[key])}, served ${JSON.stringify(served[key])}`;
-    }
-  }
-  return undefined;
+/** The largest weights file a client may make the server read: the served model in float32, plus header slack. */
+export function maxWeightBytes(ctx: ServeContext): number {
+  return ctx.serving.model.numParameters() * 4 + HEADER_SLACK_BYTES;
+}
+
+/**
+ * The 400 for files a client named in `param` that the reader refused. Whatever they make it throw (a typed
+ * refusal, or a TypeError or RangeError on content it did not expect) is a bad request; only rxrl's own
+ * messages are passed on, cut short.
+ */
+export function cannotLoad(param: string, path: string, cause: unknown): RequestError {
+  const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
+  return new RequestError(400, `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} cannot be loaded: ${why}`, { param, code: 'invalid_value' }, { cause });
 }
 
 function readVersion(value: unknown, param: string): PolicyVersion | undefined {

@@ -122,21 +122,15 @@ describe.each(ALL_BACKENDS)('LoRA adapters on a shared base (%s backend)', (back
       traj('g0@0', 0, { promptTokens: [1, 3, 4], responseTokens: [5, 6, 2], reward: 1, logprobs: [0, 0, 0], lossMask: [1, 1, 1] }),
       traj('g0@0', 1, { promptTokens: [1, 3, 4], responseTokens: [6, 2], reward: 0, logprobs: [0, 0], lossMask: [1, 1] }),
     ];
-    const sum = (model: PolicyModel, t: Trajectory): number =>
+    /** The model's log-probs of a trajectory's response tokens. */
+    const responseLogprobs = (model: PolicyModel, t: Trajectory): number[] =>
       tf.tidy(() => {
         const ids = [...t.promptTokens, ...t.responseTokens];
         const out = model.tokenLogprobs(tf.tensor2d([ids], undefined, 'int32'), tf.ones([1, ids.length]) as tf.Tensor2D, tf.tensor2d([ids.map((_, i) => i)], undefined, 'int32'));
-        return Array.from(out.logprobs.dataSync()).slice(t.promptTokens.length - 1).reduce((a, b) => a + b, 0);
+        return Array.from(out.logprobs.dataSync()).slice(t.promptTokens.length - 1);
       });
-    const withLogprobs = rows.map((t) => {
-      const ids = [...t.promptTokens, ...t.responseTokens];
-      const lp = tf.tidy(() =>
-        Array.from(
-          view.tokenLogprobs(tf.tensor2d([ids], undefined, 'int32'), tf.ones([1, ids.length]) as tf.Tensor2D, tf.tensor2d([ids.map((_, i) => i)], undefined, 'int32')).logprobs.dataSync(),
-        ).slice(t.promptTokens.length - 1),
-      );
-      return { ...t, logprobs: lp };
-    });
+    const sum = (model: PolicyModel, t: Trajectory): number => responseLogprobs(model, t).reduce((a, b) => a + b, 0);
+    const withLogprobs = rows.map((t) => ({ ...t, logprobs: responseLogprobs(view, t) }));
     const [up, down] = withLogprobs.map((t) => sum(view, t));
     const trainer = new GrpoTrainer(view, { learningRate: 1e-2 });
     for (let step = 0; step < 3; step++) await trainer.trainStep(collate(withLogprobs, { padId: 0, modelTag: 'policy', advantages: [1, -1] }));
@@ -164,6 +158,7 @@ describe('PEFT adapter directories', () => {
     const config = JSON.parse(await readFile(join(out, 'adapter_config.json'), 'utf8')) as Record<string, unknown>;
     expect(config).toMatchObject({ peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 8, lora_dropout: 0, target_modules: ['q_proj', 'o_proj', 'up_proj'], bias: 'none', base_model_name_or_path: 'tiny-base' });
     expect(adapter.weightNames()).toContain('base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight');
+    await expect(loadPeftAdapter(out, CONFIG, { maxWeightBytes: 10 })).rejects.toThrow(/adapter_model\.safetensors: \d+ bytes, more than the 10 allowed/);
     const back = await loadPeftAdapter(out, CONFIG);
     expect(back.baseModel).toBe('tiny-base');
     expect(sameWeights(back.adapter.getWeights(), adapter.getWeights())).toBe(true);

@@ -123,9 +123,9 @@ describe('rxrl serve with LoRA adapters (vLLM --lora-modules and /v1/load_lora_a
     await cp(join(dir, 'root', 'coder', 'adapter_config.json'), join(fifo, 'adapter_config.json'));
     execFileSync('mkfifo', [join(fifo, 'adapter_model.safetensors')]);
     const cases: [unknown, number, RegExp][] = [
-      [{ lora_name: 'x', lora_path: model }, 400, /is not a PEFT LoRA directory \(adapter_config\.json is missing\)/],
+      [{ lora_name: 'x', lora_path: model }, 400, /cannot be loaded: .*adapter_config\.json: cannot be read \(ENOENT\)/],
       [{ lora_name: 'x', lora_path: other }, 400, /cannot be loaded: .*down_proj\.lora_A\.weight has shape \[4, 48\], expected \[4, 32\]/],
-      [{ lora_name: 'x', lora_path: fifo }, 400, /adapter_model\.safetensors is not a regular file/],
+      [{ lora_name: 'x', lora_path: fifo }, 400, /cannot be loaded: .*adapter_model\.safetensors: not a regular file/],
       [{ lora_name: 'x', lora_path: '/etc' }, 403, /outside the weights root/],
       [{ lora_name: 'x', lora_path: join(dir, 'missing') }, 400, /does not exist/],
       [{ lora_name: 'rxrl-policy', lora_path: join(dir, 'root', 'coder') }, 400, /the base model's name/],
