@@ -158,6 +158,11 @@ export interface SampleFailure {
   readonly modelTag: ModelTag;
   /** What went wrong. */
   readonly error: Error;
+  /**
+   * True when the sample was never taken: a multi-agent episode ended before this turn. Its group shrinks as for
+   * a failure, but nothing went wrong, so it is not reported.
+   */
+  readonly skipped?: boolean;
 }
 
 /** What a rollout emits: a trajectory, or the report of a sample that failed. */

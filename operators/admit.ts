@@ -28,11 +28,11 @@ export interface AdmitOptions {
  * admit(loadTasks(tasks), gate).pipe(rollout(engine, options));
  * ```
  * @param loader - an `AsyncIterable<Task>` (for example a {@link TaskLoader}).
- * @param gate - decides when each task may start.
+ * @param gate - decides when each task may start (an {@link AdmissionGate}, or several behind one `waitToAdmit`).
  * @param options - `onAdmit(task, index)` sees each task with its 0-based admission index before it is emitted.
  * @returns a cold Observable of admitted tasks; each subscription pulls its own iterator.
  */
-export function admit(loader: AsyncIterable<Task>, gate: AdmissionGate, options: AdmitOptions = {}): Observable<Task> {
+export function admit(loader: AsyncIterable<Task>, gate: Pick<AdmissionGate, 'waitToAdmit'>, options: AdmitOptions = {}): Observable<Task> {
   return new Observable<Task>((subscriber) => {
     const controller = new AbortController();
     const iterator = loader[Symbol.asyncIterator]();

@@ -1,10 +1,11 @@
-import { Observable, concatMap, mergeMap, range, map, type OperatorFunction } from 'rxjs';
+import { concatMap, mergeMap, range, map, type Observable, type OperatorFunction } from 'rxjs';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError, EngineError, EvaluationError, isAbortError } from '../lib/errors.js';
+import { ConfigError, EvaluationError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { hashSeed } from '../lib/random.js';
-import type { ModelTag, RolloutOutput, SampleFailure, Task, Trajectory } from '../lib/types.js';
+import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/types.js';
 import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
+import { runSample } from './internal/runSample.js';
 
 /** Options of {@link rollout}. */
 export interface RolloutOptions {
@@ -87,49 +88,14 @@ export function groupIdOf(task: Task): string {
 }
 
 function sampleOnce(engine: RolloutEngine, task: Task, runId: number, options: RolloutOptions): Observable<RolloutOutput> {
-  return new Observable<RolloutOutput>((subscriber) => {
-    const controller = new AbortController();
-    const timeout = options.sampleTimeoutMs === undefined ? undefined : AbortSignal.timeout(options.sampleTimeoutMs);
-    const signal = AbortSignal.any([controller.signal, ...(options.signal ? [options.signal] : []), ...(timeout ? [timeout] : [])]);
-    const groupId = groupIdOf(task);
-    const modelTag = options.modelTag ?? engine.modelTag;
-    const id = `${groupId}/${runId}`;
-    let settled = false;
-    generateAndScore(engine, task, { id, groupId, runId, modelTag }, options, signal).then(
-      (trajectory) => {
-        settled = true;
-        subscriber.next(trajectory);
-        subscriber.complete();
-      },
-      (error: unknown) => {
-        settled = true;
-        if (options.signal?.aborted && isAbortError(error)) {
-          subscriber.error(error);
-          return;
-        }
-        const timedOut = timeout?.aborted === true && !controller.signal.aborted;
-        const failure: SampleFailure = {
-          kind: 'sample-failure',
-          id,
-          taskId: task.id,
-          groupId,
-          runId,
-          modelTag,
-          error: timedOut
-            ? new EngineError(`sample ${id} did not finish within ${options.sampleTimeoutMs} ms`, { cause: error, context: { id } })
-            : error instanceof Error
-              ? error
-              : new Error(String(error)),
-        };
-        subscriber.next(failure);
-        subscriber.complete();
-      },
-    );
-    // Abort only work still running: aborting a settled sample would build an exception for nothing.
-    return () => {
-      if (!settled) controller.abort();
-    };
-  });
+  const groupId = groupIdOf(task);
+  const modelTag = options.modelTag ?? engine.modelTag;
+  const id = `${groupId}/${runId}`;
+  return runSample<RolloutOutput>(
+    async (signal) => [await generateAndScore(engine, task, { id, groupId, runId, modelTag }, options, signal)],
+    (error) => [{ kind: 'sample-failure', id, taskId: task.id, groupId, runId, modelTag, error }],
+    { signal: options.signal, timeoutMs: options.sampleTimeoutMs, kind: 'sample', id },
+  );
 }
 
 async function generateAndScore(

@@ -1,4 +1,4 @@
-import { EMPTY, Observable, concatMap, fromEvent, take, takeUntil, tap } from 'rxjs';
+import { EMPTY, Observable, concatMap, filter, fromEvent, map, merge, share, take, takeUntil, tap, type OperatorFunction } from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
@@ -6,7 +6,17 @@ import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import { isSampleFailure, type Batch, type Group, type Metrics, type PolicyVersion, type SampleFailure, type Task } from '../lib/types.js';
+import {
+  isSampleFailure,
+  type Batch,
+  type Group,
+  type Metrics,
+  type ModelTag,
+  type PolicyVersion,
+  type RolloutOutput,
+  type SampleFailure,
+  type Task,
+} from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
@@ -95,22 +105,93 @@ export interface GrpoPipelineConfig {
 export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult> {
   const [engine] = config.engines;
   if (engine === undefined) throw new ConfigError('grpoPipeline needs at least one rollout engine');
+  const { modelTag } = config.trainer;
+  return policyLoop(config, {
+    lanes: [{ trainer: config.trainer, engines: config.engines, afterStep: config.afterStep, onBatch: config.onBatch }],
+    // A resumed run's engines already hold the checkpoint's version: admission counts batches from there.
+    startVersion: () => config.startVersion ?? engine.version,
+    slots: [{ suffix: '', modelTag }],
+    rollout: (concurrency) =>
+      rollout(engine, {
+        samplesPerTask: config.groupSize,
+        concurrency,
+        evaluator: config.evaluator,
+        maxTokens: config.maxTokens,
+        temperature: config.temperature,
+        topP: config.topP,
+        seed: config.seed,
+        modelTag,
+        ...(config.worker ? { worker: config.worker } : {}),
+        ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
+      }),
+    namespaceMetrics: false,
+  });
+}
+
+/** Settings every policy of one loop shares: the data, the staleness mode, the sizes and the hooks. */
+export type PolicyLoopConfig = Omit<GrpoPipelineConfig, 'engines' | 'trainer' | 'evaluator' | 'worker' | 'afterStep' | 'onBatch' | 'startVersion'>;
+
+/** One policy of a loop: its trainer and the engines that sample for it. */
+export interface PolicyLane {
+  readonly trainer: Trainer;
+  readonly engines: readonly RolloutEngine[];
+  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
+  readonly onBatch?: (batch: Batch) => void;
+}
+
+/** A step result of one policy of a multi-policy loop. */
+export interface PolicyStepResult extends StepResult {
+  /** The policy (trainer's `modelTag`) that took the step. */
+  readonly modelTag: ModelTag;
+}
+
+/**
+ * The loop behind {@link grpoPipeline} and `multiAgentPipeline`: one loader and one rollout stage, then per policy
+ * (`modelTag`) its own group store, batching, `grpoPrepare`, trainer, weight sync and admission gate, so each policy
+ * has its own version, staleness and step count. A task is admitted when every policy still training admits it.
+ *
+ * @internal
+ */
+export function policyLoop(
+  config: PolicyLoopConfig,
+  stage: {
+    readonly lanes: readonly PolicyLane[];
+    /** The version each lane's engines hold at the start. */
+    readonly startVersion: (lane: PolicyLane) => PolicyVersion;
+    /** Every group a task feeds, with its policy: group id `groupIdOf(task) + suffix`. */
+    readonly slots: readonly { readonly suffix: string; readonly modelTag: ModelTag }[];
+    /** The rollout stage, given its concurrency. */
+    readonly rollout: (concurrency: number) => OperatorFunction<Task, RolloutOutput>;
+    /** Prefix each step's metrics with `<modelTag>/`. */
+    readonly namespaceMetrics: boolean;
+  },
+): Observable<PolicyStepResult> {
   const { batchSize, groupSize } = config;
-  return new Observable<StepResult>((subscriber) => {
-    const gate = new AdmissionGate({
-      mode: config.mode ?? 'sync',
-      tasksPerBatch: batchSize,
-      stalenessThreshold: config.stalenessThreshold,
-      capacity: config.capacity,
-      // A resumed run's engines already hold the checkpoint's version: admission counts batches from there.
-      startVersion: config.startVersion ?? engine.version,
+  const tags = stage.lanes.map((lane) => lane.trainer.modelTag);
+  if (new Set(tags).size !== tags.length) throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
+  return new Observable<PolicyStepResult>((subscriber) => {
+    const lanes = stage.lanes.map((lane) => {
+      const gate = new AdmissionGate({
+        mode: config.mode ?? 'sync',
+        tasksPerBatch: batchSize,
+        stalenessThreshold: config.stalenessThreshold,
+        capacity: config.capacity,
+        startVersion: stage.startVersion(lane),
+      });
+      const { modelTag } = lane.trainer;
+      const slotsPerTask = stage.slots.filter((slot) => slot.modelTag === modelTag).length;
+      const [engine] = lane.engines;
+      if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
+      if (slotsPerTask === 0) throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies', modelTag } });
+      return { ...lane, gate, modelTag, slotsPerTask, padId: engine.tokenizer.padId };
     });
+    const [first] = lanes;
     const loader = taskStream(config.tasks, config.loader);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
-    // In sync and batch-async modes a train batch holds exactly one admission batch (see batchGroups' batchOf):
-    // that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
+    // In sync and batch-async modes a train batch of a policy holds exactly its groups of one admission batch (see
+    // batchGroups' batchOf): that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
     const admissionBatch = new Map<string, number>();
-    const ordered = gate.mode !== 'fully-async';
+    const ordered = first.gate.mode !== 'fully-async';
     const batchOf = (group: Group): number => {
       const id = group.key[0];
       const n = admissionBatch.get(id) ?? 0;
@@ -118,24 +199,19 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
       return n;
     };
     const onAdmit = (task: Task, index: number): void => {
-      if (ordered) admissionBatch.set(groupIdOf(task), Math.floor(index / batchSize));
+      if (ordered) for (const slot of stage.slots) admissionBatch.set(groupIdOf(task) + slot.suffix, Math.floor(index / batchSize));
       config.onAdmit?.(task, index);
     };
-    const batches$: Observable<Batch> = admit(loader, gate, { onAdmit }).pipe(
-      rollout(engine, {
-        samplesPerTask: groupSize,
-        concurrency: config.concurrency ?? admittable(gate) * groupSize,
-        evaluator: config.evaluator,
-        maxTokens: config.maxTokens,
-        temperature: config.temperature,
-        topP: config.topP,
-        seed: config.seed,
-        modelTag: config.trainer.modelTag,
-        ...(config.worker ? { worker: config.worker } : {}),
-        ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
-      }),
+    // A task may start when every policy still training lets it (a finished policy's gate is closed).
+    const admission = {
+      waitToAdmit: async (index: number, signal?: AbortSignal): Promise<void> => {
+        for (const lane of lanes) await lane.gate.waitToAdmit(index, signal);
+      },
+    };
+    const groups$ = admit(loader, admission, { onAdmit }).pipe(
+      stage.rollout(config.concurrency ?? admittable(first.gate) * groupSize),
       tap((output) => {
-        if (isSampleFailure(output)) config.onSampleFailure?.(output);
+        if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
       }),
       groupTrajectories({
         keys: ['groupId'],
@@ -143,36 +219,61 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
         onTimeout: config.onGroupTimeout,
       }),
-      batchGroups({ batchSize, ...(ordered ? { batchOf } : {}) }),
-      grpoPrepare({
-        padId: engine.tokenizer.padId,
-        normalizeByStd: config.advantage?.normalizeByStd,
-        std: config.advantage?.std,
-        filterZeroVariance: config.advantage?.filterZeroVariance,
-        klInReward: config.klInReward,
-        modelTag: config.trainer.modelTag,
-        signal: config.signal,
-      }),
+      share(),
     );
-    const steps$ = batches$.pipe(
-      // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
-      config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
-      tap((batch) => config.onBatch?.(batch)),
-      train(config.trainer, { signal: config.signal }),
-      syncWeights(config.engines),
-      concatMap(async (step) => {
-        const extra = config.afterStep ? await config.afterStep(step) : undefined;
-        return extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
-      }),
-      tap((step) => gate.publish(step.version, step.metrics['batch/groups'] ?? batchSize)),
-      takeUntil(aborted),
-    );
+    const steps$ = merge(
+      ...lanes.map((lane) =>
+        groups$.pipe(
+          filter((group) => group.modelTag === lane.modelTag),
+          // Each task feeds this policy slotsPerTask groups, all of one admission batch.
+          batchGroups({ batchSize: batchSize * lane.slotsPerTask, ...(ordered ? { batchOf } : {}) }),
+          grpoPrepare({
+            padId: lane.padId,
+            normalizeByStd: config.advantage?.normalizeByStd,
+            std: config.advantage?.std,
+            filterZeroVariance: config.advantage?.filterZeroVariance,
+            klInReward: config.klInReward,
+            modelTag: lane.modelTag,
+            signal: config.signal,
+          }),
+          // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
+          config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
+          tap((batch) => lane.onBatch?.(batch)),
+          train(lane.trainer, { signal: config.signal }),
+        ).pipe(
+          syncWeights(lane.engines),
+          map((step): PolicyStepResult => ({
+            ...step,
+            modelTag: lane.modelTag,
+            ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, step.metrics) } : {}),
+          })),
+          concatMap(async (step) => {
+            const extra = lane.afterStep ? await lane.afterStep(step) : undefined;
+            return extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
+          }),
+          tap({
+            next: (step) => {
+              const key = stage.namespaceMetrics ? `${lane.modelTag}/batch/groups` : 'batch/groups';
+              const groups = step.metrics[key] ?? batchSize * lane.slotsPerTask;
+              lane.gate.publish(step.version, groups / lane.slotsPerTask);
+            },
+            complete: () => lane.gate.close(),
+          }),
+        ),
+      ),
+    ).pipe(takeUntil(aborted));
     if (config.signal?.aborted) {
       subscriber.complete();
       return undefined;
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+function prefixed(tag: string, metrics: Metrics): Metrics {
+  const out: Metrics = {};
+  for (const [key, value] of Object.entries(metrics)) out[`${tag}/${key}`] = value;
+  return out;
 }
 
 /** Most tasks the gate lets in flight at once. */

@@ -46,6 +46,7 @@ export class AdmissionGate {
   readonly startVersion: PolicyVersion;
   private published: PolicyVersion;
   private trainedTasks = 0;
+  private closed = false;
   private waiters: Waiter[] = [];
 
   constructor(options: AdmissionGateOptions) {
@@ -100,8 +101,18 @@ export class AdmissionGate {
     this.wake();
   }
 
+  /**
+   * The policy behind this gate stopped training (its step budget is spent): from now on the gate admits
+   * everything, so admission shared with other policies no longer waits on it.
+   */
+  close(): void {
+    this.closed = true;
+    this.wake();
+  }
+
   /** True when the task with 0-based admission index `index` may start now. */
   mayAdmit(index: number): boolean {
+    if (this.closed) return true;
     if (this.mode === 'fully-async') return index - this.trainedTasks < this.capacity;
     const batch = Math.floor(index / this.tasksPerBatch);
     return this.published - this.startVersion >= batch - this.eta;
