@@ -268,6 +268,8 @@ export { chatWorker, singleTurnWorker } from './worker.js';
 export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
+export { TRAJECTORY_GRANULARITIES, episodeSlots } from './agent/environment.js';
+export type { AgentName, AgentSpec, Episode, EpisodeSlot, EpisodeStep, MultiAgentEnvironment, TrajectoryGranularity } from './agent/environment.js';
 export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, serve } from './serve/server.js';
 export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
 export { RequestError } from './serve/protocol.js';

@@ -10,6 +10,8 @@ export { admit } from './admit.js';
 // ── rollout ────────────────────────────────────────────────────────────────────
 export { groupIdOf, rollout } from './rollout.js';
 export type { RolloutOptions } from './rollout.js';
+export { agentMap, rolloutEpisodes } from './rolloutEpisodes.js';
+export type { RolloutEpisodesOptions } from './rolloutEpisodes.js';
 
 // ── grouped trajectory store and batching ──────────────────────────────────────
 export { groupTrajectories } from './groupTrajectories.js';

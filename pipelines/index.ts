@@ -6,7 +6,11 @@
 
 // ── the GRPO loop ──────────────────────────────────────────────────────────────
 export { grpoPipeline } from './grpoPipeline.js';
-export type { GrpoPipelineConfig } from './grpoPipeline.js';
+export type { GrpoPipelineConfig, PolicyLoopConfig, PolicyStepResult } from './grpoPipeline.js';
+
+// ── several agents, several policies (PettingLLMs' L1–L3) ─────────────────────
+export { multiAgentPipeline } from './multiAgentPipeline.js';
+export type { MultiAgentPipelineConfig, PolicySpec } from './multiAgentPipeline.js';
 
 // ── held-out evaluation ────────────────────────────────────────────────────────
 export { validate } from './validate.js';

@@ -18,7 +18,7 @@ import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
-import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
+import { GrpoTrainer, type GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
@@ -49,6 +49,27 @@ export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 
     dFF: model.dFF,
     maxSeqLen: model.maxSeqLen,
     ropeTheta: model.ropeTheta,
+  };
+}
+
+/** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
+export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
+  const t = config.trainer;
+  return {
+    learningRate: t.learningRate,
+    clipLow: t.clipLow,
+    clipHigh: t.clipHigh,
+    ...(t.clipRatioC === null ? {} : { clipRatioC: t.clipRatioC }),
+    lossAggregation: t.lossAggregation,
+    microBatchSize: t.microBatchSize,
+    ppoEpochs: t.ppoEpochs,
+    miniBatches: t.miniBatches,
+    maxGradNorm: t.maxGradNorm,
+    entropyCoef: t.entropyCoef,
+    ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
+    ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
+    ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
+    seed: config.run.seed,
   };
 }
 
@@ -227,24 +248,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         weightSync: config.rollout.weightSync,
         version: checkpoint?.state.version ?? 0,
       });
-  const t = config.trainer;
-  const trainer = new GrpoTrainer(policy, {
-    learningRate: t.learningRate,
-    clipLow: t.clipLow,
-    clipHigh: t.clipHigh,
-    ...(t.clipRatioC === null ? {} : { clipRatioC: t.clipRatioC }),
-    lossAggregation: t.lossAggregation,
-    microBatchSize: t.microBatchSize,
-    ppoEpochs: t.ppoEpochs,
-    miniBatches: t.miniBatches,
-    maxGradNorm: t.maxGradNorm,
-    entropyCoef: t.entropyCoef,
-    ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
-    ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
-    ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
-    ...(reference ? { reference } : {}),
-    seed,
-  });
+  const trainer = new GrpoTrainer(policy, { ...grpoTrainerOptions(config), ...(reference ? { reference } : {}) });
   if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
 
   // Lossless-resume bookkeeping: admitted tasks not yet trained, and the loader position after the last one.

@@ -1,9 +1,11 @@
-import { from, lastValueFrom, reduce } from 'rxjs';
+import { from, lastValueFrom, reduce, tap } from 'rxjs';
+import { episodeSlots, type AgentName, type AgentSpec, type MultiAgentEnvironment } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { Evaluator } from '../lib/evaluator.js';
-import { isSampleFailure, type Metrics, type Task } from '../lib/types.js';
+import { isSampleFailure, type Metrics, type ModelTag, type Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
-import { rollout } from '../operators/rollout.js';
+import { groupIdOf, rollout } from '../operators/rollout.js';
+import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
 
 /** Options of {@link validate}. */
 export interface ValidateOptions {
@@ -71,6 +73,81 @@ export async function validate(
   const metrics: Metrics = { 'val/samples': totals.samples, 'val/failures': totals.failures };
   for (const [key, value] of Object.entries(totals.sums)) {
     metrics[`val/${key}_mean`] = totals.samples > 0 ? value / totals.samples : 0;
+  }
+  return metrics;
+}
+
+/** Options of {@link validateAgents}. */
+export interface ValidateAgentsOptions extends Omit<ValidateOptions, 'worker' | 'samplesPerTask'> {
+  /** The environment. */
+  readonly environment: MultiAgentEnvironment;
+  /** Every agent of its turn order, with its policy. */
+  readonly agents: readonly AgentSpec[];
+}
+
+/**
+ * Scores agents on held-out tasks: one episode per task (greedy by default) through the same `rolloutEpisodes`
+ * operator as training. Per agent: `val/<agent>/reward_mean` (its return over the episode),
+ * `val/<agent>/<metric>_mean` for each step metric of its turns; and `val/episodes`, `val/failures`.
+ *
+ * @param engines - the engine of each policy.
+ * @param tasks - held-out tasks.
+ * @param options - environment, agents and sampling settings.
+ * @returns the metrics.
+ */
+export async function validateAgents(
+  engines: ReadonlyMap<ModelTag, RolloutEngine>,
+  tasks: readonly Task[],
+  options: ValidateAgentsOptions,
+): Promise<Metrics> {
+  const sums = new Map<AgentName, { samples: number; values: Record<string, number> }>();
+  const failed = new Set<string>();
+  const episodes = new Set<string>();
+  const agentOf = new Map(episodeSlots(options.environment, agentMap(options.agents), 'turn').map((slot) => [slot.suffix, slot]));
+  await lastValueFrom(
+    from(tasks).pipe(
+      rolloutEpisodes(engines, {
+        environment: options.environment,
+        agents: options.agents,
+        samplesPerTask: 1,
+        concurrency: options.concurrency ?? 256,
+        maxTokens: options.maxTokens,
+        temperature: options.temperature ?? 0,
+        seed: options.seed,
+        ...(options.signal ? { signal: options.signal } : {}),
+      }),
+      tap((output) => {
+        const episode = JSON.stringify([output.taskId, output.runId]);
+        episodes.add(episode);
+        if (isSampleFailure(output)) {
+          if (output.skipped !== true) failed.add(episode);
+          return;
+        }
+        const slot = agentOf.get(output.groupId.slice(groupIdOf(output.task).length));
+        if (slot === undefined) return;
+        const entry = sums.get(slot.agent) ?? { samples: 0, values: {} };
+        sums.set(slot.agent, entry);
+        // The agent's first turn carries its whole return (rewards from that turn on).
+        const firstTurn = [...agentOf.values()].find((s) => s.agent === slot.agent) === slot;
+        if (firstTurn) {
+          entry.samples++;
+          entry.values.reward = (entry.values.reward ?? 0) + output.reward;
+        }
+        for (const [key, value] of Object.entries(output.metrics)) {
+          if (key !== 'agent/turns') entry.values[`turn:${key}`] = (entry.values[`turn:${key}`] ?? 0) + value;
+        }
+        entry.values['turn:count'] = (entry.values['turn:count'] ?? 0) + 1;
+      }),
+    ),
+    { defaultValue: undefined },
+  );
+  const metrics: Metrics = { 'val/episodes': episodes.size, 'val/failures': failed.size };
+  for (const [agent, { samples, values }] of sums) {
+    metrics[`val/${agent}/reward_mean`] = samples > 0 ? (values.reward ?? 0) / samples : 0;
+    const turns = values['turn:count'] ?? 0;
+    for (const [key, value] of Object.entries(values)) {
+      if (key.startsWith('turn:') && key !== 'turn:count') metrics[`val/${agent}/${key.slice(5)}_mean`] = turns > 0 ? value / turns : 0;
+    }
   }
   return metrics;
 }

@@ -9,6 +9,7 @@ import { extname } from 'node:path';
 import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../errors.js';
+import { LORA_TARGETS, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 
 /** The resolved, validated configuration of a run. */
 export interface RxrlConfig {
@@ -79,6 +80,37 @@ export interface RxrlConfig {
   resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
   validation: { beforeTrain: boolean; every: number; temperature: number };
   logging: { level: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent' };
+  agents: { environment: 'none' | 'writer-editor'; granularity: 'turn' | 'agent'; roles: AgentRoleConfig[] };
+  policies: PolicyEntryConfig[];
+}
+
+/** One agent of a multi-agent run (`agents.roles[i]`). */
+export interface AgentRoleConfig {
+  /** The agent's name in the environment's turn order. */
+  name: string;
+  /** Name of the policy (`policies[j].name`) it samples from and trains. */
+  policy: string;
+  /** Prompt specialization: text put before each observation. */
+  prompt?: string;
+}
+
+/** How a policy of a multi-agent run is specialized (PettingLLMs' levels). */
+export type Specialization = 'prompt' | 'lora' | 'full';
+
+/** Valid {@link Specialization} names. */
+export const SPECIALIZATIONS: readonly Specialization[] = ['prompt', 'lora', 'full'];
+
+/** One policy of a multi-agent run (`policies[j]`). */
+export interface PolicyEntryConfig {
+  /** The policy's name: its `modelTag`, its metrics namespace and its checkpoint folder. */
+  name: string;
+  /**
+   * `prompt`: a full model its agents share, told apart by their prompts (L0/L1); `lora`: an adapter on the one
+   * frozen base every `lora` policy shares (L2); `full`: a full model of its own (L3).
+   */
+  specialization: Specialization;
+  /** `lora` only: the adapter. Default rank 8, alpha 16, every target module. */
+  lora?: LoraConfig;
 }
 
 const KL_ESTIMATORS = ['k1', 'abs', 'mse', 'k3', 'low_var_kl'];
@@ -122,7 +154,35 @@ convict.addFormats({
     coerce: (v: unknown) => (v === 'true' ? true : v === 'false' ? false : v),
   },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
+  'agent-roles': { validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }) },
+  'policy-entries': {
+    validate: (v: unknown) => checkEntries(v, ['name', 'specialization'], ['lora'], { name: 'string', specialization: SPECIALIZATIONS, lora: 'object' }),
+  },
 });
+
+/** Checks a list of plain objects: required and optional fields, each a non-empty string, one of a list, or an object. */
+function checkEntries(
+  value: unknown,
+  required: readonly string[],
+  optional: readonly string[],
+  kinds: Readonly<Record<string, 'string' | 'object' | readonly string[]>>,
+): void {
+  if (!Array.isArray(value)) throw new Error('must be a list');
+  value.forEach((entry: unknown, i) => {
+    if (typeof entry !== 'object' || entry === null || Array.isArray(entry)) throw new Error(`[${i}] must be an object`);
+    const fields = entry as Record<string, unknown>;
+    for (const key of required) if (!(key in fields)) throw new Error(`[${i}].${key} is required`);
+    for (const [key, field] of Object.entries(fields)) {
+      const kind = kinds[key];
+      if (kind === undefined || !(required.includes(key) || optional.includes(key))) {
+        throw new Error(`[${i}].${key} is not a field; fields: ${[...required, ...optional].join(', ')}`);
+      }
+      if (kind === 'string' && !(typeof field === 'string' && field.length > 0)) throw new Error(`[${i}].${key} must be a non-empty string`);
+      if (kind === 'object' && (typeof field !== 'object' || field === null || Array.isArray(field))) throw new Error(`[${i}].${key} must be an object`);
+      if (Array.isArray(kind) && !kind.includes(field as string)) throw new Error(`[${i}].${key} must be one of ${kind.join(', ')}`);
+    }
+  });
+}
 convict.addParser([
   { extension: 'json', parse: JSON.parse },
   { extension: ['yml', 'yaml'], parse: parseYaml },
@@ -262,6 +322,20 @@ export const SCHEMA = {
   logging: {
     level: { doc: 'Log level.', format: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info', env: 'RXRL_LOG_LEVEL' },
   },
+  agents: {
+    environment: { doc: "Multi-agent environment ('writer-editor', bundled), or 'none' for a single-agent run.", format: ['none', 'writer-editor'], default: 'none' },
+    granularity: { doc: 'Multi-agent: one trajectory per (agent, turn), or per agent (its turns joined).', format: ['turn', 'agent'], default: 'turn' },
+    roles: {
+      doc: 'Multi-agent: every agent of the environment as {name, policy, prompt?}; policy names an entry of policies.',
+      format: 'agent-roles',
+      default: [],
+    },
+  },
+  policies: {
+    doc: "Multi-agent: the policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}.",
+    format: 'policy-entries',
+    default: [],
+  },
 } as const;
 
 /** Options of {@link loadConfig}. */
@@ -338,9 +412,50 @@ function requireWhen(c: RxrlConfig): void {
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
+  missing.push(...agentProblems(c));
   if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
   if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
   if (missing.length > 0) throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
+}
+
+/** Cross-field checks of `agents` and `policies`, each naming its key. */
+function agentProblems(c: RxrlConfig): string[] {
+  const problems: string[] = [];
+  const { roles, environment } = c.agents;
+  if (environment === 'none') {
+    if (roles.length > 0) problems.push("agents.roles: needs agents.environment (it is 'none')");
+    if (c.policies.length > 0) problems.push("policies: needs agents.environment (it is 'none')");
+    return problems;
+  }
+  if (roles.length === 0) problems.push(`agents.roles: required when agents.environment is '${environment}'`);
+  const names = c.policies.map((p) => p.name);
+  c.policies.forEach((policy, i) => {
+    if (names.indexOf(policy.name) !== i) problems.push(`policies[${i}].name: policy '${policy.name}' is listed twice`);
+    if (!roles.some((role) => role.policy === policy.name)) problems.push(`policies[${i}]: no agent samples from policy '${policy.name}'`);
+    if (policy.lora !== undefined && policy.specialization !== 'lora') problems.push(`policies[${i}].lora: only for specialization 'lora'`);
+    if (policy.specialization === 'lora') {
+      try {
+        validateLoraConfig(resolvedLora(policy), `policies[${i}].lora`);
+      } catch (error) {
+        problems.push((error as Error).message.replace(/^(policies\[\d+\]\.lora\.[\w[\]]+) /, '$1: '));
+      }
+    }
+  });
+  roles.forEach((role, i) => {
+    if (roles.findIndex((r) => r.name === role.name) !== i) problems.push(`agents.roles[${i}].name: agent '${role.name}' is listed twice`);
+    if (!names.includes(role.policy)) {
+      problems.push(`agents.roles[${i}].policy: agent '${role.name}' maps to unknown policy '${role.policy}'; policies: ${names.join(', ') || 'none'}`);
+    }
+  });
+  return problems;
+}
+
+/** Default adapter of a `lora` policy: rank 8, alpha 16, every target module. */
+export const DEFAULT_POLICY_LORA: LoraConfig = { rank: 8, alpha: 16, targetModules: [...LORA_TARGETS] };
+
+/** A `lora` policy's adapter with the defaults filled in. */
+export function resolvedLora(policy: PolicyEntryConfig): LoraConfig {
+  return { ...DEFAULT_POLICY_LORA, ...policy.lora };
 }
 
 function leafKeys(schema: object, prefix = ''): Set<string> {

@@ -1,0 +1,233 @@
+import { mkdir } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { lastValueFrom, tap } from 'rxjs';
+import type { AgentSpec } from '../lib/agent/environment.js';
+import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
+import { LocalEngine } from '../lib/engine/local.js';
+import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
+import { ConfigError } from '../lib/errors.js';
+import { initBackend } from '../lib/model/backend.js';
+import { loadTokenizer } from '../lib/model/hfTokenizer.js';
+import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
+import { loadModelDir, saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
+import { CharTokenizer } from '../lib/model/tokenizer.js';
+import { PolicyModel } from '../lib/model/transformer.js';
+import { MetricsWriter } from '../lib/observe/metricsFile.js';
+import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
+import type { Metrics, ModelTag } from '../lib/types.js';
+import { writerEditorTask } from '../recipes/writerEditor.js';
+import type { PolicyStepResult } from './grpoPipeline.js';
+import { multiAgentPipeline } from './multiAgentPipeline.js';
+import { grpoTrainerOptions, tinyModelConfig } from './run.js';
+import { validateAgents } from './validate.js';
+
+/** Options of {@link runAgents}. */
+export interface AgentsRunOptions {
+  /** Directory that relative paths of the recipe (`run.dir`, `model.path`) are resolved against. Default: cwd. */
+  readonly baseDir?: string;
+  /** Cancels the run; the final validation and save still run. */
+  readonly signal?: AbortSignal;
+  /** Sees every policy's steps. */
+  readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
+  /** Progress lines. */
+  readonly log?: (line: string) => void;
+}
+
+/** One policy of a multi-agent run, as {@link runAgents} reports it. */
+export interface PolicyRunSummary {
+  readonly name: ModelTag;
+  readonly specialization: Specialization;
+  /** Agents that sample from it. */
+  readonly agents: readonly string[];
+  /** Parameters that receive gradients (adapter only for `lora`). */
+  readonly trainableParameters: number;
+  /** Bytes each weight sync ships to its engines (adapter only for `lora`). */
+  readonly syncBytes: number;
+  /** Train steps taken. */
+  readonly steps: number;
+  /** Where its final weights were saved (a model directory, or a PEFT adapter directory); null without `run.dir`. */
+  readonly savedTo: string | null;
+}
+
+/** What {@link runAgents} reports. */
+export interface AgentsRunSummary {
+  readonly recipe: string;
+  readonly mode: RxrlConfig['sync']['mode'];
+  readonly backend: string;
+  readonly seconds: number;
+  readonly policies: readonly PolicyRunSummary[];
+  /** Held-out metrics before training (`val/<agent>/reward_mean`, …); null when `validation.beforeTrain` is off. */
+  readonly valInitial: Metrics | null;
+  /** Held-out metrics after training. */
+  readonly valFinal: Metrics;
+}
+
+/**
+ * A multi-agent recipe run (`agents.environment` set): builds one policy per `policies` entry from one base model (the
+ * seeded tiny model, or `model.path`) — `prompt` and `full` as full copies, `lora` as adapters sharing one frozen
+ * base in memory (one more base for sampling) — trains them with {@link multiAgentPipeline} for `run.steps` steps
+ * each, and scores every agent on the held-out split before and after. With `run.dir`, each policy's final weights
+ * are saved under `policies/<name>/` (a Hugging Face model directory, or a PEFT adapter whose base is saved once
+ * under `base/`), and every step's metrics go to `metrics.jsonl`.
+ *
+ * @param config - a validated configuration whose `agents.environment` is not `none`.
+ * @param options - base directory, cancellation and progress hooks.
+ * @returns the summary: per-policy sizes and held-out reward per agent.
+ */
+export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
+  if (config.agents.environment === 'none') throw new ConfigError("agents.environment: runAgents needs a multi-agent environment, got 'none'");
+  if (config.resume.mode === 'from_path') throw new ConfigError('resume.mode: multi-agent runs do not resume from a checkpoint yet', { context: { key: 'resume.mode' } });
+  if (config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0) {
+    throw new ConfigError('trainer.klLoss.coef / algorithm.klInReward.coef: multi-agent runs have no reference policy yet; set them to 0', {
+      context: { key: 'trainer.klLoss.coef' },
+    });
+  }
+  const baseDir = options.baseDir ?? process.cwd();
+  const log = (line: string): void => options.log?.(line);
+  const seed = config.run.seed;
+  const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
+  const task = writerEditorTask({ ...config.data.task, seed });
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(task.characters);
+  const base = modelDir ? (await loadModelDir(modelDir)).model : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
+  const maxTokens = config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1;
+  const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
+  const { batchSize, mode } = config.sync;
+  const groupSize = config.rollout.groupSize;
+  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
+
+  // Every lora policy adapts one frozen base; sampling reads a second copy (the engines run beside training).
+  const usesLora = config.policies.some((p) => p.specialization === 'lora');
+  const sampleBase = usesLora ? PolicyModel.fromWeights(base.config, base.getWeights()) : undefined;
+  const built = config.policies.map((entry, i) => {
+    let train: PolicyModel;
+    let sample: PolicyModel;
+    let adapter: LoraAdapter | undefined;
+    if (entry.specialization === 'lora') {
+      const lora = validateLoraConfig(resolvedLora(entry), `policies[${i}].lora`);
+      adapter = LoraAdapter.create(base.config, lora, seed + 1 + i);
+      train = PolicyModel.withAdapter(base, adapter);
+      sample = PolicyModel.withAdapter(sampleBase as PolicyModel, LoraAdapter.fromWeights(base.config, lora, adapter.getWeights()));
+    } else {
+      train = PolicyModel.fromWeights(base.config, base.getWeights());
+      sample = PolicyModel.fromWeights(base.config, base.getWeights());
+    }
+    const engine = new LocalEngine(sample, {
+      tokenizer,
+      modelTag: entry.name,
+      maxBatchSize: batchSize * groupSize * inFlightBatches * agents.filter((a) => a.policy === entry.name).length,
+      weightSync: config.rollout.weightSync,
+    });
+    const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i });
+    let syncBytes = 0;
+    for (const w of train.getWeights().values()) syncBytes += w.data.byteLength;
+    const trainableParameters = train.trainableVariables().reduce((n, v) => n + v.size, 0);
+    return { entry, train, sample, adapter, engine, trainer, syncBytes, trainableParameters };
+  });
+  const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
+  const score = (): Promise<Metrics> =>
+    validateAgents(engines, task.validation, {
+      environment: task.environment,
+      agents,
+      maxTokens,
+      temperature: config.validation.temperature,
+      seed,
+    });
+
+  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  const metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
+  try {
+    const valInitial = config.validation.beforeTrain ? await score() : null;
+    if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
+    const started = performance.now();
+    await lastValueFrom(
+      multiAgentPipeline({
+        tasks: task.train,
+        loader: { epochs: config.data.epochs === 0 ? Infinity : config.data.epochs, shuffle: config.data.shuffle, seed },
+        environment: task.environment,
+        agents,
+        granularity: config.agents.granularity,
+        policies: built.map((b) => ({ trainer: b.trainer, engines: [b.engine] })),
+        mode,
+        stalenessThreshold: config.sync.stalenessThreshold,
+        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+        batchSize,
+        groupSize,
+        ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+        maxTokens,
+        temperature: config.rollout.temperature,
+        topP: config.rollout.topP,
+        ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
+        steps: config.run.steps,
+        seed,
+        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+        onGroupTimeout: config.store.onGroupTimeout,
+        ...(options.signal ? { signal: options.signal } : {}),
+      }).pipe(
+        tap((step) => {
+          metricsFile?.write({ step: step.step, version: step.version, metrics: step.metrics });
+          options.onStep?.(step, (performance.now() - started) / 1000);
+        }),
+      ),
+      { defaultValue: undefined },
+    );
+    const seconds = (performance.now() - started) / 1000;
+    const valFinal = await score();
+    log(`held-out after training: ${agentRewards(valFinal, agents)}`);
+    const saved = runDir ? await savePolicies(runDir, built, base, tokenizer, usesLora) : new Map<string, string>();
+    return {
+      recipe: task.name,
+      mode,
+      backend,
+      seconds,
+      policies: built.map((b) => ({
+        name: b.entry.name,
+        specialization: b.entry.specialization,
+        agents: agents.filter((a) => a.policy === b.entry.name).map((a) => a.name),
+        trainableParameters: b.trainableParameters,
+        syncBytes: b.syncBytes,
+        steps: b.trainer.step,
+        savedTo: saved.get(b.entry.name) ?? null,
+      })),
+      valInitial,
+      valFinal,
+    };
+  } finally {
+    metricsFile?.close();
+    for (const b of built) {
+      b.trainer.dispose();
+      b.train.dispose();
+      b.sample.dispose();
+      b.adapter?.dispose();
+    }
+    sampleBase?.dispose();
+    base.dispose();
+  }
+}
+
+/** Saves each policy under `policies/<name>/`: a model directory, or a PEFT adapter whose base is `base/`. */
+async function savePolicies(
+  runDir: string,
+  built: readonly { readonly entry: { readonly name: string }; readonly train: PolicyModel; readonly adapter: LoraAdapter | undefined }[],
+  base: PolicyModel,
+  tokenizer: Tokenizer,
+  usesLora: boolean,
+): Promise<Map<string, string>> {
+  const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
+  const baseDir = join(runDir, 'base');
+  if (usesLora) await saveModelDir(baseDir, base, files);
+  const saved = new Map<string, string>();
+  for (const b of built) {
+    const dir = join(runDir, 'policies', b.entry.name);
+    await mkdir(dir, { recursive: true });
+    if (b.adapter) await savePeftAdapter(dir, b.adapter, baseDir);
+    else await saveModelDir(dir, b.train, files);
+    saved.set(b.entry.name, dir);
+  }
+  return saved;
+}
+
+function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {
+  return agents.map((a) => `${a.name} ${(metrics[`val/${a.name}/reward_mean`] ?? 0).toFixed(3)}`).join(', ');
+}

@@ -1,0 +1,102 @@
+import type { Observable } from 'rxjs';
+import { episodeSlots, type AgentSpec, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import { ConfigError } from '../lib/errors.js';
+import type { Trainer } from '../lib/train/types.js';
+import type { Batch, Metrics, ModelTag, PolicyVersion } from '../lib/types.js';
+import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
+import { policyLoop, type PolicyLoopConfig, type PolicyStepResult } from './grpoPipeline.js';
+
+/** One policy of a multi-agent run: the trainer that updates it and the engines that sample from it. */
+export interface PolicySpec {
+  /** Takes this policy's train steps; its `modelTag` names the policy. */
+  readonly trainer: Trainer;
+  /** Rollout engines of this policy; the first one samples, all receive every new version. */
+  readonly engines: readonly RolloutEngine[];
+  /** Version the engines hold at the start. Default: the first engine's. */
+  readonly startVersion?: PolicyVersion;
+}
+
+/** Configuration of {@link multiAgentPipeline}: the loop settings of `grpoPipeline`, with agents and policies. */
+export interface MultiAgentPipelineConfig extends PolicyLoopConfig {
+  /** The turn-based environment. */
+  readonly environment: MultiAgentEnvironment;
+  /** Every agent of the turn order, mapped to a policy. */
+  readonly agents: readonly AgentSpec[];
+  /** Every policy an agent maps to (L1: one policy for all; L2/L3: one per agent). */
+  readonly policies: readonly PolicySpec[];
+  /** One trajectory per (agent, turn) or per agent. Default `turn`. */
+  readonly granularity?: TrajectoryGranularity;
+  /** An episode running this long (ms) fails all its slots. Default: no limit. */
+  readonly episodeTimeoutMs?: number;
+  /** Sees each batch as it enters its policy's trainer. */
+  readonly onBatch?: (batch: Batch) => void;
+  /**
+   * Runs after each step of a policy, once its weights are published and before its gate is credited
+   * (checkpoints, validation); metrics it returns are merged into the step's metrics.
+   */
+  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
+}
+
+/**
+ * Multi-agent, multi-policy GRPO: agents take turns in a shared environment (`rolloutEpisodes`), each sampling from
+ * its policy; each policy (`modelTag`) then has its own group store, batches, `grpoPrepare`, trainer, weight sync,
+ * version and admission gate, so its staleness stays within the mode's bound counted in its own versions. Policies
+ * train concurrently where their data is ready; a task is admitted once every policy still training admits it.
+ * `steps` counts each policy's steps. Step metrics are namespaced by policy (`writer/actor/pg_loss`).
+ *
+ * ```
+ * tasks ─admit─▶ rolloutEpisodes ─▶ groupTrajectories ─┬─ writer: batchGroups ▶ grpoPrepare ▶ train ▶ syncWeights ─┐
+ *                                                      └─ editor: batchGroups ▶ grpoPrepare ▶ train ▶ syncWeights ─┴▶
+ * ```
+ *
+ * @example
+ * ```ts
+ * import { multiAgentPipeline } from 'rxrl/pipelines';
+ * multiAgentPipeline({
+ *   tasks, environment, batchSize: 16, groupSize: 8, maxTokens: 8, steps: 100,
+ *   agents: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'editor' }],
+ *   policies: [{ trainer: writerTrainer, engines: [writerEngine] }, { trainer: editorTrainer, engines: [editorEngine] }],
+ * }).subscribe((step) => console.log(step.modelTag, step.step, step.metrics[`${step.modelTag}/rollout/reward_mean`]));
+ * ```
+ * @param config - tasks, environment, agents, policies, staleness mode and sizes.
+ * @returns a cold Observable of every policy's step results, tagged with `modelTag`.
+ * @see grpoPipeline
+ */
+export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable<PolicyStepResult> {
+  const agents = agentMap(config.agents);
+  const granularity = config.granularity ?? 'turn';
+  const tags = new Set(config.policies.map((policy) => policy.trainer.modelTag));
+  config.agents.forEach((agent, i) => {
+    if (!tags.has(agent.policy)) {
+      throw new ConfigError(`agents[${i}].policy: agent '${agent.name}' maps to unknown policy '${agent.policy}'; policies: ${[...tags].join(', ')}`, {
+        context: { key: `agents[${i}].policy` },
+      });
+    }
+  });
+  const slots = episodeSlots(config.environment, agents, granularity);
+  const engines = new Map<ModelTag, RolloutEngine>();
+  for (const policy of config.policies) {
+    const [engine] = policy.engines;
+    if (engine !== undefined) engines.set(policy.trainer.modelTag, engine);
+  }
+  return policyLoop(config, {
+    lanes: config.policies.map((policy) => ({ trainer: policy.trainer, engines: policy.engines, afterStep: config.afterStep, onBatch: config.onBatch })),
+    startVersion: (lane) => config.policies.find((p) => p.trainer === lane.trainer)?.startVersion ?? lane.engines[0]?.version ?? 0,
+    slots,
+    rollout: (concurrency) =>
+      rolloutEpisodes(engines, {
+        environment: config.environment,
+        agents: config.agents,
+        samplesPerTask: config.groupSize,
+        concurrency,
+        maxTokens: config.maxTokens,
+        temperature: config.temperature,
+        topP: config.topP,
+        seed: config.seed,
+        granularity,
+        ...(config.episodeTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.episodeTimeoutMs }),
+      }),
+    namespaceMetrics: true,
+  });
+}
