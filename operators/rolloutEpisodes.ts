@@ -255,7 +255,8 @@ function slotTrajectory(
 /**
  * One agent's turns as one sequence: the first turn's prompt, then each response (trained on) followed by what
  * the next observation adds (masked out). Each observation must extend the previous prompt and response, as a
- * chat transcript does; an environment whose observations do not is an `EvaluationError` (use `turn` granularity).
+ * chat transcript does (a response's final stop token may be absent from it: the response text leaves it out);
+ * an environment whose observations do not is an `EvaluationError` (use `turn` granularity).
  */
 function joinTurns(
   turns: readonly PlayedTurn[],
@@ -265,25 +266,30 @@ function joinTurns(
   const responseTokens: number[] = [];
   const logprobs: number[] = [];
   const lossMask: number[] = [];
-  const context = [...first.promptTokens];
+  let context: readonly number[] = first.promptTokens;
   turns.forEach((turn, k) => {
     if (k > 0) {
-      const extends_ = turn.promptTokens.length >= context.length && context.every((token, i) => turn.promptTokens[i] === token);
-      if (!extends_) {
+      const previous = turns[k - 1].response;
+      const withoutStop = previous.finishReason === 'stop' ? context.slice(0, -1) : context;
+      const matched = [context, withoutStop].find((prefix) => startsWith(turn.promptTokens, prefix));
+      if (matched === undefined) {
         throw new EvaluationError(`trajectory ${id}: the observation of the agent's turn ${k} does not extend its previous prompt and response`, {
           context: { id },
         });
       }
-      const added = turn.promptTokens.slice(context.length);
+      const added = turn.promptTokens.slice(matched.length);
       responseTokens.push(...added);
       logprobs.push(...added.map(() => 0));
       lossMask.push(...added.map(() => 0));
-      context.push(...added);
     }
     responseTokens.push(...turn.response.tokens);
     logprobs.push(...turn.response.logprobs);
     lossMask.push(...turn.response.tokens.map(() => 1));
-    context.push(...turn.response.tokens);
+    context = [...turn.promptTokens, ...turn.response.tokens];
   });
   return { promptTokens: first.promptTokens, responseTokens, logprobs, lossMask };
+}
+
+function startsWith(tokens: readonly number[], prefix: readonly number[]): boolean {
+  return tokens.length >= prefix.length && prefix.every((token, i) => tokens[i] === token);
 }
