@@ -26,7 +26,9 @@ Usage:
                     stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
-                    metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>)
+                    metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>); a multi-agent
+                    recipe (agents.environment, agents.roles, policies) trains every policy and saves each one's
+                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)
   rxrl trainer <recipe.json|yaml> [--set key=value]…
                     the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
@@ -209,6 +211,7 @@ async function runCommand(argv: readonly string[], overKafka = false): Promise<n
   const { Progress } = await import('./observe/progress.js');
   const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(argv);
+  if (config.agents.environment !== 'none') return agentsCommand(config, dir, overKafka);
   const kafka = overKafka
     ? { ...(await kafkaOf(config, 'trainer')), weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir) }
     : undefined;
@@ -232,6 +235,28 @@ async function runCommand(argv: readonly string[], overKafka = false): Promise<n
   progress.done();
   const { lastStep: _last, ...printed } = summary;
   process.stdout.write(`${JSON.stringify(printed)}\n`);
+  return 0;
+}
+
+/** `rxrl run` of a multi-agent recipe (`agents.environment` set): every policy's steps, one summary line. */
+async function agentsCommand(config: import('./config/schema.js').RxrlConfig, dir: string, overKafka: boolean): Promise<number> {
+  const { ConfigError } = await import('./errors.js');
+  if (overKafka) throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
+  const { runAgents } = await import('../pipelines/agents.js');
+  const controller = new AbortController();
+  const stop = (): void => controller.abort();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  const summary = await runAgents(config, {
+    baseDir: dir,
+    signal: controller.signal,
+    log: (line) => process.stderr.write(`rxrl: ${line}\n`),
+    onStep: (step, elapsed) => {
+      const reward = step.metrics[`${step.modelTag}/rollout/reward_mean`];
+      process.stderr.write(`rxrl: ${step.modelTag} step ${step.step + 1} reward ${reward?.toFixed(3) ?? '-'} (${elapsed.toFixed(0)} s)\n`);
+    },
+  });
+  process.stdout.write(`${JSON.stringify(summary)}\n`);
   return 0;
 }
 

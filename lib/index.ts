@@ -345,8 +345,8 @@ export type {
 } from './observe/index.js';
 
 // ── configuration ──────────────────────────────────────────────────────────────
-export { SCHEMA, describeConfig, loadConfig } from './config/schema.js';
-export type { LoadConfigOptions, RxrlConfig } from './config/schema.js';
+export { DEFAULT_POLICY_LORA, SCHEMA, SPECIALIZATIONS, describeConfig, loadConfig, resolvedLora } from './config/schema.js';
+export type { AgentRoleConfig, LoadConfigOptions, PolicyEntryConfig, RxrlConfig, Specialization } from './config/schema.js';
 export { configWarnings } from './config/configWarnings.js';
 export type { ConfigWarningsContext } from './config/configWarnings.js';
 

@@ -11,6 +11,10 @@ export type { GrpoPipelineConfig, PolicyLoopConfig, PolicyStepResult } from './g
 // ── several agents, several policies (PettingLLMs' L1–L3) ─────────────────────
 export { multiAgentPipeline } from './multiAgentPipeline.js';
 export type { MultiAgentPipelineConfig, PolicySpec } from './multiAgentPipeline.js';
+export { validateAgents } from './validate.js';
+export type { ValidateAgentsOptions } from './validate.js';
+export { runAgents } from './agents.js';
+export type { AgentsRunOptions, AgentsRunSummary, PolicyRunSummary } from './agents.js';
 
 // ── held-out evaluation ────────────────────────────────────────────────────────
 export { validate } from './validate.js';
@@ -31,5 +35,5 @@ export { runServed } from './served.js';
 export type { ServedRunOptions, ServedRunSummary } from './served.js';
 
 // ── recipe runs: checkpoints, resume, validation, metrics (rxrl run) ───────────
-export { recipeDir, runTraining } from './run.js';
+export { grpoTrainerOptions, recipeDir, runTraining } from './run.js';
 export type { EngineContext, RunSummary, RunTrainingOptions } from './run.js';

@@ -26,3 +26,7 @@ export {
   evaluateArithmetic,
 } from './calculator.js';
 export type { CalculatorOperator, CalculatorTask, CalculatorTaskOptions } from './calculator.js';
+
+// ── two agents, different roles: a writer and an editor ────────────────────────
+export { DRAFT_SEPARATOR, WRITER_EDITOR_AGENTS, writerEditorAgents, writerEditorEnvironment, writerEditorTask } from './writerEditor.js';
+export type { WriterEditorTask } from './writerEditor.js';

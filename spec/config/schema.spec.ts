@@ -72,3 +72,55 @@ describe('loadConfig', () => {
     expect(printed).toContain('[redacted]');
   });
 });
+
+describe('loadConfig: agents and policies (multi-agent recipes)', () => {
+  const roles = [
+    { name: 'writer', policy: 'writer' },
+    { name: 'editor', policy: 'editor' },
+  ];
+  const load = (agents: Record<string, unknown>, policies: unknown): unknown =>
+    loadConfig({ env: {}, values: { agents: { environment: 'writer-editor', ...agents }, policies } });
+
+  it('reads the bundled L2 recipe: two LoRA policies with their adapters', () => {
+    const config = loadConfig({ env: {}, file: join(import.meta.dirname, '..', '..', 'recipes', 'writer-editor-lora.yaml') });
+    expect(config.agents).toMatchObject({ environment: 'writer-editor', granularity: 'turn', roles });
+    expect(config.policies.map((p) => [p.name, p.specialization, p.lora?.rank])).toEqual([
+      ['writer', 'lora', 8],
+      ['editor', 'lora', 8],
+    ]);
+  });
+
+  it('names the key: an agent mapped to an unknown policy, a policy nobody uses, a duplicate', () => {
+    const unknown = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'full' }]));
+    expect(unknown.message).toMatch(/agents\.roles\[1\]\.policy: agent 'editor' maps to unknown policy 'editor'; policies: writer/);
+    const unused = rejection(() => load({ roles }, ['writer', 'editor', 'judge'].map((name) => ({ name, specialization: 'full' }))));
+    expect(unused.message).toMatch(/policies\[2\]: no agent samples from policy 'judge'/);
+    const twice = rejection(() => load({ roles }, ['writer', 'editor', 'writer'].map((name) => ({ name, specialization: 'full' }))));
+    expect(twice.message).toMatch(/policies\[2\]\.name: policy 'writer' is listed twice/);
+  });
+
+  it('names the key: a LoRA target the model lacks, a bad rank, lora on a full policy, a bad specialization', () => {
+    const lacks = rejection(() =>
+      load({ roles }, [
+        { name: 'writer', specialization: 'lora', lora: { rank: 4, alpha: 8, targetModules: ['q_proj', 'c_attn'] } },
+        { name: 'editor', specialization: 'lora' },
+      ]),
+    );
+    expect(lacks.message).toMatch(/policies\[0\]\.lora\.targetModules\[1\]: must be one of q_proj, k_proj/);
+    const rank = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'lora', lora: { rank: 0 } }, { name: 'editor', specialization: 'full' }]));
+    expect(rank.message).toMatch(/policies\[0\]\.lora\.rank: must be a positive integer/);
+    const misplaced = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'full', lora: { rank: 2 } }, { name: 'editor', specialization: 'full' }]));
+    expect(misplaced.message).toMatch(/policies\[0\]\.lora: only for specialization 'lora'/);
+    const level = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'adapter' }, { name: 'editor', specialization: 'full' }]));
+    expect(level.message).toMatch(/policies: \[0\]\.specialization must be one of prompt, lora, full/);
+    const field = rejection(() => load({ roles: [{ name: 'writer', policy: 'w', model: 'x' }] }, []));
+    expect(field.message).toMatch(/agents\.roles: \[0\]\.model is not a field; fields: name, policy, prompt/);
+  });
+
+  it('agents need an environment, and an environment needs agents', () => {
+    expect(rejection(() => loadConfig({ env: {}, values: { agents: { roles } } })).message).toMatch(/agents\.roles: needs agents\.environment/);
+    expect(rejection(() => loadConfig({ env: {}, values: { agents: { environment: 'writer-editor' } } })).message).toMatch(
+      /agents\.roles: required when agents\.environment is 'writer-editor'/,
+    );
+  });
+});
