@@ -1,0 +1,130 @@
+import { mkdtemp, readFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { loadConfig } from '../../lib/config/schema.js';
+import { ConfigError } from '../../lib/errors.js';
+import { loadPeftAdapter } from '../../lib/model/lora.js';
+import { loadModelDir } from '../../lib/model/modelDir.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel } from '../../lib/model/transformer.js';
+import { runAgents } from '../../pipelines/agents.js';
+import { tinyModelConfig } from '../../pipelines/run.js';
+import { writerEditorTask } from '../../recipes/writerEditor.js';
+
+const roles = [
+  { name: 'writer', policy: 'writer' },
+  { name: 'editor', policy: 'editor' },
+];
+
+function config(values: Record<string, unknown>): ReturnType<typeof loadConfig> {
+  return loadConfig({
+    env: {},
+    values: {
+      run: { dir: null, seed: 1, steps: 3, backend: 'auto' },
+      sync: { batchSize: 4 },
+      rollout: { groupSize: 4 },
+      data: { task: { validationSize: 20 } },
+      checkpoint: { every: 0, onStop: false },
+      resume: { mode: 'disable' },
+      ...values,
+    },
+  });
+}
+
+describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
+  it('L2: two adapters on one frozen base; only adapters train, sync and are saved (PEFT), the base stays bit for bit', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    const lora = { rank: 4, alpha: 8, targetModules: ['q_proj', 'v_proj', 'down_proj'] };
+    const summary = await runAgents(
+      config({
+        run: { dir, seed: 1, steps: 3, backend: 'auto' },
+        agents: { environment: 'writer-editor', roles },
+        policies: [
+          { name: 'writer', specialization: 'lora', lora },
+          { name: 'editor', specialization: 'lora', lora },
+        ],
+      }),
+    );
+    expect(summary.policies.map((p) => [p.name, p.specialization, p.steps, p.agents])).toEqual([
+      ['writer', 'lora', 3, ['writer']],
+      ['editor', 'lora', 3, ['editor']],
+    ]);
+    // The tiny model: 2 layers, d 64, dFF 256; rank 4 on q (64→64), v (64→64), down (256→64).
+    const perLayer = 4 * (64 + 64) + 4 * (64 + 64) + 4 * (256 + 64);
+    for (const policy of summary.policies) {
+      expect(policy.trainableParameters).toBe(2 * perLayer);
+      expect(policy.syncBytes).toBe(2 * perLayer * 4);
+    }
+    // The saved base is the seeded initial model, unchanged by training.
+    const task = writerEditorTask({ seed: 1, validationSize: 20 });
+    const tokenizer = new CharTokenizer(task.characters);
+    const initial = PolicyModel.create({ ...tinyModelConfig(config({}).model), vocabSize: tokenizer.vocabSize }, 1);
+    const { model: base } = await loadModelDir(join(dir, 'base'));
+    for (const [name, w] of initial.getWeights()) expect(base.getWeights().get(name)?.data, name).toEqual(w.data);
+    // Each policy is a PEFT adapter directory over that base, and training moved it off its zero-B start.
+    for (const policy of summary.policies) {
+      expect(policy.savedTo).toBe(join(dir, 'policies', policy.name));
+      const { adapter, baseModel } = await loadPeftAdapter(policy.savedTo as string, base.config);
+      expect(baseModel).toBe(join(dir, 'base'));
+      const moved = [...adapter.getWeights()].filter(([name]) => name.includes('lora_B')).some(([, w]) => w.data.some((x) => x !== 0));
+      expect(moved).toBe(true);
+      adapter.dispose();
+    }
+    // Metrics are namespaced per policy.
+    const lines = (await readFile(join(dir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    expect(lines).toHaveLength(6);
+    const keys = lines.flatMap((l) => Object.keys(l).filter((k) => !['step', 'version', 'time'].includes(k)));
+    expect(keys.every((k) => k.startsWith('writer/') || k.startsWith('editor/'))).toBe(true);
+    expect(keys).toContain('editor/actor/pg_loss');
+    expect(summary.valFinal['val/writer/reward_mean']).toBeGreaterThanOrEqual(0);
+    initial.dispose();
+    base.dispose();
+  }, 120_000);
+
+  it('L1 and L3: one shared full policy, or one full model per agent; each saved as a model directory', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    const shared = await runAgents(
+      config({
+        run: { dir, seed: 1, steps: 2, backend: 'auto' },
+        agents: { environment: 'writer-editor', roles: roles.map((r) => ({ ...r, policy: 'both' })) },
+        policies: [{ name: 'both', specialization: 'prompt' }],
+      }),
+    );
+    expect(shared.policies).toHaveLength(1);
+    expect(shared.policies[0]).toMatchObject({ name: 'both', steps: 2, agents: ['writer', 'editor'], trainableParameters: 133056 });
+    const { model } = await loadModelDir(join(dir, 'policies', 'both'));
+    expect(model.config.nLayers).toBe(2);
+    model.dispose();
+    const full = await runAgents(
+      config({ agents: { environment: 'writer-editor', roles }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })), run: { dir: null, seed: 1, steps: 2, backend: 'auto' } }),
+    );
+    expect(full.policies.map((p) => p.trainableParameters)).toEqual([133056, 133056]);
+    expect(full.policies.every((p) => p.savedTo === null)).toBe(true);
+  }, 120_000);
+
+  it('the two-agent recipe learns from scratch: both agents gain held-out reward in 25 steps (L3)', async () => {
+    const summary = await runAgents(
+      config({
+        run: { dir: null, seed: 1, steps: 25, backend: 'auto' },
+        sync: { batchSize: 16 },
+        rollout: { groupSize: 8 },
+        data: { task: { validationSize: 100 } },
+        trainer: { learningRate: 2e-3 },
+        agents: { environment: 'writer-editor', roles },
+        policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })),
+      }),
+    );
+    const initial = summary.valInitial as Record<string, number>;
+    for (const agent of ['writer', 'editor']) {
+      expect(summary.valFinal[`val/${agent}/reward_mean`], agent).toBeGreaterThan(initial[`val/${agent}/reward_mean`] + 0.15);
+    }
+  }, 180_000);
+
+  it('refuses what multi-agent runs do not do yet, naming the key', async () => {
+    const base = { agents: { environment: 'writer-editor', roles }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })) };
+    await expect(runAgents(config({ ...base, resume: { mode: 'from_path', path: '/x' } }))).rejects.toThrow(/resume\.mode: multi-agent runs do not resume/);
+    await expect(runAgents(config({ ...base, trainer: { klLoss: { coef: 0.1 } } }))).rejects.toThrow(ConfigError);
+    await expect(runAgents(config({}))).rejects.toThrow(/agents\.environment/);
+  });
+});
