@@ -5,7 +5,8 @@
  * level (held-out reward per agent before and after, wall time, trainable parameters, bytes per weight sync) and an
  * `agents-summary` line with the table.
  *
- * Usage: `npm run bench -- agents [--levels L1,L2,L3] [--steps N] [--batch N] [--group N] [--rank R] [--backend B] [--seed S]`.
+ * Usage: `npm run bench -- agents [--levels L1,L2,L3] [--steps N] [--batch N] [--group N] [--rank R] [--backend B] [--seed S] [--lr LR]`
+ * (defaults: 150 steps, batch 16, group 8, rank 8, auto backend, seed 1, lr 2e-3).
  *
  * @packageDocumentation
  */
@@ -66,6 +67,7 @@ export async function main(args: readonly string[]): Promise<void> {
   const rank = Number(flag(args, '--rank') ?? 8);
   const backend = flag(args, '--backend') ?? 'auto';
   const seed = Number(flag(args, '--seed') ?? 1);
+  const learningRate = Number(flag(args, '--lr') ?? 2e-3);
   const rows: Record<string, unknown>[] = [];
   for (const name of levels) {
     if (!['L1', 'L2', 'L3'].includes(name)) throw new Error(`unknown level '${name}'; valid: L1, L2, L3`);
@@ -77,6 +79,7 @@ export async function main(args: readonly string[]): Promise<void> {
         policies: level(name, rank).policies,
         sync: { batchSize },
         rollout: { groupSize },
+        trainer: { learningRate },
         checkpoint: { every: 0, onStop: false },
         resume: { mode: 'disable' },
       },
@@ -92,6 +95,7 @@ export async function main(args: readonly string[]): Promise<void> {
       steps,
       batch: batchSize,
       group: groupSize,
+      lr: learningRate,
       table: rows.map((r) => ({ level: r.level, seconds: r.seconds, writer: r.writer_reward, editor: r.editor_reward, trainable: r.trainable_parameters, sync_bytes: r.sync_bytes_per_step })),
     })}\n`,
   );
