@@ -264,6 +264,10 @@ async function agentsCommand(config: import('./config/schema.js').RxrlConfig, di
 async function workerCommand(argv: readonly string[]): Promise<number> {
   const { runWorker } = await import('../pipelines/run.js');
   const { config, dir } = await resolvedConfig(argv);
+  if (config.agents.environment !== 'none') {
+    const { ConfigError } = await import('./errors.js');
+    throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
+  }
   const controller = new AbortController();
   const stop = (): void => controller.abort();
   process.once('SIGINT', stop);

@@ -95,3 +95,28 @@ describe('rxrl CLI: missing paths are one typed line', () => {
     await rm(model, { recursive: true });
   });
 });
+
+describe('rxrl CLI: multi-agent recipes', () => {
+  it('trainer and worker refuse a multi-agent recipe in one line naming the key (embedded runs only, for now)', async () => {
+    const recipe = join(root, 'recipes', 'writer-editor-lora.yaml');
+    for (const command of ['trainer', 'worker']) {
+      const result = await rxrl([command, recipe, '--set', 'kafka.brokers=127.0.0.1:1']);
+      expect(result.code).not.toBe(0);
+      expectOneLine(result.stderr, 'ConfigError', 'agents.environment');
+    }
+  });
+
+  it('run trains a multi-agent recipe and prints its summary: both policies, adapter-sized syncs', async () => {
+    const runDir = join(dir, 'agents-run');
+    const result = await rxrl([
+      'run', join(root, 'recipes', 'writer-editor-lora.yaml'),
+      '--set', 'run.steps=2', '--set', 'sync.batchSize=2', '--set', 'rollout.groupSize=2', '--set', 'data.task.validationSize=10',
+      '--set', `run.dir=${runDir}`, '--set', 'logging.level=silent',
+    ]);
+    expect(result.code).toBe(0);
+    const summary = JSON.parse(result.stdout.trim().split('\n').at(-1) ?? '') as { policies: { name: string; steps: number; syncBytes: number }[] };
+    expect(summary.policies.map((p) => [p.name, p.steps])).toEqual([['writer', 2], ['editor', 2]]);
+    expect(summary.policies[0].syncBytes).toBe(94208);
+    expect((await readdir(join(runDir, 'policies', 'writer'))).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
+  }, 60_000);
+});
