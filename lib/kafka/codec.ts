@@ -100,7 +100,8 @@ export function encodeTrajectoryMessage(message: TrajectoryMessage): Uint8Array 
       writeIds(w, output);
       w.str(output.error.name, 'error.name');
       w.str(output.error.message, 'error.message');
-      w.u8((output.error as { retriable?: unknown }).retriable === true ? 1 : 0);
+      // Flags: bit 0 the error is retriable, bit 1 the sample was skipped (a multi-agent slot never played).
+      w.u8(((output.error as { retriable?: unknown }).retriable === true ? 1 : 0) | (output.skipped === true ? 2 : 0));
     });
   }
   const t = output;
@@ -146,7 +147,8 @@ export function decodeTrajectoryMessage(bytes: Uint8Array): TrajectoryMessage {
   if (r.kind === MESSAGE_KINDS.sampleFailure) {
     const name = r.str('error.name');
     const message = r.str('error.message');
-    const retriable = r.flag('error.retriable');
+    const flags = r.u8('error.flags');
+    if (flags > 3) throw r.fail('error.flags', `flags must be within 0..3, got ${flags}`);
     r.end();
     const failure: SampleFailure = {
       kind: 'sample-failure',
@@ -155,7 +157,8 @@ export function decodeTrajectoryMessage(bytes: Uint8Array): TrajectoryMessage {
       groupId: ids.groupId,
       runId: ids.runId,
       modelTag: ids.modelTag,
-      error: remoteError(name, message, retriable),
+      error: remoteError(name, message, (flags & 1) === 1),
+      ...((flags & 2) === 2 ? { skipped: true } : {}),
     };
     return { run, output: failure };
   }

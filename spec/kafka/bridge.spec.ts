@@ -1,8 +1,9 @@
 /** toKafka and fromKafka against the real broker. */
 import type { Kafka, Producer } from 'kafkajs';
-import { firstValueFrom, from, lastValueFrom, take, tap, toArray, type Subscription } from 'rxjs';
+import { firstValueFrom, from, lastValueFrom, map, take, tap, toArray, type Subscription } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import type { MultiAgentEnvironment } from '../../lib/agent/environment.js';
 import { DecodeError } from '../../lib/errors.js';
 import { createProducer } from '../../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
@@ -10,8 +11,10 @@ import { KafkaBridgeError } from '../../lib/kafka/errors.js';
 import type { KafkaEvent, KafkaRecord, TrajectoryMessage } from '../../lib/kafka/types.js';
 import type { Trajectory } from '../../lib/types.js';
 import { DEAD_LETTER_HEADERS, fromKafka } from '../../operators/fromKafka.js';
+import { groupTrajectories } from '../../operators/groupTrajectories.js';
+import { rolloutEpisodes } from '../../operators/rolloutEpisodes.js';
 import { toKafka } from '../../operators/toKafka.js';
-import { traj } from '../helpers/fixtures.js';
+import { ScriptedEngine, task, traj } from '../helpers/fixtures.js';
 import { committedOffsets, createTopic, kafkaClient, produce, readMessages, uniqueName, waitFor } from './helpers.js';
 
 let kafka: Kafka;
@@ -228,5 +231,48 @@ describe('toKafka → broker → fromKafka', () => {
     const idle = createProducer(kafka); // never connected
     const result = lastValueFrom(from(trajectories(2)).pipe(toKafka(idle, { topic: uniqueName('nowhere'), encode })));
     await expect(result).rejects.toBeInstanceOf(KafkaBridgeError);
+  });
+});
+
+describe('multi-agent trajectories across a topic', () => {
+  it('episodes published with toKafka keep their tags and slots: the far side groups them per policy', async () => {
+    const topic = uniqueName('episodes');
+    await createTopic(kafka, topic, 2);
+    // writer, editor, writer; tasks 'short' end after the writer's first turn, so two of their slots are skipped.
+    const environment: MultiAgentEnvironment = {
+      turnOrder: ['writer', 'editor'],
+      maxTurns: 3,
+      reset: (t) => ({
+        observe: (agent) => `${t.prompt}${agent[0]}`,
+        step: (agent, _r, turn) => ({ rewards: { [agent]: turn + 1 }, done: t.id === 'short' && turn === 0 }),
+      }),
+    };
+    const engines = new Map([['w', new ScriptedEngine()], ['e', new ScriptedEngine()]]);
+    const published = await lastValueFrom(
+      from([task('long'), task('short')]).pipe(
+        rolloutEpisodes(engines, { environment, agents: [{ name: 'writer', policy: 'w' }, { name: 'editor', policy: 'e' }], samplesPerTask: 2, concurrency: 4, maxTokens: 2 }),
+        toKafka(producer, { topic, encode: (output) => encodeTrajectoryMessage({ run: 'r', output }), key: (output) => output.groupId }),
+        toArray(),
+      ),
+    );
+    expect(published).toHaveLength(2 * 2 * 3);
+    const groups = await lastValueFrom(
+      fromKafka(kafka, { groupId: uniqueName('group'), topics: [topic], decode: decodeTrajectoryMessage }).pipe(
+        tap((record) => record.ack()),
+        map((record) => record.value.output),
+        take(published.length),
+        groupTrajectories({ keys: ['groupId'], groupSize: 2 }),
+        toArray(),
+      ),
+    );
+    const summary = groups.map((g) => [g.key[0], g.modelTag, g.trajectories.map((t) => t.reward), g.failed ?? 0]).sort();
+    expect(summary).toEqual([
+      ['long@0/editor/1', 'e', [2, 2], 0],
+      ['long@0/writer/0', 'w', [4, 4], 0],
+      ['long@0/writer/2', 'w', [3, 3], 0],
+      ['short@0/editor/1', 'e', [], 2],
+      ['short@0/writer/0', 'w', [1, 1], 0],
+      ['short@0/writer/2', 'w', [], 2],
+    ]);
   });
 });

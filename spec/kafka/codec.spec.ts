@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { DecodeError, EvaluationError } from '../../lib/errors.js';
+import { DecodeError, EngineError, EvaluationError, isRetriable } from '../../lib/errors.js';
 import {
   CODEC_VERSION,
   decodeTaskMessage,
@@ -105,6 +105,19 @@ describe('codec: trajectories', () => {
     expect(out).toMatchObject({ kind: 'sample-failure', id: 't2@1/4', taskId: 't2', groupId: 't2@1', runId: 4 });
     expect(out.error).toBeInstanceOf(EvaluationError);
     expect(out.error.message).toBe('evaluator exploded');
+  });
+
+  it('round-trips a skipped multi-agent slot (its group shrinks without an error to report) and the retriable flag', () => {
+    const skipped: SampleFailure = { ...failure('t2@1/editor/1', 0), modelTag: 'editor', error: new EngineError('timeout', { retriable: true }), skipped: true };
+    const out = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: skipped })).output as SampleFailure;
+    expect(out).toMatchObject({ kind: 'sample-failure', groupId: 't2@1/editor/1', modelTag: 'editor', skipped: true });
+    expect(isRetriable(out.error)).toBe(true);
+    const plain = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: { ...skipped, skipped: undefined } })).output as SampleFailure;
+    expect(plain.skipped).toBeUndefined();
+    const bytes = encodeTrajectoryMessage({ run: 'r', output: skipped });
+    const bad = Uint8Array.from(bytes);
+    bad[bad.length - 1] = 4;
+    expect(decodeError(() => decodeTrajectoryMessage(bad)).context.field).toBe('error.flags');
   });
 
   it('rejects inconsistent trajectories on encode', () => {
