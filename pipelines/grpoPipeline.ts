@@ -164,6 +164,8 @@ export function policyLoop(
     readonly rollout: (concurrency: number) => OperatorFunction<Task, RolloutOutput>;
     /** Prefix each step's metrics with `<modelTag>/`. */
     readonly namespaceMetrics: boolean;
+    /** Extra metrics of a prepared batch (for example per agent), merged into its step's metrics. */
+    readonly batchMetrics?: (batch: Batch) => Metrics;
   },
 ): Observable<PolicyStepResult> {
   const { batchSize, groupSize } = config;
@@ -238,6 +240,7 @@ export function policyLoop(
           }),
           // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
           config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
+          map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
           tap((batch) => lane.onBatch?.(batch)),
           train(lane.trainer, { signal: config.signal }),
         ).pipe(

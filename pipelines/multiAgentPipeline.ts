@@ -1,5 +1,5 @@
 import type { Observable } from 'rxjs';
-import { episodeSlots, type AgentSpec, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
+import { episodeSlots, type AgentSpec, type EpisodeSlot, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Trainer } from '../lib/train/types.js';
@@ -98,5 +98,28 @@ export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable
         ...(config.episodeTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.episodeTimeoutMs }),
       }),
     namespaceMetrics: true,
+    batchMetrics: (batch) => agentMetrics(batch, slots),
   });
+}
+
+/**
+ * Per agent of a batch (a policy several agents share has rows of each): `agents/<name>/reward_mean` and
+ * `agents/<name>/rows`, read from each row's group id suffix.
+ */
+function agentMetrics(batch: Batch, slots: readonly EpisodeSlot[]): Metrics {
+  const sums = new Map<string, { reward: number; rows: number }>();
+  batch.meta.groupIds.forEach((groupId, row) => {
+    const slot = slots.find((s) => groupId.endsWith(s.suffix));
+    if (slot === undefined) return;
+    const entry = sums.get(slot.agent) ?? { reward: 0, rows: 0 };
+    entry.reward += batch.meta.rewards[row];
+    entry.rows++;
+    sums.set(slot.agent, entry);
+  });
+  const metrics: Metrics = {};
+  for (const [agent, { reward, rows }] of sums) {
+    metrics[`agents/${agent}/reward_mean`] = reward / rows;
+    metrics[`agents/${agent}/rows`] = rows;
+  }
+  return metrics;
 }

@@ -115,6 +115,11 @@ async function trial(mode: StalenessMode, seed: number, shared: boolean, eta = 1
     out.rows.set(tag, trainer.batches.flatMap(({ batch }) => batch.meta.trajectoryIds));
     out.loads.set(tag, engine.loads);
     out.steps.set(tag, results.filter((r) => r.modelTag === tag).length);
+    // A policy's step metrics split its rows by agent: a shared policy has rows of both.
+    for (const r of results.filter((x) => x.modelTag === tag)) {
+      const rows = ['writer', 'editor'].reduce((n, agent) => n + (r.metrics[`${tag}/agents/${agent}/rows`] ?? 0), 0);
+      expect(rows).toBe(r.trajectoryIds.length);
+    }
     for (const { batch } of trainer.batches) expect(batch.meta.modelTag).toBe(tag);
   }
   // Every played slot is trained once, by its own policy: writer slots /writer/0 and /writer/2, editor /editor/1.
@@ -182,6 +187,8 @@ describe('multiAgentPipeline: per-policy staleness (property: random latencies, 
     // The writer has two slots per task (turns 0 and 2): 3 tasks feed it 6 groups of 2.
     expect(writerStep.metrics['writer/batch/groups']).toBe(6);
     expect(writerStep.metrics['batch/groups']).toBeUndefined();
+    expect(writerStep.metrics['writer/agents/writer/rows']).toBe(12);
+    expect(writerStep.metrics['writer/agents/editor/rows']).toBeUndefined();
     expect(writer.trainer.batches[0].batch.size).toBe(12);
     expect(editor.trainer.batches[0].batch.size).toBe(6);
     expect(writer.trainer.batches[0].batch.meta.groupIds.every((g) => /\/writer\/[02]$/.test(g))).toBe(true);
