@@ -128,9 +128,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
   const { stringTransformTask } = await import('../recipes/stringTransform.js');
   const text = (name: string): string | undefined => option(argv, name, `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`);
-  const controller = new AbortController();
-  process.once('SIGINT', () => controller.abort());
-  process.once('SIGTERM', () => controller.abort());
+  const controller = stopOnSignals();
   const port = integer(text('port'), 'port');
   const maxBatchSize = integer(text('max-batch-size'), 'max-batch-size');
   const maxWaitMs = integer(text('max-wait-ms'), 'max-wait-ms');
@@ -220,10 +218,7 @@ async function runCommand(argv: readonly string[], overKafka = false): Promise<n
   const logger = createLogger({ level: config.logging.level });
   const { moduleLogger } = await import('./observe/logger.js');
   const kafkaLog = moduleLogger(logger, 'kafka');
-  const controller = new AbortController();
-  const stop = (): void => controller.abort();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  const controller = stopOnSignals();
   const summary = await runTraining(config, {
     baseDir: dir,
     signal: controller.signal,
@@ -238,15 +233,21 @@ async function runCommand(argv: readonly string[], overKafka = false): Promise<n
   return 0;
 }
 
+/** An abort controller that SIGINT or SIGTERM fires: a graceful stop. */
+function stopOnSignals(): AbortController {
+  const controller = new AbortController();
+  const stop = (): void => controller.abort();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  return controller;
+}
+
 /** `rxrl run` of a multi-agent recipe (`agents.environment` set): every policy's steps, one summary line. */
 async function agentsCommand(config: import('./config/schema.js').RxrlConfig, dir: string, overKafka: boolean): Promise<number> {
   const { ConfigError } = await import('./errors.js');
   if (overKafka) throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
   const { runAgents } = await import('../pipelines/agents.js');
-  const controller = new AbortController();
-  const stop = (): void => controller.abort();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  const controller = stopOnSignals();
   const summary = await runAgents(config, {
     baseDir: dir,
     signal: controller.signal,
@@ -268,10 +269,7 @@ async function workerCommand(argv: readonly string[]): Promise<number> {
     const { ConfigError } = await import('./errors.js');
     throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
   }
-  const controller = new AbortController();
-  const stop = (): void => controller.abort();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  const controller = stopOnSignals();
   const summary = await runWorker(config, {
     ...(await kafkaOf(config, 'worker')),
     baseDir: dir,

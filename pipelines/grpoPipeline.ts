@@ -21,7 +21,7 @@ import type { RolloutWorker } from '../lib/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';
-import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js';
+import { grpoPrepare, type GrpoPrepareOptions, type KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
@@ -229,15 +229,7 @@ export function policyLoop(
           filter((group) => group.modelTag === lane.modelTag),
           // Each task feeds this policy slotsPerTask groups, all of one admission batch.
           batchGroups({ batchSize: batchSize * lane.slotsPerTask, ...(ordered ? { batchOf } : {}) }),
-          grpoPrepare({
-            padId: lane.padId,
-            normalizeByStd: config.advantage?.normalizeByStd,
-            std: config.advantage?.std,
-            filterZeroVariance: config.advantage?.filterZeroVariance,
-            klInReward: config.klInReward,
-            modelTag: lane.modelTag,
-            signal: config.signal,
-          }),
+          grpoPrepare(prepareOptions(config, lane.padId, lane.modelTag, config.signal)),
           // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
           config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
           map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
@@ -271,6 +263,28 @@ export function policyLoop(
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+/**
+ * `grpoPrepare`'s options from a loop's advantage and KL settings (shared with `kafkaTrainer`).
+ *
+ * @internal
+ */
+export function prepareOptions(
+  config: Pick<GrpoPipelineConfig, 'advantage' | 'klInReward'>,
+  padId: number,
+  modelTag: ModelTag,
+  signal: AbortSignal | undefined,
+): GrpoPrepareOptions {
+  return {
+    padId,
+    normalizeByStd: config.advantage?.normalizeByStd,
+    std: config.advantage?.std,
+    filterZeroVariance: config.advantage?.filterZeroVariance,
+    klInReward: config.klInReward,
+    modelTag,
+    signal,
+  };
 }
 
 function prefixed(tag: string, metrics: Metrics): Metrics {

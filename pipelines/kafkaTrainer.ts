@@ -26,6 +26,7 @@ import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js
 import { groupIdOf } from '../operators/rollout.js';
 import { toKafka } from '../operators/toKafka.js';
 import { train } from '../operators/train.js';
+import { prepareOptions } from './grpoPipeline.js';
 
 /** Configuration of {@link kafkaTrainer}. */
 export interface KafkaTrainerConfig {
@@ -254,15 +255,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
 
     const trainBatch = (groups: Group[]): Observable<StepResult> =>
       of(groups).pipe(
-        grpoPrepare({
-          padId: config.padId,
-          normalizeByStd: config.advantage?.normalizeByStd,
-          std: config.advantage?.std,
-          filterZeroVariance: config.advantage?.filterZeroVariance,
-          klInReward: config.klInReward,
-          modelTag: config.trainer.modelTag,
-          signal,
-        }),
+        grpoPrepare(prepareOptions(config, config.padId, config.trainer.modelTag, signal)),
         train(config.trainer, { signal }),
         concatMap(async (trained) => {
           const published = await publisher.publish(trained.version, trained.weights(), signal);
