@@ -41,7 +41,7 @@ export interface WeightsPublisherOptions {
   readonly producer: Producer;
   /** The `weights` topic. */
   readonly topic: string;
-  /** Directory shared with the workers; each version is a model directory `<dir>/<run>/v<version>/`. */
+  /** Directory shared with the workers; each version is a model directory `<dir>/<run>/<modelTag>/v<version>/`. */
   readonly dir: string;
   /** Run id written on every announcement. */
   readonly run: string;
@@ -81,7 +81,7 @@ export class WeightsPublisher {
   async publish(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<WeightsVersionMessage> {
     throwIfAborted(signal, { version });
     const { run, modelTag, policyConfig } = this.options;
-    const path = resolve(join(this.options.dir, safeName(run), `v${version}`));
+    const path = resolve(join(this.options.dir, safeName(run), safeName(modelTag), `v${version}`));
     const written = await saveModelDir(path, { config: policyConfig, weights }, {
       ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
       ...(this.options.special ? { special: this.options.special } : {}),
@@ -138,23 +138,31 @@ export interface WeightsFollowerOptions {
 
 /** What a follower reports. */
 export type WeightsFollowerEvent =
-  | { readonly type: 'loaded'; readonly run: string; readonly version: PolicyVersion; readonly seconds: number }
-  | { readonly type: 'skipped'; readonly run: string; readonly version: PolicyVersion; readonly reason: string }
+  | { readonly type: 'loaded'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly seconds: number }
+  | { readonly type: 'skipped'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly reason: string }
   | { readonly type: 'end'; readonly message: RunEndMessage };
 
 interface Waiter {
   readonly run: string;
   readonly minVersion: PolicyVersion;
-  readonly resolve: (engine: LocalEngine | undefined) => void;
+  /** Policies that must all hold `minVersion`; undefined: any one policy of the run (single-policy runs). */
+  readonly tags: readonly ModelTag[] | undefined;
+  readonly resolve: (engines: ReadonlyMap<ModelTag, LocalEngine> | undefined) => void;
   readonly reject: (error: unknown) => void;
+}
+
+interface LoadedPolicy {
+  version: PolicyVersion;
+  readonly engine: LocalEngine;
+  readonly model: PolicyModel;
 }
 
 /**
  * The worker's side: follows the `weights` topic from its beginning (give it `fromKafka` over that topic with a
- * consumer group of its own, since every worker must see every announcement) and keeps one {@link LocalEngine}
- * holding the newest announced version of the newest run. Announcements that arrive while a load runs are
- * coalesced: only the newest is loaded. A run is followed once its weights were loaded; its end, or a newer run,
- * makes it over.
+ * consumer group of its own, since every worker must see every announcement) and keeps one {@link LocalEngine} per
+ * policy (`modelTag`) of the newest run, each holding the newest version announced for it. Announcements that
+ * arrive while a load runs are coalesced: only the newest of each policy is loaded. A run is followed once weights
+ * of it were loaded; its end, or a newer run, makes it over.
  *
  * @example
  * ```ts
@@ -166,12 +174,15 @@ interface Waiter {
  * );
  * follower.start();
  * const engine = await follower.waitFor(run, 3); // holds version ≥ 3 of `run`, or undefined once the run is over
+ * const engines = await follower.waitForAll(run, 3, ['writer', 'editor']); // one engine per policy
  * ```
  */
 export class WeightsFollower {
   private subscription: Subscription | undefined;
-  private latest: WeightsVersionMessage | undefined;
-  private loaded: { run: string; version: PolicyVersion; engine: LocalEngine; model: PolicyModel } | undefined;
+  /** Newest announcement per policy of the newest run, not loaded yet or loading. */
+  private readonly latest = new Map<ModelTag, WeightsVersionMessage>();
+  private loadedRun: string | undefined;
+  private readonly loaded = new Map<ModelTag, LoadedPolicy>();
   private readonly retired: PolicyModel[] = [];
   private readonly over = new Set<string>();
   private newestRun: string | undefined;
@@ -192,9 +203,10 @@ export class WeightsFollower {
     private readonly options: WeightsFollowerOptions,
   ) {}
 
-  /** The engine of the followed run and the version it holds, if any weights were loaded. */
+  /** An engine of the followed run (its first policy loaded) and the version it holds, if any weights were loaded. */
   get current(): { readonly run: string; readonly version: PolicyVersion; readonly engine: LocalEngine } | undefined {
-    return this.loaded;
+    const [first] = this.loaded.values();
+    return first === undefined || this.loadedRun === undefined ? undefined : { run: this.loadedRun, version: first.version, engine: first.engine };
   }
 
   /** Starts following the announcements. */
@@ -210,14 +222,47 @@ export class WeightsFollower {
   }
 
   /**
-   * Resolves with the engine once it holds version ≥ `minVersion` of `run`, or with `undefined` once `run` is over
-   * (ended, or replaced by a newer run). Rejects if the follower fails or `signal` fires.
+   * Resolves with the engine of `run` once it holds version `minVersion` or newer (a single-policy run), or with
+   * undefined once `run` is over (ended, or superseded by a newer run). Rejects if the follower failed or `signal` fired.
    */
-  waitFor(run: string, minVersion: PolicyVersion, signal?: AbortSignal): Promise<LocalEngine | undefined> {
+  async waitFor(run: string, minVersion: PolicyVersion, signal?: AbortSignal): Promise<LocalEngine | undefined> {
+    const engines = await this.wait(run, minVersion, undefined, signal);
+    return engines === undefined ? undefined : [...engines.values()][0];
+  }
+
+  /**
+   * Resolves with one engine per policy in `tags` once each holds version `minVersion` or newer of `run` (a
+   * multi-policy run), or with undefined once `run` is over. Rejects if the follower failed or `signal` fired.
+   */
+  waitForAll(run: string, minVersion: PolicyVersion, tags: readonly ModelTag[], signal?: AbortSignal): Promise<ReadonlyMap<ModelTag, LocalEngine> | undefined> {
+    return this.wait(run, minVersion, tags, signal);
+  }
+
+  /** Stops following and disposes the engines' models. Pending waits resolve with undefined. */
+  close(): void {
+    this.subscription?.unsubscribe();
+    this.subscription = undefined;
+    for (const waiter of this.waiters) waiter.resolve(undefined);
+    this.waiters = [];
+    for (const { model } of this.loaded.values()) model.dispose();
+    this.loaded.clear();
+    for (const model of this.retired) model.dispose();
+    this.retired.length = 0;
+    this.loadedRun = undefined;
+    this.events$.complete();
+  }
+
+  private wait(
+    run: string,
+    minVersion: PolicyVersion,
+    tags: readonly ModelTag[] | undefined,
+    signal?: AbortSignal,
+  ): Promise<ReadonlyMap<ModelTag, LocalEngine> | undefined> {
     if (this.failure !== undefined) return Promise.reject(this.failure);
     if (this.over.has(run)) return Promise.resolve(undefined);
-    if (this.loaded?.run === run && this.loaded.version >= minVersion) return Promise.resolve(this.loaded.engine);
-    return new Promise<LocalEngine | undefined>((resolvePromise, reject) => {
+    const ready = this.ready(run, minVersion, tags);
+    if (ready !== undefined) return Promise.resolve(ready);
+    return new Promise((resolvePromise, reject) => {
       const onAbort = (): void => {
         this.waiters = this.waiters.filter((w) => w !== waiter);
         reject(signal?.reason ?? new Error('aborted'));
@@ -225,9 +270,10 @@ export class WeightsFollower {
       const waiter: Waiter = {
         run,
         minVersion,
-        resolve: (engine) => {
+        tags,
+        resolve: (engines) => {
           signal?.removeEventListener('abort', onAbort);
-          resolvePromise(engine);
+          resolvePromise(engines);
         },
         reject: (error) => {
           signal?.removeEventListener('abort', onAbort);
@@ -240,17 +286,18 @@ export class WeightsFollower {
     });
   }
 
-  /** Stops following and releases the models (pending waits resolve with `undefined`). */
-  close(): void {
-    this.subscription?.unsubscribe();
-    this.subscription = undefined;
-    for (const waiter of this.waiters) waiter.resolve(undefined);
-    this.waiters = [];
-    this.loaded?.model.dispose();
-    for (const model of this.retired) model.dispose();
-    this.retired.length = 0;
-    this.loaded = undefined;
-    this.events$.complete();
+  /** The engines a wait asks for, when all hold `minVersion` of `run`. */
+  private ready(run: string, minVersion: PolicyVersion, tags: readonly ModelTag[] | undefined): Map<ModelTag, LocalEngine> | undefined {
+    if (this.loadedRun !== run) return undefined;
+    const wanted = tags ?? [...this.loaded.keys()].slice(0, 1);
+    if (wanted.length === 0) return undefined;
+    const engines = new Map<ModelTag, LocalEngine>();
+    for (const tag of wanted) {
+      const policy = this.loaded.get(tag);
+      if (policy === undefined || policy.version < minVersion) return undefined;
+      engines.set(tag, policy.engine);
+    }
+    return engines;
   }
 
   private receive(message: WeightsMessage): void {
@@ -258,41 +305,53 @@ export class WeightsFollower {
     if (this.newestRun !== undefined && this.newestRun !== message.run) this.finishRun(this.newestRun);
     this.newestRun = message.run;
     if (message.kind === 'end') {
-      const followed = this.loaded?.run === message.run;
+      const followed = this.loadedRun === message.run;
       this.finishRun(message.run);
       if (followed) this.events$.next({ type: 'end', message });
       return;
     }
-    if (this.latest === undefined || this.latest.run !== message.run || message.version > this.latest.version) {
-      this.latest = message;
+    const previous = this.latest.get(message.modelTag);
+    if (previous === undefined || previous.run !== message.run || message.version > previous.version) {
+      this.latest.set(message.modelTag, message);
     }
     void this.pump();
   }
 
   private finishRun(run: string): void {
     this.over.add(run);
-    if (this.latest?.run === run) this.latest = undefined;
+    for (const [tag, message] of this.latest) if (message.run === run) this.latest.delete(tag);
     this.wake();
   }
 
   private wake(): void {
     const still: Waiter[] = [];
     for (const waiter of this.waiters) {
-      if (this.over.has(waiter.run)) waiter.resolve(undefined);
-      else if (this.loaded?.run === waiter.run && this.loaded.version >= waiter.minVersion) waiter.resolve(this.loaded.engine);
+      if (this.over.has(waiter.run)) {
+        waiter.resolve(undefined);
+        continue;
+      }
+      const ready = this.ready(waiter.run, waiter.minVersion, waiter.tags);
+      if (ready !== undefined) waiter.resolve(ready);
       else still.push(waiter);
     }
     this.waiters = still;
+  }
+
+  /** The next announcement to load: a policy whose newest version is not loaded yet. */
+  private next(): WeightsVersionMessage | undefined {
+    for (const message of this.latest.values()) {
+      if (this.over.has(message.run)) continue;
+      const loaded = this.loadedRun === message.run ? this.loaded.get(message.modelTag) : undefined;
+      if (loaded === undefined || loaded.version < message.version) return message;
+    }
+    return undefined;
   }
 
   private async pump(): Promise<void> {
     if (this.loading) return;
     this.loading = true;
     try {
-      for (;;) {
-        const next = this.latest;
-        if (next === undefined || this.over.has(next.run)) return;
-        if (this.loaded?.run === next.run && this.loaded.version >= next.version) return;
+      for (let next = this.next(); next !== undefined; next = this.next()) {
         await this.load(next);
         this.wake();
       }
@@ -306,11 +365,12 @@ export class WeightsFollower {
   private async load(message: WeightsVersionMessage): Promise<void> {
     const started = performance.now();
     const attempts = this.options.loadAttempts ?? 20;
+    const { run, modelTag, version } = message;
     let bytes: Uint8Array | undefined;
     let reason = '';
     for (let attempt = 0; attempt < attempts; attempt++) {
-      if (this.latest !== message) {
-        this.events$.next({ type: 'skipped', run: message.run, version: message.version, reason: 'a newer version was announced' });
+      if (this.latest.get(modelTag) !== message) {
+        this.events$.next({ type: 'skipped', run, modelTag, version, reason: 'a newer version was announced' });
         return;
       }
       try {
@@ -329,14 +389,15 @@ export class WeightsFollower {
       await new Promise((r) => setTimeout(r, 100));
     }
     if (bytes === undefined) {
-      throw new KafkaBridgeError(`weights version ${message.version} of run ${message.run} never became readable: ${reason}`, {
+      throw new KafkaBridgeError(`weights version ${version} of policy ${modelTag} of run ${run} never became readable: ${reason}`, {
         context: { path: message.path },
       });
     }
     const { weights } = decodeSafetensors(bytes);
-    if (this.loaded?.run === message.run) {
-      await this.loaded.engine.loadWeights(message.version, weights);
-      this.loaded.version = message.version;
+    const loaded = this.loadedRun === run ? this.loaded.get(modelTag) : undefined;
+    if (loaded !== undefined) {
+      await loaded.engine.loadWeights(version, weights);
+      loaded.version = version;
     } else {
       let config: PolicyConfig;
       try {
@@ -351,17 +412,16 @@ export class WeightsFollower {
         );
       }
       const model = PolicyModel.fromWeights(config, weights);
-      const engine = new LocalEngine(model, {
-        ...this.options.engine,
-        tokenizer: this.options.tokenizer,
-        modelTag: message.modelTag,
-        version: message.version,
-      });
-      // The previous run's engine may still be finishing a generation: retire its model, dispose it on close.
-      if (this.loaded) this.retired.push(this.loaded.model);
-      this.loaded = { run: message.run, version: message.version, engine, model };
+      const engine = new LocalEngine(model, { ...this.options.engine, tokenizer: this.options.tokenizer, modelTag, version });
+      if (this.loadedRun !== run) {
+        // The previous run's engines may still be finishing a generation: retire their models, dispose them on close.
+        for (const policy of this.loaded.values()) this.retired.push(policy.model);
+        this.loaded.clear();
+        this.loadedRun = run;
+      }
+      this.loaded.set(modelTag, { version, engine, model });
     }
-    this.events$.next({ type: 'loaded', run: message.run, version: message.version, seconds: (performance.now() - started) / 1000 });
+    this.events$.next({ type: 'loaded', run, modelTag, version, seconds: (performance.now() - started) / 1000 });
   }
 
   private fail(error: unknown): void {
@@ -373,7 +433,6 @@ export class WeightsFollower {
   }
 }
 
-/** A run id as a file name (anything but letters, digits, `.`, `_`, `-` becomes `_`). */
 function safeName(run: string): string {
   return run.replace(/[^A-Za-z0-9._-]/g, '_');
 }

@@ -75,7 +75,7 @@ describe('WeightsPublisher', () => {
     for (let v = 0; v < 5; v++) announced.push(await publisher.publish(v, model.getWeights()));
     await publisher.end(4);
     expect(announced.map((a) => a.version)).toEqual([0, 1, 2, 3, 4]);
-    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['v2', 'v3', 'v4']);
+    expect(readdirSync(join(dir, 'run-a', 'policy')).sort()).toEqual(['v2', 'v3', 'v4']);
     const { weights, metadata, config: read } = await readModelDir(announced[4].path);
     expect(read).toEqual(validatePolicyConfig(config));
     expect(metadata['rxrl.version']).toBe('4');
@@ -102,6 +102,35 @@ describe('WeightsFollower', () => {
     await publisher.publish(2, model.getWeights());
     expect(await later).toBe(engine); // the same engine, now holding version 2
     expect(engine?.version).toBe(2);
+  });
+
+  it('several policies of one run: one engine each, waitForAll gates on every policy\'s version', async () => {
+    const { topic, dir, publisher: writer } = await setup();
+    const editor = new WeightsPublisher({ producer, topic, dir, run: 'run-a', modelTag: 'editor', policyConfig: config });
+    const other = PolicyModel.create(config, 2);
+    await writer.publish(0, model.getWeights());
+    await editor.publish(0, other.getWeights());
+    const follower = follow(topic);
+    const engines = await follower.waitForAll('run-a', 0, ['policy', 'editor']);
+    expect([...(engines?.keys() ?? [])].sort()).toEqual(['editor', 'policy']);
+    expect(engines?.get('editor')?.modelTag).toBe('editor');
+    expect(engines?.get('editor')).not.toBe(engines?.get('policy'));
+    // Version 1 of only one policy does not satisfy a wait for both.
+    let resolved = false;
+    const later = follower.waitForAll('run-a', 1, ['policy', 'editor']).then((e) => ((resolved = true), e));
+    await writer.publish(1, model.getWeights());
+    await new Promise((r) => setTimeout(r, 300));
+    expect(resolved).toBe(false);
+    await editor.publish(1, other.getWeights());
+    const both = await later;
+    expect(both?.get('policy')?.version).toBe(1);
+    expect(both?.get('editor')?.version).toBe(1);
+    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['editor', 'policy']);
+    const ended = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'end')));
+    await writer.end(1);
+    await ended;
+    expect(await follower.waitForAll('run-a', 0, ['editor'])).toBeUndefined();
+    other.dispose();
   });
 
   it('coalesces announcements that arrive during a load: the newest wins', async () => {
