@@ -287,7 +287,12 @@ export function prepareOptions(
   };
 }
 
-function prefixed(tag: string, metrics: Metrics): Metrics {
+/**
+ * Metrics under `<tag>/`.
+ *
+ * @internal
+ */
+export function prefixed(tag: string, metrics: Metrics): Metrics {
   const out: Metrics = {};
   for (const [key, value] of Object.entries(metrics)) out[`${tag}/${key}`] = value;
   return out;

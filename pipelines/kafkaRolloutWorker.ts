@@ -22,6 +22,7 @@ import {
   type Subscription,
 } from 'rxjs';
 
+import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '../lib/agent/environment.js';
 import type { LocalEngineOptions } from '../lib/engine/local.js';
 import type { Tokenizer } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
@@ -30,11 +31,20 @@ import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka
 import { decodeTaskMessage, decodeWeightsMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
-import { isSampleFailure, type PolicyVersion } from '../lib/types.js';
+import { isSampleFailure, type ModelTag, type PolicyVersion } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
+import { rolloutEpisodes } from '../operators/rolloutEpisodes.js';
 import { toKafka } from '../operators/toKafka.js';
+
+/** The multi-agent side of a Kafka run: the environment, its agents and the trajectory granularity. */
+export interface KafkaEpisodes {
+  readonly environment: MultiAgentEnvironment;
+  readonly agents: readonly AgentSpec[];
+  /** Default `turn`. */
+  readonly granularity?: TrajectoryGranularity;
+}
 
 /** Configuration of {@link kafkaRolloutWorker}. */
 export interface KafkaRolloutWorkerConfig {
@@ -72,6 +82,12 @@ export interface KafkaRolloutWorkerConfig {
    * handed to the others within seconds.
    */
   readonly consumer?: Omit<ConsumerConfig, 'groupId'>;
+  /**
+   * Multi-agent runs: play each task's episodes (`rolloutEpisodes`) with one engine per policy, each following its
+   * policy's weights on the weights topic; `evaluator` and `worker` are then unused (the environment scores).
+   * Must match the trainer's `episodes`.
+   */
+  readonly episodes?: KafkaEpisodes;
   /** Stops the worker: rollouts are cancelled, consumers leave their groups, the stream completes. */
   readonly signal?: AbortSignal;
   /** Instrumentation: consumer events and `worker.*` events. */
@@ -138,6 +154,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
   const { kafka, topics } = config;
   const groupId = config.groupId ?? `${topics.tasks}.workers`;
   const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  const { episodes } = config;
 
   return new Observable<WorkerTaskResult>((subscriber) => {
     const controller = new AbortController();
@@ -184,26 +201,46 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
       let settle!: (ok: boolean) => void;
       inFlight.set(key, new Promise<boolean>((resolve) => (settle = resolve)));
       let ok = false;
-      return defer(() => follower.waitFor(m.run, m.minVersion, signal)).pipe(
-        concatMap((engine) => {
-          if (engine === undefined) {
+      // One engine per policy of a multi-agent run; the run's only engine otherwise.
+      const engines$ = defer(() =>
+        episodes
+          ? follower.waitForAll(m.run, m.minVersion, policyTags(episodes), signal)
+          : follower.waitFor(m.run, m.minVersion, signal).then((e) => (e === undefined ? undefined : new Map([[e.modelTag, e]]))),
+      );
+      return engines$.pipe(
+        concatMap((engines) => {
+          const engine = engines === undefined ? undefined : [...engines.values()][0];
+          if (engines === undefined || engine === undefined) {
             return of({ ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'skipped' as const });
           }
           emit('worker.task_start', { ...base, version: engine.version });
           return of(m.task).pipe(
             rolloutDelayMs > 0 ? delay(rolloutDelayMs) : identity,
-            rollout(engine, {
-              samplesPerTask: m.samples,
-              concurrency: m.samples,
-              evaluator: config.evaluator,
-              maxTokens: m.sampling.maxTokens,
-              temperature: m.sampling.temperature,
-              topP: m.sampling.topP,
-              seed: m.sampling.seed,
-              modelTag: engine.modelTag,
-              ...(config.worker ? { worker: config.worker } : {}),
-              ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
-            }),
+            episodes
+              ? rolloutEpisodes(engines, {
+                  environment: episodes.environment,
+                  agents: episodes.agents,
+                  samplesPerTask: m.samples,
+                  concurrency: m.samples,
+                  maxTokens: m.sampling.maxTokens,
+                  temperature: m.sampling.temperature,
+                  topP: m.sampling.topP,
+                  seed: m.sampling.seed,
+                  ...(episodes.granularity ? { granularity: episodes.granularity } : {}),
+                  ...(config.sampleTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.sampleTimeoutMs }),
+                })
+              : rollout(engine, {
+                  samplesPerTask: m.samples,
+                  concurrency: m.samples,
+                  evaluator: config.evaluator,
+                  maxTokens: m.sampling.maxTokens,
+                  temperature: m.sampling.temperature,
+                  topP: m.sampling.topP,
+                  seed: m.sampling.seed,
+                  modelTag: engine.modelTag,
+                  ...(config.worker ? { worker: config.worker } : {}),
+                  ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
+                }),
             map((output): TrajectoryMessage => ({ run: m.run, output })),
             toKafka(producer, {
               topic: topics.trajectories,
@@ -213,7 +250,9 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
             reduce(
               (acc, { output }) =>
                 isSampleFailure(output)
-                  ? { ...acc, failures: acc.failures + 1 }
+                  ? output.skipped === true
+                    ? acc
+                    : { ...acc, failures: acc.failures + 1 }
                   : {
                       ...acc,
                       trajectories: acc.trajectories + 1,
@@ -287,4 +326,9 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
       void cleanup();
     };
   });
+}
+
+/** The policies of a multi-agent run, in the order its agents name them. */
+export function policyTags(episodes: Pick<KafkaEpisodes, 'agents'>): ModelTag[] {
+  return [...new Set(episodes.agents.map((agent) => agent.policy))];
 }

@@ -1,11 +1,12 @@
 import { randomBytes } from 'node:crypto';
 
 import type { ConsumerConfig, Kafka } from 'kafkajs';
-import { Observable, Subject, concatMap, map, of, take, tap, type Subscription } from 'rxjs';
+import { Observable, Subject, concatMap, filter, finalize, map, merge, of, share, take, tap, type Subscription } from 'rxjs';
 
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { NamedWeights } from '../lib/engine/types.js';
+import { episodeSlots } from '../lib/agent/environment.js';
 import { ConfigError } from '../lib/errors.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
@@ -24,9 +25,19 @@ import { fromKafka } from '../operators/fromKafka.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';
 import { grpoPrepare, type KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { groupIdOf } from '../operators/rollout.js';
+import { agentMap } from '../operators/rolloutEpisodes.js';
 import { toKafka } from '../operators/toKafka.js';
 import { train } from '../operators/train.js';
-import { prepareOptions } from './grpoPipeline.js';
+import { prefixed, prepareOptions, type PolicyStepResult } from './grpoPipeline.js';
+import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
+
+/** One policy a Kafka trainer trains. */
+export interface KafkaPolicy {
+  /** Takes the policy's steps; its `modelTag` names the policy. */
+  readonly trainer: Trainer;
+  /** Its architecture and initial weights (announced as version `trainer.step`). */
+  readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
+}
 
 /** Configuration of {@link kafkaTrainer}. */
 export interface KafkaTrainerConfig {
@@ -38,10 +49,17 @@ export interface KafkaTrainerConfig {
   readonly loader?: LoadTasksOptions;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
-  /** Takes the train steps. */
-  readonly trainer: Trainer;
+  /** Takes the train steps (a single-policy run; a multi-agent run gives `policies`). */
+  readonly trainer?: Trainer;
   /** The policy being trained: its architecture and initial weights (announced as version `trainer.step`, 0 unless resumed). */
-  readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
+  readonly policy?: KafkaPolicy['policy'];
+  /**
+   * Multi-agent runs: every policy with its trainer and initial weights, each with its own group store, batches,
+   * trainer, gate and weights on the weights topic (under its `modelTag`). Give `episodes` with it.
+   */
+  readonly policies?: readonly KafkaPolicy[];
+  /** Multi-agent runs: the environment's turn order and budget, its agents and the granularity, as the workers have them. */
+  readonly episodes?: KafkaEpisodes;
   /** Token id of padding (the workers' tokenizer's `padId`). */
   readonly padId: number;
   /**
@@ -149,7 +167,7 @@ export interface KafkaTrainerConfig {
  * @returns a cold Observable of step results; each subscription is one run.
  * @see kafkaRolloutWorker
  */
-export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult> {
+export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepResult> {
   const { kafka, topics, batchSize, groupSize } = config;
   const mode = config.mode ?? 'sync';
   if (config.steps !== undefined && !(Number.isInteger(config.steps) && config.steps >= 0)) {
@@ -158,31 +176,62 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
   if (!Number.isInteger(groupSize) || groupSize < 1) {
     throw new ConfigError(`groupSize must be an integer >= 1, got ${groupSize}`, { context: { key: 'groupSize' } });
   }
+  const policies = config.policies ?? (config.trainer && config.policy ? [{ trainer: config.trainer, policy: config.policy }] : []);
+  if (policies.length === 0) throw new ConfigError('kafkaTrainer needs a trainer and its policy, or policies', { context: { key: 'policies' } });
+  const { episodes } = config;
+  const multi = episodes !== undefined;
+  const slots = episodes
+    ? episodeSlots(episodes.environment, agentMap(episodes.agents), episodes.granularity ?? 'turn')
+    : [{ suffix: '', modelTag: policies[0].trainer.modelTag }];
+  for (const tag of new Set(slots.map((slot) => slot.modelTag))) {
+    if (!policies.some((p) => p.trainer.modelTag === tag)) {
+      throw new ConfigError(`an agent samples from policy '${tag}', which kafkaTrainer does not train`, { context: { key: 'policies', modelTag: tag } });
+    }
+  }
   const run = config.run ?? `run-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
   const groupId = config.groupId ?? `${topics.trajectories}.trainer`;
 
-  return new Observable<StepResult>((subscriber) => {
+  return new Observable<PolicyStepResult>((subscriber) => {
     // A resumed trainer starts at its checkpoint's version: admission batches (and the versions their tasks
     // require) count from there.
-    const startVersion = config.trainer.step;
-    const gate = new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion });
+    const startVersion = Math.min(...policies.map((p) => p.trainer.step));
     const ordered = mode !== 'fully-async';
     const eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
-    /** Most tasks admitted and not yet trained. */
-    const admittable = ordered ? (eta + 1) * batchSize : gate.capacity;
     const controller = new AbortController();
     const signal = config.signal ? AbortSignal.any([config.signal, controller.signal]) : controller.signal;
     const producer = createProducer(kafka);
-    const publisher = new WeightsPublisher({
-      producer,
-      topic: topics.weights,
-      dir: config.weightsDir,
-      run,
-      modelTag: config.trainer.modelTag,
-      policyConfig: config.policy.config,
-      keepVersions: config.keepVersions,
-      ...(config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {}),
-    });
+    // One lane per policy: its gate, its weights on the topic (under its modelTag), its version.
+    const lanes = policies.map(({ trainer, policy }) => ({
+      trainer,
+      policy,
+      modelTag: trainer.modelTag,
+      slotsPerTask: slots.filter((slot) => slot.modelTag === trainer.modelTag).length,
+      gate: new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion: trainer.step }),
+      publisher: new WeightsPublisher({
+        producer,
+        topic: topics.weights,
+        dir: config.weightsDir,
+        run,
+        modelTag: trainer.modelTag,
+        policyConfig: policy.config,
+        keepVersions: config.keepVersions,
+        ...(config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {}),
+      }),
+      version: trainer.step,
+    }));
+    const idle = lanes.find((lane) => lane.slotsPerTask === 0);
+    if (idle) {
+      subscriber.error(new ConfigError(`policy '${idle.modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies' } }));
+      return undefined;
+    }
+    /** Most tasks admitted and not yet trained. */
+    const admittable = ordered ? (eta + 1) * batchSize : lanes[0].gate.capacity;
+    // A task may start when every policy still training lets it (a finished policy's gate is closed).
+    const gate = {
+      waitToAdmit: async (index: number, abort?: AbortSignal): Promise<void> => {
+        for (const lane of lanes) await lane.gate.waitToAdmit(index, abort);
+      },
+    };
     const closings: Promise<void>[] = [];
     let eventSeq = 0;
     const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
@@ -194,15 +243,15 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
     const admittedGroups = new Set<string>();
     const trainedGroups = new Set<string>();
     let admitted = 0;
+    let admittedSlots = 0;
     let admissionDone = false;
     let released = 0;
-    let version = startVersion;
     // Trajectory records waiting for the step that trains their group, and those trained but not yet checkpointed.
     const pending = new Map<string, KafkaRecord<TrajectoryMessage>[]>();
     const held: KafkaRecord<TrajectoryMessage>[] = [];
     const input = new Subject<RolloutOutput>();
     const checkAllIn = (): void => {
-      if (admissionDone && released === admitted) queueMicrotask(() => input.complete());
+      if (admissionDone && released === admittedSlots) queueMicrotask(() => input.complete());
     };
 
     const maxTasks = config.steps === undefined ? Infinity : config.steps * batchSize;
@@ -221,10 +270,13 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
     });
     const admission$ = admit(limit(taskStream(config.tasks, config.loader), maxTasks), gate, {
       onAdmit: (task, index) => {
-        const id = groupIdOf(task);
         admitted++;
-        admittedGroups.add(id);
-        if (ordered) admissionBatch.set(id, Math.floor(index / batchSize));
+        for (const slot of slots) {
+          const id = groupIdOf(task) + slot.suffix;
+          admittedSlots++;
+          admittedGroups.add(id);
+          if (ordered) admissionBatch.set(id, Math.floor(index / batchSize));
+        }
         config.onAdmit?.(task, index);
       },
     }).pipe(
@@ -238,7 +290,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       topics: [topics.trajectories],
       decode: decodeTrajectoryMessage,
       // Every output of every admittable task, twice over for redeliveries, plus those held until a checkpoint.
-      capacity: Math.max(64, 2 * admittable * groupSize + (config.stepsPerCheckpoint ?? 1) * batchSize * groupSize),
+      capacity: Math.max(64, slots.length * (2 * admittable * groupSize + (config.stepsPerCheckpoint ?? 1) * batchSize * groupSize)),
       deadLetter: { producer, topic: topics.deadLetter },
       consumer: config.consumer,
       onEvent: config.onEvent,
@@ -253,16 +305,18 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       }),
     );
 
-    const trainBatch = (groups: Group[]): Observable<StepResult> =>
+    type Lane = (typeof lanes)[number];
+    const trainBatch = (lane: Lane, groups: Group[]): Observable<PolicyStepResult> =>
       of(groups).pipe(
-        grpoPrepare(prepareOptions(config, config.padId, config.trainer.modelTag, signal)),
-        train(config.trainer, { signal }),
+        grpoPrepare(prepareOptions(config, config.padId, lane.modelTag, signal)),
+        train(lane.trainer, { signal }),
         concatMap(async (trained) => {
-          const published = await publisher.publish(trained.version, trained.weights(), signal);
-          version = trained.version;
-          emit('trainer.published', { version: published.version, path: published.path });
-          const extra = config.afterStep ? await config.afterStep(trained) : undefined;
-          const result = extra ? { ...trained, metrics: { ...trained.metrics, ...extra } } : trained;
+          const published = await lane.publisher.publish(trained.version, trained.weights(), signal);
+          lane.version = trained.version;
+          emit('trainer.published', { modelTag: lane.modelTag, version: published.version, path: published.path });
+          const tagged: PolicyStepResult = { ...trained, modelTag: lane.modelTag, ...(multi ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}) };
+          const extra = config.afterStep ? await config.afterStep(tagged) : undefined;
+          const result = extra ? { ...tagged, metrics: { ...tagged.metrics, ...extra } } : tagged;
           const groupIds = groups.map((g) => g.key[0]);
           for (const id of groupIds) {
             held.push(...(pending.get(id) ?? []));
@@ -271,18 +325,19 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
           }
           if (config.checkpointed?.(result) ?? true) for (const record of held.splice(0)) record.ack();
           emit('trainer.trained', {
+            modelTag: lane.modelTag,
             step: result.step,
             version: result.version,
             groupIds,
-            taskIds: groups.map((g) => g.trajectories[0]?.taskId ?? g.key[0].replace(/@\d+$/, '')),
+            taskIds: groups.map((g) => g.trajectories[0]?.taskId ?? g.key[0].replace(/@\d+(\/.*)?$/, '')),
             trajectoryIds: result.trajectoryIds,
           });
-          gate.publish(result.version, groups.length);
+          lane.gate.publish(result.version, groups.length / lane.slotsPerTask);
           return result;
         }),
       );
 
-    const steps$ = input.pipe(
+    const groups$ = input.pipe(
       groupTrajectories({
         keys: ['groupId'],
         groupSize,
@@ -301,20 +356,24 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
             complete: () => inner.complete(),
           }),
         ),
-      batchGroups({
-        batchSize,
-        ...(ordered
-          ? {
-              batchOf: (group: Group) => {
-                const n = admissionBatch.get(group.key[0]) ?? 0;
-                admissionBatch.delete(group.key[0]);
-                return n;
-              },
-            }
-          : {}),
-      }),
-      concatMap(trainBatch),
-      config.steps === undefined ? (s) => s : take(config.steps),
+      share(),
+    );
+    const batchOf = (group: Group): number => {
+      const n = admissionBatch.get(group.key[0]) ?? 0;
+      admissionBatch.delete(group.key[0]);
+      return n;
+    };
+    const steps$ = merge(
+      ...lanes.map((lane) =>
+        groups$.pipe(
+          filter((group) => group.modelTag === lane.modelTag),
+          // Each task feeds this policy slotsPerTask groups, all of one admission batch.
+          batchGroups({ batchSize: batchSize * lane.slotsPerTask, ...(ordered ? { batchOf } : {}) }),
+          concatMap((groups) => trainBatch(lane, groups)),
+          config.steps === undefined ? (s: Observable<PolicyStepResult>) => s : take<PolicyStepResult>(config.steps),
+          finalize(() => lane.gate.close()),
+        ),
+      ),
     );
 
     const subscriptions: Subscription[] = [];
@@ -334,8 +393,10 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
       await producer.connect();
       signal.throwIfAborted();
       // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
-      await publisher.publish(startVersion, config.policy.getWeights(), signal);
-      emit('trainer.published', { version: startVersion });
+      for (const lane of lanes) {
+        await lane.publisher.publish(lane.version, lane.policy.getWeights(), signal);
+        emit('trainer.published', { modelTag: lane.modelTag, version: lane.version });
+      }
       await new Promise<void>((resolve, reject) => {
         subscriptions.push(steps$.subscribe({ next: (step) => subscriber.next(step), error: reject, complete: resolve }));
         subscriptions.push(
@@ -370,7 +431,8 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<StepResult>
         );
         signal.addEventListener('abort', () => resolve(), { once: true });
       });
-      if (!signal.aborted) await publisher.end(version);
+      // One end for the run: workers stop following every policy of it.
+      if (!signal.aborted) await lanes[0].publisher.end(Math.max(...lanes.map((lane) => lane.version)));
     };
 
     start().then(
