@@ -32,7 +32,8 @@ Usage:
   rxrl trainer <recipe.json|yaml> [--set key=value]…
                     the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
-                    the workers must be able to read; checkpoints and resume as in 'rxrl run'
+                    the workers must be able to read; checkpoints and resume as in 'rxrl run' (a multi-agent
+                    recipe: each policy's weights under its name; 'full' and 'prompt' policies only)
   rxrl worker <recipe.json|yaml> [--set key=value]…
                     a rollout worker of the recipe's Kafka run (any number, any machine sharing the weights
                     directory); follows a restarted trainer; exits when the run ends
@@ -209,10 +210,10 @@ async function runCommand(argv: readonly string[], overKafka = false): Promise<n
   const { Progress } = await import('./observe/progress.js');
   const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(argv);
-  if (config.agents.environment !== 'none') return agentsCommand(config, dir, overKafka);
   const kafka = overKafka
     ? { ...(await kafkaOf(config, 'trainer')), weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir) }
     : undefined;
+  if (config.agents.environment !== 'none') return agentsCommand(config, dir, kafka);
   const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
   const { createLogger } = await import('./observe/logger.js');
   const logger = createLogger({ level: config.logging.level });
@@ -242,15 +243,18 @@ function stopOnSignals(): AbortController {
   return controller;
 }
 
-/** `rxrl run` of a multi-agent recipe (`agents.environment` set): every policy's steps, one summary line. */
-async function agentsCommand(config: import('./config/schema.js').RxrlConfig, dir: string, overKafka: boolean): Promise<number> {
-  const { ConfigError } = await import('./errors.js');
-  if (overKafka) throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
+/** `rxrl run` or `rxrl trainer` of a multi-agent recipe (`agents.environment` set): every policy's steps, one summary line. */
+async function agentsCommand(
+  config: import('./config/schema.js').RxrlConfig,
+  dir: string,
+  kafka: import('../pipelines/run.js').KafkaTransport | undefined,
+): Promise<number> {
   const { runAgents } = await import('../pipelines/agents.js');
   const controller = stopOnSignals();
   const summary = await runAgents(config, {
     baseDir: dir,
     signal: controller.signal,
+    ...(kafka ? { kafka } : {}),
     log: (line) => process.stderr.write(`rxrl: ${line}\n`),
     onStep: (step, elapsed) => {
       const reward = step.metrics[`${step.modelTag}/rollout/reward_mean`];
@@ -265,10 +269,6 @@ async function agentsCommand(config: import('./config/schema.js').RxrlConfig, di
 async function workerCommand(argv: readonly string[]): Promise<number> {
   const { runWorker } = await import('../pipelines/run.js');
   const { config, dir } = await resolvedConfig(argv);
-  if (config.agents.environment !== 'none') {
-    const { ConfigError } = await import('./errors.js');
-    throw new ConfigError("agents.environment: multi-agent recipes run embedded ('rxrl run'), not over Kafka yet", { context: { key: 'agents.environment' } });
-  }
   const controller = stopOnSignals();
   const summary = await runWorker(config, {
     ...(await kafkaOf(config, 'worker')),

@@ -15,10 +15,12 @@ import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter } from '../lib/observe/metricsFile.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Metrics, ModelTag } from '../lib/types.js';
-import { writerEditorTask } from '../recipes/writerEditor.js';
+import { writerEditorTask, type WriterEditorTask } from '../recipes/writerEditor.js';
 import type { PolicyStepResult } from './grpoPipeline.js';
+import { kafkaTrainer } from './kafkaTrainer.js';
+import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { grpoTrainerOptions, tinyModelConfig } from './run.js';
+import { grpoTrainerOptions, tinyModelConfig, type KafkaTransport } from './run.js';
 import { validateAgents } from './validate.js';
 
 /** Options of {@link runAgents}. */
@@ -31,6 +33,57 @@ export interface AgentsRunOptions {
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
   /** Progress lines. */
   readonly log?: (line: string) => void;
+  /**
+   * Trains over Kafka (`rxrl trainer`): episodes are played by `rxrl worker` processes of the same recipe, each
+   * following every policy's weights on the weights topic; the in-process engines only validate.
+   */
+  readonly kafka?: KafkaTransport;
+}
+
+/** What a multi-agent recipe gives both halves of a run: the task, the tokenizer, the agents, the episode spec. */
+export interface AgentsRecipe {
+  readonly task: WriterEditorTask;
+  readonly tokenizer: Tokenizer;
+  readonly agents: AgentSpec[];
+  readonly episodes: KafkaEpisodes;
+  /** Longest response per turn. */
+  readonly maxTokens: number;
+  /** The Hugging Face model directory of `model.path`, if any. */
+  readonly modelDir: string | undefined;
+}
+
+/** Throws a `ConfigError` naming the first `lora` policy: the weights topic carries full models only, for now. */
+export function refuseLoraOverKafka(config: RxrlConfig): void {
+  const lora = config.policies.findIndex((p) => p.specialization === 'lora');
+  if (lora >= 0) {
+    throw new ConfigError(`policies[${lora}].specialization: 'lora' policies do not run over Kafka yet (the weights topic carries full models); use 'full' or run embedded`, {
+      context: { key: `policies[${lora}].specialization` },
+    });
+  }
+}
+
+/**
+ * Reads the multi-agent parts of a recipe: the bundled environment and its splits, the tokenizer (the model
+ * directory's, or the task's characters) and the agents.
+ *
+ * @param config - a configuration whose `agents.environment` is not `none`.
+ * @param baseDir - what `model.path` is relative to.
+ * @returns the recipe's task, tokenizer, agents and episode spec.
+ */
+export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Promise<AgentsRecipe> {
+  if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
+  const task = writerEditorTask({ ...config.data.task, seed: config.run.seed });
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(task.characters);
+  const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
+  return {
+    task,
+    tokenizer,
+    agents,
+    episodes: { environment: task.environment, agents, granularity: config.agents.granularity },
+    maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
+    modelDir,
+  };
 }
 
 /** One policy of a multi-agent run, as {@link runAgents} reports it. */
@@ -75,7 +128,6 @@ export interface AgentsRunSummary {
  * @returns the summary: per-policy sizes and held-out reward per agent.
  */
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
-  if (config.agents.environment === 'none') throw new ConfigError("agents.environment: runAgents needs a multi-agent environment, got 'none'");
   if (config.resume.mode === 'from_path') throw new ConfigError('resume.mode: multi-agent runs do not resume from a checkpoint yet', { context: { key: 'resume.mode' } });
   if (config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0) {
     throw new ConfigError('trainer.klLoss.coef / algorithm.klInReward.coef: multi-agent runs have no reference policy yet; set them to 0', {
@@ -85,13 +137,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   const baseDir = options.baseDir ?? process.cwd();
   const log = (line: string): void => options.log?.(line);
   const seed = config.run.seed;
+  const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
+  if (options.kafka) refuseLoraOverKafka(config);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const task = writerEditorTask({ ...config.data.task, seed });
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
-  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(task.characters);
   const base = modelDir ? (await loadModelDir(modelDir)).model : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
-  const maxTokens = config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1;
-  const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
@@ -140,31 +189,48 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
     const started = performance.now();
+    const common = {
+      tasks: task.train,
+      loader: { epochs: config.data.epochs === 0 ? Infinity : config.data.epochs, shuffle: config.data.shuffle, seed },
+      mode,
+      stalenessThreshold: config.sync.stalenessThreshold,
+      ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+      batchSize,
+      groupSize,
+      maxTokens,
+      temperature: config.rollout.temperature,
+      topP: config.rollout.topP,
+      steps: config.run.steps,
+      seed,
+      advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+      ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+      onGroupTimeout: config.store.onGroupTimeout,
+      ...(options.signal ? { signal: options.signal } : {}),
+    };
+    const transport = options.kafka;
+    const steps$ = transport
+      ? kafkaTrainer({
+          ...common,
+          kafka: transport.kafka,
+          topics: transport.topics,
+          weightsDir: transport.weightsDir,
+          policies: built.map((b) => ({ trainer: b.trainer, policy: b.train })),
+          episodes,
+          padId: tokenizer.padId,
+          tokenizer,
+          ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+        })
+      : multiAgentPipeline({
+          ...common,
+          environment: task.environment,
+          agents,
+          granularity: config.agents.granularity,
+          policies: built.map((b) => ({ trainer: b.trainer, engines: [b.engine] })),
+          ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+          ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
+        });
     await lastValueFrom(
-      multiAgentPipeline({
-        tasks: task.train,
-        loader: { epochs: config.data.epochs === 0 ? Infinity : config.data.epochs, shuffle: config.data.shuffle, seed },
-        environment: task.environment,
-        agents,
-        granularity: config.agents.granularity,
-        policies: built.map((b) => ({ trainer: b.trainer, engines: [b.engine] })),
-        mode,
-        stalenessThreshold: config.sync.stalenessThreshold,
-        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-        batchSize,
-        groupSize,
-        ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
-        maxTokens,
-        temperature: config.rollout.temperature,
-        topP: config.rollout.topP,
-        ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
-        steps: config.run.steps,
-        seed,
-        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-        onGroupTimeout: config.store.onGroupTimeout,
-        ...(options.signal ? { signal: options.signal } : {}),
-      }).pipe(
+      steps$.pipe(
         tap((step) => {
           metricsFile?.write({ step: step.step, version: step.version, metrics: step.metrics });
           options.onStep?.(step, (performance.now() - started) / 1000);
@@ -172,6 +238,8 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       ),
       { defaultValue: undefined },
     );
+    // Over Kafka the in-process engines were not synced: give them the trained weights to validate.
+    if (transport) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
     const seconds = (performance.now() - started) / 1000;
     const valFinal = await score();
     log(`held-out after training: ${agentRewards(valFinal, agents)}`);

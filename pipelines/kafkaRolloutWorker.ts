@@ -54,8 +54,8 @@ export interface KafkaRolloutWorkerConfig {
   readonly topics: KafkaTopics;
   /** Tokenizer of the policy; its vocabulary must match the trainer's model. */
   readonly tokenizer: Tokenizer;
-  /** Scores responses. */
-  readonly evaluator: Evaluator;
+  /** Scores responses (required unless `episodes` is given: then the environment scores). */
+  readonly evaluator?: Evaluator;
   /** Produces each sample (multi-turn, tools, chat templates). Default: one completion of the prompt. */
   readonly worker?: RolloutWorker;
   /**
@@ -154,7 +154,10 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
   const { kafka, topics } = config;
   const groupId = config.groupId ?? `${topics.tasks}.workers`;
   const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
-  const { episodes } = config;
+  const { episodes, evaluator } = config;
+  if (episodes === undefined && evaluator === undefined) {
+    throw new ConfigError('kafkaRolloutWorker needs an evaluator (or episodes, whose environment scores)', { context: { key: 'evaluator' } });
+  }
 
   return new Observable<WorkerTaskResult>((subscriber) => {
     const controller = new AbortController();
@@ -232,7 +235,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
               : rollout(engine, {
                   samplesPerTask: m.samples,
                   concurrency: m.samples,
-                  evaluator: config.evaluator,
+                  evaluator: evaluator as Evaluator,
                   maxTokens: m.sampling.maxTokens,
                   temperature: m.sampling.temperature,
                   topP: m.sampling.topP,

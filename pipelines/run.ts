@@ -510,7 +510,11 @@ export interface WorkerSummary {
 export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): Promise<WorkerSummary> {
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
-  const { evaluator, worker, tokenizer } = await loadRollout(config, baseDir);
+  // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
+  const recipe = config.agents.environment === 'none' ? undefined : await import('./agents.js');
+  recipe?.refuseLoraOverKafka(config);
+  const agents = await recipe?.loadAgentsRecipe(config, baseDir);
+  const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
   await lastValueFrom(
@@ -518,8 +522,9 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
       kafka: options.kafka,
       topics: options.topics,
       tokenizer,
-      evaluator,
+      ...(evaluator ? { evaluator } : {}),
       ...(worker ? { worker } : {}),
+      ...(agents ? { episodes: agents.episodes } : {}),
       concurrency: config.kafka.workerConcurrency,
       rolloutDelayMs: config.kafka.rolloutDelayMs,
       ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),

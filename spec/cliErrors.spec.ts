@@ -97,12 +97,12 @@ describe('rxrl CLI: missing paths are one typed line', () => {
 });
 
 describe('rxrl CLI: multi-agent recipes', () => {
-  it('trainer and worker refuse a multi-agent recipe in one line naming the key (embedded runs only, for now)', async () => {
+  it('trainer and worker refuse LoRA policies over Kafka in one line naming the key', async () => {
     const recipe = join(root, 'recipes', 'writer-editor-lora.yaml');
     for (const command of ['trainer', 'worker']) {
       const result = await rxrl([command, recipe, '--set', 'kafka.brokers=127.0.0.1:1']);
       expect(result.code).not.toBe(0);
-      expectOneLine(result.stderr, 'ConfigError', 'agents.environment');
+      expectOneLine(result.stderr, 'ConfigError', 'policies[0].specialization');
     }
   });
 
