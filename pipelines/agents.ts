@@ -52,16 +52,6 @@ export interface AgentsRecipe {
   readonly modelDir: string | undefined;
 }
 
-/** Throws a `ConfigError` naming the first `lora` policy: the weights topic carries full models only, for now. */
-export function refuseLoraOverKafka(config: RxrlConfig): void {
-  const lora = config.policies.findIndex((p) => p.specialization === 'lora');
-  if (lora >= 0) {
-    throw new ConfigError(`policies[${lora}].specialization: 'lora' policies do not run over Kafka yet (the weights topic carries full models); use 'full' or run embedded`, {
-      context: { key: `policies[${lora}].specialization` },
-    });
-  }
-}
-
 /**
  * Reads the multi-agent parts of a recipe: the bundled environment and its splits, the tokenizer (the model
  * directory's, or the task's characters) and the agents.
@@ -138,7 +128,6 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   const log = (line: string): void => options.log?.(line);
   const seed = config.run.seed;
   const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
-  if (options.kafka) refuseLoraOverKafka(config);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const base = modelDir ? (await loadModelDir(modelDir)).model : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
   const { batchSize, mode } = config.sync;
@@ -214,7 +203,8 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
           kafka: transport.kafka,
           topics: transport.topics,
           weightsDir: transport.weightsDir,
-          policies: built.map((b) => ({ trainer: b.trainer, policy: b.train })),
+          // A LoRA policy ships its adapter alone; its base is written once for the workers.
+          policies: built.map((b) => ({ trainer: b.trainer, policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
           episodes,
           padId: tokenizer.padId,
           tokenizer,

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
 
 import type { ConsumerConfig, Kafka } from 'kafkajs';
 import { Observable, Subject, concatMap, filter, finalize, map, merge, of, share, take, tap, type Subscription } from 'rxjs';
@@ -11,10 +12,11 @@ import { ConfigError } from '../lib/errors.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
-import { WeightsPublisher } from '../lib/kafka/weights.js';
+import { WeightsPublisher, weightsRunDir } from '../lib/kafka/weights.js';
+import type { ResolvedLoraConfig } from '../lib/model/lora.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { Tokenizer } from '../lib/engine/types.js';
-import { specialIdsOf } from '../lib/model/modelDir.js';
+import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Group, Metrics, RolloutOutput, Task } from '../lib/types.js';
@@ -37,6 +39,12 @@ export interface KafkaPolicy {
   readonly trainer: Trainer;
   /** Its architecture and initial weights (announced as version `trainer.step`). */
   readonly policy: { readonly config: PolicyConfig; getWeights(): NamedWeights };
+  /**
+   * A LoRA policy: `policy` gives the adapter's weights, `base` the frozen model under it. Each version goes out
+   * as a PEFT directory of the adapter alone; the base is written once per run (shared by every policy that
+   * names the same base object), and workers build each adapter over it.
+   */
+  readonly adapter?: { readonly lora: ResolvedLoraConfig; readonly base: { readonly config: PolicyConfig; getWeights(): NamedWeights } };
 }
 
 /** Configuration of {@link kafkaTrainer}. */
@@ -200,8 +208,14 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
     const controller = new AbortController();
     const signal = config.signal ? AbortSignal.any([config.signal, controller.signal]) : controller.signal;
     const producer = createProducer(kafka);
+    // Bases of LoRA policies, each written once under the run's directory: object → directory.
+    const bases = new Map<NonNullable<KafkaPolicy['adapter']>['base'], string>();
+    for (const { adapter } of policies) {
+      if (adapter && !bases.has(adapter.base)) bases.set(adapter.base, join(weightsRunDir(config.weightsDir, run), `base${bases.size}`));
+    }
+    const tokenizerFiles = config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {};
     // One lane per policy: its gate, its weights on the topic (under its modelTag), its version.
-    const lanes = policies.map(({ trainer, policy }) => ({
+    const lanes = policies.map(({ trainer, policy, adapter }) => ({
       trainer,
       policy,
       modelTag: trainer.modelTag,
@@ -215,7 +229,8 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
         modelTag: trainer.modelTag,
         policyConfig: policy.config,
         keepVersions: config.keepVersions,
-        ...(config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {}),
+        ...tokenizerFiles,
+        ...(adapter ? { adapter: { lora: adapter.lora, baseDir: bases.get(adapter.base) as string } } : {}),
       }),
       version: trainer.step,
     }));
@@ -392,6 +407,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       await ensureTopics(kafka, topics, config.partitions, signal);
       await producer.connect();
       signal.throwIfAborted();
+      for (const [base, dir] of bases) await saveModelDir(dir, { config: base.config, weights: base.getWeights() }, tokenizerFiles);
       // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
       for (const lane of lanes) {
         await lane.publisher.publish(lane.version, lane.policy.getWeights(), signal);

@@ -511,9 +511,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
   // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
-  const recipe = config.agents.environment === 'none' ? undefined : await import('./agents.js');
-  recipe?.refuseLoraOverKafka(config);
-  const agents = await recipe?.loadAgentsRecipe(config, baseDir);
+  const agents = config.agents.environment === 'none' ? undefined : await (await import('./agents.js')).loadAgentsRecipe(config, baseDir);
   const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };

@@ -97,15 +97,6 @@ describe('rxrl CLI: missing paths are one typed line', () => {
 });
 
 describe('rxrl CLI: multi-agent recipes', () => {
-  it('trainer and worker refuse LoRA policies over Kafka in one line naming the key', async () => {
-    const recipe = join(root, 'recipes', 'writer-editor-lora.yaml');
-    for (const command of ['trainer', 'worker']) {
-      const result = await rxrl([command, recipe, '--set', 'kafka.brokers=127.0.0.1:1']);
-      expect(result.code).not.toBe(0);
-      expectOneLine(result.stderr, 'ConfigError', 'policies[0].specialization');
-    }
-  });
-
   it('run trains a multi-agent recipe and prints its summary: both policies, adapter-sized syncs', async () => {
     const runDir = join(dir, 'agents-run');
     const result = await rxrl([

@@ -13,7 +13,7 @@
  * @packageDocumentation
  */
 import { createHash } from 'node:crypto';
-import { readFile, rm } from 'node:fs/promises';
+import { access, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 
 import type { Producer } from 'kafkajs';
@@ -22,7 +22,8 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
 import { ConfigError, DecodeError, throwIfAborted } from '../errors.js';
-import { MODEL_FILES, POLICY_VERSION_METADATA_KEY, policyConfigFromHf, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
+import { LoraAdapter, PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
+import { MODEL_FILES, POLICY_VERSION_METADATA_KEY, policyConfigFromHf, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { decodeSafetensors } from '../model/safetensors.js';
 import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
 import type { ModelTag, PolicyVersion } from '../types.js';
@@ -55,6 +56,17 @@ export interface WeightsPublisherOptions {
   readonly special?: SpecialTokenIds;
   /** Files kept on disk (the newest ones). Default 3. */
   readonly keepVersions?: number;
+  /**
+   * A LoRA policy: each version is then a PEFT directory (`adapter_config.json` + `adapter_model.safetensors`) of
+   * the adapter weights alone, whose `base_model_name_or_path` is `baseDir`, a model directory the workers can read
+   * (written once per run by the trainer). Default: a full model directory per version.
+   */
+  readonly adapter?: { readonly lora: ResolvedLoraConfig; readonly baseDir: string };
+}
+
+/** The directory of a run's files under a weights directory (`<dir>/<run>`). */
+export function weightsRunDir(dir: string, run: string): string {
+  return resolve(join(dir, safeName(run)));
 }
 
 /** The trainer's side: writes weight files and announces them, then the end of the run. */
@@ -81,12 +93,16 @@ export class WeightsPublisher {
   async publish(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<WeightsVersionMessage> {
     throwIfAborted(signal, { version });
     const { run, modelTag, policyConfig } = this.options;
-    const path = resolve(join(this.options.dir, safeName(run), safeName(modelTag), `v${version}`));
-    const written = await saveModelDir(path, { config: policyConfig, weights }, {
-      ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
-      ...(this.options.special ? { special: this.options.special } : {}),
-      metadata: { [POLICY_VERSION_METADATA_KEY]: String(version), [WEIGHTS_VERSION_METADATA_KEY]: String(version), [WEIGHTS_RUN_METADATA_KEY]: run },
-    });
+    const path = join(weightsRunDir(this.options.dir, run), safeName(modelTag), `v${version}`);
+    const metadata = { [POLICY_VERSION_METADATA_KEY]: String(version), [WEIGHTS_VERSION_METADATA_KEY]: String(version), [WEIGHTS_RUN_METADATA_KEY]: run };
+    const { adapter } = this.options;
+    const written = adapter
+      ? await savePeftWeights(path, adapter.lora, weights, adapter.baseDir, metadata)
+      : await saveModelDir(path, { config: policyConfig, weights }, {
+          ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
+          ...(this.options.special ? { special: this.options.special } : {}),
+          metadata,
+        });
     throwIfAborted(signal, { version });
     const message: WeightsVersionMessage = {
       kind: 'version',
@@ -154,7 +170,9 @@ interface Waiter {
 interface LoadedPolicy {
   version: PolicyVersion;
   readonly engine: LocalEngine;
+  /** The engine's model: a full model, or a LoRA view over one of the run's bases. */
   readonly model: PolicyModel;
+  readonly adapter?: LoraAdapter;
 }
 
 /**
@@ -183,7 +201,9 @@ export class WeightsFollower {
   private readonly latest = new Map<ModelTag, WeightsVersionMessage>();
   private loadedRun: string | undefined;
   private readonly loaded = new Map<ModelTag, LoadedPolicy>();
-  private readonly retired: PolicyModel[] = [];
+  /** Base models of the run's LoRA policies, by directory: several adapters share one in memory. */
+  private readonly bases = new Map<string, PolicyModel>();
+  private readonly retired: { dispose(): void }[] = [];
   private readonly over = new Set<string>();
   private newestRun: string | undefined;
   private loading = false;
@@ -244,8 +264,7 @@ export class WeightsFollower {
     this.subscription = undefined;
     for (const waiter of this.waiters) waiter.resolve(undefined);
     this.waiters = [];
-    for (const { model } of this.loaded.values()) model.dispose();
-    this.loaded.clear();
+    this.retireRun();
     for (const model of this.retired) model.dispose();
     this.retired.length = 0;
     this.loadedRun = undefined;
@@ -374,7 +393,7 @@ export class WeightsFollower {
         return;
       }
       try {
-        const data = await readFile(join(message.path, MODEL_FILES.weights));
+        const data = await readFile(join(message.path, (await isPeftDir(message.path)) ? PEFT_FILES.weights : MODEL_FILES.weights));
         if (data.length !== message.bytes) {
           reason = `${message.path} has ${data.length} bytes, the announcement says ${message.bytes}`;
         } else if (createHash('sha256').update(data).digest('hex') !== message.sha256) {
@@ -399,29 +418,69 @@ export class WeightsFollower {
       await loaded.engine.loadWeights(version, weights);
       loaded.version = version;
     } else {
-      let config: PolicyConfig;
-      try {
-        config = policyConfigFromHf(JSON.parse(await readFile(join(message.path, MODEL_FILES.config), 'utf8')), join(message.path, MODEL_FILES.config));
-      } catch (cause) {
-        throw new DecodeError(`${message.path}: config.json is missing or invalid`, { cause, context: { path: message.path } });
-      }
-      if (config.vocabSize !== this.options.tokenizer.vocabSize) {
-        throw new ConfigError(
-          `the announced model has ${config.vocabSize} token ids but this worker's tokenizer has ${this.options.tokenizer.vocabSize}`,
-          { context: { key: 'tokenizer' } },
-        );
-      }
-      const model = PolicyModel.fromWeights(config, weights);
-      const engine = new LocalEngine(model, { ...this.options.engine, tokenizer: this.options.tokenizer, modelTag, version });
       if (this.loadedRun !== run) {
         // The previous run's engines may still be finishing a generation: retire their models, dispose them on close.
-        for (const policy of this.loaded.values()) this.retired.push(policy.model);
-        this.loaded.clear();
+        this.retireRun();
         this.loadedRun = run;
       }
-      this.loaded.set(modelTag, { version, engine, model });
+      const policy = (await isPeftDir(message.path)) ? await this.adapterPolicy(message, weights) : await this.fullPolicy(message, weights);
+      this.loaded.set(modelTag, policy);
     }
     this.events$.next({ type: 'loaded', run, modelTag, version, seconds: (performance.now() - started) / 1000 });
+  }
+
+  /** A full model of an announced model directory, and its engine. */
+  private async fullPolicy(message: WeightsVersionMessage, weights: NamedWeights): Promise<LoadedPolicy> {
+    const config = await this.modelConfig(message.path);
+    const model = PolicyModel.fromWeights(config, weights);
+    return { version: message.version, engine: this.engineOf(model, message), model };
+  }
+
+  /** A LoRA view of an announced PEFT directory over its base (read once per run and shared), and its engine. */
+  private async adapterPolicy(message: WeightsVersionMessage, weights: NamedWeights): Promise<LoadedPolicy> {
+    const { lora, baseModel } = await readPeftAdapterConfig(message.path);
+    if (baseModel === null) throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
+    let base = this.bases.get(baseModel);
+    if (base === undefined) {
+      const config = await this.modelConfig(baseModel);
+      base = PolicyModel.fromWeights(config, (await readModelDir(baseModel)).weights);
+      this.bases.set(baseModel, base);
+    }
+    const adapter = LoraAdapter.fromWeights(base.config, lora, weights);
+    const model = PolicyModel.withAdapter(base, adapter);
+    return { version: message.version, engine: this.engineOf(model, message), model, adapter };
+  }
+
+  private async modelConfig(dir: string): Promise<PolicyConfig> {
+    let config: PolicyConfig;
+    try {
+      config = policyConfigFromHf(JSON.parse(await readFile(join(dir, MODEL_FILES.config), 'utf8')), join(dir, MODEL_FILES.config));
+    } catch (cause) {
+      throw new DecodeError(`${dir}: config.json is missing or invalid`, { cause, context: { path: dir } });
+    }
+    if (config.vocabSize !== this.options.tokenizer.vocabSize) {
+      throw new ConfigError(
+        `the announced model has ${config.vocabSize} token ids but this worker's tokenizer has ${this.options.tokenizer.vocabSize}`,
+        { context: { key: 'tokenizer' } },
+      );
+    }
+    return config;
+  }
+
+  private engineOf(model: PolicyModel, message: WeightsVersionMessage): LocalEngine {
+    return new LocalEngine(model, { ...this.options.engine, tokenizer: this.options.tokenizer, modelTag: message.modelTag, version: message.version });
+  }
+
+  /** Hands the followed run's models, adapters and bases to `retired` (disposed on close). */
+  private retireRun(): void {
+    for (const policy of this.loaded.values()) {
+      this.retired.push(policy.model);
+      if (policy.adapter) this.retired.push(policy.adapter);
+    }
+    this.loaded.clear();
+    for (const base of this.bases.values()) this.retired.push(base);
+    this.bases.clear();
+    this.loadedRun = undefined;
   }
 
   private fail(error: unknown): void {
@@ -430,6 +489,16 @@ export class WeightsFollower {
     for (const waiter of this.waiters) waiter.reject(error);
     this.waiters = [];
     this.events$.error(error);
+  }
+}
+
+/** True when an announced directory is a PEFT adapter rather than a model. */
+async function isPeftDir(dir: string): Promise<boolean> {
+  try {
+    await access(join(dir, PEFT_FILES.config));
+    return true;
+  } catch {
+    return false;
   }
 }
 

@@ -11,6 +11,7 @@
  * @packageDocumentation
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
@@ -18,7 +19,7 @@ import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
 import { checkFile, readJson } from './modelDir.js';
-import { loadSafetensors, saveSafetensors, writeFileAtomic } from './safetensors.js';
+import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from './transformer.js';
 import { validatePolicyConfig } from './transformer.js';
 
@@ -300,9 +301,28 @@ export function peftAdapterConfig(lora: ResolvedLoraConfig, baseModel: string | 
  * @param baseModel - Recorded as `base_model_name_or_path` (a model id or directory), or null.
  */
 export async function savePeftAdapter(dir: string, adapter: LoraAdapter, baseModel: string | null = null): Promise<void> {
+  await savePeftWeights(dir, adapter.lora, adapter.getWeights(), baseModel);
+}
+
+/**
+ * Writes adapter weights (PEFT's tensor names, as {@link LoraAdapter.getWeights} gives them) as a PEFT directory,
+ * without building an adapter: what weight sync publishes for a LoRA policy.
+ *
+ * @param metadata - Extra string metadata of the safetensors header.
+ * @returns the size and SHA-256 of `adapter_model.safetensors`.
+ */
+export async function savePeftWeights(
+  dir: string,
+  lora: ResolvedLoraConfig,
+  weights: NamedWeights,
+  baseModel: string | null = null,
+  metadata: Readonly<Record<string, string>> = {},
+): Promise<{ readonly bytes: number; readonly sha256: string }> {
   await mkdir(dir, { recursive: true });
-  await saveSafetensors(join(dir, PEFT_FILES.weights), adapter.getWeights(), { format: 'pt' });
-  await writeFileAtomic(join(dir, PEFT_FILES.config), `${JSON.stringify(peftAdapterConfig(adapter.lora, baseModel), null, 2)}\n`);
+  const bytes = encodeSafetensors(weights, { format: 'pt', ...metadata });
+  await writeFileAtomic(join(dir, PEFT_FILES.weights), bytes);
+  await writeFileAtomic(join(dir, PEFT_FILES.config), `${JSON.stringify(peftAdapterConfig(lora, baseModel), null, 2)}\n`);
+  return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
 }
 
 /**
