@@ -1,6 +1,6 @@
 import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { lastValueFrom, tap } from 'rxjs';
+import { EMPTY, lastValueFrom, tap } from 'rxjs';
 import type { AgentSpec } from '../lib/agent/environment.js';
 import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
 import { LocalEngine } from '../lib/engine/local.js';
@@ -9,10 +9,13 @@ import { ConfigError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
-import { loadModelDir, saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
+import { loadModelDir, saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/model/modelDir.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
-import { MetricsWriter } from '../lib/observe/metricsFile.js';
+import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
+import { latestCheckpoint, pruneCheckpoints } from '../lib/checkpoint/checkpoint.js';
+import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import { loadTasks } from '../lib/data/loader.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Metrics, ModelTag } from '../lib/types.js';
 import { writerEditorTask, type WriterEditorTask } from '../recipes/writerEditor.js';
@@ -20,7 +23,7 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { grpoTrainerOptions, tinyModelConfig, type KafkaTransport } from './run.js';
+import { dropStepsFrom, grpoTrainerOptions, tinyModelConfig, type KafkaTransport } from './run.js';
 import { validateAgents } from './validate.js';
 
 /** Options of {@link runAgents}. */
@@ -118,7 +121,6 @@ export interface AgentsRunSummary {
  * @returns the summary: per-policy sizes and held-out reward per agent.
  */
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
-  if (config.resume.mode === 'from_path') throw new ConfigError('resume.mode: multi-agent runs do not resume from a checkpoint yet', { context: { key: 'resume.mode' } });
   if (config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0) {
     throw new ConfigError('trainer.klLoss.coef / algorithm.klInReward.coef: multi-agent runs have no reference policy yet; set them to 0', {
       context: { key: 'trainer.klLoss.coef' },
@@ -173,14 +175,71 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     });
 
   const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
+  // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
+  const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
+  const resumed = await findPoliciesResume(config, baseDir, runDir);
+  const startStep = resumed?.state.step ?? 0;
+  if (resumed) {
+    for (const b of built) {
+      const saved = resumed.policies.get(b.entry.name);
+      if (saved === undefined) {
+        throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
+          context: { key: 'policies', path: resumed.path },
+        });
+      }
+      b.train.setWeights(saved.weights);
+      await b.engine.loadWeights(startStep, saved.weights);
+      await b.trainer.restore({ step: startStep, optimizer: saved.optimizer });
+    }
+    log(`resuming from ${resumed.path} (step ${startStep})`);
+  }
+  if (runDir) {
+    await mkdir(runDir, { recursive: true });
+    // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
+    await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
+    if (loraBase) await saveModelDir(loraBase, base, files);
+  }
+  const every = runDir ? config.checkpoint.every : 0;
+  if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
+  const loader = loadTasks(task.train, {
+    epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
+    shuffle: config.data.shuffle,
+    seed,
+    ...(resumed ? { start: resumed.state.loader } : {}),
+  });
+  let lastSaved = startStep;
+  const checkpoint = async (step: number): Promise<void> => {
+    if (!runDir || step <= lastSaved) return;
+    const policies: PolicyCheckpoint[] = [];
+    for (const b of built) {
+      const optimizer = await b.trainer.optimizerState();
+      policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
+    }
+    const path = await savePoliciesCheckpoint(runDir, { step, seed, loader: loader.position, policies, ...(loraBase ? { baseDir: loraBase } : {}), ...files });
+    await pruneCheckpoints(runDir, config.checkpoint.keepLast);
+    lastSaved = step;
+    log(`checkpoint ${path}`);
+  };
+  // In sync mode, once every policy has taken step n nothing more is admitted until the last of them publishes
+  // (its hook runs first): the policies and the loader position are one consistent state.
+  const done = new Map<string, number>();
+  const afterStep = async (step: PolicyStepResult): Promise<void> => {
+    done.set(step.modelTag, step.step + 1);
+    const all = Math.min(...built.map((b) => done.get(b.entry.name) ?? startStep));
+    if (every > 0 && mode === 'sync' && all % every === 0 && built.every((b) => b.trainer.step === all)) await checkpoint(all);
+  };
+  const remaining = config.run.steps === 0 ? 0 : config.run.steps - startStep;
+  const finished = config.run.steps > 0 && remaining <= 0;
+  if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
+
   const metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
   try {
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
     const started = performance.now();
     const common = {
-      tasks: task.train,
-      loader: { epochs: config.data.epochs === 0 ? Infinity : config.data.epochs, shuffle: config.data.shuffle, seed },
+      tasks: loader,
       mode,
       stalenessThreshold: config.sync.stalenessThreshold,
       ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
@@ -189,11 +248,12 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       maxTokens,
       temperature: config.rollout.temperature,
       topP: config.rollout.topP,
-      steps: config.run.steps,
+      steps: remaining,
       seed,
       advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
       ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
       onGroupTimeout: config.store.onGroupTimeout,
+      afterStep,
       ...(options.signal ? { signal: options.signal } : {}),
     };
     const transport = options.kafka;
@@ -220,7 +280,7 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
           ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
         });
     await lastValueFrom(
-      steps$.pipe(
+      (finished ? EMPTY : steps$).pipe(
         tap((step) => {
           metricsFile?.write({ step: step.step, version: step.version, metrics: step.metrics });
           options.onStep?.(step, (performance.now() - started) / 1000);
@@ -233,7 +293,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     const seconds = (performance.now() - started) / 1000;
     const valFinal = await score();
     log(`held-out after training: ${agentRewards(valFinal, agents)}`);
-    const saved = runDir ? await savePolicies(runDir, built, base, tokenizer, usesLora) : new Map<string, string>();
+    // Every run ends with a checkpoint of its last step (when its policies stand at one step) and its final weights.
+    const last = Math.min(...built.map((b) => b.trainer.step));
+    if (every > 0 && built.every((b) => b.trainer.step === last)) await checkpoint(last);
+    const saved = runDir ? await savePolicies(runDir, built, files, loraBase) : new Map<string, string>();
     return {
       recipe: task.name,
       mode,
@@ -264,26 +327,30 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   }
 }
 
-/** Saves each policy under `policies/<name>/`: a model directory, or a PEFT adapter whose base is `base/`. */
+/** Saves each policy under `policies/<name>/`: a model directory, or a PEFT adapter over `loraBase`. */
 async function savePolicies(
   runDir: string,
   built: readonly { readonly entry: { readonly name: string }; readonly train: PolicyModel; readonly adapter: LoraAdapter | undefined }[],
-  base: PolicyModel,
-  tokenizer: Tokenizer,
-  usesLora: boolean,
+  files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>,
+  loraBase: string | undefined,
 ): Promise<Map<string, string>> {
-  const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
-  const baseDir = join(runDir, 'base');
-  if (usesLora) await saveModelDir(baseDir, base, files);
   const saved = new Map<string, string>();
   for (const b of built) {
     const dir = join(runDir, 'policies', b.entry.name);
     await mkdir(dir, { recursive: true });
-    if (b.adapter) await savePeftAdapter(dir, b.adapter, baseDir);
+    if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
     else await saveModelDir(dir, b.train, files);
     saved.set(b.entry.name, dir);
   }
   return saved;
+}
+
+/** The checkpoint a multi-agent run resumes from: `auto` (the run directory's newest), `from_path`, or none. */
+async function findPoliciesResume(config: RxrlConfig, baseDir: string, runDir: string | undefined): Promise<PoliciesCheckpoint | undefined> {
+  if (config.resume.mode === 'disable') return undefined;
+  if (config.resume.mode === 'from_path') return loadPoliciesCheckpoint(resolve(baseDir, config.resume.path as string));
+  const latest = runDir ? await latestCheckpoint(runDir) : undefined;
+  return latest === undefined ? undefined : loadPoliciesCheckpoint(latest);
 }
 
 function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {

@@ -117,7 +117,7 @@ export interface KafkaTrainerConfig {
    * Called after each step is trained and its weights are announced, before the gate admits on its credit; the
    * metrics it returns are merged into the step's (validation scores, for instance).
    */
-  readonly afterStep?: (step: StepResult) => Promise<Metrics | void>;
+  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
   /**
    * Whether a checkpoint holds the work of every step up to `step` (asked after `afterStep`). The trajectories of
    * trained steps are acknowledged, and their offsets committed, only once this says so; a trainer killed between

@@ -549,7 +549,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
  * line after its checkpoint's last step has step `from − 1` and stays; `−Infinity` drops every record). A missing
  * file is left missing; unparsable lines are kept as they are.
  */
-async function dropStepsFrom(path: string, from: number): Promise<void> {
+export async function dropStepsFrom(path: string, from: number): Promise<void> {
   let text: string;
   try {
     text = await readFile(path, 'utf8');

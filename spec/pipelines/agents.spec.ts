@@ -1,4 +1,4 @@
-import { mkdtemp, readFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -121,9 +121,70 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     }
   }, 180_000);
 
+  it('checkpoints every policy (adapter and optimizer) and resumes losslessly: 2 + 2 steps equal 4 straight', async () => {
+    const lora = { rank: 4, alpha: 8, targetModules: ['q_proj', 'v_proj'] };
+    const level = {
+      agents: { environment: 'writer-editor', roles },
+      policies: [
+        { name: 'writer', specialization: 'lora', lora },
+        { name: 'editor', specialization: 'full' },
+      ],
+      checkpoint: { every: 1, keepLast: 2, onStop: false },
+      resume: { mode: 'auto' },
+      validation: { beforeTrain: false },
+    };
+    const straightDir = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    await runAgents(config({ ...level, run: { dir: straightDir, seed: 1, steps: 4, backend: 'auto' } }));
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    const first = await runAgents(config({ ...level, run: { dir, seed: 1, steps: 2, backend: 'auto' } }));
+    expect(first.policies.map((p) => p.steps)).toEqual([2, 2]);
+    const lines: string[] = [];
+    const taken: string[] = [];
+    const resumed = await runAgents(config({ ...level, run: { dir, seed: 1, steps: 4, backend: 'auto' } }), {
+      log: (line) => lines.push(line),
+      onStep: (step) => taken.push(`${step.modelTag}:${step.step}`),
+    });
+    expect(taken.sort()).toEqual(['editor:2', 'editor:3', 'writer:2', 'writer:3']);
+    expect(lines.some((line) => line.startsWith(`resuming from ${join(dir, 'global_step_2')}`))).toBe(true);
+    expect(resumed.policies.map((p) => p.steps)).toEqual([4, 4]);
+    // keepLast 2: the newest two checkpoints remain.
+    expect((await readdir(dir)).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_3', 'global_step_4']);
+    // Each step of each policy appears once in metrics.jsonl.
+    const steps = (await readFile(join(dir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    expect(steps.map((l) => `${l.step}:${Object.keys(l).find((k) => k.endsWith('/actor/pg_loss'))?.split('/')[0]}`).sort()).toEqual(
+      ['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer'],
+    );
+    // The resumed run sampled and scored what the straight one did, step for step ...
+    const straightSteps = (await readFile(join(straightDir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const rewards = (ls: Record<string, number>[]): string[] =>
+      ls.flatMap((l) => ['writer', 'editor'].filter((t) => `${t}/rollout/reward_mean` in l).map((t) => `${l.step}:${t}:${l[`${t}/rollout/reward_mean`].toFixed(9)}`)).sort();
+    expect(rewards(steps)).toEqual(rewards(straightSteps));
+    // ... and ends where it does, weight for weight (to float32 noise: the engine's batches differ in size).
+    const close = (a: Float32Array | undefined, b: Float32Array, name: string): void => {
+      expect(a?.length, name).toBe(b.length);
+      let worst = 0;
+      for (let i = 0; i < b.length; i++) worst = Math.max(worst, Math.abs((a as Float32Array)[i] - b[i]));
+      expect(worst, name).toBeLessThan(1e-5);
+    };
+    const task = writerEditorTask({ seed: 1, validationSize: 20 });
+    const vocab = new CharTokenizer(task.characters).vocabSize;
+    const { model: straightEditor } = await loadModelDir(join(straightDir, 'policies', 'editor'));
+    const { model: resumedEditor } = await loadModelDir(join(dir, 'policies', 'editor'));
+    expect(straightEditor.config.vocabSize).toBe(vocab);
+    for (const [name, w] of straightEditor.getWeights()) close(resumedEditor.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
+    const { adapter: straightWriter } = await loadPeftAdapter(join(straightDir, 'policies', 'writer'), straightEditor.config);
+    const { adapter: resumedWriter } = await loadPeftAdapter(join(dir, 'policies', 'writer'), straightEditor.config);
+    for (const [name, w] of straightWriter.getWeights()) close(resumedWriter.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
+    // Running the finished run again trains nothing.
+    const again: string[] = [];
+    await runAgents(config({ ...level, run: { dir, seed: 1, steps: 4, backend: 'auto' } }), { log: (line) => again.push(line) });
+    expect(again).toContain('run already finished: 4 of 4 steps trained');
+    for (const m of [straightEditor, resumedEditor]) m.dispose();
+    for (const a of [straightWriter, resumedWriter]) a.dispose();
+  }, 180_000);
+
   it('refuses what multi-agent runs do not do yet, naming the key', async () => {
     const base = { agents: { environment: 'writer-editor', roles }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })) };
-    await expect(runAgents(config({ ...base, resume: { mode: 'from_path', path: '/x' } }))).rejects.toThrow(/resume\.mode: multi-agent runs do not resume/);
     await expect(runAgents(config({ ...base, trainer: { klLoss: { coef: 0.1 } } }))).rejects.toThrow(ConfigError);
     await expect(runAgents(config({}))).rejects.toThrow(/agents\.environment/);
   });

@@ -1,0 +1,146 @@
+/**
+ * Checkpoints of multi-policy runs: `<runDir>/global_step_<n>/` holds, per policy, its weights (a Hugging Face
+ * model directory, or a PEFT adapter directory of the adapter alone) and its optimizer state, plus the loader
+ * position shared by every policy. Written when every policy has taken `n` steps and nothing is admitted beyond
+ * them, so a resumed run continues exactly. Complete once `state.json` exists (written last, then the directory is
+ * renamed into place), like single-policy checkpoints, so `listCheckpoints`, `latestCheckpoint` and
+ * `pruneCheckpoints` serve both.
+ *
+ * @packageDocumentation
+ */
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { LoaderPosition } from '../data/loader.js';
+import type { NamedWeights } from '../engine/types.js';
+import { DecodeError } from '../errors.js';
+import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
+import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
+import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
+import type { PolicyConfig } from '../model/transformer.js';
+import { checkpointName } from './checkpoint.js';
+
+/** Layout version of multi-policy checkpoints. */
+export const POLICIES_CHECKPOINT_FORMAT = 1;
+
+/** One policy as a checkpoint holds it. */
+export interface PolicyCheckpoint {
+  readonly name: string;
+  /** Full model weights (with `config`), or the adapter's weights alone (with `lora`). */
+  readonly weights: NamedWeights;
+  readonly config?: PolicyConfig;
+  readonly lora?: ResolvedLoraConfig;
+  readonly optimizer: NamedWeights;
+}
+
+/** What `state.json` of a multi-policy checkpoint records. */
+export interface PoliciesCheckpointState {
+  readonly format: number;
+  readonly kind: 'policies';
+  /** Steps every policy has taken. */
+  readonly step: number;
+  readonly seed: number;
+  /** Loader position after the last task admitted before the checkpoint (every one of them is trained). */
+  readonly loader: LoaderPosition;
+  /** The policies, in the run's order. */
+  readonly policies: readonly { readonly name: string; readonly adapter: boolean }[];
+  readonly savedAt: string;
+}
+
+/** A multi-policy checkpoint read back. */
+export interface PoliciesCheckpoint {
+  readonly path: string;
+  readonly state: PoliciesCheckpointState;
+  /** Weights and optimizer state by policy name. */
+  readonly policies: ReadonlyMap<string, { readonly weights: NamedWeights; readonly optimizer: NamedWeights }>;
+}
+
+/**
+ * Writes a multi-policy checkpoint atomically into `<runDir>/global_step_<step>/` (replacing one of the same step).
+ *
+ * @param contents - the step, seed and loader position; each policy's weights and optimizer state; for LoRA
+ *   policies the directory of their base (recorded as `base_model_name_or_path`); tokenizer files for full models.
+ * @returns its path.
+ */
+export async function savePoliciesCheckpoint(
+  runDir: string,
+  contents: {
+    readonly step: number;
+    readonly seed: number;
+    readonly loader: LoaderPosition;
+    readonly policies: readonly PolicyCheckpoint[];
+    readonly baseDir?: string;
+    readonly tokenizerFiles?: Readonly<Record<string, string>>;
+    readonly special?: SpecialTokenIds;
+  },
+): Promise<string> {
+  const final = join(runDir, checkpointName(contents.step));
+  const tmp = join(runDir, `.tmp-${checkpointName(contents.step)}-${process.pid}`);
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  const metadata = { [POLICY_VERSION_METADATA_KEY]: String(contents.step) };
+  for (const policy of contents.policies) {
+    const dir = join(tmp, 'policies', policy.name);
+    if (policy.lora) await savePeftWeights(dir, policy.lora, policy.weights, contents.baseDir ?? null, metadata);
+    else if (policy.config) {
+      await saveModelDir(dir, { config: policy.config, weights: policy.weights }, {
+        ...(contents.tokenizerFiles ? { tokenizerFiles: contents.tokenizerFiles } : {}),
+        ...(contents.special ? { special: contents.special } : {}),
+        metadata,
+      });
+    } else throw new DecodeError(`checkpoint: policy ${policy.name} has neither a model config nor an adapter`);
+    await saveSafetensors(join(dir, 'optimizer.safetensors'), policy.optimizer);
+  }
+  const state: PoliciesCheckpointState = {
+    format: POLICIES_CHECKPOINT_FORMAT,
+    kind: 'policies',
+    step: contents.step,
+    seed: contents.seed,
+    loader: contents.loader,
+    policies: contents.policies.map((p) => ({ name: p.name, adapter: p.lora !== undefined })),
+    savedAt: new Date().toISOString(),
+  };
+  await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
+  await rm(final, { recursive: true, force: true });
+  await rename(tmp, final);
+  return final;
+}
+
+/**
+ * Reads a multi-policy checkpoint.
+ *
+ * @throws {@link DecodeError} when `state.json` is unreadable or not a multi-policy checkpoint (a single-policy
+ *   run's, for instance), or a policy's files are malformed.
+ */
+export async function loadPoliciesCheckpoint(path: string): Promise<PoliciesCheckpoint> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(join(path, 'state.json'), 'utf8'));
+  } catch (cause) {
+    throw new DecodeError(`checkpoint ${path}: unreadable state.json`, { cause, context: { path } });
+  }
+  const state = raw as PoliciesCheckpointState;
+  const ok =
+    typeof state === 'object' &&
+    state !== null &&
+    state.format === POLICIES_CHECKPOINT_FORMAT &&
+    state.kind === 'policies' &&
+    Number.isInteger(state.step) &&
+    Number.isInteger(state.loader?.epoch) &&
+    Number.isInteger(state.loader?.index) &&
+    Array.isArray(state.policies) &&
+    state.policies.every((p) => typeof p?.name === 'string' && typeof p.adapter === 'boolean');
+  if (!ok) throw new DecodeError(`checkpoint ${path}: state.json is not a multi-policy checkpoint of format ${POLICIES_CHECKPOINT_FORMAT}`, { context: { path } });
+  const policies = new Map<string, { weights: NamedWeights; optimizer: NamedWeights }>();
+  for (const { name, adapter } of state.policies) {
+    const dir = join(path, 'policies', name);
+    let weights: NamedWeights;
+    if (adapter) {
+      await readPeftAdapterConfig(dir);
+      weights = (await loadSafetensors(join(dir, PEFT_FILES.weights))).weights;
+    } else {
+      weights = (await readModelDir(dir)).weights;
+    }
+    policies.set(name, { weights, optimizer: (await loadSafetensors(join(dir, 'optimizer.safetensors'))).weights });
+  }
+  return { path, state, policies };
+}
