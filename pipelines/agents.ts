@@ -23,24 +23,17 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, tinyModelConfig, type KafkaTransport } from './run.js';
+import { dropStepsFrom, grpoTrainerOptions, kafkaSettings, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
 
-/** Options of {@link runAgents}. */
-export interface AgentsRunOptions {
-  /** Directory that relative paths of the recipe (`run.dir`, `model.path`) are resolved against. Default: cwd. */
-  readonly baseDir?: string;
-  /** Cancels the run; the final validation and save still run. */
-  readonly signal?: AbortSignal;
+/**
+ * Options of {@link runAgents}: those of `runTraining` that apply (base directory, cancellation, progress lines, a
+ * Kafka transport: then `rxrl worker` processes of the same recipe play the episodes and the in-process engines
+ * only validate), with every policy's steps.
+ */
+export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | 'signal' | 'log' | 'kafka'> {
   /** Sees every policy's steps. */
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
-  /** Progress lines. */
-  readonly log?: (line: string) => void;
-  /**
-   * Trains over Kafka (`rxrl trainer`): episodes are played by `rxrl worker` processes of the same recipe, each
-   * following every policy's weights on the weights topic; the in-process engines only validate.
-   */
-  readonly kafka?: KafkaTransport;
 }
 
 /** What a multi-agent recipe gives both halves of a run: the task, the tokenizer, the agents, the episode spec. */
@@ -239,20 +232,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
     const started = performance.now();
     const common = {
+      ...loopSettings(config),
       tasks: loader,
-      mode,
-      stalenessThreshold: config.sync.stalenessThreshold,
-      ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-      batchSize,
-      groupSize,
       maxTokens,
-      temperature: config.rollout.temperature,
-      topP: config.rollout.topP,
       steps: remaining,
-      seed,
-      advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-      ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-      onGroupTimeout: config.store.onGroupTimeout,
       afterStep,
       ...(options.signal ? { signal: options.signal } : {}),
     };
@@ -260,15 +243,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     const steps$ = transport
       ? kafkaTrainer({
           ...common,
-          kafka: transport.kafka,
-          topics: transport.topics,
-          weightsDir: transport.weightsDir,
+          ...kafkaSettings(transport, tokenizer),
           // A LoRA policy ships its adapter alone; its base is written once for the workers.
           policies: built.map((b) => ({ trainer: b.trainer, policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
           episodes,
-          padId: tokenizer.padId,
-          tokenizer,
-          ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
         })
       : multiAgentPipeline({
           ...common,

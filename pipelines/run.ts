@@ -73,6 +73,44 @@ export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
   };
 }
 
+/**
+ * The loop settings of a recipe that every training loop shares (embedded, Kafka, multi-agent): staleness mode,
+ * sizes, sampling, seed, advantages and the group store's timeout.
+ *
+ * @internal
+ */
+export function loopSettings(config: RxrlConfig) {
+  return {
+    mode: config.sync.mode,
+    stalenessThreshold: config.sync.stalenessThreshold,
+    ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+    batchSize: config.sync.batchSize,
+    groupSize: config.rollout.groupSize,
+    temperature: config.rollout.temperature,
+    topP: config.rollout.topP,
+    seed: config.run.seed,
+    advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+    ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+    onGroupTimeout: config.store.onGroupTimeout,
+  };
+}
+
+/**
+ * What a `kafkaTrainer` takes from a transport and the policy's tokenizer.
+ *
+ * @internal
+ */
+export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer) {
+  return {
+    kafka: transport.kafka,
+    topics: transport.topics,
+    weightsDir: transport.weightsDir,
+    padId: tokenizer.padId,
+    tokenizer,
+    ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+  };
+}
+
 /** Options of {@link runTraining}. */
 export interface RunTrainingOptions {
   /** Directory that relative paths of the configuration are resolved against (the recipe's). Default cwd. */
@@ -361,21 +399,11 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     else {
       // What the embedded and the Kafka loops share: the data, the trainer, the staleness mode, the algorithm.
       const common = {
+        ...loopSettings(config),
         tasks,
         trainer: checkpointing,
-        mode,
-        stalenessThreshold: config.sync.stalenessThreshold,
-        ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-        batchSize,
-        groupSize,
         maxTokens,
-        temperature: config.rollout.temperature,
-        topP: config.rollout.topP,
         ...(remaining === undefined ? {} : { steps: remaining }),
-        seed,
-        advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-        ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-        onGroupTimeout: config.store.onGroupTimeout,
         ...(reference && config.algorithm.klInReward.coef > 0
           ? {
               klInReward: {
@@ -402,13 +430,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
       const steps$ = transport
         ? kafkaTrainer({
             ...common,
-            kafka: transport.kafka,
-            topics: transport.topics,
-            weightsDir: transport.weightsDir,
+            ...kafkaSettings(transport, tokenizer),
             policy,
-            padId: tokenizer.padId,
-            tokenizer,
-            ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
             // Trajectory offsets are committed once a checkpoint holds their step.
             ...(runDir && config.checkpoint.every > 0
               ? { checkpointed: () => lastCheckpointStep === trainer.step, stepsPerCheckpoint: config.checkpoint.every }
