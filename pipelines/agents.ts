@@ -23,7 +23,7 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, kafkaSettings, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
+import { dropStepsFrom, grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
 
 /**
@@ -114,11 +114,6 @@ export interface AgentsRunSummary {
  * @returns the summary: per-policy sizes and held-out reward per agent.
  */
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
-  if (config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0) {
-    throw new ConfigError('trainer.klLoss.coef / algorithm.klInReward.coef: multi-agent runs have no reference policy yet; set them to 0', {
-      context: { key: 'trainer.klLoss.coef' },
-    });
-  }
   const baseDir = options.baseDir ?? process.cwd();
   const log = (line: string): void => options.log?.(line);
   const seed = config.run.seed;
@@ -151,7 +146,9 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       maxBatchSize: batchSize * groupSize * inFlightBatches * agents.filter((a) => a.policy === entry.name).length,
       weightSync: config.rollout.weightSync,
     });
-    const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i });
+    // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the
+    // adapters, copied by the full models.
+    const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i, ...(config.trainer.klLoss.coef > 0 ? { reference: base } : {}) });
     let syncBytes = 0;
     for (const w of train.getWeights().values()) syncBytes += w.data.byteLength;
     const trainableParameters = train.trainableVariables().reduce((n, v) => n + v.size, 0);
@@ -236,6 +233,7 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       tasks: loader,
       maxTokens,
       steps: remaining,
+      ...klInRewardOf(config, base),
       afterStep,
       ...(options.signal ? { signal: options.signal } : {}),
     };

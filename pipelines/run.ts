@@ -31,6 +31,7 @@ import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
 import { writeFileAtomic } from '../lib/model/safetensors.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { grpoPipeline } from './grpoPipeline.js';
+import type { KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { validate } from './validate.js';
@@ -108,6 +109,23 @@ export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer) {
     padId: tokenizer.padId,
     tokenizer,
     ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+  };
+}
+
+/**
+ * The KL penalty in the reward of a recipe (`algorithm.klInReward`), scored against `reference`; none when its
+ * coefficient is 0 or there is no reference.
+ *
+ * @internal
+ */
+export function klInRewardOf(config: RxrlConfig, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
+  if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
+  return {
+    klInReward: {
+      reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+      controller: { type: 'fixed', coef: config.algorithm.klInReward.coef },
+      estimator: config.algorithm.klInReward.estimator,
+    },
   };
 }
 
@@ -404,15 +422,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
         trainer: checkpointing,
         maxTokens,
         ...(remaining === undefined ? {} : { steps: remaining }),
-        ...(reference && config.algorithm.klInReward.coef > 0
-          ? {
-              klInReward: {
-                reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
-                controller: { type: 'fixed' as const, coef: config.algorithm.klInReward.coef },
-                estimator: config.algorithm.klInReward.estimator,
-              },
-            }
-          : {}),
+        ...klInRewardOf(config, reference),
         onAdmit: (task: Task) => {
           admitted.set(groupIdOf(task), task);
           position = loader.position;

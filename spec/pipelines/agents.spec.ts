@@ -3,7 +3,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
 import { loadPeftAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
@@ -183,9 +182,36 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     for (const a of [straightWriter, resumedWriter]) a.dispose();
   }, 180_000);
 
-  it('refuses what multi-agent runs do not do yet, naming the key', async () => {
-    const base = { agents: { environment: 'writer-editor', roles }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })) };
-    await expect(runAgents(config({ ...base, trainer: { klLoss: { coef: 0.1 } } }))).rejects.toThrow(ConfigError);
+  it('KL terms against the initial policy (the shared base) for LoRA and full policies alike', async () => {
+    const steps: Record<string, number>[] = [];
+    await runAgents(
+      config({
+        agents: { environment: 'writer-editor', roles },
+        policies: [
+          { name: 'writer', specialization: 'lora', lora: { rank: 2, alpha: 4, targetModules: ['q_proj'] } },
+          { name: 'editor', specialization: 'full' },
+        ],
+        trainer: { klLoss: { coef: 0.1 } },
+        algorithm: { klInReward: { coef: 0.05 } },
+        run: { dir: null, seed: 1, steps: 2, backend: 'auto' },
+        validation: { beforeTrain: false },
+      }),
+      { onStep: (step) => steps.push(step.metrics) },
+    );
+    for (const tag of ['writer', 'editor']) {
+      const first = steps.find((m) => `${tag}/actor/kl_loss` in m) as Record<string, number>;
+      // Step 0 trains on samples of the initial policy: both KL terms start at 0 (to float32 rounding).
+      expect(Math.abs(first[`${tag}/actor/kl_loss`]), tag).toBeLessThan(1e-5);
+      expect(first[`${tag}/actor/kl_coef`]).toBeCloseTo(0.1, 6);
+      expect(Math.abs(first[`${tag}/actor/reward_kl_penalty`]), tag).toBeLessThan(1e-5);
+      // After one update the policy has moved off the base, so the (k1) KL of its samples is no longer 0. A rank-2
+      // adapter moves little (|KL| ~ 1e-6): the low-variance estimator's loss, ~KL², can still round to 0.
+      const second = steps.filter((m) => `${tag}/actor/kl_loss` in m)[1];
+      expect(Math.abs(second[`${tag}/actor/reward_kl_penalty`]), tag).toBeGreaterThan(1e-7);
+    }
+  }, 120_000);
+
+  it('refuses a recipe without an environment, naming the key', async () => {
     await expect(runAgents(config({}))).rejects.toThrow(/agents\.environment/);
   });
 });
