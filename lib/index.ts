@@ -296,6 +296,7 @@ export {
   REPORTER_MESSAGE_CAPACITY,
   REPORT_PLOTS,
   RunDirError,
+  reportPlotsFor,
   createLogger,
   describeError,
   escapeHtml,

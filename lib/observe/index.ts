@@ -43,5 +43,5 @@ export { Progress, formatStepLine } from './progress.js';
 export type { ProgressOptions, ProgressStep, ProgressStream } from './progress.js';
 
 // ── report ─────────────────────────────────────────────────────────────────────
-export { REPORT_PALETTE, REPORT_PLOTS, escapeHtml, renderReport, writeReport } from './report.js';
+export { REPORT_PALETTE, REPORT_PLOTS, escapeHtml, renderReport, reportPlotsFor, writeReport } from './report.js';
 export type { ReportInput, ReportPlot, ReportSeries, WriteReportOptions } from './report.js';

@@ -65,6 +65,29 @@ export const REPORT_PLOTS: readonly ReportPlot[] = [
   { id: 'throughput', title: 'Throughput (tokens/s)', series: [{ key: 'perf/tokens_per_s', label: 'perf/tokens_per_s' }] },
 ];
 
+/**
+ * The plots of a run's records: {@link REPORT_PLOTS}, or for a multi-policy run (metrics namespaced by policy,
+ * `writer/rollout/reward_mean`) the same plots with one curve per policy and series (`writer max`, …).
+ *
+ * @param records - the run's records.
+ * @returns the plots to draw.
+ */
+export function reportPlotsFor(records: readonly MetricsRecord[]): readonly ReportPlot[] {
+  const tags = new Set<string>();
+  for (const { metrics } of records) {
+    for (const key of Object.keys(metrics)) {
+      const match = /^([^/]+)\/(?:rollout\/reward_mean|actor\/pg_loss)$/.exec(key);
+      if (match && !['rollout', 'actor', 'val'].includes(match[1])) tags.add(match[1]);
+    }
+  }
+  if (tags.size === 0) return REPORT_PLOTS;
+  const policies = [...tags].sort();
+  return REPORT_PLOTS.map((plot) => ({
+    ...plot,
+    series: policies.flatMap((tag) => plot.series.map((s) => ({ key: `${tag}/${s.key}`, label: plot.series.length === 1 ? tag : `${tag} ${s.label}` }))),
+  }));
+}
+
 /** Line colours, by series index within a plot. */
 export const REPORT_PALETTE: readonly string[] = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e'];
 
@@ -74,7 +97,7 @@ export interface WriteReportOptions {
   readonly out?: string;
   /** Page title. Default: the run directory's name. */
   readonly title?: string;
-  /** Plots to draw. Default {@link REPORT_PLOTS}. */
+  /** Plots to draw. Default {@link reportPlotsFor} the run's records. */
   readonly plots?: readonly ReportPlot[];
 }
 
@@ -88,7 +111,7 @@ export interface ReportInput {
   readonly found?: boolean;
   /** Lines of the file that were skipped. Default none. */
   readonly skippedLines?: readonly SkippedLine[];
-  /** Plots to draw. Default {@link REPORT_PLOTS}. */
+  /** Plots to draw. Default {@link reportPlotsFor} the records. */
   readonly plots?: readonly ReportPlot[];
 }
 
@@ -185,7 +208,7 @@ interface Domain {
  * @returns the complete HTML document.
  */
 export function renderReport(input: ReportInput): string {
-  const plots = input.plots ?? REPORT_PLOTS;
+  const plots = input.plots ?? reportPlotsFor(input.records);
   const skipped = input.skippedLines ?? [];
   const series = collectSeries(input.records);
   const steps = input.records.map((record) => record.step).filter(Number.isFinite);

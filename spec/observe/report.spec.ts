@@ -6,6 +6,7 @@ import {
   escapeHtml,
   REPORT_PLOTS,
   renderReport,
+  reportPlotsFor,
   RunDirError,
   writeReport,
   type MetricsRecord,
@@ -39,6 +40,18 @@ describe('renderReport', () => {
     expect(html.match(/<figure class="plot"/g)).toHaveLength(REPORT_PLOTS.length);
     expect(html).toContain('<li class="missing" data-series="actor/kl_loss">actor/kl_loss: no data</li>');
     expect(html).toContain('data-plot="throughput" data-empty="true"');
+  });
+
+  it('a multi-policy run (metrics under <policy>/) gets one curve per policy in each plot', () => {
+    const records = Array.from({ length: 4 }, (_, s) =>
+      record(s, { 'writer/rollout/reward_mean': s / 4, 'editor/rollout/reward_mean': s / 8, 'editor/rollout/staleness_max': 1, 'val/writer/reward_mean': 0.5 }),
+    );
+    const html = renderReport({ title: 'agents', records });
+    expect([...seriesPaths(html).keys()].sort()).toEqual(['editor/rollout/reward_mean', 'editor/rollout/staleness_max', 'writer/rollout/reward_mean']);
+    const plots = reportPlotsFor(records);
+    expect(plots.find((p) => p.id === 'reward')?.series.map((s) => s.label)).toEqual(['editor', 'writer']);
+    expect(plots.find((p) => p.id === 'staleness')?.series.map((s) => s.label)).toEqual(['editor min', 'editor mean', 'editor max', 'writer min', 'writer mean', 'writer max']);
+    expect(reportPlotsFor([record(0, { 'rollout/reward_mean': 1 })])).toBe(REPORT_PLOTS);
   });
 
   it('is deterministic and self-contained: no script, no external reference, a CSP that forbids both', () => {
