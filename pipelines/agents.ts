@@ -62,6 +62,15 @@ export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Pro
   const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(task.characters);
   const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
+  // A prompt the tokenizer cannot encode would fail every episode: refuse it now, naming the key.
+  config.agents.roles.forEach((role, i) => {
+    if (role.prompt === undefined) return;
+    try {
+      tokenizer.encode(role.prompt);
+    } catch (cause) {
+      throw new ConfigError(`agents.roles[${i}].prompt: the tokenizer cannot encode it: ${(cause as Error).message}`, { cause, context: { key: `agents.roles[${i}].prompt` } });
+    }
+  });
   return {
     task,
     tokenizer,

@@ -211,7 +211,11 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     }
   }, 120_000);
 
-  it('refuses a recipe without an environment, naming the key', async () => {
+  it('refuses a recipe without an environment, or a role prompt the tokenizer cannot encode, naming the key', async () => {
     await expect(runAgents(config({}))).rejects.toThrow(/agents\.environment/);
+    const prompted = roles.map((r, i) => (i === 1 ? { ...r, prompt: 'check: ' } : r));
+    await expect(
+      runAgents(config({ agents: { environment: 'writer-editor', roles: prompted }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })) })),
+    ).rejects.toThrow(/agents\.roles\[1\]\.prompt: the tokenizer cannot encode it/);
   });
 });
