@@ -147,6 +147,10 @@ export interface KafkaTrainerConfig {
  * - Groups are batched (one admission batch per train batch in `sync` and `batch-async`), trained, and each new
  *   version is written to `weightsDir` and announced on `weights` before the gate admits more.
  * - Offsets of the trajectories topic are committed only once the step that trained them is done.
+ * - With `policies` and `episodes` (a multi-agent run, the workers playing the same `episodes`), each policy has
+ *   its own group store, batches, trainer and gate, and announces its weights under its `modelTag` (a LoRA
+ *   policy: its adapter alone, over a base written once); a task is admitted when every policy still training
+ *   admits it, and step results carry `modelTag` with metrics namespaced `<tag>/…`.
  *
  * At the end (after `steps` steps, or when every admitted task is trained) it announces the end of the run, so
  * workers following it stop, and completes. Staleness metrics (`rollout/staleness_*`) use the versions the workers
