@@ -1,7 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { EMPTY, lastValueFrom, tap } from 'rxjs';
-import type { AgentSpec } from '../lib/agent/environment.js';
+import type { AgentSpec, MultiAgentEnvironment } from '../lib/agent/environment.js';
 import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
@@ -15,15 +15,15 @@ import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
 import { latestCheckpoint, pruneCheckpoints } from '../lib/checkpoint/checkpoint.js';
 import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
-import { loadTasks } from '../lib/data/loader.js';
+import { loadTasks, type TaskSource } from '../lib/data/loader.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { Metrics, ModelTag } from '../lib/types.js';
-import { writerEditorTask, type WriterEditorTask } from '../recipes/writerEditor.js';
+import type { Metrics, ModelTag, Task } from '../lib/types.js';
+import { writerEditorTask } from '../recipes/writerEditor.js';
 import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
+import { dropStepsFrom, grpoTrainerOptions, importExport, kafkaSettings, klInRewardOf, loadData, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
 
 /**
@@ -36,9 +36,20 @@ export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | '
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
 }
 
+/** The data and environment of a multi-agent recipe. */
+export interface AgentsTask {
+  /** Recipe name (the bundled task's, or the train file's). */
+  readonly name: string;
+  /** Training tasks: an array, or a JSONL file read lazily. */
+  readonly train: TaskSource;
+  /** Held-out tasks. */
+  readonly validation: readonly Task[];
+  readonly environment: MultiAgentEnvironment;
+}
+
 /** What a multi-agent recipe gives both halves of a run: the task, the tokenizer, the agents, the episode spec. */
 export interface AgentsRecipe {
-  readonly task: WriterEditorTask;
+  readonly task: AgentsTask;
   readonly tokenizer: Tokenizer;
   readonly agents: AgentSpec[];
   readonly episodes: KafkaEpisodes;
@@ -58,9 +69,24 @@ export interface AgentsRecipe {
  */
 export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Promise<AgentsRecipe> {
   if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
-  const task = writerEditorTask({ ...config.data.task, seed: config.run.seed });
   const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
-  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(task.characters);
+  let task: AgentsTask;
+  let characters: string;
+  let maxTokens: number;
+  if (config.agents.environment === 'writer-editor') {
+    const bundled = writerEditorTask({ ...config.data.task, seed: config.run.seed });
+    task = bundled;
+    characters = bundled.characters;
+    maxTokens = config.rollout.maxTokens > 0 ? config.rollout.maxTokens : bundled.maxAnswerLength + 1;
+  } else {
+    // A recipe's own environment, on the recipe's data (bundled string tasks or JSONL files).
+    const environment = checkEnvironment(await importExport<unknown>(config.agents.module, baseDir, 'agents.module'));
+    const data = await loadData(config, baseDir);
+    task = { name: data.name, train: data.train, validation: data.validation, environment };
+    characters = data.characters;
+    maxTokens = data.maxTokens;
+  }
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(characters);
   const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
   // A prompt the tokenizer cannot encode would fail every episode: refuse it now, naming the key.
   config.agents.roles.forEach((role, i) => {
@@ -76,9 +102,27 @@ export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Pro
     tokenizer,
     agents,
     episodes: { environment: task.environment, agents, granularity: config.agents.granularity },
-    maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
+    maxTokens,
     modelDir,
   };
+}
+
+/** The module's export as an environment; a `ConfigError` naming `agents.module.export` when it is not one. */
+function checkEnvironment(value: unknown): MultiAgentEnvironment {
+  const env = value as Partial<MultiAgentEnvironment> | null;
+  const ok =
+    typeof env === 'object' &&
+    env !== null &&
+    Array.isArray(env.turnOrder) &&
+    env.turnOrder.every((a) => typeof a === 'string') &&
+    Number.isInteger(env.maxTurns) &&
+    typeof env.reset === 'function';
+  if (!ok) {
+    throw new ConfigError('agents.module.export: not a MultiAgentEnvironment (turnOrder: string[], maxTurns: integer, reset(task, seed))', {
+      context: { key: 'agents.module.export' },
+    });
+  }
+  return env as MultiAgentEnvironment;
 }
 
 /** One policy of a multi-agent run, as {@link runAgents} reports it. */

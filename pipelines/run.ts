@@ -210,7 +210,8 @@ export interface RunSummary {
   readonly stoppedBy?: string;
 }
 
-interface Data {
+/** A recipe's tasks and what comes with them. */
+export interface Data {
   readonly name: string;
   readonly characters: string;
   readonly train: readonly Task[] | { readonly jsonl: string };
@@ -619,14 +620,19 @@ async function loadRollout(
   baseDir: string,
 ): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
   const data = await loadData(config, baseDir);
-  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'evaluator') : data.evaluator;
-  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'worker') : undefined;
+  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
+  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker') : undefined;
   const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   return { data, evaluator, worker, modelDir, tokenizer };
 }
 
-async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
+/**
+ * The recipe's data: the bundled string task, or JSONL files.
+ *
+ * @internal
+ */
+export async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
   if (config.data.source === 'bundled') {
     const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
     return {
@@ -671,17 +677,23 @@ async function findResume(config: RxrlConfig, baseDir: string, runDir: string | 
 }
 
 /** Loads `spec.export` from the module at `spec.module` (relative to `baseDir`). */
-async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, what: string): Promise<T> {
+/**
+ * Imports `spec.export` of the recipe's module `spec.module` (relative to `baseDir`); errors name the key
+ * (`<key>.module`, `<key>.export`).
+ *
+ * @internal
+ */
+export async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, key: string): Promise<T> {
   const file = resolve(baseDir, spec.module!);
   let module: Record<string, unknown>;
   try {
     module = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
   } catch (cause) {
-    throw new ConfigError(`rollout.${what}.module: cannot import ${file}`, { cause, context: { file } });
+    throw new ConfigError(`${key}.module: cannot import ${file}`, { cause, context: { file, key: `${key}.module` } });
   }
   const value = module[spec.export];
   if (value === undefined) {
-    throw new ConfigError(`rollout.${what}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export } });
+    throw new ConfigError(`${key}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export, key: `${key}.export` } });
   }
   return value as T;
 }

@@ -80,7 +80,7 @@ export interface RxrlConfig {
   resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
   validation: { beforeTrain: boolean; every: number; temperature: number };
   logging: { level: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent' };
-  agents: { environment: 'none' | 'writer-editor'; granularity: 'turn' | 'agent'; roles: AgentRoleConfig[] };
+  agents: { environment: 'none' | 'writer-editor' | 'module'; module: { module: string | null; export: string }; granularity: 'turn' | 'agent'; roles: AgentRoleConfig[] };
   policies: PolicyEntryConfig[];
 }
 
@@ -323,7 +323,15 @@ export const SCHEMA = {
     level: { doc: 'Log level.', format: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info', env: 'RXRL_LOG_LEVEL' },
   },
   agents: {
-    environment: { doc: "Multi-agent environment ('writer-editor', bundled), or 'none' for a single-agent run.", format: ['none', 'writer-editor'], default: 'none' },
+    environment: {
+      doc: "Multi-agent environment: 'writer-editor' (bundled, on the bundled string task), 'module' (agents.module, on the recipe's data), or 'none' for a single-agent run.",
+      format: ['none', 'writer-editor', 'module'],
+      default: 'none',
+    },
+    module: {
+      module: { doc: "Module exporting a MultiAgentEnvironment (agents.environment 'module'); relative to the recipe.", format: 'optional-string', default: null },
+      export: { doc: 'Export name of the environment.', format: 'non-empty-string', default: 'default' },
+    },
     granularity: { doc: 'Multi-agent: one trajectory per (agent, turn), or per agent (its turns joined).', format: ['turn', 'agent'], default: 'turn' },
     roles: {
       doc: 'Multi-agent: every agent of the environment as {name, policy, prompt?}; policy names an entry of policies.',
@@ -407,7 +415,8 @@ function requireWhen(c: RxrlConfig): void {
     if (c.data.alphabet === null && c.model.path === null) {
       missing.push("data.alphabet: required when data.source is 'jsonl' and no model.path gives a tokenizer");
     }
-    if (c.rollout.evaluator.module === null) missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
+    // A multi-agent environment scores its episodes itself.
+    if (c.rollout.evaluator.module === null && c.agents.environment === 'none') missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
   }
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
@@ -428,6 +437,8 @@ function agentProblems(c: RxrlConfig): string[] {
     return problems;
   }
   if (roles.length === 0) problems.push(`agents.roles: required when agents.environment is '${environment}'`);
+  if (environment === 'module' && c.agents.module.module === null) problems.push("agents.module.module: required when agents.environment is 'module'");
+  if (environment !== 'module' && c.agents.module.module !== null) problems.push("agents.module.module: only for agents.environment 'module'");
   const names = c.policies.map((p) => p.name);
   c.policies.forEach((policy, i) => {
     if (names.indexOf(policy.name) !== i) problems.push(`policies[${i}].name: policy '${policy.name}' is listed twice`);

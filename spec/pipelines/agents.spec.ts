@@ -1,4 +1,4 @@
-import { mkdtemp, readFile, readdir } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -209,6 +209,41 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
       const second = steps.filter((m) => `${tag}/actor/kl_loss` in m)[1];
       expect(Math.abs(second[`${tag}/actor/reward_kl_penalty`]), tag).toBeGreaterThan(1e-7);
     }
+  }, 120_000);
+
+  it('a recipe\'s own environment module, on its own JSONL data (L1: one policy for both agents)', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-module-'));
+    await writeFile(
+      join(dir, 'env.mjs'),
+      [
+        "export const echo = { turnOrder: ['caller', 'echoer'], maxTurns: 2, reset: (task) => { let said = ''; return {",
+        "  observe: (agent) => (agent === 'caller' ? task.prompt : `${task.prompt}${said}>`),",
+        "  step: (agent, response) => { if (agent === 'caller') said = response;",
+        "    return { rewards: { [agent]: response === task.answer ? 1 : 0 }, done: agent === 'echoer' }; } }; } };",
+        'export const notAnEnvironment = 42;',
+        '',
+      ].join('\n'),
+    );
+    const lines = (words: string[]): string => words.map((w, i) => JSON.stringify({ id: `${w}${i}`, prompt: `${w}=`, answer: [...w].reverse().join('') })).join('\n');
+    await writeFile(join(dir, 'train.jsonl'), lines(['ab', 'ba', 'aab', 'bba', 'abb', 'bab']));
+    await writeFile(join(dir, 'val.jsonl'), lines(['aa', 'bb', 'aba']));
+    const recipe = (exportName: string): ReturnType<typeof loadConfig> =>
+      config({
+        data: { source: 'jsonl', trainFile: 'train.jsonl', validationFile: 'val.jsonl', alphabet: 'ab=>' },
+        rollout: { groupSize: 2, maxTokens: 4 },
+        sync: { batchSize: 2 },
+        agents: { environment: 'module', module: { module: './env.mjs', export: exportName }, roles: [{ name: 'caller', policy: 'p' }, { name: 'echoer', policy: 'p' }] },
+        policies: [{ name: 'p', specialization: 'prompt' }],
+        run: { dir: null, seed: 1, steps: 2, backend: 'auto' },
+      });
+    const summary = await runAgents(recipe('echo'), { baseDir: dir });
+    expect(summary.recipe).toBe('train');
+    expect(summary.policies[0]).toMatchObject({ name: 'p', steps: 2, agents: ['caller', 'echoer'] });
+    expect(summary.valFinal['val/episodes']).toBe(3);
+    expect(summary.valFinal).toHaveProperty('val/echoer/reward_mean');
+    await expect(runAgents(recipe('notAnEnvironment'), { baseDir: dir })).rejects.toThrow(/agents\.module\.export: not a MultiAgentEnvironment/);
+    await expect(runAgents(recipe('missing'), { baseDir: dir })).rejects.toThrow(/agents\.module\.export: .*has no export 'missing'/);
+    expect(() => loadConfig({ env: {}, values: { agents: { environment: 'module', roles } } })).toThrow(/agents\.module\.module: required when agents\.environment is 'module'/);
   }, 120_000);
 
   it('refuses a recipe without an environment, or a role prompt the tokenizer cannot encode, naming the key', async () => {
