@@ -33,7 +33,7 @@ Usage:
                     the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
                     the workers must be able to read; checkpoints and resume as in 'rxrl run' (a multi-agent
-                    recipe: each policy's weights under its name; 'full' and 'prompt' policies only)
+                    recipe: each policy's weights under its name, a LoRA policy's as its adapter alone)
   rxrl worker <recipe.json|yaml> [--set key=value]…
                     a rollout worker of the recipe's Kafka run (any number, any machine sharing the weights
                     directory); follows a restarted trainer; exits when the run ends
