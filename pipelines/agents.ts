@@ -2,7 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { EMPTY, lastValueFrom, tap } from 'rxjs';
 import type { AgentSpec, MultiAgentEnvironment } from '../lib/agent/environment.js';
-import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
+import { resolvedLora, type PolicyEntryConfig, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
@@ -177,107 +177,116 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   const groupSize = config.rollout.groupSize;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
 
-  // Every lora policy adapts one frozen base; sampling reads a second copy (the engines run beside training).
+  // Everything built from here on is released in `finally`, whatever fails.
   const usesLora = config.policies.some((p) => p.specialization === 'lora');
-  const sampleBase = usesLora ? PolicyModel.fromWeights(base.config, base.getWeights()) : undefined;
-  const built = config.policies.map((entry, i) => {
-    let train: PolicyModel;
-    let sample: PolicyModel;
-    let adapter: LoraAdapter | undefined;
-    if (entry.specialization === 'lora') {
-      const lora = validateLoraConfig(resolvedLora(entry), `policies[${i}].lora`);
-      adapter = LoraAdapter.create(base.config, lora, seed + 1 + i);
-      train = PolicyModel.withAdapter(base, adapter);
-      sample = PolicyModel.withAdapter(sampleBase as PolicyModel, LoraAdapter.fromWeights(base.config, lora, adapter.getWeights()));
-    } else {
-      train = PolicyModel.fromWeights(base.config, base.getWeights());
-      sample = PolicyModel.fromWeights(base.config, base.getWeights());
-    }
-    const engine = new LocalEngine(sample, {
-      tokenizer,
-      modelTag: entry.name,
-      maxBatchSize: batchSize * groupSize * inFlightBatches * agents.filter((a) => a.policy === entry.name).length,
-      weightSync: config.rollout.weightSync,
-    });
-    // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the
-    // adapters, copied by the full models.
-    const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i, ...(config.trainer.klLoss.coef > 0 ? { reference: base } : {}) });
-    let syncBytes = 0;
-    for (const w of train.getWeights().values()) syncBytes += w.data.byteLength;
-    const trainableParameters = train.trainableVariables().reduce((n, v) => n + v.size, 0);
-    return { entry, train, sample, adapter, engine, trainer, syncBytes, trainableParameters };
-  });
-  const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
-  const score = (): Promise<Metrics> =>
-    validateAgents(engines, task.validation, {
-      environment: task.environment,
-      agents,
-      maxTokens,
-      temperature: config.validation.temperature,
-      seed,
-    });
-
-  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
-  const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
-  // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
-  const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
-  const resumed = await findPoliciesResume(config, baseDir, runDir);
-  const startStep = resumed?.state.step ?? 0;
-  if (resumed) {
-    for (const b of built) {
-      const saved = resumed.policies.get(b.entry.name);
-      if (saved === undefined) {
-        throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
-          context: { key: 'policies', path: resumed.path },
-        });
-      }
-      b.train.setWeights(saved.weights);
-      await b.engine.loadWeights(startStep, saved.weights);
-      await b.trainer.restore({ step: startStep, optimizer: saved.optimizer });
-    }
-    log(`resuming from ${resumed.path} (step ${startStep})`);
-  }
-  if (runDir) {
-    await mkdir(runDir, { recursive: true });
-    // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
-    await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
-    if (loraBase) await saveModelDir(loraBase, base, files);
-  }
-  const every = runDir ? config.checkpoint.every : 0;
-  if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
-  const loader = loadTasks(task.train, {
-    epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
-    shuffle: config.data.shuffle,
-    seed,
-    ...(resumed ? { start: resumed.state.loader } : {}),
-  });
-  let lastSaved = startStep;
-  const checkpoint = async (step: number): Promise<void> => {
-    if (!runDir || step <= lastSaved) return;
-    const policies: PolicyCheckpoint[] = [];
-    for (const b of built) {
-      const optimizer = await b.trainer.optimizerState();
-      policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
-    }
-    const path = await savePoliciesCheckpoint(runDir, { step, seed, loader: loader.position, policies, ...(loraBase ? { baseDir: loraBase } : {}), ...files });
-    await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-    lastSaved = step;
-    log(`checkpoint ${path}`);
-  };
-  // In sync mode, once every policy has taken step n nothing more is admitted until the last of them publishes
-  // (its hook runs first): the policies and the loader position are one consistent state.
-  const done = new Map<string, number>();
-  const afterStep = async (step: PolicyStepResult): Promise<void> => {
-    done.set(step.modelTag, step.step + 1);
-    const all = Math.min(...built.map((b) => done.get(b.entry.name) ?? startStep));
-    if (every > 0 && mode === 'sync' && all % every === 0 && built.every((b) => b.trainer.step === all)) await checkpoint(all);
-  };
-  const remaining = config.run.steps === 0 ? 0 : config.run.steps - startStep;
-  const finished = config.run.steps > 0 && remaining <= 0;
-  if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
-
-  const metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
+  let sampleBase: PolicyModel | undefined;
+  const built: BuiltPolicy[] = [];
+  let metricsFile: MetricsWriter | undefined;
   try {
+    // Every lora policy adapts one frozen base; sampling reads a second copy (the engines run beside training).
+    const baseWeights = base.getWeights();
+    sampleBase = usesLora ? PolicyModel.fromWeights(base.config, baseWeights) : undefined;
+    for (const [i, entry] of config.policies.entries()) {
+      let train: PolicyModel;
+      let sample: PolicyModel;
+      // The training adapter and its copy the engine samples from (views do not free their adapters).
+      const adapters: LoraAdapter[] = [];
+      if (entry.specialization === 'lora') {
+        const lora = validateLoraConfig(resolvedLora(entry), `policies[${i}].lora`);
+        const adapter = LoraAdapter.create(base.config, lora, seed + 1 + i);
+        adapters.push(adapter, LoraAdapter.fromWeights(base.config, lora, adapter.getWeights()));
+        train = PolicyModel.withAdapter(base, adapters[0]);
+        sample = PolicyModel.withAdapter(sampleBase as PolicyModel, adapters[1]);
+      } else {
+        train = PolicyModel.fromWeights(base.config, baseWeights);
+        sample = PolicyModel.fromWeights(base.config, baseWeights);
+      }
+      const adapter: LoraAdapter | undefined = adapters[0];
+      const engine = new LocalEngine(sample, {
+        tokenizer,
+        modelTag: entry.name,
+        maxBatchSize: batchSize * groupSize * inFlightBatches * agents.filter((a) => a.policy === entry.name).length,
+        weightSync: config.rollout.weightSync,
+      });
+      // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the
+      // adapters, copied by the full models.
+      const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i, ...(config.trainer.klLoss.coef > 0 ? { reference: base } : {}) });
+      let syncBytes = 0;
+      for (const w of train.getWeights().values()) syncBytes += w.data.byteLength;
+      const trainableParameters = train.trainableVariables().reduce((n, v) => n + v.size, 0);
+      built.push({ entry, train, sample, adapter, adapters, engine, trainer, syncBytes, trainableParameters });
+    }
+    const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
+    const score = (): Promise<Metrics> =>
+      validateAgents(engines, task.validation, {
+        environment: task.environment,
+        agents,
+        maxTokens,
+        temperature: config.validation.temperature,
+        seed,
+      });
+
+    const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+    const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
+    // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
+    const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
+    const resumed = await findPoliciesResume(config, baseDir, runDir);
+    const startStep = resumed?.state.step ?? 0;
+    if (resumed) {
+      for (const b of built) {
+        const saved = resumed.policies.get(b.entry.name);
+        if (saved === undefined) {
+          throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
+            context: { key: 'policies', path: resumed.path },
+          });
+        }
+        b.train.setWeights(saved.weights);
+        await b.engine.loadWeights(startStep, saved.weights);
+        await b.trainer.restore({ step: startStep, optimizer: saved.optimizer });
+      }
+      log(`resuming from ${resumed.path} (step ${startStep})`);
+    }
+    if (runDir) {
+      await mkdir(runDir, { recursive: true });
+      // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
+      await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
+      if (loraBase) await saveModelDir(loraBase, base, files);
+    }
+    const every = runDir ? config.checkpoint.every : 0;
+    if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
+    const loader = loadTasks(task.train, {
+      epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
+      shuffle: config.data.shuffle,
+      seed,
+      ...(resumed ? { start: resumed.state.loader } : {}),
+    });
+    let lastSaved = startStep;
+    const checkpoint = async (step: number): Promise<void> => {
+      if (!runDir || step <= lastSaved) return;
+      // Claimed before the first await: two policies' hooks may both find every policy at this step.
+      lastSaved = step;
+      const policies: PolicyCheckpoint[] = [];
+      for (const b of built) {
+        const optimizer = await b.trainer.optimizerState();
+        policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
+      }
+      const path = await savePoliciesCheckpoint(runDir, { step, seed, loader: loader.position, policies, ...(loraBase ? { baseDir: loraBase } : {}), ...files });
+      await pruneCheckpoints(runDir, config.checkpoint.keepLast);
+      log(`checkpoint ${path}`);
+    };
+    // A checkpoint needs every policy at one step. In sync mode, once every trainer has taken step n nothing more is
+    // admitted until the last gate is credited (after its hook): the policies and the loader position are one state.
+    const checkpointIfLevel = async (atEnd: boolean): Promise<void> => {
+      const [step] = built.map((b) => b.trainer.step);
+      if (every === 0 || built.some((b) => b.trainer.step !== step)) return;
+      if (atEnd || (mode === 'sync' && step % every === 0)) await checkpoint(step);
+    };
+    const afterStep = (): Promise<void> => checkpointIfLevel(false);
+    const remaining = config.run.steps === 0 ? 0 : config.run.steps - startStep;
+    const finished = config.run.steps > 0 && remaining <= 0;
+    if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
+
+    metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
     const started = performance.now();
@@ -323,8 +332,7 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
     const valFinal = await score();
     log(`held-out after training: ${agentRewards(valFinal, agents)}`);
     // Every run ends with a checkpoint of its last step (when its policies stand at one step) and its final weights.
-    const last = Math.min(...built.map((b) => b.trainer.step));
-    if (every > 0 && built.every((b) => b.trainer.step === last)) await checkpoint(last);
+    await checkpointIfLevel(true);
     const saved = runDir ? await savePolicies(runDir, built, files, loraBase) : new Map<string, string>();
     return {
       recipe: task.name,
@@ -349,11 +357,28 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       b.trainer.dispose();
       b.train.dispose();
       b.sample.dispose();
-      b.adapter?.dispose();
+      for (const adapter of b.adapters) adapter.dispose();
     }
     sampleBase?.dispose();
     base.dispose();
   }
+}
+
+/** One policy of a run as {@link runAgents} builds it. */
+interface BuiltPolicy {
+  readonly entry: PolicyEntryConfig;
+  /** The model the trainer updates (an adapter view for `lora`). */
+  readonly train: PolicyModel;
+  /** The engine's copy. */
+  readonly sample: PolicyModel;
+  /** The training adapter of a `lora` policy. */
+  readonly adapter: LoraAdapter | undefined;
+  /** Every adapter to free: the training one and the engine's copy. */
+  readonly adapters: readonly LoraAdapter[];
+  readonly engine: LocalEngine;
+  readonly trainer: GrpoTrainer;
+  readonly syncBytes: number;
+  readonly trainableParameters: number;
 }
 
 /** Saves each policy under `policies/<name>/`: a model directory, or a PEFT adapter over `loraBase`. */

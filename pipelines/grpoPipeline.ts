@@ -1,10 +1,10 @@
-import { EMPTY, Observable, concatMap, filter, fromEvent, map, merge, share, take, takeUntil, tap, type OperatorFunction } from 'rxjs';
+import { EMPTY, Observable, concatMap, filter, finalize, fromEvent, map, merge, share, take, takeUntil, tap, type OperatorFunction } from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
-import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
+import { AdmissionGate, allGates, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import {
   isSampleFailure,
@@ -107,9 +107,15 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
   if (engine === undefined) throw new ConfigError('grpoPipeline needs at least one rollout engine');
   const { modelTag } = config.trainer;
   return policyLoop(config, {
-    lanes: [{ trainer: config.trainer, engines: config.engines, afterStep: config.afterStep, onBatch: config.onBatch }],
-    // A resumed run's engines already hold the checkpoint's version: admission counts batches from there.
-    startVersion: () => config.startVersion ?? engine.version,
+    lanes: [
+      {
+        trainer: config.trainer,
+        engines: config.engines,
+        afterStep: config.afterStep,
+        onBatch: config.onBatch,
+        ...(config.startVersion === undefined ? {} : { startVersion: config.startVersion }),
+      },
+    ],
     slots: [{ suffix: '', modelTag }],
     rollout: (concurrency) =>
       rollout(engine, {
@@ -137,6 +143,11 @@ export interface PolicyLane {
   readonly engines: readonly RolloutEngine[];
   readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
   readonly onBatch?: (batch: Batch) => void;
+  /**
+   * Version the engines hold at the start: admission counts this policy's batches from there (a resumed run's
+   * checkpoint version). Default: the first engine's.
+   */
+  readonly startVersion?: PolicyVersion;
 }
 
 /** A step result of one policy of a multi-policy loop. */
@@ -156,8 +167,6 @@ export function policyLoop(
   config: PolicyLoopConfig,
   stage: {
     readonly lanes: readonly PolicyLane[];
-    /** The version each lane's engines hold at the start. */
-    readonly startVersion: (lane: PolicyLane) => PolicyVersion;
     /** Every group a task feeds, with its policy: group id `groupIdOf(task) + suffix`. */
     readonly slots: readonly { readonly suffix: string; readonly modelTag: ModelTag }[];
     /** The rollout stage, given its concurrency. */
@@ -173,17 +182,17 @@ export function policyLoop(
   if (new Set(tags).size !== tags.length) throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
   return new Observable<PolicyStepResult>((subscriber) => {
     const lanes = stage.lanes.map((lane) => {
+      const { modelTag } = lane.trainer;
+      const [engine] = lane.engines;
+      if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
       const gate = new AdmissionGate({
         mode: config.mode ?? 'sync',
         tasksPerBatch: batchSize,
         stalenessThreshold: config.stalenessThreshold,
         capacity: config.capacity,
-        startVersion: stage.startVersion(lane),
+        startVersion: lane.startVersion ?? engine.version,
       });
-      const { modelTag } = lane.trainer;
       const slotsPerTask = stage.slots.filter((slot) => slot.modelTag === modelTag).length;
-      const [engine] = lane.engines;
-      if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
       if (slotsPerTask === 0) throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies', modelTag } });
       return { ...lane, gate, modelTag, slotsPerTask, padId: engine.tokenizer.padId };
     });
@@ -204,13 +213,7 @@ export function policyLoop(
       if (ordered) for (const slot of stage.slots) admissionBatch.set(groupIdOf(task) + slot.suffix, Math.floor(index / batchSize));
       config.onAdmit?.(task, index);
     };
-    // A task may start when every policy still training lets it (a finished policy's gate is closed).
-    const admission = {
-      waitToAdmit: async (index: number, signal?: AbortSignal): Promise<void> => {
-        for (const lane of lanes) await lane.gate.waitToAdmit(index, signal);
-      },
-    };
-    const groups$ = admit(loader, admission, { onAdmit }).pipe(
+    const groups$ = admit(loader, allGates(lanes.map((lane) => lane.gate)), { onAdmit }).pipe(
       stage.rollout(config.concurrency ?? admittable(first.gate) * groupSize),
       tap((output) => {
         if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
@@ -237,23 +240,19 @@ export function policyLoop(
           train(lane.trainer, { signal: config.signal }),
         ).pipe(
           syncWeights(lane.engines),
-          map((step): PolicyStepResult => ({
-            ...step,
-            modelTag: lane.modelTag,
-            ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, step.metrics) } : {}),
-          })),
-          concatMap(async (step) => {
+          concatMap(async (trained) => {
+            const groups = trained.metrics['batch/groups'] ?? batchSize * lane.slotsPerTask;
+            const step: PolicyStepResult = {
+              ...trained,
+              modelTag: lane.modelTag,
+              ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}),
+            };
             const extra = lane.afterStep ? await lane.afterStep(step) : undefined;
+            // The gate is credited last: checkpoints and validation in afterStep see nothing admitted beyond this step.
+            lane.gate.publish(step.version, groups / lane.slotsPerTask);
             return extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
           }),
-          tap({
-            next: (step) => {
-              const key = stage.namespaceMetrics ? `${lane.modelTag}/batch/groups` : 'batch/groups';
-              const groups = step.metrics[key] ?? batchSize * lane.slotsPerTask;
-              lane.gate.publish(step.version, groups / lane.slotsPerTask);
-            },
-            complete: () => lane.gate.close(),
-          }),
+          finalize(() => lane.gate.close()),
         ),
       ),
     ).pipe(takeUntil(aborted));

@@ -155,6 +155,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
   const groupId = config.groupId ?? `${topics.tasks}.workers`;
   const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
   const { episodes, evaluator } = config;
+  const tags = episodes ? policyTags(episodes) : [];
   if (episodes === undefined && evaluator === undefined) {
     throw new ConfigError('kafkaRolloutWorker needs an evaluator (or episodes, whose environment scores)', { context: { key: 'evaluator' } });
   }
@@ -207,7 +208,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
       // One engine per policy of a multi-agent run; the run's only engine otherwise.
       const engines$ = defer(() =>
         episodes
-          ? follower.waitForAll(m.run, m.minVersion, policyTags(episodes), signal)
+          ? follower.waitForAll(m.run, m.minVersion, tags, signal)
           : follower.waitFor(m.run, m.minVersion, signal).then((e) => (e === undefined ? undefined : new Map([[e.modelTag, e]]))),
       );
       return engines$.pipe(

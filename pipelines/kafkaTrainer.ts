@@ -17,7 +17,7 @@ import type { ResolvedLoraConfig } from '../lib/model/lora.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { Tokenizer } from '../lib/engine/types.js';
 import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
-import { AdmissionGate, type StalenessMode } from '../lib/sync/gate.js';
+import { AdmissionGate, allGates, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Group, Metrics, RolloutOutput, Task } from '../lib/types.js';
 import { admit } from '../operators/admit.js';
@@ -246,11 +246,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
     /** Most tasks admitted and not yet trained. */
     const admittable = ordered ? (eta + 1) * batchSize : lanes[0].gate.capacity;
     // A task may start when every policy still training lets it (a finished policy's gate is closed).
-    const gate = {
-      waitToAdmit: async (index: number, abort?: AbortSignal): Promise<void> => {
-        for (const lane of lanes) await lane.gate.waitToAdmit(index, abort);
-      },
-    };
+    const gate = allGates(lanes.map((lane) => lane.gate));
     const closings: Promise<void>[] = [];
     let eventSeq = 0;
     const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {

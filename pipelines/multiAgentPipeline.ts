@@ -2,20 +2,15 @@ import type { Observable } from 'rxjs';
 import { episodeSlots, type AgentSpec, type EpisodeSlot, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
-import type { Trainer } from '../lib/train/types.js';
-import type { Batch, Metrics, ModelTag, PolicyVersion } from '../lib/types.js';
+import type { Batch, Metrics, ModelTag } from '../lib/types.js';
 import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
-import { policyLoop, type PolicyLoopConfig, type PolicyStepResult } from './grpoPipeline.js';
+import { policyLoop, type PolicyLane, type PolicyLoopConfig, type PolicyStepResult } from './grpoPipeline.js';
 
-/** One policy of a multi-agent run: the trainer that updates it and the engines that sample from it. */
-export interface PolicySpec {
-  /** Takes this policy's train steps; its `modelTag` names the policy. */
-  readonly trainer: Trainer;
-  /** Rollout engines of this policy; the first one samples, all receive every new version. */
-  readonly engines: readonly RolloutEngine[];
-  /** Version the engines hold at the start. Default: the first engine's. */
-  readonly startVersion?: PolicyVersion;
-}
+/**
+ * One policy of a multi-agent run: the trainer that updates it (its `modelTag` names the policy), its rollout
+ * engines (the first one samples, all receive every new version) and the version they hold at the start.
+ */
+export type PolicySpec = Pick<PolicyLane, 'trainer' | 'engines' | 'startVersion'>;
 
 /** Configuration of {@link multiAgentPipeline}: the loop settings of `grpoPipeline`, with agents and policies. */
 export interface MultiAgentPipelineConfig extends PolicyLoopConfig {
@@ -81,8 +76,7 @@ export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable
     if (engine !== undefined) engines.set(policy.trainer.modelTag, engine);
   }
   return policyLoop(config, {
-    lanes: config.policies.map((policy) => ({ trainer: policy.trainer, engines: policy.engines, afterStep: config.afterStep, onBatch: config.onBatch })),
-    startVersion: (lane) => config.policies.find((p) => p.trainer === lane.trainer)?.startVersion ?? lane.engines[0]?.version ?? 0,
+    lanes: config.policies.map((policy) => ({ ...policy, afterStep: config.afterStep, onBatch: config.onBatch })),
     slots,
     rollout: (concurrency) =>
       rolloutEpisodes(engines, {

@@ -103,7 +103,10 @@ export async function validateAgents(
   const sums = new Map<AgentName, { samples: number; values: Record<string, number> }>();
   const failed = new Set<string>();
   const episodes = new Set<string>();
-  const agentOf = new Map(episodeSlots(options.environment, agentMap(options.agents), 'turn').map((slot) => [slot.suffix, slot]));
+  const slots = episodeSlots(options.environment, agentMap(options.agents), 'turn');
+  const agentOf = new Map(slots.map((slot) => [slot.suffix, slot]));
+  // An agent's first turn carries its whole return (rewards from that turn on).
+  const firstTurns = new Set(slots.filter((slot, i) => slots.findIndex((s) => s.agent === slot.agent) === i));
   await lastValueFrom(
     from(tasks).pipe(
       rolloutEpisodes(engines, {
@@ -127,9 +130,7 @@ export async function validateAgents(
         if (slot === undefined) return;
         const entry = sums.get(slot.agent) ?? { samples: 0, values: {} };
         sums.set(slot.agent, entry);
-        // The agent's first turn carries its whole return (rewards from that turn on).
-        const firstTurn = [...agentOf.values()].find((s) => s.agent === slot.agent) === slot;
-        if (firstTurn) {
+        if (firstTurns.has(slot)) {
           entry.samples++;
           entry.values.reward = (entry.values.reward ?? 0) + output.reward;
         }

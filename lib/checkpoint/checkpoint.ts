@@ -94,15 +94,12 @@ export async function saveCheckpoint(
     metadata?: Record<string, string>;
   },
 ): Promise<string> {
-  const final = join(runDir, checkpointName(contents.state.step));
-  const tmp = join(runDir, `.tmp-${checkpointName(contents.state.step)}-${process.pid}`);
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  const { config, weights, tokenizerFiles, special } = contents.model;
-  await saveModelDir(tmp, { config, weights }, {
-    ...(tokenizerFiles ? { tokenizerFiles } : {}),
-    ...(special ? { special } : {}),
-    metadata: { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) },
+  return writeCheckpointDir(runDir, contents.state.step, async (tmp) => {
+    const { config, weights, tokenizerFiles, special } = contents.model;
+    await saveModelDir(tmp, { config, weights }, {
+      ...(tokenizerFiles ? { tokenizerFiles } : {}),
+      ...(special ? { special } : {}),
+      metadata: { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) },
   });
   await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
   const buffered = contents.buffered ?? [];
@@ -113,6 +110,24 @@ export async function saveCheckpoint(
     ...contents.state,
     bufferedSamples: buffered.length,
   };
+  return state;
+  });
+}
+
+/**
+ * Writes `<runDir>/global_step_<step>/` atomically: `fill` writes the contents into a temporary directory and
+ * returns the state, which goes to `state.json` last (what marks a checkpoint complete); then the directory is
+ * renamed into place, replacing one of the same step.
+ *
+ * @internal
+ * @returns its path.
+ */
+export async function writeCheckpointDir(runDir: string, step: number, fill: (tmp: string) => Promise<object>): Promise<string> {
+  const final = join(runDir, checkpointName(step));
+  const tmp = join(runDir, `.tmp-${checkpointName(step)}-${process.pid}`);
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  const state = await fill(tmp);
   await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
   await rm(final, { recursive: true, force: true });
   await rename(tmp, final);
@@ -147,15 +162,22 @@ export async function latestCheckpoint(runDir: string): Promise<string | undefin
   return steps.length === 0 ? undefined : join(runDir, checkpointName(steps[steps.length - 1]));
 }
 
-/** Reads a checkpoint directory; malformed contents raise {@link DecodeError}. */
-export async function loadCheckpoint(path: string): Promise<Checkpoint> {
-  let raw: unknown;
+/**
+ * The parsed `state.json` of a checkpoint directory (single- or multi-policy), unchecked.
+ *
+ * @throws {@link DecodeError} when it cannot be read or is not JSON.
+ */
+export async function readCheckpointState(path: string): Promise<unknown> {
   try {
-    raw = JSON.parse(await readFile(join(path, 'state.json'), 'utf8'));
+    return JSON.parse(await readFile(join(path, 'state.json'), 'utf8')) as unknown;
   } catch (cause) {
     throw new DecodeError(`checkpoint ${path}: unreadable state.json`, { cause, context: { path } });
   }
-  const state = raw as CheckpointState;
+}
+
+/** Reads a checkpoint directory; malformed contents raise {@link DecodeError}. */
+export async function loadCheckpoint(path: string): Promise<Checkpoint> {
+  const state = (await readCheckpointState(path)) as CheckpointState;
   const ok =
     typeof state === 'object' &&
     state !== null &&

@@ -8,7 +8,6 @@
  *
  * @packageDocumentation
  */
-import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { LoaderPosition } from '../data/loader.js';
 import type { NamedWeights } from '../engine/types.js';
@@ -17,20 +16,17 @@ import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraCo
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
 import type { PolicyConfig } from '../model/transformer.js';
-import { checkpointName } from './checkpoint.js';
+import { readCheckpointState, writeCheckpointDir } from './checkpoint.js';
 
 /** Layout version of multi-policy checkpoints. */
 export const POLICIES_CHECKPOINT_FORMAT = 1;
 
-/** One policy as a checkpoint holds it. */
-export interface PolicyCheckpoint {
+/** One policy as a checkpoint holds it: a full model (weights and `config`), or an adapter (its weights and `lora`). */
+export type PolicyCheckpoint = {
   readonly name: string;
-  /** Full model weights (with `config`), or the adapter's weights alone (with `lora`). */
   readonly weights: NamedWeights;
-  readonly config?: PolicyConfig;
-  readonly lora?: ResolvedLoraConfig;
   readonly optimizer: NamedWeights;
-}
+} & ({ readonly config: PolicyConfig; readonly lora?: undefined } | { readonly lora: ResolvedLoraConfig; readonly config?: undefined });
 
 /** What `state.json` of a multi-policy checkpoint records. */
 export interface PoliciesCheckpointState {
@@ -73,36 +69,31 @@ export async function savePoliciesCheckpoint(
     readonly special?: SpecialTokenIds;
   },
 ): Promise<string> {
-  const final = join(runDir, checkpointName(contents.step));
-  const tmp = join(runDir, `.tmp-${checkpointName(contents.step)}-${process.pid}`);
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  const metadata = { [POLICY_VERSION_METADATA_KEY]: String(contents.step) };
-  for (const policy of contents.policies) {
-    const dir = join(tmp, 'policies', policy.name);
-    if (policy.lora) await savePeftWeights(dir, policy.lora, policy.weights, contents.baseDir ?? null, metadata);
-    else if (policy.config) {
-      await saveModelDir(dir, { config: policy.config, weights: policy.weights }, {
-        ...(contents.tokenizerFiles ? { tokenizerFiles: contents.tokenizerFiles } : {}),
-        ...(contents.special ? { special: contents.special } : {}),
-        metadata,
-      });
-    } else throw new DecodeError(`checkpoint: policy ${policy.name} has neither a model config nor an adapter`);
-    await saveSafetensors(join(dir, 'optimizer.safetensors'), policy.optimizer);
-  }
-  const state: PoliciesCheckpointState = {
-    format: POLICIES_CHECKPOINT_FORMAT,
-    kind: 'policies',
-    step: contents.step,
-    seed: contents.seed,
-    loader: contents.loader,
-    policies: contents.policies.map((p) => ({ name: p.name, adapter: p.lora !== undefined })),
-    savedAt: new Date().toISOString(),
-  };
-  await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
-  await rm(final, { recursive: true, force: true });
-  await rename(tmp, final);
-  return final;
+  return writeCheckpointDir(runDir, contents.step, async (tmp) => {
+    const metadata = { [POLICY_VERSION_METADATA_KEY]: String(contents.step) };
+    for (const policy of contents.policies) {
+      const dir = join(tmp, 'policies', policy.name);
+      if (policy.lora) await savePeftWeights(dir, policy.lora, policy.weights, contents.baseDir ?? null, metadata);
+      else {
+        await saveModelDir(dir, { config: policy.config, weights: policy.weights }, {
+          ...(contents.tokenizerFiles ? { tokenizerFiles: contents.tokenizerFiles } : {}),
+          ...(contents.special ? { special: contents.special } : {}),
+          metadata,
+        });
+      }
+      await saveSafetensors(join(dir, 'optimizer.safetensors'), policy.optimizer);
+    }
+    const state: PoliciesCheckpointState = {
+      format: POLICIES_CHECKPOINT_FORMAT,
+      kind: 'policies',
+      step: contents.step,
+      seed: contents.seed,
+      loader: contents.loader,
+      policies: contents.policies.map((p) => ({ name: p.name, adapter: p.lora !== undefined })),
+      savedAt: new Date().toISOString(),
+    };
+    return state;
+  });
 }
 
 /**
@@ -112,13 +103,7 @@ export async function savePoliciesCheckpoint(
  *   run's, for instance), or a policy's files are malformed.
  */
 export async function loadPoliciesCheckpoint(path: string): Promise<PoliciesCheckpoint> {
-  let raw: unknown;
-  try {
-    raw = JSON.parse(await readFile(join(path, 'state.json'), 'utf8'));
-  } catch (cause) {
-    throw new DecodeError(`checkpoint ${path}: unreadable state.json`, { cause, context: { path } });
-  }
-  const state = raw as PoliciesCheckpointState;
+  const state = (await readCheckpointState(path)) as PoliciesCheckpointState;
   const ok =
     typeof state === 'object' &&
     state !== null &&

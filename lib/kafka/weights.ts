@@ -386,6 +386,7 @@ export class WeightsFollower {
     const attempts = this.options.loadAttempts ?? 20;
     const { run, modelTag, version } = message;
     let bytes: Uint8Array | undefined;
+    let peft = false;
     let reason = '';
     for (let attempt = 0; attempt < attempts; attempt++) {
       if (this.latest.get(modelTag) !== message) {
@@ -393,7 +394,8 @@ export class WeightsFollower {
         return;
       }
       try {
-        const data = await readFile(join(message.path, (await isPeftDir(message.path)) ? PEFT_FILES.weights : MODEL_FILES.weights));
+        peft = await isPeftDir(message.path);
+        const data = await readFile(join(message.path, peft ? PEFT_FILES.weights : MODEL_FILES.weights));
         if (data.length !== message.bytes) {
           reason = `${message.path} has ${data.length} bytes, the announcement says ${message.bytes}`;
         } else if (createHash('sha256').update(data).digest('hex') !== message.sha256) {
@@ -423,7 +425,7 @@ export class WeightsFollower {
         this.retireRun();
         this.loadedRun = run;
       }
-      const policy = (await isPeftDir(message.path)) ? await this.adapterPolicy(message, weights) : await this.fullPolicy(message, weights);
+      const policy = peft ? await this.adapterPolicy(message, weights) : await this.fullPolicy(message, weights);
       this.loaded.set(modelTag, policy);
     }
     this.events$.next({ type: 'loaded', run, modelTag, version, seconds: (performance.now() - started) / 1000 });
@@ -431,8 +433,13 @@ export class WeightsFollower {
 
   /** A full model of an announced model directory, and its engine. */
   private async fullPolicy(message: WeightsVersionMessage, weights: NamedWeights): Promise<LoadedPolicy> {
-    const config = await this.modelConfig(message.path);
-    const model = PolicyModel.fromWeights(config, weights);
+    let config: PolicyConfig;
+    try {
+      config = policyConfigFromHf(JSON.parse(await readFile(join(message.path, MODEL_FILES.config), 'utf8')), join(message.path, MODEL_FILES.config));
+    } catch (cause) {
+      throw new DecodeError(`${message.path}: config.json is missing or invalid`, { cause, context: { path: message.path } });
+    }
+    const model = PolicyModel.fromWeights(this.fitsTokenizer(config), weights);
     return { version: message.version, engine: this.engineOf(model, message), model };
   }
 
@@ -442,8 +449,8 @@ export class WeightsFollower {
     if (baseModel === null) throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
     let base = this.bases.get(baseModel);
     if (base === undefined) {
-      const config = await this.modelConfig(baseModel);
-      base = PolicyModel.fromWeights(config, (await readModelDir(baseModel)).weights);
+      const read = await readModelDir(baseModel);
+      base = PolicyModel.fromWeights(this.fitsTokenizer(read.config), read.weights);
       this.bases.set(baseModel, base);
     }
     const adapter = LoraAdapter.fromWeights(base.config, lora, weights);
@@ -451,13 +458,8 @@ export class WeightsFollower {
     return { version: message.version, engine: this.engineOf(model, message), model, adapter };
   }
 
-  private async modelConfig(dir: string): Promise<PolicyConfig> {
-    let config: PolicyConfig;
-    try {
-      config = policyConfigFromHf(JSON.parse(await readFile(join(dir, MODEL_FILES.config), 'utf8')), join(dir, MODEL_FILES.config));
-    } catch (cause) {
-      throw new DecodeError(`${dir}: config.json is missing or invalid`, { cause, context: { path: dir } });
-    }
+  /** `config`, when its vocabulary fits this worker's tokenizer; a `ConfigError` otherwise. */
+  private fitsTokenizer(config: PolicyConfig): PolicyConfig {
     if (config.vocabSize !== this.options.tokenizer.vocabSize) {
       throw new ConfigError(
         `the announced model has ${config.vocabSize} token ids but this worker's tokenizer has ${this.options.tokenizer.vocabSize}`,

@@ -148,3 +148,18 @@ export class AdmissionGate {
     this.waiters = still;
   }
 }
+
+/**
+ * One admission over several gates, one per policy: a task may start once every gate admits it (a closed gate, of a
+ * policy done training, admits everything). Gates only ever open further, so awaiting them in turn is enough.
+ *
+ * @param gates - the policies' gates.
+ * @returns what `admit` needs.
+ */
+export function allGates(gates: readonly AdmissionGate[]): Pick<AdmissionGate, 'waitToAdmit'> {
+  return {
+    waitToAdmit: async (index, signal) => {
+      for (const gate of gates) await gate.waitToAdmit(index, signal);
+    },
+  };
+}
