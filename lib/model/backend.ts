@@ -70,13 +70,26 @@ const stderrLogger: BackendLogger = {
  *   the message names the package to install.
  * @throws {@link ConfigError} for an unknown `kind`.
  *
+ * Calls run one after another, in call order: a backend switch awaits package loading, and two overlapping
+ * switches (a trainer and a rollout worker started in one process) would otherwise leave tensors on a backend the
+ * other call replaced.
+ *
  * @example
  * ```ts
  * import { initBackend } from 'rxrl/lib/model/backend.js';
  * const name = await initBackend('auto'); // 'tensorflow' | 'wasm' | 'cpu'
  * ```
  */
-export async function initBackend(kind: BackendKind, options: InitBackendOptions = {}): Promise<BackendName> {
+export function initBackend(kind: BackendKind, options: InitBackendOptions = {}): Promise<BackendName> {
+  const next = initializing.then(() => selectBackend(kind, options));
+  initializing = next.catch(() => undefined);
+  return next;
+}
+
+/** The latest `initBackend` call, which the next one waits for. */
+let initializing: Promise<unknown> = Promise.resolve();
+
+async function selectBackend(kind: BackendKind, options: InitBackendOptions): Promise<BackendName> {
   const logger = options.logger ?? stderrLogger;
   installBackendFixes();
   let chosen: BackendName;

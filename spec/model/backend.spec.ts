@@ -86,6 +86,17 @@ describe('initBackend', () => {
     expect(tf.getBackend()).toBe('wasm');
     await expect(initBackend('gpu' as BackendKind, { logger: quiet })).rejects.toBeInstanceOf(ConfigError);
   });
+
+  it('overlapping calls run in call order: the last one wins, and tensors made after either work', async () => {
+    await initBackend('cpu', { logger: quiet });
+    // wasm's activation awaits its package and setBackend; without ordering, the cpu call would finish first.
+    const chosen = await Promise.all([initBackend('wasm', { logger: quiet }), initBackend('cpu', { logger: quiet })]);
+    expect(chosen).toEqual(['wasm', 'cpu']);
+    expect(tf.getBackend()).toBe('cpu');
+    const t = tf.tensor2d([1, 2, 3, 4], [2, 2]);
+    expect(Array.from(await tf.transpose(t).data())).toEqual([1, 3, 2, 4]);
+    t.dispose();
+  });
 });
 
 describe('the BatchMatMul gradient override', () => {
