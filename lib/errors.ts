@@ -75,6 +75,14 @@ export class ShapeError extends RxrlError {
   override readonly name = 'ShapeError';
 }
 
+/**
+ * A path lies outside the directory it is confined to (a weights root), once every link is followed, or cannot
+ * be resolved there. Deliberately says no more than that, whatever the reason. Never retriable.
+ */
+export class ForbiddenPathError extends RxrlError {
+  override readonly name = 'ForbiddenPathError';
+}
+
 /** True for any error rxrl raised on purpose. */
 export function isRxrlError(error: unknown): error is RxrlError {
   return error instanceof RxrlError;

@@ -28,6 +28,7 @@ export {
   DecodeError,
   EngineError,
   EvaluationError,
+  ForbiddenPathError,
   RxrlError,
   ShapeError,
   assertNever,

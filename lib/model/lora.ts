@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
-import { checkFile, readJson } from './modelDir.js';
+import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from './transformer.js';
 import { validatePolicyConfig } from './transformer.js';
@@ -332,9 +332,9 @@ export async function savePeftWeights(
  *   field for what rxrl does not implement (another `peft_type`, DoRA, biases, per-layer ranks or layer subsets,
  *   `modules_to_save`, `fan_in_fan_out`, a regular-expression `target_modules`, a target the model lacks).
  */
-export async function readPeftAdapterConfig(dir: string): Promise<{ lora: ResolvedLoraConfig; baseModel: string | null }> {
+export async function readPeftAdapterConfig(dir: string, root?: string): Promise<{ lora: ResolvedLoraConfig; baseModel: string | null }> {
   const path = join(dir, PEFT_FILES.config);
-  const c = (await readJson(path)) as Record<string, unknown>;
+  const c = await readJsonObject(path, root);
   const unsupported = (field: string, why: string): never => {
     throw new ConfigError(`${path}: ${field} ${why}, got ${JSON.stringify(c[field])}`, { context: { path, key: field } });
   };
@@ -367,24 +367,48 @@ export async function readPeftAdapterConfig(dir: string): Promise<{ lora: Resolv
   return { lora, baseModel: typeof c.base_model_name_or_path === 'string' ? c.base_model_name_or_path : null };
 }
 
+/** Where a PEFT directory may be read from, and how large its weights may be. */
+export interface PeftReadOptions {
+  /** Largest weights file accepted; never more than the declared adapter in float32 plus header room. */
+  readonly maxWeightBytes?: number;
+  /** A directory the files must lie in once links are followed ({@link ForbiddenPathError} otherwise). */
+  readonly root?: string;
+}
+
 /**
  * Loads a PEFT LoRA directory for a model architecture. PEFT's tensor names may carry the adapter name
- * (`….lora_A.default.weight`); it is dropped. Both files must be regular files (a FIFO or a device is refused
- * unopened), the weights at most `maxWeightBytes` (default unbounded).
+ * (`….lora_A.default.weight`); it is dropped. Both files are read by rxrl's one file reader: regular files only
+ * (a FIFO or a device is refused unopened), inside `options.root` when given, the weights no larger than the
+ * adapter its configuration declares in float32 (and `options.maxWeightBytes`).
  *
  * @throws as {@link readPeftAdapterConfig}, {@link DecodeError} for a weights file that is not a regular file,
- *   too large or malformed, and {@link ShapeError} when the tensors do not match.
+ *   too large or malformed, {@link ForbiddenPathError} outside the root, and {@link ShapeError} when the tensors
+ *   do not match.
  */
 export async function loadPeftAdapter(
   dir: string,
   config: PolicyConfig,
-  options: { readonly maxWeightBytes?: number } = {},
+  options: PeftReadOptions = {},
 ): Promise<{ adapter: LoraAdapter; baseModel: string | null }> {
-  const { lora, baseModel } = await readPeftAdapterConfig(dir);
-  const weightsPath = join(dir, PEFT_FILES.weights);
-  await checkFile(weightsPath, options.maxWeightBytes ?? Number.MAX_SAFE_INTEGER);
-  const { weights } = await loadSafetensors(weightsPath);
+  const { lora, baseModel } = await readPeftAdapterConfig(dir, options.root);
+  const weights = await readPeftWeights(dir, config, lora, options);
+  return { adapter: LoraAdapter.fromWeights(config, lora, weights), baseModel };
+}
+
+/**
+ * The tensors of a PEFT directory's `adapter_model.safetensors`, under rxrl's names, read within the bound its
+ * configuration implies (see {@link loadPeftAdapter}).
+ */
+export async function readPeftWeights(
+  dir: string,
+  config: PolicyConfig,
+  lora: ResolvedLoraConfig,
+  options: PeftReadOptions = {},
+): Promise<NamedWeights> {
+  const declared = loraParamSpecs(validatePolicyConfig(config), lora).reduce((n, s) => n + s.shape[0] * s.shape[1], 0);
+  const maxBytes = Math.min(options.maxWeightBytes ?? Infinity, declared * 4 + WEIGHTS_HEADER_SLACK_BYTES);
+  const { weights } = await loadSafetensors(join(dir, PEFT_FILES.weights), { maxBytes, ...(options.root === undefined ? {} : { root: options.root }) });
   const renamed = new Map<string, WeightArray>();
   for (const [name, w] of weights) renamed.set(name.replace(/\.lora_([AB])\.[^.]+\.weight$/, '.lora_$1.weight'), w);
-  return { adapter: LoraAdapter.fromWeights(config, lora, renamed), baseModel };
+  return renamed;
 }

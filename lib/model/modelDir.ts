@@ -10,11 +10,13 @@
  * @packageDocumentation
  */
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, stat } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
+import { checkModelFits, modelFootprint, type ModelFitOptions } from './capacity.js';
+import { WEIGHTS_HEADER_SLACK_BYTES, entryExists, readJsonObject, resolveInside } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';
 import {
   PolicyModel,
@@ -58,6 +60,8 @@ export interface ModelDirContents {
   readonly metadata: SafetensorsMetadata;
   /** The raw `config.json`. */
   readonly rawConfig: Readonly<Record<string, unknown>>;
+  /** The context length the caller may use: `max_position_embeddings`, capped by `maxModelLen`. */
+  readonly contextLength: number;
 }
 
 /** The special token ids a model directory records for a tokenizer: its BOS (if any), every stop id, and pad. */
@@ -96,11 +100,13 @@ type Json = Record<string, unknown>;
  *
  * @param raw - The parsed JSON.
  * @param source - Named in errors (the file's path).
+ * @param fit - The context cap and memory the configuration is checked against ({@link checkModelFits}).
  * @throws {@link ConfigError} naming the key: an unknown `model_type`, a feature the decoder does not implement
  *   (sliding-window attention, mixture of experts, an activation other than SiLU, MLP biases, partial rotary
- *   embeddings, a rope type other than default, linear or llama3), or a missing or invalid size.
+ *   embeddings, a rope type other than default, linear or llama3), a missing or invalid size, or sizes whose
+ *   weights and one full-length sequence's cache do not fit in the backend's memory ({@link checkModelFits}).
  */
-export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.config): ResolvedPolicyConfig {
+export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.config, fit: Omit<ModelFitOptions, 'keyOf' | 'source'> = {}): ResolvedPolicyConfig {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
     throw new ConfigError(`${source}: not a JSON object`, { context: { source } });
   }
@@ -145,11 +151,14 @@ export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.co
     qkNorm: type === 'qwen3',
     tieWordEmbeddings: c.tie_word_embeddings === true,
   };
+  let resolved: ResolvedPolicyConfig;
   try {
-    return validatePolicyConfig(config);
+    resolved = validatePolicyConfig(config);
   } catch (cause) {
     throw new ConfigError(`${source}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, context: { source } });
   }
+  checkModelFits(resolved, { capHint: 'maxModelLen, or --max-model-len', ...fit, keyOf: hfKey, source });
+  return resolved;
 }
 
 function readRope(c: Json, fail: (key: string, message: string) => never): { theta?: number; scaling: RopeScaling | null } {
@@ -252,78 +261,38 @@ function readSpecial(raw: Json): SpecialTokenIds {
   };
 }
 
-/** Largest JSON file of a model directory read (config, index, generation config). */
-const MAX_JSON_BYTES = 16 << 20;
-
-/**
- * Checks that `path` is a regular file (after links) of at most `limit` bytes before anything reads it, so a
- * device, a FIFO or a huge file is refused without being opened. Shared with the PEFT adapter reader.
- *
- * @internal
- */
-export async function checkFile(path: string, limit: number): Promise<void> {
-  let info: Awaited<ReturnType<typeof stat>>;
-  try {
-    info = await stat(path);
-  } catch (cause) {
-    throw new DecodeError(`${path}: cannot be read (${(cause as NodeJS.ErrnoException).code ?? String(cause)})`, { cause, context: { path } });
-  }
-  if (!info.isFile()) throw new DecodeError(`${path}: not a regular file`, { context: { path } });
-  if (info.size > limit) {
-    throw new DecodeError(`${path}: ${info.size} bytes, more than the ${limit} allowed`, { context: { path, size: info.size, limit } });
-  }
-}
-
-/**
- * Reads a JSON file of at most 16 MiB that must hold an object ({@link DecodeError} otherwise, naming the path).
- *
- * @internal
- */
-export async function readJson(path: string): Promise<object> {
-  let text: string;
-  await checkFile(path, MAX_JSON_BYTES);
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (cause) {
-    throw new DecodeError(`${path}: cannot be read (${(cause as NodeJS.ErrnoException).code ?? String(cause)})`, {
-      cause,
-      context: { path },
-    });
-  }
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch (cause) {
-    throw new DecodeError(`${path}: not valid JSON`, { cause, context: { path } });
-  }
-  // Every file of a model directory holds an object (a `null` config or index made the readers dereference null).
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    throw new DecodeError(`${path}: not a JSON object`, { context: { path } });
-  }
-  return value;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** Options of {@link readModelDir}. */
 export interface ReadModelDirOptions {
   /**
-   * Largest weights file accepted, in bytes (a server bounds it by the size of the model it serves). Every file
-   * is checked to be a regular file of bounded size before it is opened. Default: no bound on weights files.
+   * Largest total size of the weights files, in bytes. Default: what the configuration's parameters take in
+   * float32 (the widest dtype read), plus room for the headers, so a file is bounded by the architecture that
+   * `config.json` declares before it is opened.
    */
   readonly maxWeightBytes?: number;
+  /**
+   * A directory every file must lie in once links are followed (a server's `--weights-root`, a Kafka worker's
+   * `kafka.weightsRoot`); anything else is a {@link ForbiddenPathError}. Default: no confinement.
+   */
+  readonly root?: string;
+  /** Longest context the caller will use (`--max-model-len`): bounds the cache checked against memory. */
+  readonly maxModelLen?: number;
 }
+
+/** Hugging Face `config.json` keys of the configuration fields that size a model, for errors. */
+const HF_KEYS: Readonly<Partial<Record<keyof ResolvedPolicyConfig, string>>> = {
+  vocabSize: 'vocab_size',
+  dModel: 'hidden_size',
+  nLayers: 'num_hidden_layers',
+  nHeads: 'num_attention_heads',
+  nKvHeads: 'num_key_value_heads',
+  headDim: 'head_dim',
+  dFF: 'intermediate_size',
+  maxSeqLen: 'max_position_embeddings',
+};
 
 /** Tells whether `dir` looks like a model directory (it has a `config.json`). */
 export async function isModelDir(dir: string): Promise<boolean> {
-  return exists(join(dir, MODEL_FILES.config));
+  return entryExists(join(dir, MODEL_FILES.config));
 }
 
 /**
@@ -335,16 +304,19 @@ export async function isModelDir(dir: string): Promise<boolean> {
  * @throws {@link DecodeError} for a missing or malformed file (naming it).
  */
 export async function readModelDir(dir: string, options: ReadModelDirOptions = {}): Promise<ModelDirContents> {
-  const maxWeightBytes = options.maxWeightBytes ?? Number.MAX_SAFE_INTEGER;
-  const rawConfig = await readJson(join(dir, MODEL_FILES.config));
-  const config = policyConfigFromHf(rawConfig, join(dir, MODEL_FILES.config));
+  const { root } = options;
+  if (root !== undefined) await resolveInside(dir, root);
+  const configPath = join(dir, MODEL_FILES.config);
+  const rawConfig = await readJsonObject(configPath, root);
+  const config = policyConfigFromHf(rawConfig, configPath, options);
+  const contextLength = Math.min(config.maxSeqLen, options.maxModelLen ?? config.maxSeqLen);
+  let budget = options.maxWeightBytes ?? maxWeightBytesOf(config);
   const weights = new Map<string, WeightArray>();
   let metadata: SafetensorsMetadata = {};
   const indexPath = join(dir, MODEL_FILES.index);
   let files: string[];
-  if (await exists(indexPath)) {
-    const index = (await readJson(indexPath)) as { weight_map?: unknown };
-    const map = index.weight_map;
+  if (await entryExists(indexPath)) {
+    const map = (await readJsonObject(indexPath, root)).weight_map;
     if (typeof map !== 'object' || map === null || !Object.values(map).every((f) => typeof f === 'string')) {
       throw new DecodeError(`${indexPath}: weight_map must map tensor names to file names`, { context: { path: indexPath } });
     }
@@ -354,23 +326,32 @@ export async function readModelDir(dir: string, options: ReadModelDirOptions = {
   }
   for (const [i, file] of files.entries()) {
     const path = join(dir, basename(file));
-    if (!(await exists(path))) {
+    if (!(await entryExists(path))) {
       throw new DecodeError(`${path}: weights file is missing`, { context: { path } });
     }
-    await checkFile(path, maxWeightBytes);
-    const contents = await loadSafetensors(path);
+    const contents = await loadSafetensors(path, { maxBytes: budget, ...(root === undefined ? {} : { root }) });
+    budget -= contents.bytes;
     if (i === 0) metadata = contents.metadata;
     for (const [name, w] of contents.weights) {
       if (IGNORED_WEIGHT.test(name) || (config.tieWordEmbeddings && name === 'lm_head.weight')) continue;
       weights.set(name, w);
     }
   }
-  let special = readSpecial(rawConfig as Json);
+  let special = readSpecial(rawConfig);
   const generationPath = join(dir, MODEL_FILES.generation);
-  if (await exists(generationPath)) {
-    special = { ...special, ...readSpecial((await readJson(generationPath)) as Json) };
+  if (await entryExists(generationPath)) {
+    special = { ...special, ...readSpecial(await readJsonObject(generationPath, root)) };
   }
-  return { dir, config, weights, special, metadata, rawConfig: rawConfig as Json };
+  return { dir, config, contextLength, weights, special, metadata, rawConfig };
+}
+
+/** The largest weights a configuration can have on disk: its parameters in float32, plus header room. */
+export function maxWeightBytesOf(config: ResolvedPolicyConfig): number {
+  return modelFootprint(config).parameterBytes + WEIGHTS_HEADER_SLACK_BYTES;
+}
+
+function hfKey(field: keyof ResolvedPolicyConfig): string {
+  return HF_KEYS[field] ?? field;
 }
 
 /**

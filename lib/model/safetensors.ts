@@ -12,10 +12,11 @@
  * @packageDocumentation
  */
 import { randomBytes } from 'node:crypto';
-import { readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { rename, rm, writeFile } from 'node:fs/promises';
 
 import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { DecodeError, ShapeError, assertNever } from '../errors.js';
+import { readRegularFile, type FileLimits } from './files.js';
 
 /** Key of the free-form string metadata in a safetensors header. */
 export const SAFETENSORS_METADATA_KEY = '__metadata__';
@@ -103,7 +104,8 @@ export function decodeSafetensors(bytes: Uint8Array): SafetensorsContents {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerLength = view.getBigUint64(0, true);
   if (headerLength > BigInt(Math.min(SAFETENSORS_MAX_HEADER_BYTES, bytes.length - LENGTH_PREFIX_BYTES))) {
-    throw malformed(`header length ${headerLength} exceeds the file (${bytes.length} bytes) or the limit`);
+    // The length itself is not quoted: it is the file's first eight bytes, whatever the file is.
+    throw malformed(`the header length prefix exceeds the file (${bytes.length} bytes) or the ${SAFETENSORS_MAX_HEADER_BYTES}-byte limit`);
   }
   const dataStart = LENGTH_PREFIX_BYTES + Number(headerLength);
   let parsed: unknown;
@@ -174,14 +176,17 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
 
 /**
  * Reads a safetensors file written by {@link saveSafetensors} or by Python's `safetensors` (F32, F16 or BF16
- * tensors, returned as float32).
+ * tensors, returned as float32), through rxrl's one file reader: a regular file only, no larger than
+ * `limits.maxBytes`, inside `limits.root` when given.
  *
- * @throws {@link DecodeError} when the file is malformed.
+ * @returns the tensors, the metadata, and the file's size in bytes.
+ * @throws {@link DecodeError} when the file is not a readable regular file within the limits, or is malformed;
+ *   {@link ForbiddenPathError} outside `limits.root`.
  */
-export async function loadSafetensors(path: string): Promise<SafetensorsContents> {
-  const bytes = await readFile(path);
+export async function loadSafetensors(path: string, limits: Partial<FileLimits> = {}): Promise<SafetensorsContents & { readonly bytes: number }> {
+  const bytes = await readRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER, ...limits });
   try {
-    return decodeSafetensors(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+    return { ...decodeSafetensors(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)), bytes: bytes.length };
   } catch (error) {
     if (error instanceof DecodeError) {
       throw new DecodeError(`${path}: ${error.message}`, { cause: error.cause, context: { ...error.context, path } });
@@ -215,7 +220,7 @@ function parseEntry(
   const { dtype, shape, data_offsets: offsets } = value as Record<string, unknown>;
   const width = typeof dtype === 'string' ? READ_DTYPES[dtype] : undefined;
   if (width === undefined) {
-    throw malformed(`tensor '${name}' has dtype ${JSON.stringify(dtype)}; supported: ${Object.keys(READ_DTYPES).join(', ')}`);
+    throw malformed(`tensor '${name}' has an unsupported dtype; supported: ${Object.keys(READ_DTYPES).join(', ')}`);
   }
   if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) {
     throw malformed(`tensor '${name}' has an invalid shape`);

@@ -11,7 +11,7 @@ import { PolicyModel } from '../model/transformer.js';
 import type { ServeContext, ServedAdapter } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 import { ServingModel } from './servingModel.js';
-import { cannotLoad, maxWeightBytes, resolveClientDir } from './weights.js';
+import { cannotLoad, maxWeightBytes, resolveClientDir, rootOf } from './weights.js';
 
 /** The context a request runs in: the base model's, or that of the adapter it names (404 for any other name). */
 export function modelContext(ctx: ServeContext, name: string): ServeContext {
@@ -42,7 +42,7 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
   let adapter: LoraAdapter;
   try {
     // Regular files only (a FIFO or /dev/zero must not hang the reader), no larger than the base model.
-    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config, { maxWeightBytes: maxWeightBytes(ctx) })).adapter;
+    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) })).adapter;
   } catch (cause) {
     throw cannotLoad('lora_path', path, cause);
   }

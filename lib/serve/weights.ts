@@ -3,10 +3,10 @@
  *
  * @packageDocumentation
  */
-import { realpath, stat } from 'node:fs/promises';
-import { isAbsolute, relative } from 'node:path';
+import { stat } from 'node:fs/promises';
 
-import { RxrlError, ShapeError } from '../errors.js';
+import { ForbiddenPathError, RxrlError, ShapeError } from '../errors.js';
+import { WEIGHTS_HEADER_SLACK_BYTES, resolveInside } from '../model/files.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
 import { configMismatches } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
@@ -17,16 +17,14 @@ import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoo
 /** Most characters of a client-named path (`model_path`, `lora_path`) that a message quotes. */
 export const MAX_QUOTED_PATH_CHARS = 256;
 
-/** Slack over the served model's float32 size for a weights file's header. */
-const HEADER_SLACK_BYTES = 16 << 20;
 
 /**
  * Answers `POST /update_weights_from_disk`: loads the Hugging Face model directory `model_path` (as rxrl writes
  * them: `config.json` + safetensors) as version `weight_version`, else the file's `rxrl.policyVersion`, else
  * the current one + 1. The engine swaps weights between batches.
  *
- * Safe with any path: only a directory (below `--weights-root` when set, else 403) whose files are regular files,
- * none larger than the served model in float32, is read; its architecture must be the served one's; the version
+ * Safe with any path: only a directory whose files are regular files (each below `--weights-root` once its links
+ * are followed, when set, else 403), none larger than the served model in float32, is read; its architecture must be the served one's; the version
  * must be above the current one unless `force: true`. Every refusal is a 4xx naming the parameter, whatever the
  * directory holds (malformed files included); messages are short: an excerpt of the path and of the reader's reason.
  */
@@ -49,7 +47,7 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
   const served = ctx.serving.model;
   let contents: Awaited<ReturnType<typeof readModelDir>>;
   try {
-    contents = await readModelDir(real, { maxWeightBytes: maxWeightBytes(ctx) });
+    contents = await readModelDir(real, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) });
   } catch (cause) {
     throw cannotLoad('model_path', modelPath, cause);
   }
@@ -86,7 +84,9 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
 
 /**
  * The real path of a directory a client named in `param`: 400 when it is empty, does not exist or is no
- * directory, 403 when it lies outside `--weights-root` (after resolving links).
+ * directory. Under `--weights-root`, every path that is outside the root after links are followed, or that
+ * cannot be resolved, gets one and the same 403 (whether it exists or not, the client learns nothing), and every
+ * file read from the directory later is checked again (a link inside the root to a file outside is refused too).
  */
 export async function resolveClientDir(ctx: ServeContext, param: string, path: string): Promise<string> {
   if (path.trim() === '' || path.includes('\0')) throw invalid(param, `${param} must be a directory path`);
@@ -94,35 +94,38 @@ export async function resolveClientDir(ctx: ServeContext, param: string, path: s
   let real: string;
   let isDir: boolean;
   try {
-    real = await realpath(path);
+    real = await resolveInside(path, ctx.weightsRoot);
     isDir = (await stat(real)).isDirectory();
   } catch (cause) {
-    const code = (cause as NodeJS.ErrnoException).code;
-    const why = code === 'ENOENT' || code === undefined ? 'does not exist' : `cannot be resolved (${code})`;
-    throw new RequestError(400, `${param} ${named} ${why}`, { param, code: 'not_found' }, { cause });
-  }
-  if (ctx.weightsRoot !== undefined) {
-    const root = await realpath(ctx.weightsRoot);
-    const inside = relative(root, real);
-    if (inside.startsWith('..') || isAbsolute(inside)) {
-      throw new RequestError(403, `${param} ${named} is outside the weights root`, { param, code: 'forbidden_path' });
-    }
+    if (cause instanceof ForbiddenPathError) throw forbiddenPath(param, path, cause);
+    throw new RequestError(400, `${param} ${named} does not exist or cannot be resolved`, { param, code: 'not_found' }, { cause });
   }
   if (!isDir) throw invalid(param, `${param} ${named} is not a directory`);
   return real;
 }
 
+/** The one 403 of a path refused by `--weights-root`, whatever the reason. */
+function forbiddenPath(param: string, path: string, cause: unknown): RequestError {
+  return new RequestError(403, `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} is outside the weights root or not readable there`, { param, code: 'forbidden_path' }, { cause });
+}
+
+/** The `root` option of the file readers: `--weights-root`, when set. */
+export function rootOf(ctx: ServeContext): { readonly root?: string } {
+  return ctx.weightsRoot === undefined ? {} : { root: ctx.weightsRoot };
+}
+
 /** The largest weights file a client may make the server read: the served model in float32, plus header slack. */
 export function maxWeightBytes(ctx: ServeContext): number {
-  return ctx.serving.model.numParameters() * 4 + HEADER_SLACK_BYTES;
+  return ctx.serving.model.numParameters() * 4 + WEIGHTS_HEADER_SLACK_BYTES;
 }
 
 /**
- * The 400 for files a client named in `param` that the reader refused. Whatever they make it throw (a typed
+ * The 400 for files a client named in `param` that the reader refused (the 403 for a file outside the root). Whatever they make it throw (a typed
  * refusal, or a TypeError or RangeError on content it did not expect) is a bad request; only rxrl's own
  * messages are passed on, cut short.
  */
 export function cannotLoad(param: string, path: string, cause: unknown): RequestError {
+  if (cause instanceof ForbiddenPathError) return forbiddenPath(param, path, cause);
   const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
   return new RequestError(400, `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} cannot be loaded: ${why}`, { param, code: 'invalid_value' }, { cause });
 }

@@ -127,7 +127,8 @@ describe('rxrl serve with LoRA adapters (vLLM --lora-modules and /v1/load_lora_a
       [{ lora_name: 'x', lora_path: other }, 400, /cannot be loaded: .*down_proj\.lora_A\.weight has shape \[4, 48\], expected \[4, 32\]/],
       [{ lora_name: 'x', lora_path: fifo }, 400, /cannot be loaded: .*adapter_model\.safetensors: not a regular file/],
       [{ lora_name: 'x', lora_path: '/etc' }, 403, /outside the weights root/],
-      [{ lora_name: 'x', lora_path: join(dir, 'missing') }, 400, /does not exist/],
+      // Outside the root, existing or not: the same 403 (nothing to learn about the file system).
+      [{ lora_name: 'x', lora_path: join(dir, 'missing') }, 403, /outside the weights root/],
       [{ lora_name: 'rxrl-policy', lora_path: join(dir, 'root', 'coder') }, 400, /the base model's name/],
       [{ lora_name: 'a/b', lora_path: join(dir, 'root', 'coder') }, 400, /lora_name must be a non-empty name/],
     ];

@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { mkdir, mkdtemp, rm, symlink, truncate } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { connect } from 'node:net';
@@ -247,6 +248,10 @@ describe('rxrl serve, through the real openai client', () => {
     await saveModelDir(device, { config, weights: PolicyModel.create(config, 10).getWeights() });
     await rm(join(device, 'model.safetensors'));
     await symlink('/dev/zero', join(device, 'model.safetensors'));
+    // A link inside the root to a device outside it is refused as outside (each file is resolved on its own).
+    expect(await update({ model_path: device })).toMatchObject({ status: 403, json: { error: { param: 'model_path', code: 'forbidden_path' } } });
+    await rm(join(device, 'model.safetensors'));
+    execFileSync('mkfifo', [join(device, 'model.safetensors')]);
     expect(await update({ model_path: device })).toMatchObject({ status: 400, json: { error: { param: 'model_path', message: expect.stringMatching(/not a regular file/) } } });
     const huge = join(root, 'huge');
     await saveModelDir(huge, { config, weights: PolicyModel.create(config, 10).getWeights() });
