@@ -269,11 +269,18 @@ async function agentsCommand(
 async function workerCommand(argv: readonly string[]): Promise<number> {
   const { runWorker } = await import('../pipelines/run.js');
   const { config, dir } = await resolvedConfig(argv);
+  const { createLogger, moduleLogger } = await import('./observe/logger.js');
+  const kafkaLog = moduleLogger(createLogger({ level: config.logging.level }), 'kafka');
   const controller = stopOnSignals();
   const summary = await runWorker(config, {
     ...(await kafkaOf(config, 'worker')),
     baseDir: dir,
     signal: controller.signal,
+    onEvent: (event) => {
+      // A refused weights announcement is worth a warning: the worker goes on with the version it has.
+      if (event.type === 'worker.weights_refused') kafkaLog.warn({ event: event.type, ...event.payload }, event.type);
+      else kafkaLog.debug({ event: event.type, ...event.payload }, event.type);
+    },
     onTask: (r) => {
       if (r.outcome === 'rolled-out') process.stderr.write(`rxrl: task ${r.taskId} (${r.trajectories} trajectories, v${r.policyVersion})\n`);
     },

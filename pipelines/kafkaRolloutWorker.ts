@@ -71,6 +71,11 @@ export interface KafkaRolloutWorkerConfig {
   readonly concurrency?: number;
   /** Local engine settings: micro-batch size and wait, weight sync policy. */
   readonly engine?: Omit<LocalEngineOptions, 'tokenizer' | 'version' | 'modelTag'>;
+  /**
+   * Announced weight files must lie in this directory once links are followed (the trainer's weights directory);
+   * others are refused (`worker.weights_refused`) and the engines keep their version. Default: no confinement.
+   */
+  readonly weightsRoot?: string;
   /** Extra latency before each task's rollout, in ms (simulates a slow engine in demos and crash tests). Default 0. */
   readonly rolloutDelayMs?: number;
   /** Complete when the run this worker follows ends. Default true. */
@@ -182,7 +187,7 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
         onEvent: config.onEvent,
         onClosed,
       }),
-      { tokenizer: config.tokenizer, engine: config.engine },
+      { tokenizer: config.tokenizer, engine: config.engine, ...(config.weightsRoot === undefined ? {} : { root: config.weightsRoot }) },
     );
     // A task delivered again while its first copy is still in flight here (a rebalance re-read it) waits for
     // that copy instead of rolling out twice. Resolves true when the copy's outputs were all acknowledged.
@@ -295,6 +300,9 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
       const runEnd$ = follower.events.pipe(
         tap((event) => {
           if (event.type === 'loaded') emit('worker.weights_loaded', { run: event.run, version: event.version, seconds: event.seconds });
+          if (event.type === 'refused') {
+            emit('worker.weights_refused', { run: event.run, modelTag: event.modelTag, version: event.version, reason: event.reason });
+          }
           if (event.type === 'end') emit('worker.run_end', { run: event.message.run, version: event.message.version });
         }),
         filter((event) => event.type === 'end'),

@@ -1,6 +1,6 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { appendFile, mkdir, readFile } from 'node:fs/promises';
-import { basename, dirname, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
 import type { Kafka } from 'kafkajs';
@@ -549,6 +549,10 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
+  // The trainer's weights directory (as rxrl trainer picks it), unless the recipe names a root; a recipe without a
+  // run directory (a library caller) confines nothing unless it says so.
+  const { weightsRoot, weightsDir } = config.kafka;
+  const root = weightsRoot ?? weightsDir ?? (config.run.dir === null ? undefined : join(config.run.dir, 'weights'));
   await lastValueFrom(
     kafkaRolloutWorker({
       kafka: options.kafka,
@@ -561,6 +565,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
       rolloutDelayMs: config.kafka.rolloutDelayMs,
       ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
       engine: { weightSync: config.rollout.weightSync },
+      ...(root === undefined ? {} : { weightsRoot: resolve(baseDir, root) }),
       ...(options.workerId ? { workerId: options.workerId } : {}),
       ...(options.signal ? { signal: options.signal } : {}),
       ...(options.onEvent ? { onEvent: options.onEvent } : {}),

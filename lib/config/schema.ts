@@ -74,7 +74,7 @@ export interface RxrlConfig {
     klLoss: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
   };
   sync: { mode: 'sync' | 'batch-async' | 'fully-async'; stalenessThreshold: number; capacity: number; batchSize: number };
-  kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; workerConcurrency: number; rolloutDelayMs: number };
+  kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; weightsRoot: string | null; workerConcurrency: number; rolloutDelayMs: number };
   openai: { baseUrl: string | null; apiKey: string; model: string };
   checkpoint: { every: number; keepLast: number; onStop: boolean };
   resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
@@ -297,6 +297,11 @@ export const SCHEMA = {
     clientId: { doc: 'Kafka client id.', format: 'non-empty-string', default: 'rxrl' },
     topicPrefix: { doc: 'Prefix of the tasks / trajectories / weights topics.', format: 'non-empty-string', default: 'rxrl' },
     weightsDir: { doc: 'rxrl trainer: directory shared with the workers for weight files (null = <run.dir>/weights).', format: 'optional-string', default: null },
+    weightsRoot: {
+      doc: 'rxrl worker: announced weight files must lie in this directory once links are followed, else they are refused (null = kafka.weightsDir, else <run.dir>/weights).',
+      format: 'optional-string',
+      default: null,
+    },
     workerConcurrency: { doc: 'rxrl worker: tasks rolled out at once.', format: 'positive-int', default: 8 },
     rolloutDelayMs: { doc: 'rxrl worker: extra latency before each task (demos and fault tests).', format: 'non-negative-int', default: 0 },
   },

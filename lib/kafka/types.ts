@@ -167,6 +167,8 @@ export type KafkaEventType =
   | 'worker.task_done'
   /** A worker loaded a weights version: `run`, `version`, `seconds`. */
   | 'worker.weights_loaded'
+  /** A worker refused an announced weights version and keeps the one it has: `run`, `modelTag`, `version`, `reason`. */
+  | 'worker.weights_refused'
   /** The run a worker followed is over: `run`, `version`. */
   | 'worker.run_end';
 

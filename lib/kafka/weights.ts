@@ -13,7 +13,7 @@
  * @packageDocumentation
  */
 import { createHash } from 'node:crypto';
-import { access, readFile, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 
 import type { Producer } from 'kafkajs';
@@ -21,11 +21,28 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError, throwIfAborted } from '../errors.js';
-import { LoraAdapter, PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
-import { MODEL_FILES, POLICY_VERSION_METADATA_KEY, policyConfigFromHf, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
+import { ConfigError, DecodeError, isRetriable, throwIfAborted } from '../errors.js';
+import { entryExists, readJsonObject, readRegularFile, resolveInside } from '../model/files.js';
+import {
+  LoraAdapter,
+  PEFT_FILES,
+  loraWeightBytes,
+  readPeftAdapterConfig,
+  renamePeftWeights,
+  savePeftWeights,
+  type ResolvedLoraConfig,
+} from '../model/lora.js';
+import {
+  MODEL_FILES,
+  POLICY_VERSION_METADATA_KEY,
+  maxWeightBytesOf,
+  policyConfigFromHf,
+  readModelDir,
+  saveModelDir,
+  type SpecialTokenIds,
+} from '../model/modelDir.js';
 import { decodeSafetensors } from '../model/safetensors.js';
-import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
+import { PolicyModel, type PolicyConfig, type ResolvedPolicyConfig } from '../model/transformer.js';
 import type { ModelTag, PolicyVersion } from '../types.js';
 import { encodeWeightsMessage } from './codec.js';
 import { KafkaBridgeError } from './errors.js';
@@ -148,14 +165,24 @@ export interface WeightsFollowerOptions {
   readonly tokenizer: Tokenizer;
   /** Local engine settings (batching, weight sync policy). */
   readonly engine?: Omit<LocalEngineOptions, 'tokenizer' | 'version' | 'modelTag'>;
-  /** Attempts to read a weights file that is missing or incomplete before giving up. Default 20 (every 100 ms). */
+  /** Attempts to read a weights file that is missing or incomplete before refusing it. Default 20 (every 100 ms). */
   readonly loadAttempts?: number;
+  /**
+   * The directory every announced file must lie in once links are followed (`kafka.weightsRoot`; the CLI's default
+   * is the run's weights directory). An announcement naming anything else is refused. Default: no confinement.
+   */
+  readonly root?: string;
 }
 
 /** What a follower reports. */
 export type WeightsFollowerEvent =
   | { readonly type: 'loaded'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly seconds: number }
   | { readonly type: 'skipped'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly reason: string }
+  /**
+   * An announcement whose files were refused (outside the root, not regular files, larger than the architecture
+   * or the announcement, not matching its SHA-256 after every attempt, malformed): the engines keep what they hold.
+   */
+  | { readonly type: 'refused'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly reason: string }
   | { readonly type: 'end'; readonly message: RunEndMessage };
 
 interface Waiter {
@@ -211,7 +238,10 @@ export class WeightsFollower {
   private readonly events$ = new Subject<WeightsFollowerEvent>();
   private failure: unknown;
 
-  /** Loads, skips and run ends, as they happen. Errors when the follower fails (a file never became readable). */
+  /**
+   * Loads, skips, refusals and run ends, as they happen. Errors when the follower fails: the worker's tokenizer does
+   * not fit the run's models, or the announcements' stream failed.
+   */
   readonly events: Observable<WeightsFollowerEvent> = this.events$.asObservable();
 
   /**
@@ -385,81 +415,117 @@ export class WeightsFollower {
     const started = performance.now();
     const attempts = this.options.loadAttempts ?? 20;
     const { run, modelTag, version } = message;
-    let bytes: Uint8Array | undefined;
-    let peft = false;
     let reason = '';
     for (let attempt = 0; attempt < attempts; attempt++) {
       if (this.latest.get(modelTag) !== message) {
         this.events$.next({ type: 'skipped', run, modelTag, version, reason: 'a newer version was announced' });
         return;
       }
+      let policy: LoadedPolicy | undefined;
       try {
-        peft = await isPeftDir(message.path);
-        const data = await readFile(join(message.path, peft ? PEFT_FILES.weights : MODEL_FILES.weights));
-        if (data.length !== message.bytes) {
-          reason = `${message.path} has ${data.length} bytes, the announcement says ${message.bytes}`;
-        } else if (createHash('sha256').update(data).digest('hex') !== message.sha256) {
-          reason = `${message.path} does not match the announced SHA-256`;
-        } else {
-          bytes = data;
-          break;
-        }
+        policy = await this.read(message);
       } catch (error) {
-        reason = `cannot read ${message.path}: ${String(error)}`;
+        // This worker cannot use the run's models at all: fail loudly rather than skip every version.
+        if (error instanceof ConfigError && error.context.key === 'tokenizer') throw error;
+        reason = error instanceof Error ? error.message : String(error);
+        if (!isRetriable(error)) break;
+        await new Promise((r) => setTimeout(r, 100));
+        continue;
       }
-      await new Promise((r) => setTimeout(r, 100));
+      await this.install(message, policy);
+      this.events$.next({ type: 'loaded', run, modelTag, version, seconds: (performance.now() - started) / 1000 });
+      return;
     }
-    if (bytes === undefined) {
-      throw new KafkaBridgeError(`weights version ${version} of policy ${modelTag} of run ${run} never became readable: ${reason}`, {
-        context: { path: message.path },
-      });
-    }
-    const { weights } = decodeSafetensors(bytes);
-    const loaded = this.loadedRun === run ? this.loaded.get(modelTag) : undefined;
-    if (loaded !== undefined) {
-      await loaded.engine.loadWeights(version, weights);
-      loaded.version = version;
-    } else {
-      if (this.loadedRun !== run) {
-        // The previous run's engines may still be finishing a generation: retire their models, dispose them on close.
-        this.retireRun();
-        this.loadedRun = run;
-      }
-      const policy = peft ? await this.adapterPolicy(message, weights) : await this.fullPolicy(message, weights);
-      this.loaded.set(modelTag, policy);
-    }
-    this.events$.next({ type: 'loaded', run, modelTag, version, seconds: (performance.now() - started) / 1000 });
+    // Refused: the engines keep the version they hold, and a later announcement of this policy is loaded.
+    if (this.latest.get(modelTag) === message) this.latest.delete(modelTag);
+    this.events$.next({ type: 'refused', run, modelTag, version, reason });
   }
 
-  /** A full model of an announced model directory, and its engine. */
-  private async fullPolicy(message: WeightsVersionMessage, weights: NamedWeights): Promise<LoadedPolicy> {
-    let config: PolicyConfig;
-    try {
-      config = policyConfigFromHf(JSON.parse(await readFile(join(message.path, MODEL_FILES.config), 'utf8')), join(message.path, MODEL_FILES.config));
-    } catch (cause) {
-      throw new DecodeError(`${message.path}: config.json is missing or invalid`, { cause, context: { path: message.path } });
+  /**
+   * Reads an announced directory through rxrl's one file reader, confined to `root` (when set): its configuration
+   * first, then the weights file, which must be a regular file of exactly the announced size, no larger than the
+   * configuration's parameters in float32, with the announced SHA-256. A version of the followed run is returned
+   * as new weights for the loaded policy; otherwise as a new policy (model or adapter view) with its engine.
+   *
+   * @throws a retriable {@link KafkaBridgeError} when the file is missing or does not (yet) match the announcement;
+   *   anything else is a refusal.
+   */
+  private async read(message: WeightsVersionMessage): Promise<LoadedPolicy> {
+    const root = this.options.root;
+    const limits = root === undefined ? {} : { root };
+    const dir = await resolveInside(message.path, root);
+    const peft = await entryExists(join(dir, PEFT_FILES.config));
+    let config: ResolvedPolicyConfig;
+    let adapter: { lora: ResolvedLoraConfig; base: PolicyModel } | undefined;
+    if (peft) {
+      const { lora, baseModel } = await readPeftAdapterConfig(dir, root);
+      if (baseModel === null) throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
+      adapter = { lora, base: await this.baseOf(baseModel) };
+      config = adapter.base.config;
+    } else {
+      config = this.fitsTokenizer(policyConfigFromHf(await readJsonObject(join(dir, MODEL_FILES.config), root), join(message.path, MODEL_FILES.config)));
     }
-    const model = PolicyModel.fromWeights(this.fitsTokenizer(config), weights);
+    const bound = adapter ? loraWeightBytes(config, adapter.lora) : maxWeightBytesOf(config);
+    if (message.bytes > bound) {
+      throw new KafkaBridgeError(`${message.path}: the announcement says ${message.bytes} bytes, more than the ${bound} its architecture allows`, {
+        context: { path: message.path, bytes: message.bytes, limit: bound },
+      });
+    }
+    const file = join(dir, peft ? PEFT_FILES.weights : MODEL_FILES.weights);
+    let data: Buffer;
+    try {
+      // Never more than announced: a larger file is refused unread.
+      data = await readRegularFile(file, { maxBytes: message.bytes, ...limits });
+    } catch (cause) {
+      if ((cause as { cause?: NodeJS.ErrnoException }).cause?.code !== 'ENOENT') throw cause;
+      throw new KafkaBridgeError(`${file} does not exist (yet)`, { cause, retriable: true, context: { path: file } });
+    }
+    if (data.length !== message.bytes || createHash('sha256').update(data).digest('hex') !== message.sha256) {
+      throw new KafkaBridgeError(`${file} does not match the announced size and SHA-256`, { retriable: true, context: { path: file } });
+    }
+    const { weights } = decodeSafetensors(data);
+    const loaded = this.loadedRun === message.run ? this.loaded.get(message.modelTag) : undefined;
+    if (loaded !== undefined) {
+      await loaded.engine.loadWeights(message.version, adapter ? renamePeftWeights(weights) : weights);
+      return loaded;
+    }
+    if (adapter) {
+      const lora = LoraAdapter.fromWeights(config, adapter.lora, renamePeftWeights(weights));
+      const model = PolicyModel.withAdapter(adapter.base, lora);
+      return { version: message.version, engine: this.engineOf(model, message), model, adapter: lora };
+    }
+    const model = PolicyModel.fromWeights(config, weights);
     return { version: message.version, engine: this.engineOf(model, message), model };
   }
 
-  /** A LoRA view of an announced PEFT directory over its base (read once per run and shared), and its engine. */
-  private async adapterPolicy(message: WeightsVersionMessage, weights: NamedWeights): Promise<LoadedPolicy> {
-    const { lora, baseModel } = await readPeftAdapterConfig(message.path);
-    if (baseModel === null) throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
-    let base = this.bases.get(baseModel);
-    if (base === undefined) {
-      const read = await readModelDir(baseModel);
-      base = PolicyModel.fromWeights(this.fitsTokenizer(read.config), read.weights);
-      this.bases.set(baseModel, base);
+  /** Records a read version: new weights of a loaded policy, or a new policy of the (perhaps new) followed run. */
+  private async install(message: WeightsVersionMessage, policy: LoadedPolicy): Promise<void> {
+    const loaded = this.loadedRun === message.run ? this.loaded.get(message.modelTag) : undefined;
+    if (loaded === policy) {
+      loaded.version = message.version;
+      return;
     }
-    const adapter = LoraAdapter.fromWeights(base.config, lora, weights);
-    const model = PolicyModel.withAdapter(base, adapter);
-    return { version: message.version, engine: this.engineOf(model, message), model, adapter };
+    if (this.loadedRun !== message.run) {
+      // The previous run's engines may still be finishing a generation: retire their models, dispose them on close.
+      this.retireRun();
+      this.loadedRun = message.run;
+    }
+    this.loaded.set(message.modelTag, policy);
+  }
+
+  /** The base model of a LoRA run's adapters (a model directory inside the root), read once per run and shared. */
+  private async baseOf(dir: string): Promise<PolicyModel> {
+    let base = this.bases.get(dir);
+    if (base === undefined) {
+      const read = await readModelDir(dir, this.options.root === undefined ? {} : { root: this.options.root });
+      base = PolicyModel.fromWeights(this.fitsTokenizer(read.config), read.weights);
+      this.bases.set(dir, base);
+    }
+    return base;
   }
 
   /** `config`, when its vocabulary fits this worker's tokenizer; a `ConfigError` otherwise. */
-  private fitsTokenizer(config: PolicyConfig): PolicyConfig {
+  private fitsTokenizer(config: ResolvedPolicyConfig): ResolvedPolicyConfig {
     if (config.vocabSize !== this.options.tokenizer.vocabSize) {
       throw new ConfigError(
         `the announced model has ${config.vocabSize} token ids but this worker's tokenizer has ${this.options.tokenizer.vocabSize}`,
@@ -491,16 +557,6 @@ export class WeightsFollower {
     for (const waiter of this.waiters) waiter.reject(error);
     this.waiters = [];
     this.events$.error(error);
-  }
-}
-
-/** True when an announced directory is a PEFT adapter rather than a model. */
-async function isPeftDir(dir: string): Promise<boolean> {
-  try {
-    await access(join(dir, PEFT_FILES.config));
-    return true;
-  } catch {
-    return false;
   }
 }
 

@@ -405,9 +405,19 @@ export async function readPeftWeights(
   lora: ResolvedLoraConfig,
   options: PeftReadOptions = {},
 ): Promise<NamedWeights> {
-  const declared = loraParamSpecs(validatePolicyConfig(config), lora).reduce((n, s) => n + s.shape[0] * s.shape[1], 0);
-  const maxBytes = Math.min(options.maxWeightBytes ?? Infinity, declared * 4 + WEIGHTS_HEADER_SLACK_BYTES);
+  const maxBytes = Math.min(options.maxWeightBytes ?? Infinity, loraWeightBytes(config, lora));
   const { weights } = await loadSafetensors(join(dir, PEFT_FILES.weights), { maxBytes, ...(options.root === undefined ? {} : { root: options.root }) });
+  return renamePeftWeights(weights);
+}
+
+/** The largest `adapter_model.safetensors` an adapter of this shape can have: its weights in float32, plus header room. */
+export function loraWeightBytes(config: PolicyConfig, lora: ResolvedLoraConfig): number {
+  const declared = loraParamSpecs(validatePolicyConfig(config), lora).reduce((n, s) => n + s.shape[0] * s.shape[1], 0);
+  return declared * 4 + WEIGHTS_HEADER_SLACK_BYTES;
+}
+
+/** PEFT tensor names as rxrl keeps them: the adapter name PEFT may insert (`….lora_A.default.weight`) dropped. */
+export function renamePeftWeights(weights: NamedWeights): NamedWeights {
   const renamed = new Map<string, WeightArray>();
   for (const [name, w] of weights) renamed.set(name.replace(/\.lora_([AB])\.[^.]+\.weight$/, '.lora_$1.weight'), w);
   return renamed;

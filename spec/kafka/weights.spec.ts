@@ -1,5 +1,6 @@
 /** Weight versions across processes: WeightsPublisher → weights topic (real broker) → WeightsFollower. */
-import { existsSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -9,9 +10,9 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError } from '../../lib/errors.js';
 import { createProducer } from '../../lib/kafka/client.js';
-import { decodeWeightsMessage } from '../../lib/kafka/codec.js';
-import { KafkaBridgeError } from '../../lib/kafka/errors.js';
-import { WeightsFollower, WeightsPublisher } from '../../lib/kafka/weights.js';
+import { decodeWeightsMessage, encodeWeightsMessage } from '../../lib/kafka/codec.js';
+import type { WeightsVersionMessage } from '../../lib/kafka/types.js';
+import { WeightsFollower, WeightsPublisher, type WeightsFollowerEvent } from '../../lib/kafka/weights.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { readModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
@@ -52,7 +53,7 @@ async function setup(run = 'run-a'): Promise<{ topic: string; dir: string; publi
   return { topic, dir, publisher };
 }
 
-function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: number } = {}): WeightsFollower {
+function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: number; root?: string } = {}): WeightsFollower {
   const closings: Promise<void>[] = [];
   const follower = new WeightsFollower(
     fromKafka(kafka, {
@@ -61,7 +62,7 @@ function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: 
       decode: decodeWeightsMessage,
       onClosed: (c) => void closings.push(c.catch(() => undefined)),
     }),
-    { tokenizer: options.vocab ?? tokenizer, loadAttempts: options.loadAttempts },
+    { tokenizer: options.vocab ?? tokenizer, loadAttempts: options.loadAttempts, ...(options.root === undefined ? {} : { root: options.root }) },
   );
   cleanups.push(() => follower.close());
   follower.start();
@@ -171,13 +172,17 @@ describe('WeightsFollower', () => {
     expect(await follower.waitFor('run-old', 0)).toBeUndefined();
   });
 
-  it('fails loudly when an announced file never matches its announcement', async () => {
+  it('refuses an announced file that never matches its announcement, and loads the next version', async () => {
     const { topic, publisher } = await setup();
     const v0 = await publisher.publish(0, model.getWeights());
     writeFileSync(join(v0.path, 'model.safetensors'), Buffer.alloc(v0.bytes)); // same size, wrong contents
     const follower = follow(topic, { loadAttempts: 3 });
-    await expect(follower.waitFor('run-a', 0)).rejects.toBeInstanceOf(KafkaBridgeError);
+    const refused = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'refused')));
+    expect(await refused).toMatchObject({ version: 0, reason: expect.stringMatching(/does not match the announced size and SHA-256/) });
     expect(existsSync(v0.path)).toBe(true);
+    expect(follower.current).toBeUndefined();
+    await publisher.publish(1, model.getWeights());
+    expect((await follower.waitFor('run-a', 0))?.version).toBe(1);
   });
 
   it('rejects a model whose vocabulary does not fit the worker tokenizer', async () => {
@@ -196,3 +201,52 @@ describe('WeightsFollower', () => {
     await expect(waiting).rejects.toThrow('stop');
   });
 });
+
+describe('WeightsFollower on a poisoned weights topic', () => {
+  /** Announces a forged version of `run-a` whose path and sizes the sender chose. */
+  async function forge(topic: string, announced: Omit<WeightsVersionMessage, 'kind' | 'run' | 'modelTag' | 'timestamp'>): Promise<void> {
+    const message: WeightsVersionMessage = { kind: 'version', run: 'run-a', modelTag: 'policy', timestamp: Date.now(), ...announced };
+    await producer.send({ topic, messages: [{ key: 'run-a', value: Buffer.from(encodeWeightsMessage(message)) }] });
+  }
+
+  it('refuses FIFOs, devices, links out of the root, oversized and mis-sized files unread, and keeps serving its version', async () => {
+    const { topic, dir, publisher } = await setup();
+    const v0 = await publisher.publish(0, model.getWeights());
+    const follower = follow(topic, { root: dir, loadAttempts: 2 });
+    const engine = await follower.waitFor('run-a', 0);
+    const refusals: WeightsFollowerEvent[] = [];
+    follower.events.subscribe((e) => e.type === 'refused' && refusals.push(e));
+    /** A copy of v0 inside the root whose weights file is replaced by `make`. */
+    const poisoned = (name: string, make: (file: string) => void): string => {
+      const path = join(dir, name);
+      cpSync(v0.path, path, { recursive: true });
+      rmSync(join(path, 'model.safetensors'));
+      make(join(path, 'model.safetensors'));
+      return path;
+    };
+    const outside = mkdtempSync(join(tmpdir(), 'rxrl-weights-outside-'));
+    cleanups.push(() => rmSync(outside, { recursive: true, force: true }));
+    cpSync(v0.path, join(outside, 'v9'), { recursive: true });
+    const cases: [string, Omit<WeightsVersionMessage, 'kind' | 'run' | 'modelTag' | 'timestamp'>, RegExp][] = [
+      ['fifo', { version: 1, path: poisoned('fifo', (f) => execFileSync('mkfifo', [f])), bytes: v0.bytes, sha256: v0.sha256 }, /not a regular file/],
+      ['/dev/zero', { version: 2, path: poisoned('zero', (f) => symlinkSync('/dev/zero', f)), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
+      ['outside', { version: 3, path: join(outside, 'v9'), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
+      ['link out', { version: 4, path: poisoned('link', (f) => symlinkSync(join(outside, 'v9', 'model.safetensors'), f)), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
+      ['huge claim', { version: 5, path: v0.path, bytes: 2 ** 40, sha256: v0.sha256 }, /more than the \d+ its architecture allows/],
+      ['larger than announced', { version: 6, path: poisoned('big', (f) => writeFileSync(f, Buffer.alloc(v0.bytes + 1))), bytes: v0.bytes, sha256: v0.sha256 }, /more than the \d+ allowed/],
+    ];
+    for (const [what, announced, reason] of cases) {
+      const refused = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'refused' && e.version === announced.version)));
+      await forge(topic, announced);
+      expect(await refused, what).toMatchObject({ type: 'refused', reason: expect.stringMatching(reason) });
+      expect(follower.current?.version, what).toBe(0);
+    }
+    expect(refusals).toHaveLength(cases.length);
+    // The engine still serves version 0, and the trainer's next version loads as usual (lower than the forged ones).
+    expect(engine?.version).toBe(0);
+    const v1 = await publisher.publish(1, model.getWeights());
+    expect((await follower.waitFor('run-a', 1))?.version).toBe(1);
+    expect(v1.path.startsWith(dir)).toBe(true);
+  });
+});
+
