@@ -13,7 +13,7 @@ Usage:
                     train the bundled task end to end on the embedded policy (GRPO, RL only, no server)
   rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
              [--max-batch-size N] [--max-wait-ms N] [--weights-root DIR] [--api-key KEY] [--backend …] [--verbose]
-             [--lora-modules NAME=DIR[,NAME=DIR…]]
+             [--lora-modules NAME=DIR[,NAME=DIR…]] [--max-model-len N]
                     OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
                     model's chat template, /v1/models, /health, /update_weights_from_disk) for a Hugging Face
                     model directory (Llama 3, Qwen2, Qwen3, SmolLM2; a run checkpoint is one), or a fresh tiny
@@ -22,6 +22,8 @@ Usage:
                     to directories below DIR; --api-key (or RXRL_SERVE_API_KEY) is required as a Bearer token
                     on every route but /health; --lora-modules serves PEFT LoRA adapters on the shared base,
                     each under its own model name (more load through /v1/load_lora_adapter, as in vLLM);
+                    --max-model-len caps the context (a model whose weights and one full-length sequence's
+                    cache exceed the backend's memory is refused before anything is allocated);
                     prints {"event":"listening","url":…} on stdout,
                     stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
@@ -122,7 +124,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   checkFlags(
     'serve',
     argv,
-    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules'],
+    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules', 'max-model-len'],
     ['verbose'],
   );
   const { runServeCommand } = await import('./serve/command.js');
@@ -133,6 +135,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   const port = integer(text('port'), 'port');
   const maxBatchSize = integer(text('max-batch-size'), 'max-batch-size');
   const maxWaitMs = integer(text('max-wait-ms'), 'max-wait-ms');
+  const maxModelLen = integer(text('max-model-len'), 'max-model-len');
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
   return runServeCommand({
     model: text('model') ?? text('checkpoint'),
@@ -147,6 +150,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
     backend: option(argv, 'backend', 'RXRL_BACKEND') as never,
     ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
     ...(maxWaitMs === undefined ? {} : { maxWaitMs }),
+    ...(maxModelLen === undefined ? {} : { maxModelLen }),
     weightsRoot: text('weights-root'),
     apiKey: text('api-key'),
     loraModules: loraModules(text('lora-modules')),

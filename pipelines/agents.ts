@@ -9,7 +9,7 @@ import { ConfigError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
-import { loadModelDir, saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/model/modelDir.js';
+import { saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/model/modelDir.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
@@ -23,7 +23,7 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, importExport, kafkaSettings, klInRewardOf, loadData, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
+import { dropStepsFrom, grpoTrainerOptions, importExport, kafkaSettings, klInRewardOf, loadData, loopSettings, initialModel, type RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
 
 /**
@@ -172,7 +172,7 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   const seed = config.run.seed;
   const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const base = modelDir ? (await loadModelDir(modelDir)).model : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
+  const base = (await initialModel(config.model, modelDir, tokenizer.vocabSize, seed)).model;
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;

@@ -17,7 +17,8 @@ import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
-import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../lib/model/transformer.js';
+import { checkModelFits } from '../lib/model/capacity.js';
 import { GrpoTrainer, type GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
@@ -51,6 +52,30 @@ export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 
     maxSeqLen: model.maxSeqLen,
     ropeTheta: model.ropeTheta,
   };
+}
+
+/**
+ * The policy a run starts from: the recipe's model directory, or the seeded tiny model its `model` keys shape.
+ * Either is checked against the backend's memory before anything is allocated (errors name `model.*` keys or
+ * `config.json` keys), with the context capped by `model.maxModelLen`.
+ *
+ * @param vocabSize - The tokenizer's, for the tiny model.
+ * @returns the model (owned by the caller) and the context length prompts and responses must fit.
+ */
+export async function initialModel(
+  model: RxrlConfig['model'],
+  modelDir: string | undefined,
+  vocabSize: number,
+  seed: number,
+): Promise<{ model: PolicyModel; contextLength: number }> {
+  const cap = model.maxModelLen === null ? {} : { maxModelLen: model.maxModelLen };
+  if (modelDir !== undefined) {
+    const { model: loaded, contents } = await loadModelDir(modelDir, cap);
+    return { model: loaded, contextLength: contents.contextLength };
+  }
+  const config = validatePolicyConfig({ ...tinyModelConfig(model), vocabSize });
+  const contextLength = checkModelFits(config, { ...cap, keyOf: (field) => `model.${field}`, capHint: 'model.maxModelLen' });
+  return { model: PolicyModel.create(config, seed), contextLength };
 }
 
 /** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
@@ -257,9 +282,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
 
-  const initial = modelDir
-    ? (await loadModelDir(modelDir)).model
-    : PolicyModel.create({ ...tinyModelConfig(config.model), vocabSize: tokenizer.vocabSize }, seed);
+  const { model: initial, contextLength } = await initialModel(config.model, modelDir, tokenizer.vocabSize, seed);
   if (tokenizer.vocabSize > initial.config.vocabSize) {
     initial.dispose();
     throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
@@ -268,7 +291,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   // custom worker builds its own prompts, so it is trusted with them).
   let trainTasks: number | undefined;
   if (!worker) {
-    const budget = { tokenizer, maxSeqLen: initial.config.maxSeqLen, maxTokens: data.maxTokens, signal };
+    const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
     const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
     try {
       trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;

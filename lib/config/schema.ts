@@ -31,6 +31,7 @@ export interface RxrlConfig {
   };
   model: {
     path: string | null;
+    maxModelLen: number | null;
     type: 'qwen2' | 'llama' | 'qwen3';
     dModel: number;
     nLayers: number;
@@ -142,6 +143,10 @@ convict.addFormats({
     validate: (v: unknown) => check(v === null || (typeof v === 'number' && Number.isFinite(v) && v > 0), 'null or a finite number > 0'),
     coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
   },
+  'optional-positive-int': {
+    validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 1), 'null or an integer >= 1'),
+    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+  },
   'optional-non-negative-int': {
     validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 0), 'null or an integer >= 0'),
     coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
@@ -221,6 +226,12 @@ export const SCHEMA = {
       doc: 'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train; relative to the recipe. ' +
         'Unset: a seeded tiny Llama-family model with the character tokenizer, shaped by the keys below.',
       format: 'optional-string',
+      default: null,
+    },
+    maxModelLen: {
+      doc: "Longest context used (as vLLM's --max-model-len): caps model.path's max_position_embeddings and the tiny model's maxSeqLen, " +
+        'and with them the cache a model is checked against the backend\'s memory with (null = no cap).',
+      format: 'optional-positive-int',
       default: null,
     },
     type: {

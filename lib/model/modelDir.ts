@@ -357,11 +357,12 @@ function hfKey(field: keyof ResolvedPolicyConfig): string {
 /**
  * Loads a model directory into a {@link PolicyModel}.
  *
+ * @param options - As {@link readModelDir}: a root, a weights bound, a context cap.
  * @returns The model (owned by the caller) and what the directory holds besides (weights are not kept).
  * @throws As {@link readModelDir}; `ShapeError` when the weights do not fit the configuration.
  */
-export async function loadModelDir(dir: string): Promise<{ model: PolicyModel; contents: Omit<ModelDirContents, 'weights'> }> {
-  const { weights, ...contents } = await readModelDir(dir);
+export async function loadModelDir(dir: string, options: ReadModelDirOptions = {}): Promise<{ model: PolicyModel; contents: Omit<ModelDirContents, 'weights'> }> {
+  const { weights, ...contents } = await readModelDir(dir, options);
   return { model: PolicyModel.fromWeights(contents.config, weights), contents };
 }
 

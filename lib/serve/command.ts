@@ -50,6 +50,11 @@ export interface ServeCommandOptions {
   readonly maxWaitMs?: number;
   /** Only model directories below this one may be loaded by `update_weights_from_disk`. */
   readonly weightsRoot?: string;
+  /**
+   * Longest context served (`--max-model-len`): caps `max_position_embeddings`, and with it the cache that the
+   * model's size is checked against before anything is allocated.
+   */
+  readonly maxModelLen?: number;
   /** Bearer token required on every route but `/health`. */
   readonly apiKey?: string;
   /** LoRA adapters to serve, model name → PEFT directory (`--lora-modules`). */
@@ -89,7 +94,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
   let modelName = options.modelName;
   if (dir !== undefined && dirTokenizer !== undefined) {
     tokenizer = dirTokenizer;
-    const loaded = await loadModelDir(dir);
+    const loaded = await loadModelDir(dir, options.maxModelLen === undefined ? {} : { maxModelLen: options.maxModelLen });
     model = loaded.model;
     if (tokenizer.vocabSize > model.config.vocabSize) {
       model.dispose();
@@ -117,6 +122,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       ...(chatTemplate ? { chatTemplate } : {}),
       maxBatchSize: options.maxBatchSize,
       maxWaitMs: options.maxWaitMs,
+      ...(options.maxModelLen === undefined ? {} : { maxModelLen: options.maxModelLen }),
       ...(options.weightsRoot === undefined ? {} : { weightsRoot: options.weightsRoot }),
       ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
       ...(options.loraModules === undefined ? {} : { loraModules: options.loraModules }),

@@ -75,6 +75,11 @@ export interface ServeOptions {
   /** Largest request body, in bytes. Default 4 MiB. */
   readonly maxBodyBytes?: number;
   /**
+   * Longest context served, prompt and completion (vLLM's `--max-model-len`). Default and upper bound: the
+   * model's `maxSeqLen` (`max_position_embeddings`).
+   */
+  readonly maxModelLen?: number;
+  /**
    * Confines `POST /update_weights_from_disk` to model directories below this directory (after resolving links);
    * others get 403. Default: any directory the process can read.
    */
@@ -149,6 +154,9 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     throw new ConfigError(`maxSamplesPerRequest must be an integer >= 1, got ${maxSamplesPerRequest}`);
   }
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) throw new ConfigError(`maxBodyBytes must be an integer >= 1, got ${maxBodyBytes}`);
+  if (options.maxModelLen !== undefined && !(Number.isInteger(options.maxModelLen) && options.maxModelLen >= 1)) {
+    throw new ConfigError(`maxModelLen must be an integer >= 1, got ${options.maxModelLen}`, { context: { key: 'maxModelLen' } });
+  }
   if (options.weightsRoot !== undefined && !(await stat(options.weightsRoot).catch(() => undefined))?.isDirectory()) {
     throw new ConfigError(`weightsRoot ${options.weightsRoot} is not a directory`, { context: { key: 'weightsRoot' } });
   }
@@ -169,7 +177,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     template: options.chatTemplate ?? createChatTemplate(options.tokenizer),
     modelName,
     adapters: new Map(),
-    maxSeqLen: options.model.config.maxSeqLen,
+    maxSeqLen: Math.min(options.model.config.maxSeqLen, options.maxModelLen ?? Infinity),
     maxN,
     maxSamplesPerRequest,
     maxBodyBytes,
