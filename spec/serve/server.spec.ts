@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdir, mkdtemp, rm, symlink, truncate } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { connect } from 'node:net';
 import { join } from 'node:path';
@@ -271,6 +271,49 @@ describe('rxrl serve, through the real openai client', () => {
     expect(await update({ model_path: good, weight_version: 3 })).toMatchObject({ status: 400, json: { error: { param: 'weight_version', code: 'stale_version' } } });
     expect(await update({ model_path: good, weight_version: 3, force: true })).toMatchObject({ status: 200, json: { policy_version: 3 } });
     expect(server.version).toBe(3);
+  });
+
+  it('--weights-root is checked per file after links: one 403 for every escape, existing or not, no byte of a file quoted', async () => {
+    const root = join(dir, 'escape-root');
+    const outside = join(dir, 'escape-outside');
+    await mkdir(root, { recursive: true });
+    await mkdir(outside, { recursive: true });
+    const model = PolicyModel.create(config, 12);
+    models.push(model);
+    const server = await serve({ model, tokenizer, port: 0, weightsRoot: root });
+    owned.push(server);
+    const update = (path: string): Promise<{ status: number; json: Record<string, unknown> }> => post(`${server.url}/update_weights_from_disk`, { model_path: path });
+    const secret = join(outside, 'secret.txt');
+    await writeFile(secret, 'hunter2!' + 'x'.repeat(28)); // 36 bytes: its first 8 read as a header length are 2392100132157814120
+    const valid = join(outside, 'valid');
+    await saveModelDir(valid, { config, weights: PolicyModel.create(config, 13).getWeights() });
+    /** A model directory inside the root whose `file` is a link to `target`. */
+    const linking = async (name: string, file: string, target: string): Promise<string> => {
+      const path = join(root, name);
+      await saveModelDir(path, { config, weights: PolicyModel.create(config, 13).getWeights() });
+      await rm(join(path, file));
+      await symlink(target, join(path, file));
+      return path;
+    };
+    const answers = [
+      await update(await linking('weights-to-secret', 'model.safetensors', secret)),
+      await update(await linking('weights-to-valid', 'model.safetensors', join(valid, 'model.safetensors'))),
+      await update(await linking('config-to-secret', 'config.json', secret)),
+      await update(await linking('config-to-valid', 'config.json', join(valid, 'config.json'))),
+      await update(await linking('dangling-out', 'model.safetensors', join(outside, 'no-such-file'))),
+      await update(valid),
+      await update(join(outside, 'no-such-dir')),
+      await update(join(root, '..', 'escape-outside', 'valid')),
+    ];
+    for (const answer of answers) {
+      expect(answer).toMatchObject({ status: 403, json: { error: { param: 'model_path', code: 'forbidden_path' } } });
+      const message = String((answer.json.error as { message: string }).message);
+      expect(message).toMatch(/^model_path ".*" is outside the weights root or not readable there$/);
+      expect(message).not.toMatch(/hunter2|2392100132157814120|36 bytes/);
+    }
+    expect(server.version).toBe(0);
+    // A name missing inside the root is an ordinary 400.
+    expect(await update(join(root, 'not-yet'))).toMatchObject({ status: 400, json: { error: { code: 'not_found' } } });
   });
 
   it('refuses bodies that are not JSON (415) and checks --api-key on every route but /health', async () => {
