@@ -112,7 +112,7 @@ export function checkModelFits(config: ResolvedPolicyConfig, options: ModelFitOp
     const field = oversizedField(config);
     throw new ConfigError(
       `${prefix}${keyOf(field)} ${config[field]} makes ${parameters.toExponential(2)} parameters ` +
-        `(${gib(parameterBytes)} in float32), more than the ${gib(limit)} this backend can hold`,
+        `(${humanBytes(parameterBytes)} in float32), more than the ${humanBytes(limit)} this backend can hold`,
       { context: { key: keyOf(field), value: config[field], parameters, bytes: parameterBytes, limit } },
     );
   }
@@ -123,8 +123,8 @@ export function checkModelFits(config: ResolvedPolicyConfig, options: ModelFitOp
     const room = Math.floor((limit - parameterBytes) / kvBytesPerToken);
     throw new ConfigError(
       `${prefix}${key} ${positions}${cap === undefined ? '' : ' (capped)'}: the cache of one sequence that long ` +
-        `(${gib(kvBytesPerToken * positions)}) and the weights (${gib(parameterBytes)}) need more than the ` +
-        `${gib(limit)} this backend can hold; cap the context at ${room} tokens or fewer${options.capHint ? ` (${options.capHint})` : ''}`,
+        `(${humanBytes(kvBytesPerToken * positions)}) and the weights (${humanBytes(parameterBytes)}) need more than the ` +
+        `${humanBytes(limit)} this backend can hold; cap the context at ${room} tokens or fewer${options.capHint ? ` (${options.capHint})` : ''}`,
       { context: { key, value: config.maxSeqLen, parameters, bytes, limit, maxModelLen: room } },
     );
   }
@@ -141,6 +141,7 @@ function oversizedField(config: ResolvedPolicyConfig): keyof ResolvedPolicyConfi
   return worst;
 }
 
-function gib(bytes: number): string {
-  return bytes >= 2 ** 40 ? `${(bytes / 2 ** 40).toPrecision(3)} TiB` : `${(bytes / 2 ** 30).toPrecision(3)} GiB`;
+function humanBytes(bytes: number): string {
+  if (bytes >= 2 ** 40) return `${(bytes / 2 ** 40).toPrecision(3)} TiB`;
+  return bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toPrecision(3)} GiB` : `${(bytes / 2 ** 20).toPrecision(3)} MiB`;
 }
