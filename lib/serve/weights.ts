@@ -98,7 +98,9 @@ export async function resolveClientDir(ctx: ServeContext, param: string, path: s
     isDir = (await stat(real)).isDirectory();
   } catch (cause) {
     if (cause instanceof ForbiddenPathError) throw forbiddenPath(param, path, cause);
-    throw new RequestError(400, `${param} ${named} does not exist or cannot be resolved`, { param, code: 'not_found' }, { cause });
+    const code = ((cause as Error).cause as NodeJS.ErrnoException | undefined)?.code ?? (cause as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' || code === undefined ? 'does not exist' : `cannot be resolved (${code})`;
+    throw new RequestError(400, `${param} ${named} ${why}`, { param, code: 'not_found' }, { cause });
   }
   if (!isDir) throw invalid(param, `${param} ${named} is not a directory`);
   return real;
