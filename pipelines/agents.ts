@@ -13,8 +13,9 @@ import { loadModelDir, saveModelDir, specialIdsOf, type SaveModelDirOptions } fr
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
-import { latestCheckpoint, pruneCheckpoints } from '../lib/checkpoint/checkpoint.js';
-import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
+import { withRunLock } from '../lib/checkpoint/runLock.js';
+import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
 import { loadTasks, type TaskSource } from '../lib/data/loader.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Metrics, ModelTag, Task } from '../lib/types.js';
@@ -23,7 +24,20 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, importExport, kafkaSettings, klInRewardOf, loadData, loopSettings, tinyModelConfig, type RunTrainingOptions } from './run.js';
+import {
+  damagedCheckpointWarning,
+  dropStepsFrom,
+  grpoTrainerOptions,
+  importExport,
+  kafkaSettings,
+  klInRewardOf,
+  loadData,
+  loopSettings,
+  resumeOf,
+  runDirWarnings,
+  tinyModelConfig,
+  type RunTrainingOptions,
+} from './run.js';
 import { validateAgents } from './validate.js';
 
 /**
@@ -168,6 +182,12 @@ export interface AgentsRunSummary {
  */
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
+  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  // One writer per run directory: held from before the first write to after the last.
+  return withRunLock(runDir, () => trainAgents(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
+}
+
+async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDir: string, runDir: string | undefined): Promise<AgentsRunSummary> {
   const log = (line: string): void => options.log?.(line);
   const seed = config.run.seed;
   const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
@@ -226,11 +246,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
         seed,
       });
 
-    const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
     const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
     const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
-    const resumed = await findPoliciesResume(config, baseDir, runDir);
+    const resumed = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadPoliciesCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
     const startStep = resumed?.state.step ?? 0;
     if (resumed) {
       for (const b of built) {
@@ -397,14 +416,6 @@ async function savePolicies(
     saved.set(b.entry.name, dir);
   }
   return saved;
-}
-
-/** The checkpoint a multi-agent run resumes from: `auto` (the run directory's newest), `from_path`, or none. */
-async function findPoliciesResume(config: RxrlConfig, baseDir: string, runDir: string | undefined): Promise<PoliciesCheckpoint | undefined> {
-  if (config.resume.mode === 'disable') return undefined;
-  if (config.resume.mode === 'from_path') return loadPoliciesCheckpoint(resolve(baseDir, config.resume.path as string));
-  const latest = runDir ? await latestCheckpoint(runDir) : undefined;
-  return latest === undefined ? undefined : loadPoliciesCheckpoint(latest);
 }
 
 function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {
