@@ -162,15 +162,15 @@ export class MetricsWriter {
     }
     try {
       writeAllSync(fd, Buffer.from(`${JSON.stringify(line)}\n`));
-      if (this.fsyncEach) fsyncSync(fd);
     } catch (error) {
       throw asStorageError(error, this.path);
     }
+    if (this.fsyncEach) this.fsync(fd);
   }
 
   /** Flushes written lines to the disk (`fsync`). */
   sync(): void {
-    if (this.fd !== undefined) fsyncSync(this.fd);
+    if (this.fd !== undefined) this.fsync(this.fd);
   }
 
   /** Flushes and closes the file. Idempotent. */
@@ -179,9 +179,18 @@ export class MetricsWriter {
     if (fd === undefined) return;
     this.fd = undefined;
     try {
-      fsyncSync(fd);
+      this.fsync(fd);
     } finally {
       closeSync(fd);
+    }
+  }
+
+  /** `fsync`, a full device reported as a StorageError naming the file. */
+  private fsync(fd: number): void {
+    try {
+      fsyncSync(fd);
+    } catch (error) {
+      throw asStorageError(error, this.path);
     }
   }
 }
