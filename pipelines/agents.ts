@@ -5,7 +5,7 @@ import type { AgentSpec, MultiAgentEnvironment } from '../lib/agent/environment.
 import { resolvedLora, type PolicyEntryConfig, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError, asStorageError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
@@ -269,7 +269,11 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
       await mkdir(runDir, { recursive: true });
       // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
       await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
-      if (loraBase) await saveModelDir(loraBase, base, files);
+      if (loraBase) {
+        await saveModelDir(loraBase, base, files).catch((error: unknown) => {
+          throw asStorageError(error, loraBase);
+        });
+      }
     }
     const every = runDir ? config.checkpoint.every : 0;
     if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
@@ -410,9 +414,13 @@ async function savePolicies(
   const saved = new Map<string, string>();
   for (const b of built) {
     const dir = join(runDir, 'policies', b.entry.name);
-    await mkdir(dir, { recursive: true });
-    if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
-    else await saveModelDir(dir, b.train, files);
+    try {
+      await mkdir(dir, { recursive: true });
+      if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
+      else await saveModelDir(dir, b.train, files);
+    } catch (error) {
+      throw asStorageError(error, dir);
+    }
     saved.set(b.entry.name, dir);
   }
   return saved;

@@ -144,7 +144,7 @@ export async function writeCheckpointDir(runDir: string, step: number, fill: (tm
     await rm(tmp, { recursive: true, force: true });
     await mkdir(tmp, { recursive: true });
     const state = await fill(tmp);
-    const files: CheckpointFiles = Object.fromEntries(await Promise.all((await filesUnder(tmp)).map(async (file) => [relative(tmp, file).split(sep).join('/'), await sizeAndHash(file)])));
+    const files = await checksumsOf(tmp);
     await writeFileAtomic(join(tmp, 'state.json'), `${JSON.stringify({ ...state, files }, null, 2)}\n`);
     for (const dir of await directoriesUnder(tmp)) await syncDirectory(dir);
     await rm(final, { recursive: true, force: true });
@@ -227,6 +227,13 @@ export async function resumeCheckpoint<T>(
   }
   if (steps.length === 0) return undefined;
   throw new DecodeError(`${runDir}: none of its ${steps.length} checkpoints is intact; set resume.mode to 'disable' to start over`, { context: { path: runDir } });
+}
+
+/** Size and sha256 of every file under `dir`, by path relative to it. */
+async function checksumsOf(dir: string): Promise<CheckpointFiles> {
+  const files: Record<string, { size: number; sha256: string }> = {};
+  for (const file of await filesUnder(dir)) files[relative(dir, file).split(sep).join('/')] = await sizeAndHash(file);
+  return files;
 }
 
 async function sizeAndHash(file: string): Promise<{ size: number; sha256: string }> {
