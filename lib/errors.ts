@@ -83,6 +83,38 @@ export class ForbiddenPathError extends RxrlError {
   override readonly name = 'ForbiddenPathError';
 }
 
+/**
+ * A write failed because the device is full (`ENOSPC`) or the disk quota is spent (`EDQUOT`). Never retriable:
+ * space must be freed first. `context` holds the `path` being written and the system error `code`.
+ */
+export class StorageError extends RxrlError {
+  override readonly name = 'StorageError';
+}
+
+/**
+ * A run directory is in use: another run holds its lock file. Never retriable. `context` holds the lock file's
+ * `path` and the holder's `pid`, `host` and `startedAt`.
+ */
+export class RunLockedError extends RxrlError {
+  override readonly name = 'RunLockedError';
+}
+
+/** System error codes of a full device or a spent quota, and what they mean. */
+const STORAGE_FULL: Readonly<Record<string, string>> = { ENOSPC: 'no space left on device', EDQUOT: 'disk quota exceeded' };
+
+/**
+ * What to throw for a failed write to `path`: a {@link StorageError} naming `path` when the device is full or the
+ * quota spent, else `error` itself.
+ *
+ * @param error - what the write threw.
+ * @param path - the file or directory being written, as the user knows it.
+ */
+export function asStorageError(error: unknown, path: string): unknown {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (error instanceof StorageError || typeof code !== 'string' || !(code in STORAGE_FULL)) return error;
+  return new StorageError(`${STORAGE_FULL[code]} (${code}) writing ${path}`, { cause: error, context: { path, code } });
+}
+
 /** True for any error rxrl raised on purpose. */
 export function isRxrlError(error: unknown): error is RxrlError {
   return error instanceof RxrlError;

@@ -30,7 +30,10 @@ export {
   EvaluationError,
   ForbiddenPathError,
   RxrlError,
+  RunLockedError,
   ShapeError,
+  StorageError,
+  asStorageError,
   assertNever,
   isAbortError,
   isRetriable,
@@ -360,6 +363,11 @@ export {
   listCheckpoints,
   loadCheckpoint,
   pruneCheckpoints,
+  removeUnfinishedCheckpoints,
+  resumeCheckpoint,
   saveCheckpoint,
+  verifyCheckpoint,
 } from './checkpoint/checkpoint.js';
-export type { BufferedSample, Checkpoint, CheckpointState } from './checkpoint/checkpoint.js';
+export type { BufferedSample, Checkpoint, CheckpointFiles, CheckpointState } from './checkpoint/checkpoint.js';
+export { RUN_LOCK_FILE, acquireRunLock, withRunLock } from './checkpoint/runLock.js';
+export type { RunLock, RunLockHolder, RunLockOptions } from './checkpoint/runLock.js';

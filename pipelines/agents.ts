@@ -5,7 +5,7 @@ import type { AgentSpec, MultiAgentEnvironment } from '../lib/agent/environment.
 import { resolvedLora, type PolicyEntryConfig, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError, asStorageError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
@@ -13,8 +13,9 @@ import { saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/mod
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
-import { latestCheckpoint, pruneCheckpoints } from '../lib/checkpoint/checkpoint.js';
-import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
+import { withRunLock } from '../lib/checkpoint/runLock.js';
+import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
 import { loadTasks, type TaskSource } from '../lib/data/loader.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Metrics, ModelTag, Task } from '../lib/types.js';
@@ -23,7 +24,20 @@ import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { dropStepsFrom, grpoTrainerOptions, importExport, kafkaSettings, klInRewardOf, loadData, loopSettings, initialModel, type RunTrainingOptions } from './run.js';
+import {
+  damagedCheckpointWarning,
+  dropStepsFrom,
+  grpoTrainerOptions,
+  importExport,
+  kafkaSettings,
+  klInRewardOf,
+  loadData,
+  loopSettings,
+  resumeOf,
+  runDirWarnings,
+  initialModel,
+  type RunTrainingOptions,
+} from './run.js';
 import { validateAgents } from './validate.js';
 
 /**
@@ -168,6 +182,12 @@ export interface AgentsRunSummary {
  */
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
+  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  // One writer per run directory: held from before the first write to after the last.
+  return withRunLock(runDir, () => trainAgents(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
+}
+
+async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDir: string, runDir: string | undefined): Promise<AgentsRunSummary> {
   const log = (line: string): void => options.log?.(line);
   const seed = config.run.seed;
   const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
@@ -226,11 +246,10 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
         seed,
       });
 
-    const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
     const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
     const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
-    const resumed = await findPoliciesResume(config, baseDir, runDir);
+    const resumed = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadPoliciesCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
     const startStep = resumed?.state.step ?? 0;
     if (resumed) {
       for (const b of built) {
@@ -250,7 +269,11 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
       await mkdir(runDir, { recursive: true });
       // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
       await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
-      if (loraBase) await saveModelDir(loraBase, base, files);
+      if (loraBase) {
+        await saveModelDir(loraBase, base, files).catch((error: unknown) => {
+          throw asStorageError(error, loraBase);
+        });
+      }
     }
     const every = runDir ? config.checkpoint.every : 0;
     if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
@@ -391,20 +414,16 @@ async function savePolicies(
   const saved = new Map<string, string>();
   for (const b of built) {
     const dir = join(runDir, 'policies', b.entry.name);
-    await mkdir(dir, { recursive: true });
-    if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
-    else await saveModelDir(dir, b.train, files);
+    try {
+      await mkdir(dir, { recursive: true });
+      if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
+      else await saveModelDir(dir, b.train, files);
+    } catch (error) {
+      throw asStorageError(error, dir);
+    }
     saved.set(b.entry.name, dir);
   }
   return saved;
-}
-
-/** The checkpoint a multi-agent run resumes from: `auto` (the run directory's newest), `from_path`, or none. */
-async function findPoliciesResume(config: RxrlConfig, baseDir: string, runDir: string | undefined): Promise<PoliciesCheckpoint | undefined> {
-  if (config.resume.mode === 'disable') return undefined;
-  if (config.resume.mode === 'from_path') return loadPoliciesCheckpoint(resolve(baseDir, config.resume.path as string));
-  const latest = runDir ? await latestCheckpoint(runDir) : undefined;
-  return latest === undefined ? undefined : loadPoliciesCheckpoint(latest);
 }
 
 function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {

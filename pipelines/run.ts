@@ -1,17 +1,18 @@
 import * as tf from '@tensorflow/tfjs-core';
-import { appendFile, mkdir, readFile } from 'node:fs/promises';
+import { appendFile, readFile } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { lastValueFrom, tap } from 'rxjs';
 import type { Kafka } from 'kafkajs';
-import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint, type BufferedSample, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
+import { loadCheckpoint, pruneCheckpoints, resumeCheckpoint, saveCheckpoint, type BufferedSample } from '../lib/checkpoint/checkpoint.js';
+import { withRunLock } from '../lib/checkpoint/runLock.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
 import { checkPrompts } from '../lib/data/checkPrompts.js';
 import { configWarnings } from '../lib/config/configWarnings.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import { specialIdsOf } from '../lib/model/modelDir.js';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError, asStorageError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
@@ -258,6 +259,26 @@ export interface Data {
  */
 export async function runTraining(config: RxrlConfig, options: RunTrainingOptions = {}): Promise<RunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
+  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
+  // One writer per run directory: held from before the first write to after the last.
+  return withRunLock(runDir, () => train(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
+}
+
+/**
+ * Where warnings about the run directory go (a stale lock taken over, a damaged checkpoint skipped): the
+ * structured logger and the informational lines.
+ *
+ * @internal
+ */
+export function runDirWarnings(options: Pick<RunTrainingOptions, 'log' | 'logger'>): (message: string, context: Readonly<Record<string, unknown>>) => void {
+  const logger = moduleLogger(options.logger ?? silentLogger, 'checkpoint');
+  return (message, context) => {
+    logger.warn(context, message);
+    options.log?.(`warning: ${message}`);
+  };
+}
+
+async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined): Promise<RunSummary> {
   const logger = options.logger ?? silentLogger;
   const checkpointLog = moduleLogger(logger, 'checkpoint');
   const log = (line: string): void => {
@@ -273,10 +294,7 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   const seed = config.run.seed;
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const { data, evaluator, worker, modelDir, tokenizer } = await loadRollout(config, baseDir);
-  const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
-  if (runDir) await mkdir(runDir, { recursive: true });
-
-  const checkpoint = await findResume(config, baseDir, runDir);
+  const checkpoint = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
   if (checkpoint) {
     checkpointLog.info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
@@ -408,7 +426,9 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
             trajectoryIds: batch.meta.trajectoryIds,
             policyVersions: batch.meta.policyVersions,
           };
-          await appendFile(files.trained, `${JSON.stringify(line)}\n`);
+          await appendFile(files.trained, `${JSON.stringify(line)}\n`).catch((error: unknown) => {
+            throw asStorageError(error, files.trained);
+          });
         }
         // The step's metrics line goes out before its checkpoint: a process killed between the two resumes past
         // this step, so a line written after the checkpoint could be lost for good.
@@ -608,8 +628,11 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
 
 /**
  * Rewrites a JSONL file of step records without those whose `step` is `from` or later (a resumed run's validation
- * line after its checkpoint's last step has step `from − 1` and stays; `−Infinity` drops every record). A missing
- * file is left missing; unparsable lines are kept as they are.
+ * line after its checkpoint's last step has step `from − 1` and stays; `−Infinity` drops every record), and
+ * without lines that do not parse (a line torn by a crash or a full disk), so the file ends with a complete line
+ * and the next append starts a line of its own. A missing file is left missing.
+ *
+ * @throws {@link StorageError} naming the file when the device is full.
  */
 export async function dropStepsFrom(path: string, from: number): Promise<void> {
   let text: string;
@@ -624,11 +647,13 @@ export async function dropStepsFrom(path: string, from: number): Promise<void> {
       const step = (JSON.parse(line) as { step?: unknown }).step;
       return !(typeof step === 'number' && step >= from);
     } catch {
-      return true;
+      return false;
     }
   });
-  if (kept.length === lines.length) return;
-  await writeFileAtomic(path, kept.map((line) => `${line}\n`).join(''));
+  if (kept.length === lines.length && (text === '' || text.endsWith('\n'))) return;
+  await writeFileAtomic(path, kept.map((line) => `${line}\n`).join('')).catch((error: unknown) => {
+    throw asStorageError(error, path);
+  });
 }
 
 function describeStop(cause: unknown): string {
@@ -691,17 +716,22 @@ export async function loadData(config: RxrlConfig, baseDir: string): Promise<Dat
   };
 }
 
-async function findResume(config: RxrlConfig, baseDir: string, runDir: string | undefined): Promise<Checkpoint | undefined> {
-  switch (config.resume.mode) {
-    case 'disable':
-      return undefined;
-    case 'auto': {
-      const path = runDir ? await latestCheckpoint(runDir) : undefined;
-      return path ? loadCheckpoint(path) : undefined;
-    }
-    case 'from_path':
-      return loadCheckpoint(resolve(baseDir, config.resume.path!));
-  }
+/**
+ * The `resume` section with its path resolved against `baseDir`.
+ *
+ * @internal
+ */
+export function resumeOf(config: RxrlConfig, baseDir: string): { mode: RxrlConfig['resume']['mode']; path: string | null } {
+  return { mode: config.resume.mode, path: config.resume.path === null ? null : resolve(baseDir, config.resume.path) };
+}
+
+/**
+ * Reports a damaged checkpoint that resume skips, naming its path and what is wrong.
+ *
+ * @internal
+ */
+export function damagedCheckpointWarning(warn: (message: string, context: Readonly<Record<string, unknown>>) => void): (path: string, error: Error) => void {
+  return (path, error) => warn(`checkpoint ${path} is damaged, falling back to the previous one: ${error.message}`, { path, reason: error.message });
 }
 
 /** Loads `spec.export` from the module at `spec.module` (relative to `baseDir`). */

@@ -3,20 +3,24 @@
  * (`config.json`, `model.safetensors`, `generation_config.json`, tokenizer files — `from_pretrained` loads the
  * checkpoint directory itself), the optimizer state (`optimizer.safetensors`, Adam moments by weight name in
  * the model's internal `[in, out]` layout) and `state.json` (step, version, seed, loader position, tasks
- * admitted but not yet trained). A checkpoint is
- * written to a temporary directory and renamed into place, so a process killed mid-save never leaves a
- * half-written `global_step_*` behind.
+ * admitted but not yet trained, and the size and sha256 of every other file). A checkpoint is
+ * written to a temporary directory, every file and directory flushed to the disk, and renamed into place, so a
+ * process or machine that dies mid-save never leaves a half-written `global_step_*` behind. Resume verifies what
+ * `state.json` records and falls back to the previous checkpoint when the newest is damaged
+ * ({@link resumeCheckpoint}).
  *
  * @packageDocumentation
  */
-import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { mkdir, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { join, relative, sep } from 'node:path';
 import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
 import type { NamedWeights } from '../engine/types.js';
-import { DecodeError } from '../errors.js';
+import { DecodeError, asStorageError } from '../errors.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
-import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
+import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from '../model/transformer.js';
 import type { PolicyVersion, Task } from '../types.js';
 import type { RolloutSample } from '../worker.js';
@@ -42,7 +46,12 @@ export interface CheckpointState {
   readonly bufferedSamples?: number;
   /** When it was saved (ISO 8601). */
   readonly savedAt: string;
+  /** Size and sha256 of every other file, by path relative to the checkpoint (absent in older checkpoints). */
+  readonly files?: CheckpointFiles;
 }
+
+/** What `state.json` records of each file of a checkpoint, by path relative to it (`/`-separated). */
+export type CheckpointFiles = Readonly<Record<string, { readonly size: number; readonly sha256: string }>>;
 
 /** A sample generated before the checkpoint for a task not yet trained, keyed by its trajectory id. */
 export interface BufferedSample {
@@ -87,7 +96,7 @@ export function checkpointName(step: number): string {
 export async function saveCheckpoint(
   runDir: string,
   contents: {
-    state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples'>;
+    state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples' | 'files'>;
     model: CheckpointModel;
     optimizer: NamedWeights;
     buffered?: readonly BufferedSample[];
@@ -103,7 +112,7 @@ export async function saveCheckpoint(
   });
   await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
   const buffered = contents.buffered ?? [];
-  await writeFile(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
+  await writeFileAtomic(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
   const state: CheckpointState = {
     format: CHECKPOINT_FORMAT,
     savedAt: new Date().toISOString(),
@@ -114,24 +123,140 @@ export async function saveCheckpoint(
   });
 }
 
+/** Prefix of the temporary directory a checkpoint is written into before it is renamed into place. */
+const TMP_PREFIX = '.tmp-';
+
 /**
  * Writes `<runDir>/global_step_<step>/` atomically: `fill` writes the contents into a temporary directory and
- * returns the state, which goes to `state.json` last (what marks a checkpoint complete); then the directory is
- * renamed into place, replacing one of the same step.
+ * returns the state, which goes to `state.json` last (what marks a checkpoint complete) with the size and sha256
+ * of every file; every directory of it is flushed to the disk, then it is renamed into place, replacing one of
+ * the same step, and the rename is flushed too. On failure the temporary directory is removed and the checkpoints
+ * in place are untouched.
  *
  * @internal
  * @returns its path.
+ * @throws {@link StorageError} naming the checkpoint when the device is full or the quota spent.
  */
 export async function writeCheckpointDir(runDir: string, step: number, fill: (tmp: string) => Promise<object>): Promise<string> {
   const final = join(runDir, checkpointName(step));
-  const tmp = join(runDir, `.tmp-${checkpointName(step)}-${process.pid}`);
-  await rm(tmp, { recursive: true, force: true });
-  await mkdir(tmp, { recursive: true });
-  const state = await fill(tmp);
-  await writeFile(join(tmp, 'state.json'), `${JSON.stringify(state, null, 2)}\n`);
-  await rm(final, { recursive: true, force: true });
-  await rename(tmp, final);
+  const tmp = join(runDir, `${TMP_PREFIX}${checkpointName(step)}-${process.pid}`);
+  try {
+    await rm(tmp, { recursive: true, force: true });
+    await mkdir(tmp, { recursive: true });
+    const state = await fill(tmp);
+    const files = await checksumsOf(tmp);
+    await writeFileAtomic(join(tmp, 'state.json'), `${JSON.stringify({ ...state, files }, null, 2)}\n`);
+    for (const dir of await directoriesUnder(tmp)) await syncDirectory(dir);
+    await rm(final, { recursive: true, force: true });
+    await rename(tmp, final);
+    await syncDirectory(runDir);
+  } catch (error) {
+    await rm(tmp, { recursive: true, force: true });
+    throw asStorageError(error, final);
+  }
   return final;
+}
+
+/**
+ * Removes the temporary directories of checkpoint writes that never finished (a killed or failed process's
+ * `.tmp-global_step_*`). Call it only while holding the run directory's lock.
+ *
+ * @returns the paths removed.
+ */
+export async function removeUnfinishedCheckpoints(runDir: string): Promise<string[]> {
+  const names = await readdir(runDir).catch(() => [] as string[]);
+  const removed = names.filter((name) => name.startsWith(`${TMP_PREFIX}global_step_`)).map((name) => join(runDir, name));
+  for (const path of removed) await rm(path, { recursive: true, force: true });
+  return removed;
+}
+
+/**
+ * Checks a checkpoint directory against the size and sha256 of each file its `state.json` records. A checkpoint
+ * written before they were recorded passes when its `state.json` parses (loading it checks the rest: every
+ * safetensors header and the data it describes).
+ *
+ * @throws {@link DecodeError} naming the checkpoint, the file and what is wrong with it.
+ */
+export async function verifyCheckpoint(path: string): Promise<void> {
+  const { files } = (await readCheckpointState(path)) as { files?: unknown };
+  if (files === undefined) return;
+  const damaged = (reason: string, file?: string): DecodeError =>
+    new DecodeError(`checkpoint ${path}: ${file === undefined ? '' : `${file} `}${reason}`, { context: { path, ...(file === undefined ? {} : { file }), reason } });
+  if (typeof files !== 'object' || files === null) throw damaged('state.json: files is not an object');
+  for (const [file, expected] of Object.entries(files as Record<string, { size?: unknown; sha256?: unknown }>)) {
+    const actual = await sizeAndHash(join(path, file)).catch(() => undefined);
+    if (actual === undefined) throw damaged('is missing', file);
+    if (actual.size !== expected?.size) throw damaged(`has ${actual.size} bytes, state.json records ${String(expected?.size)}`, file);
+    if (actual.sha256 !== expected.sha256) throw damaged('does not match its sha256 in state.json', file);
+  }
+}
+
+/**
+ * The checkpoint a run resumes from, loaded with `load` (single- or multi-policy):
+ * - `auto`: the newest of `runDir` that verifies ({@link verifyCheckpoint}) and loads; a damaged one (a
+ *   {@link DecodeError}) is reported to `onDamaged` and the previous one is tried, and so on.
+ * - `from_path`: the checkpoint named, verified; damaged, it is an error: no fallback away from what the user named.
+ * - `disable`: none.
+ *
+ * @param resume - the mode and, for `from_path`, the checkpoint's resolved path.
+ * @returns undefined when there is nothing to resume from.
+ * @throws {@link DecodeError} when `runDir` has checkpoints but none is intact (starting over would discard them),
+ *   or the checkpoint named by `from_path` is damaged.
+ */
+export async function resumeCheckpoint<T>(
+  resume: { readonly mode: 'disable' | 'auto' | 'from_path'; readonly path: string | null },
+  runDir: string | undefined,
+  load: (path: string) => Promise<T>,
+  onDamaged: (path: string, error: DecodeError) => void,
+): Promise<T | undefined> {
+  const verified = async (path: string): Promise<T> => {
+    await verifyCheckpoint(path);
+    return load(path);
+  };
+  if (resume.mode === 'disable') return undefined;
+  if (resume.mode === 'from_path') return verified(resume.path as string);
+  const steps = runDir === undefined ? [] : await listCheckpoints(runDir);
+  for (const step of steps.reverse()) {
+    const path = join(runDir as string, checkpointName(step));
+    try {
+      return await verified(path);
+    } catch (error) {
+      if (!(error instanceof DecodeError)) throw error;
+      onDamaged(path, error);
+    }
+  }
+  if (steps.length === 0) return undefined;
+  throw new DecodeError(`${runDir}: none of its ${steps.length} checkpoints is intact; set resume.mode to 'disable' to start over`, { context: { path: runDir } });
+}
+
+/** Size and sha256 of every file under `dir`, by path relative to it. */
+async function checksumsOf(dir: string): Promise<CheckpointFiles> {
+  const files: Record<string, { size: number; sha256: string }> = {};
+  for (const file of await filesUnder(dir)) files[relative(dir, file).split(sep).join('/')] = await sizeAndHash(file);
+  return files;
+}
+
+async function sizeAndHash(file: string): Promise<{ size: number; sha256: string }> {
+  const hash = createHash('sha256');
+  let size = 0;
+  for await (const chunk of createReadStream(file)) {
+    hash.update(chunk as Buffer);
+    size += (chunk as Buffer).length;
+  }
+  return { size, sha256: hash.digest('hex') };
+}
+
+/** Every file under `dir`, recursively. */
+async function filesUnder(dir: string): Promise<string[]> {
+  const entries = await readdir(dir, { withFileTypes: true, recursive: true });
+  return entries.filter((e) => e.isFile()).map((e) => join(e.parentPath ?? e.path, e.name));
+}
+
+/** `dir` and every directory under it, deepest first (so each is flushed after its entries). */
+async function directoriesUnder(dir: string): Promise<string[]> {
+  const entries = await readdir(dir, { withFileTypes: true, recursive: true });
+  const dirs = entries.filter((e) => e.isDirectory()).map((e) => join(e.parentPath ?? e.path, e.name));
+  return [...dirs.sort((a, b) => b.length - a.length), dir];
 }
 
 /** Steps of the complete checkpoints in `runDir`, ascending (none when the directory does not exist). */

@@ -2,9 +2,9 @@
  * Checkpoints of multi-policy runs: `<runDir>/global_step_<n>/` holds, per policy, its weights (a Hugging Face
  * model directory, or a PEFT adapter directory of the adapter alone) and its optimizer state, plus the loader
  * position shared by every policy. Written when every policy has taken `n` steps and nothing is admitted beyond
- * them, so a resumed run continues exactly. Complete once `state.json` exists (written last, then the directory is
- * renamed into place), like single-policy checkpoints, so `listCheckpoints`, `latestCheckpoint` and
- * `pruneCheckpoints` serve both.
+ * them, so a resumed run continues exactly. Complete once `state.json` exists (written last, with the size and
+ * sha256 of every file, then the directory is flushed and renamed into place), like single-policy checkpoints, so
+ * `listCheckpoints`, `resumeCheckpoint` (verify, fall back past a damaged one) and `pruneCheckpoints` serve both.
  *
  * @packageDocumentation
  */
@@ -16,7 +16,7 @@ import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraCo
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
 import type { PolicyConfig } from '../model/transformer.js';
-import { readCheckpointState, writeCheckpointDir } from './checkpoint.js';
+import { readCheckpointState, writeCheckpointDir, type CheckpointFiles } from './checkpoint.js';
 
 /** Layout version of multi-policy checkpoints. */
 export const POLICIES_CHECKPOINT_FORMAT = 1;
@@ -40,6 +40,8 @@ export interface PoliciesCheckpointState {
   /** The policies, in the run's order. */
   readonly policies: readonly { readonly name: string; readonly adapter: boolean }[];
   readonly savedAt: string;
+  /** Size and sha256 of every other file (absent in older checkpoints). */
+  readonly files?: CheckpointFiles;
 }
 
 /** A multi-policy checkpoint read back. */

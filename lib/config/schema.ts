@@ -327,7 +327,7 @@ export const SCHEMA = {
     onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: 'flag', default: true },
   },
   resume: {
-    mode: { doc: 'disable, auto (highest global_step_*), or from_path.', format: ['disable', 'auto', 'from_path'], default: 'auto', env: 'RXRL_RESUME' },
+    mode: { doc: 'disable, auto (highest intact global_step_*: a damaged one is skipped with a warning), or from_path (damaged: an error).', format: ['disable', 'auto', 'from_path'], default: 'auto', env: 'RXRL_RESUME' },
     path: { doc: "Checkpoint directory for 'from_path'.", format: 'optional-string', default: null },
   },
   validation: {

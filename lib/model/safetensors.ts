@@ -12,7 +12,7 @@
  * @packageDocumentation
  */
 import { randomBytes } from 'node:crypto';
-import { rename, rm, writeFile } from 'node:fs/promises';
+import { open, rename, rm } from 'node:fs/promises';
 
 import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { DecodeError, ShapeError, assertNever } from '../errors.js';
@@ -162,15 +162,35 @@ export async function saveSafetensors(path: string, weights: NamedWeights, metad
   await writeFileAtomic(path, encodeSafetensors(weights, metadata));
 }
 
-/** Writes a file through a temporary sibling and a rename, so readers never see half of it. */
+/**
+ * Writes a file through a temporary sibling, flushed to the disk (`fsync`) before it is renamed into place, so
+ * readers never see half of it and a machine crash never leaves it empty. Making the rename itself durable is the
+ * caller's: {@link syncDirectory} on the parent.
+ */
 export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
   const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
   try {
-    await writeFile(tmp, data);
+    const file = await open(tmp, 'w');
+    try {
+      await file.writeFile(data);
+      await file.sync();
+    } finally {
+      await file.close();
+    }
     await rename(tmp, path);
   } catch (error) {
     await rm(tmp, { force: true });
     throw error;
+  }
+}
+
+/** Flushes a directory's entries (files created, renamed or removed in it) to the disk. */
+export async function syncDirectory(dir: string): Promise<void> {
+  const handle = await open(dir, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
   }
 }
 

@@ -17,6 +17,7 @@ import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, openSync, readS
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Metrics, PolicyVersion } from '../types.js';
+import { asStorageError } from '../errors.js';
 import { RunDirError } from './errors.js';
 
 /** File name of the metrics stream inside a run directory. */
@@ -128,7 +129,7 @@ export class MetricsWriter {
       }
     } catch (error) {
       closeSync(fd);
-      throw error;
+      throw asStorageError(error, path);
     }
     return new MetricsWriter(path, fd, options);
   }
@@ -143,6 +144,7 @@ export class MetricsWriter {
    *
    * @param entry - step, version and metrics (a `StepResult` fits).
    * @throws RunDirError when the writer is closed or `step`/`version` is not a finite number.
+   * @throws StorageError naming the file when the device is full or the quota spent.
    */
   write(entry: MetricsEntry): void {
     const fd = this.fd;
@@ -158,13 +160,17 @@ export class MetricsWriter {
     for (const [key, value] of Object.entries(entry.metrics)) {
       if (!(METRICS_RESERVED_KEYS as readonly string[]).includes(key)) line[key] = value;
     }
-    writeSync(fd, `${JSON.stringify(line)}\n`);
-    if (this.fsyncEach) fsyncSync(fd);
+    try {
+      writeAllSync(fd, Buffer.from(`${JSON.stringify(line)}\n`));
+    } catch (error) {
+      throw asStorageError(error, this.path);
+    }
+    if (this.fsyncEach) this.fsync(fd);
   }
 
   /** Flushes written lines to the disk (`fsync`). */
   sync(): void {
-    if (this.fd !== undefined) fsyncSync(this.fd);
+    if (this.fd !== undefined) this.fsync(this.fd);
   }
 
   /** Flushes and closes the file. Idempotent. */
@@ -173,11 +179,25 @@ export class MetricsWriter {
     if (fd === undefined) return;
     this.fd = undefined;
     try {
-      fsyncSync(fd);
+      this.fsync(fd);
     } finally {
       closeSync(fd);
     }
   }
+
+  /** `fsync`, a full device reported as a StorageError naming the file. */
+  private fsync(fd: number): void {
+    try {
+      fsyncSync(fd);
+    } catch (error) {
+      throw asStorageError(error, this.path);
+    }
+  }
+}
+
+/** Writes all of `bytes` (one `write(2)` may take part of them), so a full disk fails the write that tore the line. */
+function writeAllSync(fd: number, bytes: Buffer): void {
+  for (let at = 0; at < bytes.length; ) at += writeSync(fd, bytes, at);
 }
 
 /**
