@@ -326,7 +326,7 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
     const steps$ = transport
       ? kafkaTrainer({
           ...common,
-          ...kafkaSettings(transport, tokenizer),
+          ...kafkaSettings(transport, tokenizer, config.kafka),
           // A LoRA policy ships its adapter alone; its base is written once for the workers.
           policies: built.map((b) => ({ trainer: b.trainer, policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
           episodes,

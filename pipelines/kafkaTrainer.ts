@@ -13,6 +13,7 @@ import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka
 import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsPublisher, weightsRunDir } from '../lib/kafka/weights.js';
+import { markWeightsRun } from '../lib/kafka/weightsCleanup.js';
 import type { ResolvedLoraConfig } from '../lib/model/lora.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { Tokenizer } from '../lib/engine/types.js';
@@ -77,7 +78,10 @@ export interface KafkaTrainerConfig {
   readonly tokenizer?: Tokenizer;
   /** Directory shared with the workers where weight files are written. */
   readonly weightsDir: string;
-  /** Weight files kept on disk. Default 3. */
+  /**
+   * Versions of each policy kept on disk (`kafka.keepVersions`). Default 3. The run directories of earlier trainer
+   * processes that have ended are removed once this run announced its first version (`trainer.weights_cleaned`).
+   */
   readonly keepVersions?: number;
   /** Run id on every message (workers skip other runs). Default: random. */
   readonly run?: string;
@@ -233,6 +237,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
         modelTag: trainer.modelTag,
         policyConfig: policy.config,
         keepVersions: config.keepVersions,
+        onCleanup: (cleanup) => emit('trainer.weights_cleaned', { ...cleanup }),
         ...tokenizerFiles,
         ...(adapter ? { adapter: { lora: adapter.lora, baseDir: bases.get(adapter.base) as string } } : {}),
       }),
@@ -407,6 +412,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       await ensureTopics(kafka, topics, config.partitions, signal);
       await producer.connect();
       signal.throwIfAborted();
+      if (bases.size > 0) await markWeightsRun(weightsRunDir(config.weightsDir, run), run); // before anything is written under it
       for (const [base, dir] of bases) await saveModelDir(dir, { config: base.config, weights: base.getWeights() }, tokenizerFiles);
       // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
       for (const lane of lanes) {

@@ -127,11 +127,12 @@ export function loopSettings(config: RxrlConfig) {
  *
  * @internal
  */
-export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer) {
+export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, kafka: RxrlConfig['kafka']) {
   return {
     kafka: transport.kafka,
     topics: transport.topics,
     weightsDir: transport.weightsDir,
+    keepVersions: kafka.keepVersions,
     padId: tokenizer.padId,
     tokenizer,
     ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
@@ -484,7 +485,7 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
       const steps$ = transport
         ? kafkaTrainer({
             ...common,
-            ...kafkaSettings(transport, tokenizer),
+            ...kafkaSettings(transport, tokenizer, config.kafka),
             policy,
             // Trajectory offsets are committed once a checkpoint holds their step.
             ...(runDir && config.checkpoint.every > 0

@@ -140,8 +140,16 @@ async function readHolder(path: string): Promise<RunLockHolder | 'gone' | 'unrea
 
 /** A lock is stale when its holder ran on this host and is no longer running (or is an earlier process of this pid). */
 function isStale(holder: RunLockHolder, path: string): boolean {
-  if (holder.host !== hostname()) return false;
-  if (holder.pid === process.pid) return !held.has(path);
+  if (holder.pid === process.pid && holder.host === hostname()) return !held.has(path);
+  return processGone(holder);
+}
+
+/**
+ * True when the process `pid` of `host` has certainly ended: it ran on this host and no process has that pid now.
+ * A process of another host is never judged gone (its pid cannot be checked from here).
+ */
+export function processGone(holder: { readonly pid: number; readonly host: string }): boolean {
+  if (holder.host !== hostname() || holder.pid === process.pid) return false;
   try {
     process.kill(holder.pid, 0);
     return false;

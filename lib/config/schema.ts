@@ -75,7 +75,7 @@ export interface RxrlConfig {
     klLoss: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
   };
   sync: { mode: 'sync' | 'batch-async' | 'fully-async'; stalenessThreshold: number; capacity: number; batchSize: number };
-  kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; weightsRoot: string | null; workerConcurrency: number; rolloutDelayMs: number };
+  kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; weightsRoot: string | null; keepVersions: number; workerConcurrency: number; rolloutDelayMs: number };
   openai: { baseUrl: string | null; apiKey: string; model: string };
   checkpoint: { every: number; keepLast: number; onStop: boolean };
   resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
@@ -308,6 +308,11 @@ export const SCHEMA = {
     clientId: { doc: 'Kafka client id.', format: 'non-empty-string', default: 'rxrl' },
     topicPrefix: { doc: 'Prefix of the tasks / trajectories / weights topics.', format: 'non-empty-string', default: 'rxrl' },
     weightsDir: { doc: 'rxrl trainer: directory shared with the workers for weight files (null = <run.dir>/weights).', format: 'optional-string', default: null },
+    keepVersions: {
+      doc: 'rxrl trainer: weight versions of each policy kept in the weights directory (runs of ended trainer processes are removed).',
+      format: 'positive-int',
+      default: 3,
+    },
     weightsRoot: {
       doc: 'rxrl worker: announced weight files must lie in this directory once links are followed, else they are refused (null = kafka.weightsDir, else <run.dir>/weights).',
       format: 'optional-string',

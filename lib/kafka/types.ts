@@ -155,6 +155,8 @@ export type KafkaEventType =
   | 'trainer.admitted'
   /** The trainer announced a weights version: `version`, `path`. */
   | 'trainer.published'
+  /** After its first announcement, the trainer removed ended trainers' runs from the weights directory: `removed`, `kept`, `failed`. */
+  | 'trainer.weights_cleaned'
   /** The trainer took a step: `step`, `version`, `groupIds`, `taskIds`, `trajectoryIds`. */
   | 'trainer.trained'
   /** The trainer dropped a redelivered rollout output: `id`, `groupId`. */

@@ -14,7 +14,7 @@
  */
 import { createHash } from 'node:crypto';
 import { rm } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 
 import type { Producer } from 'kafkajs';
 import { Subject, type Observable, type Subscription } from 'rxjs';
@@ -46,6 +46,7 @@ import { PolicyModel, type PolicyConfig, type ResolvedPolicyConfig } from '../mo
 import type { ModelTag, PolicyVersion } from '../types.js';
 import { encodeWeightsMessage } from './codec.js';
 import { KafkaBridgeError } from './errors.js';
+import { markWeightsRun, removeEndedRuns, type WeightsCleanup } from './weightsCleanup.js';
 import type { KafkaRecord, RunEndMessage, WeightsMessage, WeightsVersionMessage } from './types.js';
 
 /** Metadata key of the policy version in a published weights file. */
@@ -71,8 +72,13 @@ export interface WeightsPublisherOptions {
   readonly tokenizerFiles?: Readonly<Record<string, string>>;
   /** Special token ids for `config.json` / `generation_config.json`. */
   readonly special?: SpecialTokenIds;
-  /** Files kept on disk (the newest ones). Default 3. */
+  /** Versions of this policy kept on disk (the newest ones; `kafka.keepVersions`). Default 3. */
   readonly keepVersions?: number;
+  /**
+   * Told, after this run's first announcement, which run directories of ended trainer processes were removed from
+   * `dir` (see {@link removeEndedRuns}), which were kept and which could not be removed.
+   */
+  readonly onCleanup?: (cleanup: WeightsCleanup) => void;
   /**
    * A LoRA policy: each version is then a PEFT directory (`adapter_config.json` + `adapter_model.safetensors`) of
    * the adapter weights alone, whose `base_model_name_or_path` is `baseDir`, a model directory the workers can read
@@ -110,7 +116,10 @@ export class WeightsPublisher {
   async publish(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<WeightsVersionMessage> {
     throwIfAborted(signal, { version });
     const { run, modelTag, policyConfig } = this.options;
-    const path = join(weightsRunDir(this.options.dir, run), safeName(modelTag), `v${version}`);
+    const runDir = weightsRunDir(this.options.dir, run);
+    const first = this.published.length === 0;
+    if (first) await markWeightsRun(runDir, run);
+    const path = join(runDir, safeName(modelTag), `v${version}`);
     const metadata = { [POLICY_VERSION_METADATA_KEY]: String(version), [WEIGHTS_VERSION_METADATA_KEY]: String(version), [WEIGHTS_RUN_METADATA_KEY]: run };
     const { adapter } = this.options;
     const written = adapter
@@ -136,6 +145,8 @@ export class WeightsPublisher {
     while (this.published.length > this.keep) {
       await rm(this.published.shift()!, { recursive: true, force: true });
     }
+    // Workers now follow this run: earlier trainer processes' runs are no longer needed by anyone.
+    if (first) this.options.onCleanup?.(await removeEndedRuns(this.options.dir, basename(runDir)));
     return message;
   }
 

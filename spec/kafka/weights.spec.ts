@@ -1,7 +1,7 @@
 /** Weight versions across processes: WeightsPublisher → weights topic (real broker) → WeightsFollower. */
-import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import type { Kafka, Producer } from 'kafkajs';
@@ -13,6 +13,7 @@ import { createProducer } from '../../lib/kafka/client.js';
 import { decodeWeightsMessage, encodeWeightsMessage } from '../../lib/kafka/codec.js';
 import type { WeightsVersionMessage } from '../../lib/kafka/types.js';
 import { WeightsFollower, WeightsPublisher, type WeightsFollowerEvent } from '../../lib/kafka/weights.js';
+import { WEIGHTS_RUN_MARKER, type WeightsCleanup } from '../../lib/kafka/weightsCleanup.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { readModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
@@ -87,6 +88,44 @@ describe('WeightsPublisher', () => {
   });
 });
 
+describe('WeightsPublisher cleans old weights', () => {
+  it("a restarted trainer removes ended trainers' runs after its first announcement, and nothing that is not rxrl's", async () => {
+    const { topic, dir } = await setup();
+    const old = new WeightsPublisher({ producer, topic, dir, run: 'run-old', modelTag: 'policy', policyConfig: config, keepVersions: 2 });
+    for (let v = 0; v < 5; v++) await old.publish(v, model.getWeights());
+    expect(readdirSync(join(dir, 'run-old', 'policy')).sort()).toEqual(['v3', 'v4']);
+    // The old trainer process is gone (killed): its marker names a pid that no longer runs.
+    const dead = spawnSync(process.execPath, ['-e', '0']).pid;
+    const marker = (pid: number, host = hostname()): string => JSON.stringify({ run: 'x', pid, host });
+    writeFileSync(join(dir, 'run-old', WEIGHTS_RUN_MARKER), marker(dead));
+    // What is not an ended rxrl run stays: another tool's directory and file, a live trainer's run, another host's
+    // run, and a link to a directory outside (with a dead marker) that must not be followed.
+    mkdirSync(join(dir, 'foreign'));
+    writeFileSync(join(dir, 'foreign', 'model.safetensors'), 'x');
+    writeFileSync(join(dir, 'notes.txt'), 'x');
+    mkdirSync(join(dir, 'run-alive'));
+    writeFileSync(join(dir, 'run-alive', WEIGHTS_RUN_MARKER), marker(process.pid));
+    mkdirSync(join(dir, 'run-elsewhere'));
+    writeFileSync(join(dir, 'run-elsewhere', WEIGHTS_RUN_MARKER), marker(dead, 'another-host'));
+    const outside = mkdtempSync(join(tmpdir(), 'rxrl-weights-outside-'));
+    cleanups.push(() => rmSync(outside, { recursive: true, force: true }));
+    writeFileSync(join(outside, WEIGHTS_RUN_MARKER), marker(dead));
+    symlinkSync(outside, join(dir, 'run-linked'));
+
+    const cleaned: WeightsCleanup[] = [];
+    const restarted = new WeightsPublisher({ producer, topic, dir, run: 'run-new', modelTag: 'policy', policyConfig: config, keepVersions: 2, onCleanup: (c) => cleaned.push(c) });
+    await restarted.publish(5, model.getWeights());
+    expect(cleaned).toHaveLength(1);
+    expect(cleaned[0].removed).toEqual([join(dir, 'run-old')]);
+    expect(cleaned[0].kept.map((k) => k.path).sort()).toEqual([join(dir, 'run-alive'), join(dir, 'run-elsewhere')]);
+    expect(readdirSync(dir).sort()).toEqual(['foreign', 'notes.txt', 'run-alive', 'run-elsewhere', 'run-linked', 'run-new']);
+    expect(existsSync(join(outside, WEIGHTS_RUN_MARKER))).toBe(true);
+    for (let v = 6; v < 9; v++) await restarted.publish(v, model.getWeights());
+    expect(readdirSync(join(dir, 'run-new', 'policy')).sort()).toEqual(['v7', 'v8']);
+    expect(cleaned).toHaveLength(1); // once per run
+  });
+});
+
 describe('WeightsFollower', () => {
   it('builds its engine from the first file alone and loads each newer version; waitFor gates on the version', async () => {
     const { topic, publisher } = await setup();
@@ -126,7 +165,7 @@ describe('WeightsFollower', () => {
     const both = await later;
     expect(both?.get('policy')?.version).toBe(1);
     expect(both?.get('editor')?.version).toBe(1);
-    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual(['editor', 'policy']);
+    expect(readdirSync(join(dir, 'run-a')).sort()).toEqual([WEIGHTS_RUN_MARKER, 'editor', 'policy']);
     const ended = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'end')));
     await writer.end(1);
     await ended;
