@@ -10,6 +10,7 @@ import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
 import { AbortError, ConfigError } from '../errors.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
 import { createRng, type Rng } from '../random.js';
+import { yieldToEventLoop } from '../turns.js';
 import { sampleToken } from './sampling.js';
 
 /** Options of a generate call. */
@@ -71,11 +72,6 @@ interface RowState {
   readonly tokens: number[];
   readonly logprobs: number[];
   finishReason: FinishReason | undefined;
-}
-
-/** Yields to the event loop so timers, sockets and abort signals get a turn between decoding steps. */
-function yieldToEventLoop(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
 }
 
 /**

@@ -7,6 +7,7 @@
 import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
 import { DecodeError } from '../errors.js';
+import { mapInTurns } from '../turns.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
 import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
@@ -131,7 +132,7 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
   const { responses, version } = await sample(ctx, [prompt], maxTokens, sampling, topK, signal);
   const base = envelope(ctx, 'chatcmpl', 'chat.completion', version);
   let completionTokens = 0;
-  const choices = responses.map((response, index) => {
+  const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
     const parsed = parseTools ? ctx.template.parse(done.text, tools) : { content: done.text, toolCalls: [] };

@@ -3,6 +3,7 @@
  *
  * @packageDocumentation
  */
+import { mapInTurns } from '../turns.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import type { PromptTokenLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
@@ -82,7 +83,7 @@ export async function completions(server: ServeContext, body: JsonObject, signal
   const promptTopK = readInteger(body, 'prompt_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
   const { responses, promptLogprobs, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal, promptTopK);
   let completionTokens = 0;
-  const choices = responses.map((response, index) => {
+  const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
     const label = (t: number): string => tokenLabel(ctx, t, sampling.tokensAsIds);

@@ -7,6 +7,7 @@
  * @packageDocumentation
  */
 import { RxrlError, type RxrlErrorOptions } from '../errors.js';
+import { ITEMS_PER_TURN, mapInTurns } from '../turns.js';
 
 /** The `error` object of an OpenAI-style error response. */
 export interface OpenAIErrorBody {
@@ -204,4 +205,25 @@ export function refuse(body: JsonObject, name: string, neutral: (value: unknown)
   if (!absent(body, name) && !neutral(body[name])) {
     throw new RequestError(400, `'${name}' is not supported by rxrl serve (${what})`, { param: name, code: 'unsupported_parameter' });
   }
+}
+
+/**
+ * `JSON.stringify(body)`, yielding to the event loop between slices of a long top-level array of a plain object
+ * (the thousands of choices of one completion): encoding megabytes in one go would hold every other request,
+ * `/health` included.
+ *
+ * @param body - A plain JSON value (no `toJSON`, no functions).
+ * @returns The same text as `JSON.stringify(body)`.
+ */
+export async function encodeJson(body: unknown): Promise<string> {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return JSON.stringify(body);
+  const fields: string[] = [];
+  for (const [key, value] of Object.entries(body)) {
+    if (value === undefined) continue;
+    const text = Array.isArray(value) && value.length > ITEMS_PER_TURN
+      ? `[${(await mapInTurns(value, (item: unknown) => JSON.stringify(item) ?? 'null')).join(',')}]`
+      : JSON.stringify(value);
+    fields.push(`${JSON.stringify(key)}:${text}`);
+  }
+  return `{${fields.join(',')}}`;
 }

@@ -41,7 +41,7 @@ import type { PolicyVersion } from '../types.js';
 import { chatCompletions } from './chat.js';
 import { completions } from './completions.js';
 import type { ServeContext, ServeLogger } from './context.js';
-import { MAX_ERROR_MESSAGE_CHARS, RequestError, errorBody, excerpt, parseJsonObject } from './protocol.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject } from './protocol.js';
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
 import { updateWeights } from './weights.js';
@@ -279,7 +279,7 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
   try {
     if (ctx.closing) throw new RequestError(503, 'server is shutting down', { type: 'server_error', code: 'unavailable' });
     const result = await route(ctx, method, path, req, controller.signal);
-    sendJson(res, 200, result);
+    sendText(res, 200, await encodeJson(result));
   } catch (error) {
     if (controller.signal.aborted && isAbortError(error)) {
       status = 499;
@@ -422,8 +422,12 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
 }
 
 function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  sendText(res, status, JSON.stringify(body), headers);
+}
+
+/** Sends JSON text already encoded (by {@link encodeJson}). */
+function sendText(res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {
   if (res.headersSent || res.destroyed) return;
-  const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
   res.end(text);
 }

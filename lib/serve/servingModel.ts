@@ -12,6 +12,10 @@ import type { SamplingModel } from '../engine/local.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights } from '../engine/types.js';
 import { padPrompts, type GenerateOptions } from '../model/generate.js';
 import type { PolicyModel } from '../model/transformer.js';
+import { yieldToEventLoop } from '../turns.js';
+
+/** Rows per scoring pass: one pass runs per turn of the event loop, so a large batch's scoring leaves it turns. */
+export const SCORE_ROWS = 64;
 
 /** One alternative token at a position and its log-probability. */
 export interface TopLogprob {
@@ -79,48 +83,61 @@ export class ServingModel implements SamplingModel {
     this.model.setWeights(weights);
   }
 
-  /** One forward pass over prompt + response of each row; keeps what each row asked for. */
+  /**
+   * Forward passes over prompt + response of each row, {@link SCORE_ROWS} rows per pass and one pass per turn of
+   * the event loop; keeps what each row asked for.
+   */
   private async score(
     rows: readonly number[],
     requests: readonly GenerateRequest[],
     responses: readonly GenerateResponse[],
   ): Promise<void> {
     const sequences = rows.map((i) => [...requests[i].promptTokens, ...responses[i].tokens.slice(0, -1)]);
-    const batch = padPrompts(sequences);
+    const batch = padPrompts(sequences); // one width for every pass: a row's scores do not depend on its pass
     const V = this.model.config.vocabSize;
-    const logp = tf.tidy(() => {
-      const ids = tf.tensor2d(batch.inputIds, [batch.rows, batch.width], 'int32'); // [b, W]
-      const mask = tf.tensor2d(batch.attentionMask, [batch.rows, batch.width], 'float32'); // [b, W]
-      const positions = tf.tensor2d(batch.positionIds, [batch.rows, batch.width], 'int32'); // [b, W]
-      return tf.logSoftmax(this.model.logits(ids, mask, positions)); // [b, W, V]
-    });
-    let values: Float32Array;
-    try {
-      values = (await logp.data()) as Float32Array;
-    } finally {
-      logp.dispose();
-    }
-    rows.forEach((i, r) => {
-      const what = this.wanted.get(requests[i]) ?? {};
-      const prompt = requests[i].promptTokens;
-      const start = (r * batch.width + batch.width - sequences[r].length) * V; // logits after the row's first token
-      const at = (position: number): number => start + position * V; // logits that predicted token position + 1
-      const scores: { top?: TopLogprob[][]; prompt?: (PromptTokenLogprob | null)[] } = {};
-      const k = what.topLogprobs ?? 0;
-      if (k > 0) scores.top = responses[i].tokens.map((_, j) => topTokens(values, at(prompt.length - 1 + j), V, k));
-      if (what.promptLogprobs !== undefined) {
-        const kp = what.promptLogprobs;
-        scores.prompt = prompt.map((token, j) => {
-          if (j === 0) return null;
-          const offset = at(j - 1);
-          const logprob = values[offset + token];
-          let rank = 1;
-          for (let v = 0; v < V; v++) if (values[offset + v] > logprob) rank++;
-          return { token, logprob, rank, top: kp > 0 ? topTokens(values, offset, V, kp) : [] };
-        });
+    for (let first = 0; first < rows.length; first += SCORE_ROWS) {
+      await yieldToEventLoop();
+      const count = Math.min(SCORE_ROWS, rows.length - first);
+      const span = <A extends Int32Array | Float32Array>(a: A): A => a.subarray(first * batch.width, (first + count) * batch.width) as A;
+      const logp = tf.tidy(() => {
+        const ids = tf.tensor2d(span(batch.inputIds), [count, batch.width], 'int32'); // [c, W]
+        const mask = tf.tensor2d(span(batch.attentionMask), [count, batch.width], 'float32'); // [c, W]
+        const positions = tf.tensor2d(span(batch.positionIds), [count, batch.width], 'int32'); // [c, W]
+        return tf.logSoftmax(this.model.logits(ids, mask, positions)); // [c, W, V]
+      });
+      let values: Float32Array;
+      try {
+        values = (await logp.data()) as Float32Array;
+      } finally {
+        logp.dispose();
       }
-      this.found.set(responses[i], scores);
-    });
+      rows.slice(first, first + count).forEach((i, r) => {
+        const start = (r * batch.width + batch.width - sequences[first + r].length) * V; // logits after the row's first token
+        this.keepScores(requests[i], responses[i], values, start, V);
+      });
+    }
+  }
+
+  /** Reads one row's top alternatives and prompt log-probs out of log-probs whose row starts at `values[start]`. */
+  private keepScores(request: GenerateRequest, response: GenerateResponse, values: Float32Array, start: number, V: number): void {
+    const what = this.wanted.get(request) ?? {};
+    const prompt = request.promptTokens;
+    const at = (position: number): number => start + position * V; // logits that predicted token position + 1
+    const scores: { top?: TopLogprob[][]; prompt?: (PromptTokenLogprob | null)[] } = {};
+    const k = what.topLogprobs ?? 0;
+    if (k > 0) scores.top = response.tokens.map((_, j) => topTokens(values, at(prompt.length - 1 + j), V, k));
+    if (what.promptLogprobs !== undefined) {
+      const kp = what.promptLogprobs;
+      scores.prompt = prompt.map((token, j) => {
+        if (j === 0) return null;
+        const offset = at(j - 1);
+        const logprob = values[offset + token];
+        let rank = 1;
+        for (let v = 0; v < V; v++) if (values[offset + v] > logprob) rank++;
+        return { token, logprob, rank, top: kp > 0 ? topTokens(values, offset, V, kp) : [] };
+      });
+    }
+    this.found.set(response, scores);
   }
 }
 

@@ -79,6 +79,29 @@ describe('LocalEngine', () => {
     expect((await kept)[0].tokens).toEqual([3]);
   });
 
+  it('gives the event loop a turn before each batch, however many are queued', async () => {
+    // Counts turns of the event loop: each one polls sockets (a server's /health) before the next runs.
+    let turn = 0;
+    let ticking = true;
+    const tick = (): void => {
+      turn++;
+      if (ticking) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const started: number[] = [];
+    const model = new EchoModel();
+    model.generate = async (requests) => {
+      started.push(turn);
+      return requests.map((r) => ({ tokens: [r.promptTokens[1]], logprobs: [-1], finishReason: 'stop' as const, policyVersion: 0 }));
+    };
+    const engine = new LocalEngine(model, { tokenizer: tinyTokenizer, maxBatchSize: 4, maxWaitMs: 0 });
+    const responses = await engine.generate(Array.from({ length: 16 }, (_, i) => req(i)));
+    ticking = false;
+    expect(responses.map((r) => r.tokens[0])).toEqual(Array.from({ length: 16 }, (_, i) => i));
+    expect(engine.batchSizes).toEqual([4, 4, 4, 4]);
+    started.slice(1).forEach((t, i) => expect(t, `batch ${i + 1} started on turn ${t}, batch ${i} on ${started[i]}`).toBeGreaterThan(started[i]));
+  });
+
   it('passes model failures to every request of the batch', async () => {
     const model = new EchoModel();
     model.generate = () => Promise.reject(new Error('kernel failed'));

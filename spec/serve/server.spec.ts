@@ -345,6 +345,35 @@ describe('rxrl serve, through the real openai client', () => {
     expect(server.engine.batchSizes).toEqual([12]);
   });
 
+  it('answers /health between the batches of a completion of many samples (the event loop gets its turns)', async () => {
+    const model = PolicyModel.create(config, 5);
+    models.push(model);
+    const events: string[] = [];
+    const generate = model.generate.bind(model);
+    model.generate = (requests, options) => {
+      events.push('batch');
+      return generate(requests, options);
+    };
+    const log = (record: Readonly<Record<string, unknown>>): void => {
+      if (record.path === '/health') events.push('health');
+    };
+    // One-token responses: a batch is a single forward pass, with no decoding step to yield between.
+    const server = await serve({ model, tokenizer, maxBatchSize: 4, maxWaitMs: 0, log });
+    owned.push(server);
+    const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
+    let flooding = true;
+    const probe = (async () => {
+      while (flooding) expect(await (await fetch(`${server.url}/health`)).json()).toMatchObject({ status: 'ok' });
+    })();
+    const out = await client.completions.create({ model: 'rxrl-policy', prompt: Array<string>(8).fill('ab='), n: 64, max_tokens: 1, seed: 1 });
+    flooding = false;
+    await probe;
+    expect(out.choices.map((c) => c.index)).toEqual(Array.from({ length: 512 }, (_, i) => i));
+    expect(server.engine.batchSizes).toHaveLength(128);
+    const during = events.slice(events.indexOf('batch'), events.lastIndexOf('batch'));
+    expect(during.filter((e) => e === 'health').length, 'health answers between the first and the last batch').toBeGreaterThan(0);
+  });
+
   it('survives garbage on the socket, and closes once (also through its signal)', async () => {
     const controller = new AbortController();
     const model = PolicyModel.create(config, 7);
