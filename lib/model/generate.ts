@@ -45,8 +45,11 @@ export interface PromptBatch {
  * returned are owned by the caller.
  */
 export interface StepDecoder {
-  /** Processes the prompts; returns the next-token logits `[b, V]`. */
-  start(batch: PromptBatch): tf.Tensor2D;
+  /**
+   * Processes the prompts; resolves with the next-token logits `[b, V]`. A long batch may be processed in slices
+   * of rows with turns of the event loop between them.
+   */
+  start(batch: PromptBatch): Promise<tf.Tensor2D>;
   /**
    * Appends one token per row and returns the following next-token logits `[b, V]`.
    *
@@ -58,6 +61,12 @@ export interface StepDecoder {
   keepRows(rows: readonly number[]): void;
   /** Releases all tensors. */
   dispose(): void;
+}
+
+/** Rows `[first, first + count)` of a prompt batch (views, not copies). */
+export function promptRows(batch: PromptBatch, first: number, count: number): PromptBatch {
+  const span = <A extends Int32Array | Float32Array>(a: A): A => a.subarray(first * batch.width, (first + count) * batch.width) as A;
+  return { rows: count, width: batch.width, inputIds: span(batch.inputIds), attentionMask: span(batch.attentionMask), positionIds: span(batch.positionIds) };
 }
 
 /** Padding id used for left padding of prompts. */
@@ -120,7 +129,7 @@ export async function runGeneration(
 
 async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortSignal | undefined, vocab: number): Promise<void> {
   let active = rows;
-  let logits = decoder.start(padPrompts(active.map((s) => s.request.promptTokens)));
+  let logits = await decoder.start(padPrompts(active.map((s) => s.request.promptTokens)));
   for (;;) {
     let values: Float32Array;
     try {

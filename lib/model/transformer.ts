@@ -30,7 +30,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from '../engine/types.js';
 import { ConfigError, ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes } from './backend.js';
-import { runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
+import { yieldToEventLoop } from '../turns.js';
+import { promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import type { LoraAdapter, LoraPair, LoraTarget } from './lora.js';
 import { createRng, normalArray } from '../random.js';
 
@@ -928,7 +929,13 @@ function attentionBias(mask: tf.Tensor, T: number): tf.Tensor4D {
   return tf.mul(tf.sub(allowed, 1), -MASK_BIAS) as tf.Tensor4D;
 }
 
-/** KV-cache decoder: one prefill, then one position per step. */
+/**
+ * Rows of one prefill forward pass: a larger batch is prefilled in slices of this many rows, one slice per turn of
+ * the event loop, so that a server answers meanwhile (a slice's rows are computed as they would be in one pass).
+ */
+export const PREFILL_ROWS = 64;
+
+/** KV-cache decoder: one prefill (in slices of {@link PREFILL_ROWS} rows), then one position per step. */
 class KvCacheDecoder implements StepDecoder {
   private caches: LayerCache[] = [];
   /** Key mask of the current rows, row-major `[b, L]`. */
@@ -937,12 +944,31 @@ class KvCacheDecoder implements StepDecoder {
 
   constructor(private readonly model: PolicyModel) {}
 
-  start(batch: PromptBatch): tf.Tensor2D {
-    const { logits, caches } = this.model.prefillInternal(batch);
-    this.caches = caches;
+  async start(batch: PromptBatch): Promise<tf.Tensor2D> {
+    const parts: { logits: tf.Tensor2D; caches: LayerCache[] }[] = [];
+    try {
+      for (let first = 0; first < batch.rows; first += PREFILL_ROWS) {
+        if (first > 0) await yieldToEventLoop();
+        parts.push(this.model.prefillInternal(promptRows(batch, first, Math.min(PREFILL_ROWS, batch.rows - first))));
+      }
+      if (parts.length === 1) {
+        this.caches = parts[0].caches;
+      } else {
+        const joined = tf.tidy(() => ({
+          logits: tf.concat(parts.map((p) => p.logits), 0),
+          caches: parts[0].caches.map((_, i) => ({ k: tf.concat(parts.map((p) => p.caches[i].k), 0), v: tf.concat(parts.map((p) => p.caches[i].v), 0) })),
+        }));
+        disposeParts(parts);
+        parts.splice(0, parts.length, joined);
+        this.caches = joined.caches;
+      }
+    } catch (error) {
+      disposeParts(parts);
+      throw error;
+    }
     this.keyMask = batch.attentionMask.slice();
     this.rows = batch.rows;
-    return logits;
+    return parts[0].logits;
   }
 
   step(tokens: Int32Array, positions: Int32Array): tf.Tensor2D {
@@ -987,6 +1013,16 @@ class KvCacheDecoder implements StepDecoder {
   }
 }
 
+function disposeParts(parts: readonly { logits: tf.Tensor2D; caches: readonly LayerCache[] }[]): void {
+  for (const part of parts) {
+    part.logits.dispose();
+    for (const c of part.caches) {
+      c.k.dispose();
+      c.v.dispose();
+    }
+  }
+}
+
 /** Recompute decoder: the whole sequence every step (reference for the cache). */
 class RecomputeDecoder implements StepDecoder {
   private ids = new Int32Array(0);
@@ -996,7 +1032,7 @@ class RecomputeDecoder implements StepDecoder {
 
   constructor(private readonly model: PolicyModel) {}
 
-  start(batch: PromptBatch): tf.Tensor2D {
+  async start(batch: PromptBatch): Promise<tf.Tensor2D> {
     this.ids = batch.inputIds.slice();
     this.mask = batch.attentionMask.slice();
     this.positions = batch.positionIds.slice();

@@ -7,7 +7,7 @@
  * @packageDocumentation
  */
 import { RxrlError, type RxrlErrorOptions } from '../errors.js';
-import { ITEMS_PER_TURN, mapInTurns } from '../turns.js';
+import { ITEMS_PER_TURN, yieldToEventLoop } from '../turns.js';
 
 /** The `error` object of an OpenAI-style error response. */
 export interface OpenAIErrorBody {
@@ -208,22 +208,34 @@ export function refuse(body: JsonObject, name: string, neutral: (value: unknown)
 }
 
 /**
- * `JSON.stringify(body)`, yielding to the event loop between slices of a long top-level array of a plain object
- * (the thousands of choices of one completion): encoding megabytes in one go would hold every other request,
- * `/health` included.
+ * `JSON.stringify(body)` as UTF-8 chunks, yielding to the event loop between slices of a long top-level array of a
+ * plain object (the thousands of choices of one completion): encoding megabytes in one go, or turning them into
+ * bytes in one go when they are sent, would hold every other request, `/health` included.
  *
  * @param body - A plain JSON value (no `toJSON`, no functions).
- * @returns The same text as `JSON.stringify(body)`.
+ * @returns Chunks whose concatenation is the UTF-8 of `JSON.stringify(body)`, {@link ITEMS_PER_TURN} array items
+ *   at most in one chunk.
  */
-export async function encodeJson(body: unknown): Promise<string> {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) return JSON.stringify(body);
-  const fields: string[] = [];
+export async function encodeJson(body: unknown): Promise<Buffer[]> {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return [Buffer.from(JSON.stringify(body))];
+  const chunks: Buffer[] = [];
+  let text = '{';
   for (const [key, value] of Object.entries(body)) {
     if (value === undefined) continue;
-    const text = Array.isArray(value) && value.length > ITEMS_PER_TURN
-      ? `[${(await mapInTurns(value, (item: unknown) => JSON.stringify(item) ?? 'null')).join(',')}]`
-      : JSON.stringify(value);
-    fields.push(`${JSON.stringify(key)}:${text}`);
+    text += `${text === '{' ? '' : ','}${JSON.stringify(key)}:`;
+    if (!Array.isArray(value) || value.length <= ITEMS_PER_TURN) {
+      text += JSON.stringify(value);
+      continue;
+    }
+    text += '[';
+    for (let first = 0; first < value.length; first += ITEMS_PER_TURN) {
+      const slice = value.slice(first, first + ITEMS_PER_TURN).map((item: unknown) => JSON.stringify(item) ?? 'null');
+      chunks.push(Buffer.from(`${text}${first === 0 ? '' : ','}${slice.join(',')}`));
+      text = '';
+      await yieldToEventLoop();
+    }
+    text = ']';
   }
-  return `{${fields.join(',')}}`;
+  chunks.push(Buffer.from(`${text}}`));
+  return chunks;
 }

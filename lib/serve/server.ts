@@ -279,7 +279,7 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
   try {
     if (ctx.closing) throw new RequestError(503, 'server is shutting down', { type: 'server_error', code: 'unavailable' });
     const result = await route(ctx, method, path, req, controller.signal);
-    sendText(res, 200, await encodeJson(result));
+    sendEncoded(res, 200, await encodeJson(result));
   } catch (error) {
     if (controller.signal.aborted && isAbortError(error)) {
       status = 499;
@@ -422,12 +422,14 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
 }
 
 function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  sendText(res, status, JSON.stringify(body), headers);
+  sendEncoded(res, status, [Buffer.from(JSON.stringify(body))], headers);
 }
 
-/** Sends JSON text already encoded (by {@link encodeJson}). */
-function sendText(res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {
+/** Sends JSON already encoded (by {@link encodeJson}), chunk by chunk. */
+function sendEncoded(res: ServerResponse, status: number, chunks: readonly Buffer[], headers: Record<string, string> = {}): void {
   if (res.headersSent || res.destroyed) return;
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
-  res.end(text);
+  const length = chunks.reduce((sum, chunk) => sum + chunk.length, 0);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': length, ...headers });
+  for (const chunk of chunks) res.write(chunk);
+  res.end();
 }

@@ -5,7 +5,7 @@ import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.j
 import { AbortError, ConfigError } from '../../lib/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
-import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { PREFILL_ROWS, PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/random.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
 
@@ -76,6 +76,30 @@ describe('PolicyModel.generate', () => {
     expect(alone[0].tokens).toEqual(all[1].tokens);
     const reseeded = await model.generate([{ ...requests()[1], seed: 77 }]);
     expect(reseeded[0].tokens).not.toEqual(all[1].tokens);
+  });
+
+  it('prefills a long batch in slices of PREFILL_ROWS rows with turns of the event loop between them, sampling what each row samples alone', async () => {
+    const rows = 2 * PREFILL_ROWS + 3;
+    const many = Array.from({ length: rows }, (_, i) => ({ ...requests()[i % 5], maxTokens: 1, seed: 100 + i }));
+    let turns = 0;
+    let ticking = true;
+    const tick = (): void => {
+      turns++;
+      if (ticking) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const tensors = tf.memory().numTensors;
+    const all = await model.generate(many); // one token: no decode step, so every turn here is the prefill's
+    ticking = false;
+    expect(turns).toBeGreaterThanOrEqual(2); // three slices
+    expect(tf.memory().numTensors).toBe(tensors);
+    for (const i of [0, PREFILL_ROWS - 1, PREFILL_ROWS, rows - 1]) {
+      const [alone] = await model.generate([many[i]]);
+      expect(alone.tokens).toEqual(all[i].tokens);
+      expect(Math.abs(alone.logprobs[0] - all[i].logprobs[0])).toBeLessThanOrEqual(LOGPROB_TOLERANCE);
+    }
+    const longer = await model.generate(many.map((r) => ({ ...r, maxTokens: 4 })));
+    expectSame(longer, await model.generateRecompute(many.map((r) => ({ ...r, maxTokens: 4 }))));
   });
 
   it('reports un-tempered log-probs that match tokenLogprobs on the full sequence', async () => {

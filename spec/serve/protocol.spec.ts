@@ -4,8 +4,8 @@ import { encodeJson } from '../../lib/serve/protocol.js';
 import { ITEMS_PER_TURN } from '../../lib/turns.js';
 
 describe('encodeJson', () => {
-  it('gives the text of JSON.stringify, encoding a long top-level array over several turns of the event loop', async () => {
-    const choices = Array.from({ length: 3 * ITEMS_PER_TURN + 1 }, (_, i) => ({ index: i, text: `t"${i}\n`, logprobs: i % 2 ? null : { x: [1.5, -2] } }));
+  it('gives the UTF-8 of JSON.stringify in chunks, encoding a long top-level array over several turns of the event loop', async () => {
+    const choices = Array.from({ length: 3 * ITEMS_PER_TURN + 1 }, (_, i) => ({ index: i, text: `t"${i}\né`, logprobs: i % 2 ? null : { x: [1.5, -2] } }));
     const body = { id: 'cmpl-1', skipped: undefined, choices, holes: [1, undefined, 'a'], usage: { total_tokens: 3 } };
     let turns = 0;
     let ticking = true;
@@ -14,10 +14,14 @@ describe('encodeJson', () => {
       if (ticking) setImmediate(tick);
     };
     setImmediate(tick);
-    const text = await encodeJson(body);
+    const chunks = await encodeJson(body);
     ticking = false;
-    expect(text).toBe(JSON.stringify(body));
+    expect(Buffer.concat(chunks).toString('utf8')).toBe(JSON.stringify(body));
+    expect(chunks.length).toBe(5); // four slices of the choices, then the rest
     expect(turns).toBeGreaterThanOrEqual(3);
-    for (const value of [null, 'a', [1, 2], {}, 7]) expect(await encodeJson(value)).toBe(JSON.stringify(value));
+    const text = async (value: unknown): Promise<string> => Buffer.concat(await encodeJson(value)).toString('utf8');
+    for (const value of [null, 'a', [1, 2], {}, 7, { a: 'é', b: [] }, { long: choices, after: 1 }, { before: 'x', long: choices }]) {
+      expect(await text(value)).toBe(JSON.stringify(value));
+    }
   });
 });
