@@ -185,7 +185,7 @@ function recipeArgs(argv: readonly string[]): { file: string; set: string[] } {
 
 async function resolvedConfig(argv: readonly string[]): Promise<{ config: import('./config/schema.js').RxrlConfig; dir: string }> {
   const { loadConfig } = await import('./config/schema.js');
-  const { recipeDir } = await import('../pipelines/run.js');
+  const { recipeDir } = await import('../pipelines/parts/data.js');
   const { basename, extname, resolve } = await import('node:path');
   const { file, set } = recipeArgs(argv);
   const config = loadConfig({ file, set });

@@ -1,44 +1,35 @@
 import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { EMPTY, lastValueFrom, tap } from 'rxjs';
-import type { AgentSpec, MultiAgentEnvironment } from '../lib/agent/environment.js';
-import { resolvedLora, type PolicyEntryConfig, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
+
+import type { AgentSpec } from '../lib/agent/environment.js';
+import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
+import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import { withRunLock } from '../lib/checkpoint/runLock.js';
+import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
+import { loadTasks } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
-import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError, asStorageError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
-import { loadTokenizer } from '../lib/model/hfTokenizer.js';
-import { LoraAdapter, savePeftAdapter, validateLoraConfig } from '../lib/model/lora.js';
-import { saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/model/modelDir.js';
-import { CharTokenizer } from '../lib/model/tokenizer.js';
+import { LoraAdapter, validateLoraConfig } from '../lib/model/lora.js';
+import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
-import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
-import { withRunLock } from '../lib/checkpoint/runLock.js';
-import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
-import { loadTasks, type TaskSource } from '../lib/data/loader.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { Metrics, ModelTag, Task } from '../lib/types.js';
-import { writerEditorTask } from '../recipes/writerEditor.js';
+import type { Metrics, ModelTag } from '../lib/types.js';
 import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
-import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import {
-  damagedCheckpointWarning,
-  dropStepsFrom,
-  grpoTrainerOptions,
-  importExport,
-  kafkaSettings,
-  klInRewardOf,
-  loadData,
-  loopSettings,
-  resumeOf,
-  runDirWarnings,
-  initialModel,
-  type RunTrainingOptions,
-} from './run.js';
+import { loadAgentsRecipe } from './parts/agentsRecipe.js';
+import { initialModel, type BuiltPolicy } from './parts/policy.js';
+import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings, savePolicies } from './parts/runDir.js';
+import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings } from './parts/settings.js';
+import type { RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
+
+export type { AgentsRecipe, AgentsTask } from './parts/agentsRecipe.js';
+export { loadAgentsRecipe } from './parts/agentsRecipe.js';
 
 /**
  * Options of {@link runAgents}: those of `runTraining` that apply (base directory, cancellation, progress lines, a
@@ -50,94 +41,6 @@ export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | '
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
 }
 
-/** The data and environment of a multi-agent recipe. */
-export interface AgentsTask {
-  /** Recipe name (the bundled task's, or the train file's). */
-  readonly name: string;
-  /** Training tasks: an array, or a JSONL file read lazily. */
-  readonly train: TaskSource;
-  /** Held-out tasks. */
-  readonly validation: readonly Task[];
-  readonly environment: MultiAgentEnvironment;
-}
-
-/** What a multi-agent recipe gives both halves of a run: the task, the tokenizer, the agents, the episode spec. */
-export interface AgentsRecipe {
-  readonly task: AgentsTask;
-  readonly tokenizer: Tokenizer;
-  readonly agents: AgentSpec[];
-  readonly episodes: KafkaEpisodes;
-  /** Longest response per turn. */
-  readonly maxTokens: number;
-  /** The Hugging Face model directory of `model.path`, if any. */
-  readonly modelDir: string | undefined;
-}
-
-/**
- * Reads the multi-agent parts of a recipe: the bundled environment and its splits, the tokenizer (the model
- * directory's, or the task's characters) and the agents.
- *
- * @param config - a configuration whose `agents.environment` is not `none`.
- * @param baseDir - what `model.path` is relative to.
- * @returns the recipe's task, tokenizer, agents and episode spec.
- */
-export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Promise<AgentsRecipe> {
-  if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
-  let task: AgentsTask;
-  let characters: string;
-  let maxTokens: number;
-  if (config.agents.environment === 'writer-editor') {
-    const bundled = writerEditorTask({ ...config.data.task, seed: config.run.seed });
-    task = bundled;
-    characters = bundled.characters;
-    maxTokens = config.rollout.maxTokens > 0 ? config.rollout.maxTokens : bundled.maxAnswerLength + 1;
-  } else {
-    // A recipe's own environment, on the recipe's data (bundled string tasks or JSONL files).
-    const environment = checkEnvironment(await importExport<unknown>(config.agents.module, baseDir, 'agents.module'));
-    const data = await loadData(config, baseDir);
-    task = { name: data.name, train: data.train, validation: data.validation, environment };
-    characters = data.characters;
-    maxTokens = data.maxTokens;
-  }
-  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(characters);
-  const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
-  // A prompt the tokenizer cannot encode would fail every episode: refuse it now, naming the key.
-  config.agents.roles.forEach((role, i) => {
-    if (role.prompt === undefined) return;
-    try {
-      tokenizer.encode(role.prompt);
-    } catch (cause) {
-      throw new ConfigError(`agents.roles[${i}].prompt: the tokenizer cannot encode it: ${(cause as Error).message}`, { cause, context: { key: `agents.roles[${i}].prompt` } });
-    }
-  });
-  return {
-    task,
-    tokenizer,
-    agents,
-    episodes: { environment: task.environment, agents, granularity: config.agents.granularity },
-    maxTokens,
-    modelDir,
-  };
-}
-
-/** The module's export as an environment; a `ConfigError` naming `agents.module.export` when it is not one. */
-function checkEnvironment(value: unknown): MultiAgentEnvironment {
-  const env = value as Partial<MultiAgentEnvironment> | null;
-  const ok =
-    typeof env === 'object' &&
-    env !== null &&
-    Array.isArray(env.turnOrder) &&
-    env.turnOrder.every((a) => typeof a === 'string') &&
-    Number.isInteger(env.maxTurns) &&
-    typeof env.reset === 'function';
-  if (!ok) {
-    throw new ConfigError('agents.module.export: not a MultiAgentEnvironment (turnOrder: string[], maxTurns: integer, reset(task, seed))', {
-      context: { key: 'agents.module.export' },
-    });
-  }
-  return env as MultiAgentEnvironment;
-}
 
 /** One policy of a multi-agent run, as {@link runAgents} reports it. */
 export interface PolicyRunSummary {
@@ -387,44 +290,7 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
   }
 }
 
-/** One policy of a run as {@link runAgents} builds it. */
-interface BuiltPolicy {
-  readonly entry: PolicyEntryConfig;
-  /** The model the trainer updates (an adapter view for `lora`). */
-  readonly train: PolicyModel;
-  /** The engine's copy. */
-  readonly sample: PolicyModel;
-  /** The training adapter of a `lora` policy. */
-  readonly adapter: LoraAdapter | undefined;
-  /** Every adapter to free: the training one and the engine's copy. */
-  readonly adapters: readonly LoraAdapter[];
-  readonly engine: LocalEngine;
-  readonly trainer: GrpoTrainer;
-  readonly syncBytes: number;
-  readonly trainableParameters: number;
-}
 
-/** Saves each policy under `policies/<name>/`: a model directory, or a PEFT adapter over `loraBase`. */
-async function savePolicies(
-  runDir: string,
-  built: readonly { readonly entry: { readonly name: string }; readonly train: PolicyModel; readonly adapter: LoraAdapter | undefined }[],
-  files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>,
-  loraBase: string | undefined,
-): Promise<Map<string, string>> {
-  const saved = new Map<string, string>();
-  for (const b of built) {
-    const dir = join(runDir, 'policies', b.entry.name);
-    try {
-      await mkdir(dir, { recursive: true });
-      if (b.adapter) await savePeftAdapter(dir, b.adapter, loraBase ?? null);
-      else await saveModelDir(dir, b.train, files);
-    } catch (error) {
-      throw asStorageError(error, dir);
-    }
-    saved.set(b.entry.name, dir);
-  }
-  return saved;
-}
 
 function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {
   return agents.map((a) => `${a.name} ${(metrics[`val/${a.name}/reward_mean`] ?? 0).toFixed(3)}`).join(', ');

@@ -35,5 +35,7 @@ export { runServed } from './served.js';
 export type { ServedRunOptions, ServedRunSummary } from './served.js';
 
 // ── recipe runs: checkpoints, resume, validation, metrics (rxrl run) ───────────
-export { grpoTrainerOptions, recipeDir, runTraining } from './run.js';
+export { runTraining } from './run.js';
+export { grpoTrainerOptions } from './parts/settings.js';
+export { recipeDir } from './parts/data.js';
 export type { EngineContext, RunSummary, RunTrainingOptions } from './run.js';

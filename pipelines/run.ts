@@ -1,160 +1,40 @@
-import * as tf from '@tensorflow/tfjs-core';
-import { appendFile, readFile } from 'node:fs/promises';
-import { basename, dirname, join, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
-import { lastValueFrom, tap } from 'rxjs';
+import { appendFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 import type { Kafka } from 'kafkajs';
+import { lastValueFrom, tap } from 'rxjs';
+
 import { loadCheckpoint, pruneCheckpoints, resumeCheckpoint, saveCheckpoint, type BufferedSample } from '../lib/checkpoint/checkpoint.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
-import type { RxrlConfig } from '../lib/config/schema.js';
-import { loadTasks, readTaskFile, type LoaderPosition } from '../lib/data/loader.js';
-import { checkPrompts } from '../lib/data/checkPrompts.js';
 import { configWarnings } from '../lib/config/configWarnings.js';
+import type { RxrlConfig } from '../lib/config/schema.js';
+import { checkPrompts } from '../lib/data/checkPrompts.js';
+import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
-import { specialIdsOf } from '../lib/model/modelDir.js';
-import { ConfigError, asStorageError } from '../lib/errors.js';
-import type { Evaluator } from '../lib/evaluator.js';
-import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { loadTokenizer } from '../lib/model/hfTokenizer.js';
-import { loadModelDir } from '../lib/model/modelDir.js';
-import { CharTokenizer } from '../lib/model/tokenizer.js';
-import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../lib/model/transformer.js';
-import { checkModelFits } from '../lib/model/capacity.js';
-import { GrpoTrainer, type GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
-import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
+import { ConfigError, asStorageError } from '../lib/errors.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
-import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
-import { groupIdOf } from '../operators/rollout.js';
+import { initBackend, type BackendName } from '../lib/model/backend.js';
+import { specialIdsOf } from '../lib/model/modelDir.js';
+import { PolicyModel } from '../lib/model/transformer.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
-import { writeFileAtomic } from '../lib/model/safetensors.js';
-import { stringTransformTask } from '../recipes/stringTransform.js';
+import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
+import type { StepResult, Trainer } from '../lib/train/types.js';
+import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
+import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
+import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from './grpoPipeline.js';
-import type { KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
+import { loadAgentsRecipe } from './parts/agentsRecipe.js';
+import { loadRollout } from './parts/data.js';
+import { initialModel } from './parts/policy.js';
+import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings } from './parts/runDir.js';
+import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, type KafkaTransport } from './parts/settings.js';
 import { validate } from './validate.js';
 
-/**
- * The tiny Llama-family architecture (`model.type`, default Qwen2) of the `model.*` keys, used when `model.path` is
- * unset; the vocabulary comes from the tokenizer.
- */
-export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 'vocabSize'> {
-  return {
-    modelType: model.type,
-    dModel: model.dModel,
-    nLayers: model.nLayers,
-    nHeads: model.nHeads,
-    nKvHeads: model.nKvHeads === 0 ? model.nHeads : model.nKvHeads,
-    dFF: model.dFF,
-    maxSeqLen: model.maxSeqLen,
-    ropeTheta: model.ropeTheta,
-  };
-}
-
-/**
- * The policy a run starts from: the recipe's model directory, or the seeded tiny model its `model` keys shape.
- * Either is checked against the backend's memory before anything is allocated (errors name `model.*` keys or
- * `config.json` keys), with the context capped by `model.maxModelLen`.
- *
- * @param vocabSize - The tokenizer's, for the tiny model.
- * @returns the model (owned by the caller) and the context length prompts and responses must fit.
- */
-export async function initialModel(
-  model: RxrlConfig['model'],
-  modelDir: string | undefined,
-  vocabSize: number,
-  seed: number,
-): Promise<{ model: PolicyModel; contextLength: number }> {
-  const cap = model.maxModelLen === null ? {} : { maxModelLen: model.maxModelLen };
-  if (modelDir !== undefined) {
-    const { model: loaded, contents } = await loadModelDir(modelDir, cap);
-    return { model: loaded, contextLength: contents.contextLength };
-  }
-  const config = validatePolicyConfig({ ...tinyModelConfig(model), vocabSize });
-  const contextLength = checkModelFits(config, { ...cap, keyOf: (field) => `model.${field}`, capHint: 'model.maxModelLen' });
-  return { model: PolicyModel.create(config, seed), contextLength };
-}
-
-/** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
-export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
-  const t = config.trainer;
-  return {
-    learningRate: t.learningRate,
-    clipLow: t.clipLow,
-    clipHigh: t.clipHigh,
-    ...(t.clipRatioC === null ? {} : { clipRatioC: t.clipRatioC }),
-    lossAggregation: t.lossAggregation,
-    microBatchSize: t.microBatchSize,
-    ppoEpochs: t.ppoEpochs,
-    miniBatches: t.miniBatches,
-    maxGradNorm: t.maxGradNorm,
-    entropyCoef: t.entropyCoef,
-    ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
-    ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
-    ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
-    seed: config.run.seed,
-  };
-}
-
-/**
- * The loop settings of a recipe that every training loop shares (embedded, Kafka, multi-agent): staleness mode,
- * sizes, sampling, seed, advantages and the group store's timeout.
- *
- * @internal
- */
-export function loopSettings(config: RxrlConfig) {
-  return {
-    mode: config.sync.mode,
-    stalenessThreshold: config.sync.stalenessThreshold,
-    ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
-    batchSize: config.sync.batchSize,
-    groupSize: config.rollout.groupSize,
-    temperature: config.rollout.temperature,
-    topP: config.rollout.topP,
-    seed: config.run.seed,
-    advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
-    ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
-    onGroupTimeout: config.store.onGroupTimeout,
-  };
-}
-
-/**
- * What a `kafkaTrainer` takes from a transport and the policy's tokenizer.
- *
- * @internal
- */
-export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, kafka: RxrlConfig['kafka']) {
-  return {
-    kafka: transport.kafka,
-    topics: transport.topics,
-    weightsDir: transport.weightsDir,
-    keepVersions: kafka.keepVersions,
-    padId: tokenizer.padId,
-    tokenizer,
-    ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
-  };
-}
-
-/**
- * The KL penalty in the reward of a recipe (`algorithm.klInReward`), scored against `reference`; none when its
- * coefficient is 0 or there is no reference.
- *
- * @internal
- */
-export function klInRewardOf(config: RxrlConfig, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
-  if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
-  return {
-    klInReward: {
-      reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
-      controller: { type: 'fixed', coef: config.algorithm.klInReward.coef },
-      estimator: config.algorithm.klInReward.estimator,
-    },
-  };
-}
+export type { KafkaTransport } from './parts/settings.js';
 
 /** Options of {@link runTraining}. */
 export interface RunTrainingOptions {
@@ -183,17 +63,6 @@ export interface RunTrainingOptions {
   readonly kafka?: KafkaTransport;
 }
 
-/** Where {@link runTraining} finds its rollout workers when it trains over Kafka. */
-export interface KafkaTransport {
-  /** The kafkajs client (`createKafka`). */
-  readonly kafka: Kafka;
-  /** Topics of the deployment (`kafkaTopics(prefix)`). */
-  readonly topics: KafkaTopics;
-  /** Directory shared with the workers where each version's weights are written. */
-  readonly weightsDir: string;
-  /** Instrumentation: consumer and `trainer.*` events. */
-  readonly onEvent?: (event: KafkaEvent) => void;
-}
 
 /** What {@link RunTrainingOptions.createEngine} is given. */
 export interface EngineContext {
@@ -237,16 +106,6 @@ export interface RunSummary {
   readonly stoppedBy?: string;
 }
 
-/** A recipe's tasks and what comes with them. */
-export interface Data {
-  readonly name: string;
-  readonly characters: string;
-  readonly train: readonly Task[] | { readonly jsonl: string };
-  readonly validation: readonly Task[];
-  readonly evaluator: Evaluator;
-  readonly maxTokens: number;
-  readonly randomPolicyReward?: number;
-}
 
 /**
  * Runs a GRPO training job from a validated configuration: resume from a checkpoint, train with the configured
@@ -265,19 +124,6 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   return withRunLock(runDir, () => train(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
 }
 
-/**
- * Where warnings about the run directory go (a stale lock taken over, a damaged checkpoint skipped): the
- * structured logger and the informational lines.
- *
- * @internal
- */
-export function runDirWarnings(options: Pick<RunTrainingOptions, 'log' | 'logger'>): (message: string, context: Readonly<Record<string, unknown>>) => void {
-  const logger = moduleLogger(options.logger ?? silentLogger, 'checkpoint');
-  return (message, context) => {
-    logger.warn(context, message);
-    options.log?.(`warning: ${message}`);
-  };
-}
 
 async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined): Promise<RunSummary> {
   const logger = options.logger ?? silentLogger;
@@ -589,7 +435,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
   // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
-  const agents = config.agents.environment === 'none' ? undefined : await (await import('./agents.js')).loadAgentsRecipe(config, baseDir);
+  const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir);
   const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
@@ -627,35 +473,6 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   return { ...counts, seconds: round((performance.now() - started) / 1000, 1) };
 }
 
-/**
- * Rewrites a JSONL file of step records without those whose `step` is `from` or later (a resumed run's validation
- * line after its checkpoint's last step has step `from − 1` and stays; `−Infinity` drops every record), and
- * without lines that do not parse (a line torn by a crash or a full disk), so the file ends with a complete line
- * and the next append starts a line of its own. A missing file is left missing.
- *
- * @throws {@link StorageError} naming the file when the device is full.
- */
-export async function dropStepsFrom(path: string, from: number): Promise<void> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch {
-    return;
-  }
-  const lines = text.split('\n').filter((line) => line.trim() !== '');
-  const kept = lines.filter((line) => {
-    try {
-      const step = (JSON.parse(line) as { step?: unknown }).step;
-      return !(typeof step === 'number' && step >= from);
-    } catch {
-      return false;
-    }
-  });
-  if (kept.length === lines.length && (text === '' || text.endsWith('\n'))) return;
-  await writeFileAtomic(path, kept.map((line) => `${line}\n`).join('')).catch((error: unknown) => {
-    throw asStorageError(error, path);
-  });
-}
 
 function describeStop(cause: unknown): string {
   return cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause ?? 'signal');
@@ -665,115 +482,9 @@ function round(x: number, digits: number): number {
   return Number(x.toFixed(digits));
 }
 
-/**
- * What both halves of a run build from the recipe: the data, the evaluator and rollout worker it names, and the
- * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
- */
-async function loadRollout(
-  config: RxrlConfig,
-  baseDir: string,
-): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
-  const data = await loadData(config, baseDir);
-  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
-  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker') : undefined;
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
-  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
-  return { data, evaluator, worker, modelDir, tokenizer };
-}
 
-/**
- * The recipe's data: the bundled string task, or JSONL files.
- *
- * @internal
- */
-export async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
-  if (config.data.source === 'bundled') {
-    const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
-    return {
-      name: task.name,
-      characters: task.characters,
-      train: task.train,
-      validation: task.validation,
-      evaluator: task.evaluator,
-      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
-      randomPolicyReward: task.randomPolicyReward,
-    };
-  }
-  if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
-  const trainFile = resolve(baseDir, config.data.trainFile!);
-  const validation = config.data.validationFile ? await readTaskFile(resolve(baseDir, config.data.validationFile)) : [];
-  const fallback: Evaluator = {
-    evaluate: () => {
-      throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data');
-    },
-  };
-  return {
-    name: basename(trainFile).replace(/\.jsonl$/, ''),
-    characters: config.data.alphabet!,
-    train: { jsonl: trainFile },
-    validation,
-    evaluator: fallback,
-    maxTokens: config.rollout.maxTokens,
-  };
-}
 
-/**
- * The `resume` section with its path resolved against `baseDir`.
- *
- * @internal
- */
-export function resumeOf(config: RxrlConfig, baseDir: string): { mode: RxrlConfig['resume']['mode']; path: string | null } {
-  return { mode: config.resume.mode, path: config.resume.path === null ? null : resolve(baseDir, config.resume.path) };
-}
 
-/**
- * Reports a damaged checkpoint that resume skips, naming its path and what is wrong.
- *
- * @internal
- */
-export function damagedCheckpointWarning(warn: (message: string, context: Readonly<Record<string, unknown>>) => void): (path: string, error: Error) => void {
-  return (path, error) => warn(`checkpoint ${path} is damaged, falling back to the previous one: ${error.message}`, { path, reason: error.message });
-}
 
-/** Loads `spec.export` from the module at `spec.module` (relative to `baseDir`). */
-/**
- * Imports `spec.export` of the recipe's module `spec.module` (relative to `baseDir`); errors name the key
- * (`<key>.module`, `<key>.export`).
- *
- * @internal
- */
-export async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, key: string): Promise<T> {
-  const file = resolve(baseDir, spec.module!);
-  let module: Record<string, unknown>;
-  try {
-    module = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
-  } catch (cause) {
-    throw new ConfigError(`${key}.module: cannot import ${file}`, { cause, context: { file, key: `${key}.module` } });
-  }
-  const value = module[spec.export];
-  if (value === undefined) {
-    throw new ConfigError(`${key}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export, key: `${key}.export` } });
-  }
-  return value as T;
-}
 
-/** Reference log-probs of a batch's response tokens, `[B, R]`. */
-async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
-  const T = batch.promptLength + batch.responseLength;
-  const out = tf.tidy(() => {
-    const lp = model.tokenLogprobs(
-      tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-      tf.tensor2d(batch.attentionMask, [batch.size, T]),
-      tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-    ).logprobs; // [B, T-1]
-    return tf.slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
-  });
-  const data = (await out.data()) as Float32Array;
-  out.dispose();
-  return data;
-}
 
-/** The directory a recipe file's relative paths are resolved against. */
-export function recipeDir(file: string): string {
-  return dirname(resolve(file));
-}

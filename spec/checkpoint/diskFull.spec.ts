@@ -13,7 +13,8 @@ import { checkpointName, verifyCheckpoint, writeCheckpointDir } from '../../lib/
 import { RUN_LOCK_FILE } from '../../lib/checkpoint/runLock.js';
 import { StorageError } from '../../lib/errors.js';
 import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
-import { dropStepsFrom, runTraining } from '../../pipelines/run.js';
+import { dropStepsFrom } from '../../pipelines/parts/runDir.js';
+import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from './tinyRun.js';
 
 const PAGE = 4096;

@@ -3,7 +3,8 @@ import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { dropStepsFrom, runTraining } from '../../pipelines/run.js';
+import { dropStepsFrom } from '../../pipelines/parts/runDir.js';
+import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from '../checkpoint/tinyRun.js';
 
 /** Every non-blank line of a JSONL file, parsed (a line that does not parse fails the test). */

@@ -1,0 +1,108 @@
+/**
+ * A recipe's data: the bundled task or JSONL files, the evaluator and rollout worker it names, and the policy's
+ * tokenizer.
+ *
+ * @packageDocumentation
+ */
+import { basename, dirname, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+import type { RxrlConfig } from '../../lib/config/schema.js';
+import { readTaskFile } from '../../lib/data/loader.js';
+import type { Tokenizer } from '../../lib/engine/types.js';
+import { ConfigError } from '../../lib/errors.js';
+import type { Evaluator } from '../../lib/evaluator.js';
+import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import type { Task } from '../../lib/types.js';
+import type { RolloutWorker } from '../../lib/worker.js';
+import { stringTransformTask } from '../../recipes/stringTransform.js';
+
+/** A recipe's tasks and what comes with them. */
+export interface Data {
+  readonly name: string;
+  readonly characters: string;
+  readonly train: readonly Task[] | { readonly jsonl: string };
+  readonly validation: readonly Task[];
+  readonly evaluator: Evaluator;
+  readonly maxTokens: number;
+  readonly randomPolicyReward?: number;
+}
+
+/**
+ * What both halves of a run build from the recipe: the data, the evaluator and rollout worker it names, and the
+ * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
+ */
+export async function loadRollout(
+  config: RxrlConfig,
+  baseDir: string,
+): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
+  const data = await loadData(config, baseDir);
+  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
+  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker') : undefined;
+  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
+  return { data, evaluator, worker, modelDir, tokenizer };
+}
+
+/**
+ * The recipe's data: the bundled string task, or JSONL files.
+ *
+ * @internal
+ */
+export async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
+  if (config.data.source === 'bundled') {
+    const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
+    return {
+      name: task.name,
+      characters: task.characters,
+      train: task.train,
+      validation: task.validation,
+      evaluator: task.evaluator,
+      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
+      randomPolicyReward: task.randomPolicyReward,
+    };
+  }
+  if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
+  const trainFile = resolve(baseDir, config.data.trainFile!);
+  const validation = config.data.validationFile ? await readTaskFile(resolve(baseDir, config.data.validationFile)) : [];
+  const fallback: Evaluator = {
+    evaluate: () => {
+      throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data');
+    },
+  };
+  return {
+    name: basename(trainFile).replace(/\.jsonl$/, ''),
+    characters: config.data.alphabet!,
+    train: { jsonl: trainFile },
+    validation,
+    evaluator: fallback,
+    maxTokens: config.rollout.maxTokens,
+  };
+}
+
+/**
+ * Imports `spec.export` of the recipe's module `spec.module` (relative to `baseDir`); errors name the key
+ * (`<key>.module`, `<key>.export`).
+ *
+ * @internal
+ */
+export async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, key: string): Promise<T> {
+  const file = resolve(baseDir, spec.module!);
+  let module: Record<string, unknown>;
+  try {
+    module = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+  } catch (cause) {
+    throw new ConfigError(`${key}.module: cannot import ${file}`, { cause, context: { file, key: `${key}.module` } });
+  }
+  const value = module[spec.export];
+  if (value === undefined) {
+    throw new ConfigError(`${key}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export, key: `${key}.export` } });
+  }
+  return value as T;
+}
+
+/** The directory a recipe file's relative paths are resolved against. */
+export function recipeDir(file: string): string {
+  return dirname(resolve(file));
+}

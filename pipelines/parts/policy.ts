@@ -1,0 +1,71 @@
+/**
+ * A run's policies: the model it starts from and, per policy, the model or adapter view the trainer updates, the
+ * copy its engine samples from, its trainer and engine.
+ *
+ * @packageDocumentation
+ */
+import type { RxrlConfig, PolicyEntryConfig } from '../../lib/config/schema.js';
+import type { LocalEngine } from '../../lib/engine/local.js';
+import { checkModelFits } from '../../lib/model/capacity.js';
+import type { LoraAdapter } from '../../lib/model/lora.js';
+import { loadModelDir } from '../../lib/model/modelDir.js';
+import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
+import type { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
+
+/**
+ * The tiny Llama-family architecture (`model.type`, default Qwen2) of the `model.*` keys, used when `model.path` is
+ * unset; the vocabulary comes from the tokenizer.
+ */
+export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 'vocabSize'> {
+  return {
+    modelType: model.type,
+    dModel: model.dModel,
+    nLayers: model.nLayers,
+    nHeads: model.nHeads,
+    nKvHeads: model.nKvHeads === 0 ? model.nHeads : model.nKvHeads,
+    dFF: model.dFF,
+    maxSeqLen: model.maxSeqLen,
+    ropeTheta: model.ropeTheta,
+  };
+}
+
+/**
+ * The policy a run starts from: the recipe's model directory, or the seeded tiny model its `model` keys shape.
+ * Either is checked against the backend's memory before anything is allocated (errors name `model.*` keys or
+ * `config.json` keys), with the context capped by `model.maxModelLen`.
+ *
+ * @param vocabSize - The tokenizer's, for the tiny model.
+ * @returns the model (owned by the caller) and the context length prompts and responses must fit.
+ */
+export async function initialModel(
+  model: RxrlConfig['model'],
+  modelDir: string | undefined,
+  vocabSize: number,
+  seed: number,
+): Promise<{ model: PolicyModel; contextLength: number }> {
+  const cap = model.maxModelLen === null ? {} : { maxModelLen: model.maxModelLen };
+  if (modelDir !== undefined) {
+    const { model: loaded, contents } = await loadModelDir(modelDir, cap);
+    return { model: loaded, contextLength: contents.contextLength };
+  }
+  const config = validatePolicyConfig({ ...tinyModelConfig(model), vocabSize });
+  const contextLength = checkModelFits(config, { ...cap, keyOf: (field) => `model.${field}`, capHint: 'model.maxModelLen' });
+  return { model: PolicyModel.create(config, seed), contextLength };
+}
+
+/** One policy of a run, as built for training. */
+export interface BuiltPolicy {
+  readonly entry: PolicyEntryConfig;
+  /** The model the trainer updates (an adapter view for `lora`). */
+  readonly train: PolicyModel;
+  /** The engine's copy. */
+  readonly sample: PolicyModel;
+  /** The training adapter of a `lora` policy. */
+  readonly adapter: LoraAdapter | undefined;
+  /** Every adapter to free: the training one and the engine's copy. */
+  readonly adapters: readonly LoraAdapter[];
+  readonly engine: LocalEngine;
+  readonly trainer: GrpoTrainer;
+  readonly syncBytes: number;
+  readonly trainableParameters: number;
+}

@@ -1,0 +1,121 @@
+/**
+ * The settings a run takes from its recipe, shared by every kind of run (embedded, Kafka, multi-agent): the
+ * trainer's, the loop's, the Kafka transport's and the KL penalty in the reward.
+ *
+ * @packageDocumentation
+ */
+import * as tf from '@tensorflow/tfjs-core';
+import type { Kafka } from 'kafkajs';
+
+import type { RxrlConfig } from '../../lib/config/schema.js';
+import type { Tokenizer } from '../../lib/engine/types.js';
+import type { KafkaEvent, KafkaTopics } from '../../lib/kafka/types.js';
+import type { PolicyModel } from '../../lib/model/transformer.js';
+import type { GrpoTrainerOptions } from '../../lib/train/grpoTrainer.js';
+import type { Batch } from '../../lib/types.js';
+import type { KlInRewardOptions } from '../../operators/grpoPrepare.js';
+
+/** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
+export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
+  const t = config.trainer;
+  return {
+    learningRate: t.learningRate,
+    clipLow: t.clipLow,
+    clipHigh: t.clipHigh,
+    ...(t.clipRatioC === null ? {} : { clipRatioC: t.clipRatioC }),
+    lossAggregation: t.lossAggregation,
+    microBatchSize: t.microBatchSize,
+    ppoEpochs: t.ppoEpochs,
+    miniBatches: t.miniBatches,
+    maxGradNorm: t.maxGradNorm,
+    entropyCoef: t.entropyCoef,
+    ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
+    ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
+    ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
+    seed: config.run.seed,
+  };
+}
+
+/**
+ * The loop settings of a recipe that every training loop shares (embedded, Kafka, multi-agent): staleness mode,
+ * sizes, sampling, seed, advantages and the group store's timeout.
+ *
+ * @internal
+ */
+export function loopSettings(config: RxrlConfig) {
+  return {
+    mode: config.sync.mode,
+    stalenessThreshold: config.sync.stalenessThreshold,
+    ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
+    batchSize: config.sync.batchSize,
+    groupSize: config.rollout.groupSize,
+    temperature: config.rollout.temperature,
+    topP: config.rollout.topP,
+    seed: config.run.seed,
+    advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+    ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
+    onGroupTimeout: config.store.onGroupTimeout,
+  };
+}
+
+/** Where a run finds its rollout workers when it trains over Kafka (`rxrl trainer`). */
+export interface KafkaTransport {
+  /** The kafkajs client (`createKafka`). */
+  readonly kafka: Kafka;
+  /** Topics of the deployment (`kafkaTopics(prefix)`). */
+  readonly topics: KafkaTopics;
+  /** Directory shared with the workers where each version's weights are written. */
+  readonly weightsDir: string;
+  /** Instrumentation: consumer and `trainer.*` events. */
+  readonly onEvent?: (event: KafkaEvent) => void;
+}
+
+/**
+ * What a `kafkaTrainer` takes from a transport and the policy's tokenizer.
+ *
+ * @internal
+ */
+export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, kafka: RxrlConfig['kafka']) {
+  return {
+    kafka: transport.kafka,
+    topics: transport.topics,
+    weightsDir: transport.weightsDir,
+    keepVersions: kafka.keepVersions,
+    padId: tokenizer.padId,
+    tokenizer,
+    ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+  };
+}
+
+/**
+ * The KL penalty in the reward of a recipe (`algorithm.klInReward`), scored against `reference`; none when its
+ * coefficient is 0 or there is no reference.
+ *
+ * @internal
+ */
+export function klInRewardOf(config: RxrlConfig, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
+  if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
+  return {
+    klInReward: {
+      reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+      controller: { type: 'fixed', coef: config.algorithm.klInReward.coef },
+      estimator: config.algorithm.klInReward.estimator,
+    },
+  };
+}
+
+/** Reference log-probs of a batch's response tokens, `[B, R]`. */
+async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
+  const T = batch.promptLength + batch.responseLength;
+  const out = tf.tidy(() => {
+    const lp = model.tokenLogprobs(
+      tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+      tf.tensor2d(batch.attentionMask, [batch.size, T]),
+      tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+    ).logprobs; // [B, T-1]
+    return tf.slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
+  });
+  const data = (await out.data()) as Float32Array;
+  out.dispose();
+  return data;
+}
