@@ -1,36 +1,36 @@
-import { appendFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Kafka } from 'kafkajs';
-import { lastValueFrom, tap } from 'rxjs';
+import { lastValueFrom, tap, type Observable } from 'rxjs';
 
-import { loadCheckpoint, pruneCheckpoints, resumeCheckpoint, saveCheckpoint, type BufferedSample } from '../lib/checkpoint/checkpoint.js';
+import { loadCheckpoint, pruneCheckpoints, resumeCheckpoint, saveCheckpoint, type Checkpoint } from '../lib/checkpoint/checkpoint.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
 import { configWarnings } from '../lib/config/configWarnings.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { checkPrompts } from '../lib/data/checkPrompts.js';
-import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
+import { loadTasks } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
 import { ConfigError, asStorageError } from '../lib/errors.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { specialIdsOf } from '../lib/model/modelDir.js';
+import type { Evaluator } from '../lib/evaluator.js';
+import type { LoraAdapter } from '../lib/model/lora.js';
+import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
-import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch, Metrics, PolicyVersion, Task } from '../lib/types.js';
+import type { StepResult } from '../lib/train/types.js';
+import type { Metrics, PolicyVersion, Task } from '../lib/types.js';
 import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
-import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { loadAgentsRecipe } from './parts/agentsRecipe.js';
-import { loadRollout } from './parts/data.js';
-import { initialModel } from './parts/policy.js';
-import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings } from './parts/runDir.js';
+import { loadRollout, type Data } from './parts/data.js';
+import { RunLedger, type SaveCheckpoint } from './parts/ledger.js';
+import { SINGLE_POLICY, initialModel, policyModels } from './parts/policy.js';
+import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, type KafkaTransport } from './parts/settings.js';
 import { validate } from './validate.js';
 
@@ -126,274 +126,332 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
 
 
 async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined): Promise<RunSummary> {
-  const logger = options.logger ?? silentLogger;
-  const checkpointLog = moduleLogger(logger, 'checkpoint');
-  const log = (line: string): void => {
-    options.log?.(line);
-  };
   // Failed samples go to the error reporter: counted always, and under stop_on_error they end the run gracefully.
   const reporter = new ErrorReporter({
     policy: config.run.errorPolicy,
-    logger: moduleLogger(logger, 'rollout'),
+    logger: moduleLogger(options.logger ?? silentLogger, 'rollout'),
     ...(options.signal ? { parentSignal: options.signal } : {}),
   });
-  const signal = reporter.signal;
-  const seed = config.run.seed;
+  const setup = await setUp(config, options, baseDir, runDir, reporter.signal);
+  const parts = await buildParts(config, options, setup, runDir);
+  try {
+    return await trainLoop(config, options, setup, parts, reporter);
+  } finally {
+    await parts.dispose();
+  }
+}
+
+/** What a single-agent run reads before it builds anything: the recipe's parts, the checkpoint, the initial model. */
+interface RunSetup {
+  readonly backend: BackendName;
+  readonly data: Data;
+  readonly evaluator: Evaluator;
+  readonly worker: RolloutWorker | undefined;
+  readonly tokenizer: Tokenizer;
+  readonly checkpoint: Checkpoint | undefined;
+  /** The model the run starts from (owned by the parts built from it). */
+  readonly initial: PolicyModel;
+  /** The run directory, resolved. */
+  readonly runDir: string | undefined;
+}
+
+/**
+ * Picks the backend, loads the recipe's data, tokenizer and checkpoint, builds the initial model and refuses what
+ * cannot run: a tokenizer larger than the model's vocabulary, prompts that do not encode or leave no room.
+ */
+async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined, signal: AbortSignal): Promise<RunSetup> {
+  const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const { data, evaluator, worker, modelDir, tokenizer } = await loadRollout(config, baseDir);
   const checkpoint = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
   if (checkpoint) {
-    checkpointLog.info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
+    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
-
-  const { model: initial, contextLength } = await initialModel(config.model, modelDir, tokenizer.vocabSize, seed);
-  if (tokenizer.vocabSize > initial.config.vocabSize) {
-    initial.dispose();
-    throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
-  }
-  // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
-  // custom worker builds its own prompts, so it is trusted with them).
+  const { model: initial, contextLength } = await initialModel(config.model, modelDir, tokenizer.vocabSize, config.run.seed);
   let trainTasks: number | undefined;
-  if (!worker) {
-    const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
-    const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
-    try {
+  try {
+    if (tokenizer.vocabSize > initial.config.vocabSize) {
+      throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
+    }
+    // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
+    // custom worker builds its own prompts, so it is trusted with them).
+    if (!worker) {
+      const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
+      const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
       trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;
       await checkPrompts(validationSource, { ...budget, source: 'validation' });
-    } catch (error) {
-      initial.dispose();
-      throw error;
     }
+  } catch (error) {
+    initial.dispose();
+    throw error;
   }
   for (const warning of configWarnings(config, trainTasks === undefined ? {} : { trainTasks })) {
-    moduleLogger(logger, 'config').warn(warning);
+    moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
-  const reference = needsReference ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
-  const policy = checkpoint ? PolicyModel.fromWeights(initial.config, checkpoint.weights) : initial;
-  if (checkpoint) initial.dispose();
-  // Over Kafka the in-process engine only validates, between steps: it reads the policy's own weights.
-  const rolloutModel = options.createEngine || options.kafka ? undefined : PolicyModel.fromWeights(policy.config, policy.getWeights());
+  return { backend, data, evaluator, worker, tokenizer, checkpoint, initial, runDir };
+}
+
+/** What a single-agent run trains with: its policy's models, engine, trainer and ledger. */
+interface RunParts {
+  /** The model the trainer updates: the policy, or an adapter view on the frozen base. */
+  readonly policy: PolicyModel;
+  /** A LoRA policy's adapter and frozen base. */
+  readonly lora: { readonly adapter: LoraAdapter; readonly base: PolicyModel } | undefined;
+  readonly reference: PolicyModel | undefined;
+  readonly engine: RolloutEngine;
+  readonly trainer: GrpoTrainer;
+  readonly ledger: RunLedger;
+  dispose(): Promise<void>;
+}
+
+/**
+ * Builds the run's policy (`policies[0]`, a full model unless the recipe names a LoRA one), resumed from the
+ * checkpoint; its engine (the in-process one, or the caller's); its trainer; and the ledger that checkpoints it.
+ * Whatever is built is released if a later part fails.
+ */
+async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, runDir: string | undefined): Promise<RunParts> {
+  const { initial, checkpoint, tokenizer } = setup;
+  const entry = config.policies[0] ?? SINGLE_POLICY;
+  const owned: { dispose(): unknown }[] = [initial];
+  const release = async (engine?: RolloutEngine): Promise<void> => {
+    for (const item of owned.reverse()) item.dispose();
+    await engine?.dispose?.();
+  };
+  let engine: RolloutEngine | undefined;
+  try {
+    if (entry.specialization === 'lora' && options.createEngine) {
+      throw new ConfigError('policies[0]: a LoRA policy samples from the in-process engines or Kafka workers, not from createEngine', { context: { key: 'policies[0].specialization' } });
+    }
+    checkCheckpointKind(checkpoint, entry.specialization === 'lora');
+    const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
+    // A full policy keeps a copy of its start as the reference; a LoRA policy's frozen base is its start.
+    const reference = needsReference && entry.specialization !== 'lora' ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
+    if (reference) owned.push(reference);
+    const lora = entry.specialization === 'lora';
+    // Over Kafka or a caller's engine the in-process engine only validates, between steps: a full policy's reads
+    // the policy's own weights; a LoRA policy validates through its adapter copy.
+    const inProcess = lora || !(options.createEngine || options.kafka);
+    const sampleBase = lora ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
+    if (sampleBase) owned.push(sampleBase);
+    const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, { copyTrain: false, sampled: inProcess });
+    owned.push(...models.adapters, models.sample, models.train);
+    if (checkpoint) {
+      models.train.setWeights(checkpoint.weights);
+      if (models.sample !== models.train) models.sample.setWeights(checkpoint.weights);
+    }
+    const policy = models.train;
+    engine = await buildEngine(config, options, setup, policy, models.sample);
+    const ref = reference ?? (lora && needsReference ? initial : undefined);
+    const trainer = new GrpoTrainer(policy, { ...grpoTrainerOptions(config), ...(ref ? { reference: ref } : {}) });
+    owned.push(trainer);
+    if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
+    const loraParts = models.adapter ? { adapter: models.adapter, base: initial } : undefined;
+    const save = await checkpointWriter(config, options, { runDir, policy, lora: loraParts, trainer, tokenizer });
+    const loader = loadTasks(setup.data.train, {
+      epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
+      shuffle: config.data.shuffle,
+      seed: config.run.seed,
+      ...(checkpoint ? { start: checkpoint.state.loader } : {}),
+    });
+    const ledger = await RunLedger.open({ runDir, loader, checkpoint, every: config.checkpoint.every, steps: config.run.steps, save });
+    const built = engine;
+    return {
+      policy,
+      lora: loraParts,
+      reference: ref,
+      engine: built,
+      trainer,
+      ledger,
+      dispose: async () => {
+        ledger.close();
+        await release(built);
+      },
+    };
+  } catch (error) {
+    await release(engine);
+    throw error;
+  }
+}
+
+/** A checkpoint of a full model cannot resume a LoRA policy, nor the other way round. */
+function checkCheckpointKind(checkpoint: Checkpoint | undefined, lora: boolean): void {
+  if (checkpoint === undefined || (checkpoint.lora !== undefined) === lora) return;
+  const holds = checkpoint.lora ? 'a LoRA adapter' : 'a full model';
+  throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds ${holds}, but policies[0] is ${lora ? "a 'lora' policy" : 'a full model'}`, {
+    context: { key: 'policies', path: checkpoint.path },
+  });
+}
+
+/** The rollout engine: the caller's (`createEngine`), or an in-process one sampling from `sample`. */
+async function buildEngine(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, policy: PolicyModel, sample: PolicyModel): Promise<RolloutEngine> {
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
-  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
-  const engine: RolloutEngine = options.createEngine
-    ? await options.createEngine({
-        policy,
-        tokenizer,
-        version: checkpoint?.state.version ?? 0,
-        backend,
-        samplesPerStep: batchSize * groupSize,
-      })
-    : new LocalEngine(rolloutModel ?? policy, {
-        tokenizer,
-        maxBatchSize: batchSize * groupSize * inFlightBatches,
-        weightSync: config.rollout.weightSync,
-        version: checkpoint?.state.version ?? 0,
-      });
-  const trainer = new GrpoTrainer(policy, { ...grpoTrainerOptions(config), ...(reference ? { reference } : {}) });
-  if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
-
-  // Lossless-resume bookkeeping: admitted tasks not yet trained, and the loader position after the last one.
-  const loader = loadTasks(data.train, {
-    epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
-    shuffle: config.data.shuffle,
-    seed,
-    ...(checkpoint ? { start: checkpoint.state.loader } : {}),
-  });
-  const pendingFirst = checkpoint?.state.pendingTasks ?? [];
-  const tasks = (async function* (): AsyncGenerator<Task> {
-    yield* pendingFirst;
-    yield* loader;
-  })();
-  const admitted = new Map<string, Task>();
-  // Samples generated for groups not yet trained (kept in checkpoints), and those a checkpoint handed back.
-  const generated = new Map<string, BufferedSample>();
-  const restored = new Map((checkpoint?.buffered ?? []).map((b) => [b.id, b] as const));
-  const baseWorker = worker ?? singleTurnWorker;
-  const recordingWorker: RolloutWorker = async (input, workerSignal) => {
-    const saved = restored.get(input.id);
-    restored.delete(input.id);
-    const sample = saved ? saved.sample : await baseWorker(input, workerSignal);
-    generated.set(input.id, { id: input.id, groupId: input.groupId, sample });
-    return sample;
-  };
-  let position: LoaderPosition = loader.position;
-  let lastCheckpointStep = checkpoint?.state.step ?? -1;
-  const files = runDir ? { trained: resolve(runDir, 'trained.jsonl') } : undefined;
-  if (runDir) {
-    // Lines of steps past the checkpoint (a killed run's, or a fresh start's over an old directory) are
-    // superseded by this run: drop them, so each step appears once in each file.
-    const keepBelow = checkpoint?.state.step ?? -Infinity;
-    await dropStepsFrom(resolve(runDir, 'trained.jsonl'), keepBelow);
-    await dropStepsFrom(metricsPath(runDir), keepBelow);
+  const version = setup.checkpoint?.state.version ?? 0;
+  if (options.createEngine) {
+    return options.createEngine({ policy, tokenizer: setup.tokenizer, version, backend: setup.backend, samplesPerStep: batchSize * groupSize });
   }
-  const metricsWriter = runDir ? MetricsWriter.open(runDir) : undefined;
+  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
+  return new LocalEngine(sample, {
+    tokenizer: setup.tokenizer,
+    maxBatchSize: batchSize * groupSize * inFlightBatches,
+    weightSync: config.rollout.weightSync,
+    version,
+  });
+}
 
-  const special = specialIdsOf(tokenizer);
-  const save = async (pendingTasks: readonly Task[], loaderPosition: LoaderPosition, buffered: readonly BufferedSample[]): Promise<void> => {
+/**
+ * Writes a checkpoint of the policy: a Hugging Face model directory, or for a LoRA policy a PEFT adapter whose
+ * base is saved once under `<run-dir>/base/` (written here, before the first step).
+ */
+async function checkpointWriter(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  parts: { runDir: string | undefined; policy: PolicyModel; lora: RunParts['lora']; trainer: GrpoTrainer; tokenizer: Tokenizer },
+): Promise<SaveCheckpoint> {
+  const { runDir, policy, lora, trainer, tokenizer } = parts;
+  const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
+  const baseDir = runDir && lora ? join(runDir, 'base') : undefined;
+  if (baseDir && lora) {
+    await saveModelDir(baseDir, lora.base, files).catch((error: unknown) => {
+      throw asStorageError(error, baseDir);
+    });
+  }
+  return async (pendingTasks, loader, buffered) => {
     if (!runDir) return;
     const path = await saveCheckpoint(runDir, {
-      state: { step: trainer.step, version: trainer.step, seed, loader: loaderPosition, pendingTasks },
+      state: { step: trainer.step, version: trainer.step, seed: config.run.seed, loader, pendingTasks },
       buffered,
-      model: { config: policy.config, weights: policy.getWeights(), tokenizerFiles: tokenizer.files(), special },
+      model: lora ? { lora: lora.adapter.lora, weights: policy.getWeights(), baseDir: baseDir ?? null } : { config: policy.config, weights: policy.getWeights(), ...files },
       optimizer: await trainer.optimizerState(),
     });
-    lastCheckpointStep = trainer.step;
     await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-    checkpointLog.info({ path, step: trainer.step, pending: pendingTasks.length }, 'checkpoint saved');
-    log(`checkpoint ${path}`);
+    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path, step: trainer.step, pending: pendingTasks.length }, 'checkpoint saved');
+    options.log?.(`checkpoint ${path}`);
   };
+}
 
-  // The trainer as the pipeline sees it: each step is logged and checkpointed before the next can start.
-  let training: Promise<unknown> = Promise.resolve();
-  const checkpointing: Trainer = {
-    modelTag: trainer.modelTag,
-    get step() {
-      return trainer.step;
-    },
-    trainStep: (batch: Batch, signal?: AbortSignal) => {
-      const run = (async () => {
-        const result = await trainer.trainStep(batch, signal);
-        // Snapshot synchronously: admissions may continue while files are written.
-        const trainedGroups = new Set(batch.meta.groups ?? []);
-        for (const group of trainedGroups) admitted.delete(group);
-        for (const [id, b] of generated) if (trainedGroups.has(b.groupId)) generated.delete(id);
-        const pending = [...admitted.values()];
-        const buffered = [...generated.values()];
-        const at = position;
-        if (files) {
-          const line = {
-            step: result.step,
-            version: result.version,
-            groups: batch.meta.groups ?? [],
-            taskIds: [...new Set(batch.meta.taskIds)],
-            trajectoryIds: batch.meta.trajectoryIds,
-            policyVersions: batch.meta.policyVersions,
-          };
-          await appendFile(files.trained, `${JSON.stringify(line)}\n`).catch((error: unknown) => {
-            throw asStorageError(error, files.trained);
-          });
-        }
-        // The step's metrics line goes out before its checkpoint: a process killed between the two resumes past
-        // this step, so a line written after the checkpoint could be lost for good.
-        metricsWriter?.write({ step: result.step, version: result.version, metrics: result.metrics });
-        // The last step of the budget is saved here too, inside the step, so a Kafka trainer can still commit the
-        // offsets of its trajectories before it ends.
-        const due = config.checkpoint.every > 0 && (result.version % config.checkpoint.every === 0 || trainer.step === config.run.steps);
-        if (due) await save(pending, at, buffered);
-        return result;
-      })();
-      training = run.catch(() => undefined);
-      return run;
-    },
-  };
-
-  const maxTokens = data.maxTokens;
+/**
+ * The loop: validates before, trains `run.steps` steps (the embedded pipeline, or the Kafka trainer), validates
+ * every `validation.every` versions and after, and reports.
+ */
+async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, parts: RunParts, reporter: ErrorReporter): Promise<RunSummary> {
+  const { data, evaluator } = setup;
+  const { engine, trainer, ledger } = parts;
+  const signal = reporter.signal;
+  const seed = config.run.seed;
+  const baseWorker = setup.worker ?? singleTurnWorker;
   const score = (): Promise<Metrics> =>
-    validate(engine, data.validation, evaluator, { maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
-  try {
-    const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
-    // Validation lines carry the step they follow (−1 before the first).
-    if (before) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: before });
-
-    const started = performance.now();
-    let last: StepResult | undefined;
-    // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
-    // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
-    const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
-    if (remaining === 0) log(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
-    else {
-      // What the embedded and the Kafka loops share: the data, the trainer, the staleness mode, the algorithm.
-      const common = {
-        ...loopSettings(config),
-        tasks,
-        trainer: checkpointing,
-        maxTokens,
-        ...(remaining === undefined ? {} : { steps: remaining }),
-        ...klInRewardOf(config, reference),
-        onAdmit: (task: Task) => {
-          admitted.set(groupIdOf(task), task);
-          position = loader.position;
-        },
-        afterStep: async (step: StepResult) => {
-          const every = config.validation.every;
-          const val = every > 0 && step.version % every === 0 && data.validation.length > 0 ? await score() : undefined;
-          // Validation scores get a line of their own, like those before and after training.
-          if (val) metricsWriter?.write({ step: step.step, version: step.version, metrics: val });
-          return val;
-        },
-        signal,
-      };
-      const transport = options.kafka;
-      const steps$ = transport
-        ? kafkaTrainer({
-            ...common,
-            ...kafkaSettings(transport, tokenizer, config.kafka),
-            policy,
-            // Trajectory offsets are committed once a checkpoint holds their step.
-            ...(runDir && config.checkpoint.every > 0
-              ? { checkpointed: () => lastCheckpointStep === trainer.step, stepsPerCheckpoint: config.checkpoint.every }
-              : {}),
-          })
-        : grpoPipeline({
-            ...common,
-            engines: [engine],
-            evaluator,
-            worker: recordingWorker,
-            ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
-            ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
-            onSampleFailure: (failure) => {
-              reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
-            },
-          });
-      await lastValueFrom(
-        steps$.pipe(
-          tap((step) => {
-            last = step;
-            options.onStep?.(step, (performance.now() - started) / 1000);
-          }),
-        ),
-        { defaultValue: undefined },
-      );
-    }
-    await training;
-    // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
-    // early with checkpoint.onStop off.
-    if ((!signal.aborted || config.checkpoint.onStop) && trainer.step > lastCheckpointStep) {
-      await save([...admitted.values()], position, [...generated.values()]);
-    }
-    const seconds = (performance.now() - started) / 1000;
-    const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
-    if (after) metricsWriter?.write({ step: trainer.step - 1, version: trainer.step, metrics: after });
-    return {
-      recipe: data.name,
-      mode,
-      backend,
-      steps: trainer.step,
-      seconds: round(seconds, 1),
-      seed,
-      ...(runDir ? { runDir } : {}),
-      ...(checkpoint ? { resumedFrom: checkpoint.path } : {}),
-      ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
-      ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
-      valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,
-      ...(before && before['val/accuracy_mean'] !== undefined ? { valAccuracyInitial: round(before['val/accuracy_mean'], 4) } : {}),
-      ...(after && after['val/accuracy_mean'] !== undefined ? { valAccuracyFinal: round(after['val/accuracy_mean'], 4) } : {}),
-      lastStep: last?.metrics ?? {},
-      failedSamples: reporter.total,
-      ...(reporter.stopped ? { stoppedBy: describeStop(reporter.stopCause) } : {}),
-    };
-  } finally {
-    metricsWriter?.close();
-    trainer.dispose();
-    policy.dispose();
-    rolloutModel?.dispose();
-    await engine.dispose?.();
-    reference?.dispose();
+    validate(engine, data.validation, evaluator, { maxTokens: data.maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
+  const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
+  // Validation lines carry the step they follow (−1 before the first).
+  if (before) ledger.writeMetrics(trainer.step - 1, trainer.step, before);
+  const started = performance.now();
+  let last: StepResult | undefined;
+  // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
+  // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
+  const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
+  if (remaining === 0) options.log?.(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
+  else {
+    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter });
+    await lastValueFrom(
+      steps$.pipe(
+        tap((step) => {
+          last = step;
+          options.onStep?.(step, (performance.now() - started) / 1000);
+        }),
+      ),
+      { defaultValue: undefined },
+    );
   }
+  // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
+  // early with checkpoint.onStop off.
+  await ledger.finish(trainer.step, !signal.aborted || config.checkpoint.onStop);
+  const seconds = (performance.now() - started) / 1000;
+  const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
+  if (after) ledger.writeMetrics(trainer.step - 1, trainer.step, after);
+  return summary(config, setup, { steps: trainer.step, seconds, before, after, last, reporter });
+}
+
+/** The steps of the run: the embedded GRPO pipeline, or the Kafka trainer when the run has a transport. */
+function stepsOf(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  setup: RunSetup,
+  parts: RunParts,
+  loop: { remaining: number | undefined; score: () => Promise<Metrics>; worker: RolloutWorker; reporter: ErrorReporter },
+): Observable<StepResult> {
+  const { trainer, ledger, policy, reference } = parts;
+  // What the embedded and the Kafka loops share: the data, the trainer, the staleness mode, the algorithm.
+  const common = {
+    ...loopSettings(config),
+    tasks: ledger.tasks(),
+    trainer: ledger.checkpointing(trainer),
+    maxTokens: setup.data.maxTokens,
+    ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
+    ...klInRewardOf(config, reference),
+    onAdmit: (task: Task) => ledger.admit(task),
+    afterStep: async (step: StepResult) => {
+      const every = config.validation.every;
+      const val = every > 0 && step.version % every === 0 && setup.data.validation.length > 0 ? await loop.score() : undefined;
+      // Validation scores get a line of their own, like those before and after training.
+      if (val) ledger.writeMetrics(step.step, step.version, val);
+      return val;
+    },
+    signal: loop.reporter.signal,
+  };
+  const transport = options.kafka;
+  if (transport) {
+    const checkpointed = config.run.dir !== null && config.checkpoint.every > 0;
+    return kafkaTrainer({
+      ...common,
+      ...kafkaSettings(transport, setup.tokenizer, config.kafka),
+      ...(parts.lora ? { policies: [{ trainer: common.trainer, policy, adapter: { lora: parts.lora.adapter.lora, base: parts.lora.base } }] } : { policy }),
+      // Trajectory offsets are committed once a checkpoint holds their step.
+      ...(checkpointed ? { checkpointed: () => ledger.checkpointed(trainer.step), stepsPerCheckpoint: config.checkpoint.every } : {}),
+    });
+  }
+  return grpoPipeline({
+    ...common,
+    engines: [parts.engine],
+    evaluator: setup.evaluator,
+    worker: loop.worker,
+    ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+    ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
+    onSampleFailure: (failure) => {
+      loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+    },
+  });
+}
+
+/** The run's summary line. */
+function summary(
+  config: RxrlConfig,
+  setup: RunSetup,
+  run: { steps: number; seconds: number; before: Metrics | undefined; after: Metrics | undefined; last: StepResult | undefined; reporter: ErrorReporter },
+): RunSummary {
+  const { data, checkpoint } = setup;
+  const { before, after, reporter } = run;
+  const runDir = setup.runDir;
+  return {
+    recipe: data.name,
+    mode: config.sync.mode,
+    backend: setup.backend,
+    steps: run.steps,
+    seconds: round(run.seconds, 1),
+    seed: config.run.seed,
+    ...(runDir ? { runDir } : {}),
+    ...(checkpoint ? { resumedFrom: checkpoint.path } : {}),
+    ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
+    ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
+    valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,
+    ...(before && before['val/accuracy_mean'] !== undefined ? { valAccuracyInitial: round(before['val/accuracy_mean'], 4) } : {}),
+    ...(after && after['val/accuracy_mean'] !== undefined ? { valAccuracyFinal: round(after['val/accuracy_mean'], 4) } : {}),
+    lastStep: run.last?.metrics ?? {},
+    failedSamples: reporter.total,
+    ...(reporter.stopped ? { stoppedBy: describeStop(reporter.stopCause) } : {}),
+  };
 }
 
 /** Options of {@link runWorker}. */

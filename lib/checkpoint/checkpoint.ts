@@ -19,6 +19,8 @@ import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
 import type { NamedWeights } from '../engine/types.js';
 import { DecodeError, asStorageError } from '../errors.js';
+import { entryExists } from '../model/files.js';
+import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from '../model/transformer.js';
@@ -65,8 +67,10 @@ export interface Checkpoint {
   readonly path: string;
   readonly state: CheckpointState;
   readonly buffered: readonly BufferedSample[];
-  /** The policy's architecture (the checkpoint's `config.json`). */
-  readonly config: ResolvedPolicyConfig;
+  /** The policy's architecture (the checkpoint's `config.json`); absent when it holds a LoRA adapter. */
+  readonly config?: ResolvedPolicyConfig;
+  /** The adapter of a LoRA policy (the checkpoint's `adapter_config.json`); `weights` are then the adapter's. */
+  readonly lora?: ResolvedLoraConfig;
   readonly weights: NamedWeights;
   readonly optimizer: NamedWeights;
   readonly metadata: Readonly<Record<string, string>>;
@@ -81,6 +85,15 @@ export interface CheckpointModel {
   readonly special?: SpecialTokenIds;
 }
 
+/** A LoRA policy a checkpoint holds, written as a PEFT adapter directory. */
+export interface CheckpointAdapter {
+  readonly lora: ResolvedLoraConfig;
+  /** The adapter's weights. */
+  readonly weights: NamedWeights;
+  /** The directory of the frozen base, recorded as `base_model_name_or_path`. */
+  readonly baseDir: string | null;
+}
+
 const NAME = /^global_step_(\d+)$/;
 
 /** Directory name of the checkpoint after `step` steps. */
@@ -89,7 +102,9 @@ export function checkpointName(step: number): string {
 }
 
 /**
- * Writes a checkpoint atomically into `<runDir>/global_step_<state.step>/` (replacing one of the same step).
+ * Writes a checkpoint atomically into `<runDir>/global_step_<state.step>/` (replacing one of the same step): the
+ * policy as a Hugging Face model directory, or a LoRA policy as a PEFT adapter directory, with the optimizer state,
+ * the buffered samples and `state.json`.
  *
  * @returns its path.
  */
@@ -97,19 +112,20 @@ export async function saveCheckpoint(
   runDir: string,
   contents: {
     state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples' | 'files'>;
-    model: CheckpointModel;
+    model: CheckpointModel | CheckpointAdapter;
     optimizer: NamedWeights;
     buffered?: readonly BufferedSample[];
     metadata?: Record<string, string>;
   },
 ): Promise<string> {
   return writeCheckpointDir(runDir, contents.state.step, async (tmp) => {
-    const { config, weights, tokenizerFiles, special } = contents.model;
-    await saveModelDir(tmp, { config, weights }, {
-      ...(tokenizerFiles ? { tokenizerFiles } : {}),
-      ...(special ? { special } : {}),
-      metadata: { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) },
-  });
+    const metadata = { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) };
+    const model = contents.model;
+    if ('lora' in model) await savePeftWeights(tmp, model.lora, model.weights, model.baseDir, metadata);
+    else {
+      const { config, weights, tokenizerFiles, special } = model;
+      await saveModelDir(tmp, { config, weights }, { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata });
+    }
   await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
   const buffered = contents.buffered ?? [];
   await writeFileAtomic(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
@@ -315,18 +331,16 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     Array.isArray(state.pendingTasks);
   if (!ok) throw new DecodeError(`checkpoint ${path}: state.json does not match format ${CHECKPOINT_FORMAT}`, { context: { path } });
   const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
-  const model = await readModelDir(path);
   const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
   const buffered = await readBuffered(join(path, 'buffered.jsonl'));
-  return {
-    path,
-    state: { ...state, pendingTasks },
-    buffered,
-    config: model.config,
-    weights: model.weights,
-    optimizer: optimizer.weights,
-    metadata: model.metadata,
-  };
+  const common = { path, state: { ...state, pendingTasks }, buffered, optimizer: optimizer.weights };
+  if (await entryExists(join(path, PEFT_FILES.config))) {
+    const { lora } = await readPeftAdapterConfig(path);
+    const adapter = await loadSafetensors(join(path, PEFT_FILES.weights));
+    return { ...common, lora, weights: adapter.weights, metadata: adapter.metadata };
+  }
+  const model = await readModelDir(path);
+  return { ...common, config: model.config, weights: model.weights, metadata: model.metadata };
 }
 
 async function readBuffered(file: string): Promise<BufferedSample[]> {

@@ -95,13 +95,13 @@ export interface AgentRoleConfig {
   prompt?: string;
 }
 
-/** How a policy of a multi-agent run is specialized (PettingLLMs' levels). */
+/** How a policy is specialized (PettingLLMs' levels; a single-agent run uses `full` or `lora`). */
 export type Specialization = 'prompt' | 'lora' | 'full';
 
 /** Valid {@link Specialization} names. */
 export const SPECIALIZATIONS: readonly Specialization[] = ['prompt', 'lora', 'full'];
 
-/** One policy of a multi-agent run (`policies[j]`). */
+/** One policy of a run (`policies[j]`): each agent's in a multi-agent run, or a single-agent run's only one. */
 export interface PolicyEntryConfig {
   /** The policy's name: its `modelTag`, its metrics namespace and its checkpoint folder. */
   name: string;
@@ -361,7 +361,7 @@ export const SCHEMA = {
     },
   },
   policies: {
-    doc: "Multi-agent: the policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}.",
+    doc: "The policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}: one per agents.roles policy, or (single-agent) at most one, e.g. a LoRA adapter on the model.",
     format: 'policy-entries',
     default: [],
   },
@@ -452,9 +452,11 @@ function requireWhen(c: RxrlConfig): void {
 function agentProblems(c: RxrlConfig): string[] {
   const problems: string[] = [];
   const { roles, environment } = c.agents;
+  c.policies.forEach((policy, i) => problems.push(...policyProblems(policy, i)));
   if (environment === 'none') {
+    // A single-agent run is one agent mapped to one policy: `policies` may name it (a LoRA one, say).
     if (roles.length > 0) problems.push("agents.roles: needs agents.environment (it is 'none')");
-    if (c.policies.length > 0) problems.push("policies: needs agents.environment (it is 'none')");
+    if (c.policies.length > 1) problems.push(`policies: a single-agent run (agents.environment 'none') trains one policy, got ${c.policies.length}`);
     return problems;
   }
   if (roles.length === 0) problems.push(`agents.roles: required when agents.environment is '${environment}'`);
@@ -464,14 +466,6 @@ function agentProblems(c: RxrlConfig): string[] {
   c.policies.forEach((policy, i) => {
     if (names.indexOf(policy.name) !== i) problems.push(`policies[${i}].name: policy '${policy.name}' is listed twice`);
     if (!roles.some((role) => role.policy === policy.name)) problems.push(`policies[${i}]: no agent samples from policy '${policy.name}'`);
-    if (policy.lora !== undefined && policy.specialization !== 'lora') problems.push(`policies[${i}].lora: only for specialization 'lora'`);
-    if (policy.specialization === 'lora') {
-      try {
-        validateLoraConfig(resolvedLora(policy), `policies[${i}].lora`);
-      } catch (error) {
-        problems.push((error as Error).message.replace(/^(policies\[\d+\]\.lora\.[\w[\]]+) /, '$1: '));
-      }
-    }
   });
   roles.forEach((role, i) => {
     if (roles.findIndex((r) => r.name === role.name) !== i) problems.push(`agents.roles[${i}].name: agent '${role.name}' is listed twice`);
@@ -480,6 +474,18 @@ function agentProblems(c: RxrlConfig): string[] {
     }
   });
   return problems;
+}
+
+/** One policy's own checks: an adapter only for `lora`, and a valid one. */
+function policyProblems(policy: PolicyEntryConfig, i: number): string[] {
+  if (policy.lora !== undefined && policy.specialization !== 'lora') return [`policies[${i}].lora: only for specialization 'lora'`];
+  if (policy.specialization !== 'lora') return [];
+  try {
+    validateLoraConfig(resolvedLora(policy), `policies[${i}].lora`);
+    return [];
+  } catch (error) {
+    return [(error as Error).message.replace(/^(policies\[\d+\]\.lora\.[\w[\]]+) /, '$1: ')];
+  }
 }
 
 /** Default adapter of a `lora` policy: rank 8, alpha 16, every target module. */

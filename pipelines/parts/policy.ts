@@ -4,10 +4,10 @@
  *
  * @packageDocumentation
  */
-import type { RxrlConfig, PolicyEntryConfig } from '../../lib/config/schema.js';
+import { resolvedLora, type PolicyEntryConfig, type RxrlConfig } from '../../lib/config/schema.js';
 import type { LocalEngine } from '../../lib/engine/local.js';
 import { checkModelFits } from '../../lib/model/capacity.js';
-import type { LoraAdapter } from '../../lib/model/lora.js';
+import { LoraAdapter, validateLoraConfig } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
 import type { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
@@ -68,4 +68,43 @@ export interface BuiltPolicy {
   readonly trainer: GrpoTrainer;
   readonly syncBytes: number;
   readonly trainableParameters: number;
+}
+
+/** The policy of a run whose recipe names none (`policies` empty): one full model. */
+export const SINGLE_POLICY: PolicyEntryConfig = { name: 'policy', specialization: 'full' };
+
+/**
+ * The models of one policy over `base`: what its trainer updates and the copy its engine samples from. `full` and
+ * `prompt` are copies of the base's weights; `lora` is an adapter (seeded) on `base`, sampled through a copy of the
+ * adapter on `sampleBase` (the engines run beside training, so they read weights of their own).
+ *
+ * @param entry - the policy (`policies[index]`).
+ * @param sampleBase - a copy of `base` the engines sample from; needed for `lora` only.
+ * @param how - `copyTrain`: whether a full policy trains a copy of the base (false: `base` itself); `sampled`:
+ *   whether a full policy needs a copy to sample from (false: `sample` is `train`). Both default true.
+ */
+export function policyModels(
+  entry: PolicyEntryConfig,
+  index: number,
+  base: PolicyModel,
+  sampleBase: PolicyModel | undefined,
+  seed: number,
+  how: { readonly copyTrain?: boolean; readonly sampled?: boolean } = {},
+): Pick<BuiltPolicy, 'train' | 'sample' | 'adapter' | 'adapters'> {
+  if (entry.specialization !== 'lora') {
+    const train = how.copyTrain === false ? base : PolicyModel.fromWeights(base.config, base.getWeights());
+    const sample = how.sampled === false ? train : PolicyModel.fromWeights(base.config, train.getWeights());
+    return { train, sample, adapter: undefined, adapters: [] };
+  }
+  if (sampleBase === undefined) throw new Error('policyModels: a lora policy samples from a copy of its base');
+  const lora = validateLoraConfig(resolvedLora(entry), `policies[${index}].lora`);
+  const adapter = LoraAdapter.create(base.config, lora, seed + 1 + index);
+  const copy = LoraAdapter.fromWeights(base.config, lora, adapter.getWeights());
+  return {
+    train: PolicyModel.withAdapter(base, adapter),
+    sample: PolicyModel.withAdapter(sampleBase, copy),
+    adapter,
+    // Views do not free their adapters.
+    adapters: [adapter, copy],
+  };
 }
