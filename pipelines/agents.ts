@@ -1,28 +1,28 @@
 import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { EMPTY, lastValueFrom, tap } from 'rxjs';
+import { EMPTY, lastValueFrom, tap, type Observable } from 'rxjs';
 
 import type { AgentSpec } from '../lib/agent/environment.js';
 import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
-import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
-import { resolvedLora, type RxrlConfig, type Specialization } from '../lib/config/schema.js';
-import { loadTasks } from '../lib/data/loader.js';
+import type { RxrlConfig, Specialization } from '../lib/config/schema.js';
+import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError, asStorageError } from '../lib/errors.js';
 import { initBackend } from '../lib/model/backend.js';
-import { LoraAdapter, validateLoraConfig } from '../lib/model/lora.js';
-import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
+import { saveModelDir, specialIdsOf, type SaveModelDirOptions } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { MetricsWriter, metricsPath } from '../lib/observe/metricsFile.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { Metrics, ModelTag } from '../lib/types.js';
+import type { Metrics, ModelTag, Task } from '../lib/types.js';
 import type { PolicyStepResult } from './grpoPipeline.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
-import { loadAgentsRecipe } from './parts/agentsRecipe.js';
-import { initialModel, type BuiltPolicy } from './parts/policy.js';
+import { loadAgentsRecipe, type AgentsRecipe } from './parts/agentsRecipe.js';
+import { loggingTrainer } from './parts/ledger.js';
+import { initialModel, policyModels, type BuiltPolicy } from './parts/policy.js';
 import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings, savePolicies } from './parts/runDir.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings } from './parts/settings.js';
 import type { RunTrainingOptions } from './run.js';
@@ -92,191 +92,70 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
 
 async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDir: string, runDir: string | undefined): Promise<AgentsRunSummary> {
   const log = (line: string): void => options.log?.(line);
-  const seed = config.run.seed;
-  const { task, tokenizer, agents, episodes, maxTokens, modelDir } = await loadAgentsRecipe(config, baseDir);
+  const recipe = await loadAgentsRecipe(config, baseDir);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const base = (await initialModel(config.model, modelDir, tokenizer.vocabSize, seed)).model;
-  const { batchSize, mode } = config.sync;
-  const groupSize = config.rollout.groupSize;
-  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
-
+  const base = (await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed)).model;
   // Everything built from here on is released in `finally`, whatever fails.
-  const usesLora = config.policies.some((p) => p.specialization === 'lora');
-  let sampleBase: PolicyModel | undefined;
   const built: BuiltPolicy[] = [];
+  const owned: { dispose(): unknown }[] = [base];
   let metricsFile: MetricsWriter | undefined;
   try {
-    // Every lora policy adapts one frozen base; sampling reads a second copy (the engines run beside training).
-    const baseWeights = base.getWeights();
-    sampleBase = usesLora ? PolicyModel.fromWeights(base.config, baseWeights) : undefined;
-    for (const [i, entry] of config.policies.entries()) {
-      let train: PolicyModel;
-      let sample: PolicyModel;
-      // The training adapter and its copy the engine samples from (views do not free their adapters).
-      const adapters: LoraAdapter[] = [];
-      if (entry.specialization === 'lora') {
-        const lora = validateLoraConfig(resolvedLora(entry), `policies[${i}].lora`);
-        const adapter = LoraAdapter.create(base.config, lora, seed + 1 + i);
-        adapters.push(adapter, LoraAdapter.fromWeights(base.config, lora, adapter.getWeights()));
-        train = PolicyModel.withAdapter(base, adapters[0]);
-        sample = PolicyModel.withAdapter(sampleBase as PolicyModel, adapters[1]);
-      } else {
-        train = PolicyModel.fromWeights(base.config, baseWeights);
-        sample = PolicyModel.fromWeights(base.config, baseWeights);
-      }
-      const adapter: LoraAdapter | undefined = adapters[0];
-      const engine = new LocalEngine(sample, {
-        tokenizer,
-        modelTag: entry.name,
-        maxBatchSize: batchSize * groupSize * inFlightBatches * agents.filter((a) => a.policy === entry.name).length,
-        weightSync: config.rollout.weightSync,
-      });
-      // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the
-      // adapters, copied by the full models.
-      const trainer = new GrpoTrainer(train, { ...grpoTrainerOptions(config), modelTag: entry.name, seed: seed + i, ...(config.trainer.klLoss.coef > 0 ? { reference: base } : {}) });
-      let syncBytes = 0;
-      for (const w of train.getWeights().values()) syncBytes += w.data.byteLength;
-      const trainableParameters = train.trainableVariables().reduce((n, v) => n + v.size, 0);
-      built.push({ entry, train, sample, adapter, adapters, engine, trainer, syncBytes, trainableParameters });
-    }
-    const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
-    const score = (): Promise<Metrics> =>
-      validateAgents(engines, task.validation, {
-        environment: task.environment,
-        agents,
-        maxTokens,
-        temperature: config.validation.temperature,
-        seed,
-      });
-
-    const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
+    buildPolicies(config, recipe, base, built, owned);
+    const files = { tokenizerFiles: recipe.tokenizer.files(), special: specialIdsOf(recipe.tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
-    const loraBase = runDir && usesLora ? join(runDir, 'base') : undefined;
-    const resumed = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadPoliciesCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
+    const loraBase = runDir && built.some((b) => b.adapter) ? join(runDir, 'base') : undefined;
+    const resumed = await resumePolicies(config, options, baseDir, runDir, built);
     const startStep = resumed?.state.step ?? 0;
-    if (resumed) {
-      for (const b of built) {
-        const saved = resumed.policies.get(b.entry.name);
-        if (saved === undefined) {
-          throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
-            context: { key: 'policies', path: resumed.path },
-          });
-        }
-        b.train.setWeights(saved.weights);
-        await b.engine.loadWeights(startStep, saved.weights);
-        await b.trainer.restore({ step: startStep, optimizer: saved.optimizer });
-      }
-      log(`resuming from ${resumed.path} (step ${startStep})`);
-    }
-    if (runDir) {
-      await mkdir(runDir, { recursive: true });
-      // Each step appears once: lines of steps at or past the checkpoint (all of them on a fresh start) go.
-      await dropStepsFrom(metricsPath(runDir), resumed ? startStep : -Infinity);
-      if (loraBase) {
-        await saveModelDir(loraBase, base, files).catch((error: unknown) => {
-          throw asStorageError(error, loraBase);
-        });
-      }
-    }
-    const every = runDir ? config.checkpoint.every : 0;
-    if (every > 0 && mode !== 'sync') log(`checkpoint.every: a ${mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
-    const loader = loadTasks(task.train, {
+    if (runDir) await prepareRunDir(runDir, resumed ? startStep : -Infinity, loraBase, base, files);
+    const loader = loadTasks(recipe.task.train, {
       epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
       shuffle: config.data.shuffle,
-      seed,
+      seed: config.run.seed,
       ...(resumed ? { start: resumed.state.loader } : {}),
     });
-    let lastSaved = startStep;
-    const checkpoint = async (step: number): Promise<void> => {
-      if (!runDir || step <= lastSaved) return;
-      // Claimed before the first await: two policies' hooks may both find every policy at this step.
-      lastSaved = step;
-      const policies: PolicyCheckpoint[] = [];
-      for (const b of built) {
-        const optimizer = await b.trainer.optimizerState();
-        policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
-      }
-      const path = await savePoliciesCheckpoint(runDir, { step, seed, loader: loader.position, policies, ...(loraBase ? { baseDir: loraBase } : {}), ...files });
-      await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-      log(`checkpoint ${path}`);
-    };
-    // A checkpoint needs every policy at one step. In sync mode, once every trainer has taken step n nothing more is
-    // admitted until the last gate is credited (after its hook): the policies and the loader position are one state.
-    const checkpointIfLevel = async (atEnd: boolean): Promise<void> => {
-      const [step] = built.map((b) => b.trainer.step);
-      if (every === 0 || built.some((b) => b.trainer.step !== step)) return;
-      if (atEnd || (mode === 'sync' && step % every === 0)) await checkpoint(step);
-    };
-    const afterStep = (): Promise<void> => checkpointIfLevel(false);
+    const checkpointIfLevel = levelCheckpoints(config, runDir, built, startStep, (step) =>
+      saveLevelCheckpoint(config, runDir as string, built, { step, loader: loader.position, loraBase, files, log }),
+    );
+    if (runDir && config.checkpoint.every > 0 && config.sync.mode !== 'sync') {
+      log(`checkpoint.every: a ${config.sync.mode} multi-agent run checkpoints at its end only (mid-run checkpoints need sync mode)`);
+    }
     const remaining = config.run.steps === 0 ? 0 : config.run.steps - startStep;
     const finished = config.run.steps > 0 && remaining <= 0;
     if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
 
     metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
+    const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
+    const score = (): Promise<Metrics> =>
+      validateAgents(engines, recipe.task.validation, {
+        environment: recipe.task.environment,
+        agents: recipe.agents,
+        maxTokens: recipe.maxTokens,
+        temperature: config.validation.temperature,
+        seed: config.run.seed,
+      });
     const valInitial = config.validation.beforeTrain ? await score() : null;
-    if (valInitial) log(`held-out before training: ${agentRewards(valInitial, agents)}`);
+    if (valInitial) log(`held-out before training: ${agentRewards(valInitial, recipe.agents)}`);
     const started = performance.now();
-    const common = {
-      ...loopSettings(config),
-      tasks: loader,
-      maxTokens,
-      steps: remaining,
-      ...klInRewardOf(config, base),
-      afterStep,
-      ...(options.signal ? { signal: options.signal } : {}),
-    };
-    const transport = options.kafka;
-    const steps$ = transport
-      ? kafkaTrainer({
-          ...common,
-          ...kafkaSettings(transport, tokenizer, config.kafka),
-          // A LoRA policy ships its adapter alone; its base is written once for the workers.
-          policies: built.map((b) => ({ trainer: b.trainer, policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
-          episodes,
-        })
-      : multiAgentPipeline({
-          ...common,
-          environment: task.environment,
-          agents,
-          granularity: config.agents.granularity,
-          policies: built.map((b) => ({ trainer: b.trainer, engines: [b.engine] })),
-          ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
-          ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
-        });
+    const steps$ = finished ? EMPTY : agentSteps(config, options, recipe, { built, base, loader, remaining, runDir, afterStep: () => checkpointIfLevel(false) });
+    const writer = metricsFile;
     await lastValueFrom(
-      (finished ? EMPTY : steps$).pipe(
+      steps$.pipe(
         tap((step) => {
-          metricsFile?.write({ step: step.step, version: step.version, metrics: step.metrics });
+          writer?.write({ step: step.step, version: step.version, metrics: step.metrics });
           options.onStep?.(step, (performance.now() - started) / 1000);
         }),
       ),
       { defaultValue: undefined },
     );
     // Over Kafka the in-process engines were not synced: give them the trained weights to validate.
-    if (transport) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
+    if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
     const seconds = (performance.now() - started) / 1000;
     const valFinal = await score();
-    log(`held-out after training: ${agentRewards(valFinal, agents)}`);
+    log(`held-out after training: ${agentRewards(valFinal, recipe.agents)}`);
     // Every run ends with a checkpoint of its last step (when its policies stand at one step) and its final weights.
     await checkpointIfLevel(true);
     const saved = runDir ? await savePolicies(runDir, built, files, loraBase) : new Map<string, string>();
-    return {
-      recipe: task.name,
-      mode,
-      backend,
-      seconds,
-      policies: built.map((b) => ({
-        name: b.entry.name,
-        specialization: b.entry.specialization,
-        agents: agents.filter((a) => a.policy === b.entry.name).map((a) => a.name),
-        trainableParameters: b.trainableParameters,
-        syncBytes: b.syncBytes,
-        steps: b.trainer.step,
-        savedTo: saved.get(b.entry.name) ?? null,
-      })),
-      valInitial,
-      valFinal,
-    };
+    return agentsSummary(config, recipe, { backend, seconds, built, saved, valInitial, valFinal });
   } finally {
     metricsFile?.close();
     for (const b of built) {
@@ -285,12 +164,190 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
       b.sample.dispose();
       for (const adapter of b.adapters) adapter.dispose();
     }
-    sampleBase?.dispose();
-    base.dispose();
+    for (const item of owned.reverse()) item.dispose();
   }
 }
 
+/**
+ * Builds every policy of `policies` on `base`: `prompt` and `full` as full copies, `lora` as adapters sharing the
+ * frozen base (sampled through a second copy of it), each with its engine and trainer. What is built goes to
+ * `built` (and `owned`) as it is, so a failure part-way leaves nothing behind.
+ */
+function buildPolicies(config: RxrlConfig, recipe: AgentsRecipe, base: PolicyModel, built: BuiltPolicy[], owned: { dispose(): unknown }[]): void {
+  const { batchSize, mode } = config.sync;
+  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
+  const sampleBase = config.policies.some((p) => p.specialization === 'lora') ? PolicyModel.fromWeights(base.config, base.getWeights()) : undefined;
+  if (sampleBase) owned.push(sampleBase);
+  for (const [i, entry] of config.policies.entries()) {
+    const models = policyModels(entry, i, base, sampleBase, config.run.seed);
+    const engine = new LocalEngine(models.sample, {
+      tokenizer: recipe.tokenizer,
+      modelTag: entry.name,
+      maxBatchSize: batchSize * config.rollout.groupSize * inFlightBatches * recipe.agents.filter((a) => a.policy === entry.name).length,
+      weightSync: config.rollout.weightSync,
+    });
+    // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the
+    // adapters, copied by the full models.
+    const trainer = new GrpoTrainer(models.train, {
+      ...grpoTrainerOptions(config),
+      modelTag: entry.name,
+      seed: config.run.seed + i,
+      ...(config.trainer.klLoss.coef > 0 ? { reference: base } : {}),
+    });
+    let syncBytes = 0;
+    for (const w of models.train.getWeights().values()) syncBytes += w.data.byteLength;
+    const trainableParameters = models.train.trainableVariables().reduce((n, v) => n + v.size, 0);
+    built.push({ entry, ...models, engine, trainer, syncBytes, trainableParameters });
+  }
+}
 
+/** Resumes every policy (weights, engine, optimizer) from the run's checkpoint, if there is one. */
+async function resumePolicies(
+  config: RxrlConfig,
+  options: AgentsRunOptions,
+  baseDir: string,
+  runDir: string | undefined,
+  built: readonly BuiltPolicy[],
+): Promise<PoliciesCheckpoint | undefined> {
+  const resumed = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadPoliciesCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
+  if (!resumed) return undefined;
+  const step = resumed.state.step;
+  for (const b of built) {
+    const saved = resumed.policies.get(b.entry.name);
+    if (saved === undefined) {
+      throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
+        context: { key: 'policies', path: resumed.path },
+      });
+    }
+    b.train.setWeights(saved.weights);
+    await b.engine.loadWeights(step, saved.weights);
+    await b.trainer.restore({ step, optimizer: saved.optimizer });
+  }
+  options.log?.(`resuming from ${resumed.path} (step ${step})`);
+  return resumed;
+}
+
+/** The run directory before the first step: each step appears once, and a LoRA run's base is written. */
+async function prepareRunDir(runDir: string, fromStep: number, loraBase: string | undefined, base: PolicyModel, files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>): Promise<void> {
+  await mkdir(runDir, { recursive: true });
+  // Lines of steps at or past the checkpoint (all of them on a fresh start) go.
+  await dropStepsFrom(metricsPath(runDir), fromStep);
+  await dropStepsFrom(join(runDir, 'trained.jsonl'), fromStep);
+  if (loraBase) {
+    await saveModelDir(loraBase, base, files).catch((error: unknown) => {
+      throw asStorageError(error, loraBase);
+    });
+  }
+}
+
+/**
+ * When a multi-policy run checkpoints: every policy must stand at one step. In sync mode, once every trainer has
+ * taken step n nothing more is admitted until the last gate is credited (after its hook), so the policies and the
+ * loader position are one state; other modes checkpoint at the end only.
+ *
+ * @returns `checkpointIfLevel(atEnd)`, which saves when the rule allows (once per step).
+ */
+function levelCheckpoints(
+  config: RxrlConfig,
+  runDir: string | undefined,
+  built: readonly BuiltPolicy[],
+  startStep: number,
+  save: (step: number) => Promise<void>,
+): (atEnd: boolean) => Promise<void> {
+  const every = runDir ? config.checkpoint.every : 0;
+  const mode = config.sync.mode;
+  let lastSaved = startStep;
+  return async (atEnd) => {
+    const [step] = built.map((b) => b.trainer.step);
+    if (every === 0 || built.some((b) => b.trainer.step !== step)) return;
+    if (!(atEnd || (mode === 'sync' && step % every === 0)) || step <= lastSaved) return;
+    // Claimed before the first await: two policies' hooks may both find every policy at this step.
+    lastSaved = step;
+    await save(step);
+  };
+}
+
+/** Writes the multi-policy checkpoint of `step` and prunes old ones. */
+async function saveLevelCheckpoint(
+  config: RxrlConfig,
+  runDir: string,
+  built: readonly BuiltPolicy[],
+  at: { step: number; loader: LoaderPosition; loraBase: string | undefined; files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>; log: (line: string) => void },
+): Promise<void> {
+  const policies: PolicyCheckpoint[] = [];
+  for (const b of built) {
+    const optimizer = await b.trainer.optimizerState();
+    policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
+  }
+  const path = await savePoliciesCheckpoint(runDir, { step: at.step, seed: config.run.seed, loader: at.loader, policies, ...(at.loraBase ? { baseDir: at.loraBase } : {}), ...at.files });
+  await pruneCheckpoints(runDir, config.checkpoint.keepLast);
+  at.log(`checkpoint ${path}`);
+}
+
+/** The steps of every policy: the multi-agent pipeline, or the Kafka trainer when the run has a transport. */
+function agentSteps(
+  config: RxrlConfig,
+  options: AgentsRunOptions,
+  recipe: AgentsRecipe,
+  run: { built: readonly BuiltPolicy[]; base: PolicyModel; loader: AsyncIterable<Task>; remaining: number; runDir: string | undefined; afterStep: () => Promise<void> },
+): Observable<PolicyStepResult> {
+  const { built, base, runDir } = run;
+  // Each trained step of each policy gets its trained.jsonl line.
+  const trainers = built.map((b) => (runDir ? loggingTrainer(b.trainer, runDir, b.entry.name) : b.trainer));
+  const common = {
+    ...loopSettings(config),
+    tasks: run.loader,
+    maxTokens: recipe.maxTokens,
+    steps: run.remaining,
+    ...klInRewardOf(config, base),
+    afterStep: run.afterStep,
+    ...(options.signal ? { signal: options.signal } : {}),
+  };
+  const transport = options.kafka;
+  if (transport) {
+    return kafkaTrainer({
+      ...common,
+      ...kafkaSettings(transport, recipe.tokenizer, config.kafka),
+      // A LoRA policy ships its adapter alone; its base is written once for the workers.
+      policies: built.map((b, i) => ({ trainer: trainers[i], policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
+      episodes: recipe.episodes,
+    });
+  }
+  return multiAgentPipeline({
+    ...common,
+    environment: recipe.task.environment,
+    agents: recipe.agents,
+    granularity: config.agents.granularity,
+    policies: built.map((b, i) => ({ trainer: trainers[i], engines: [b.engine] })),
+    ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
+    ...(config.rollout.sampleTimeoutMs === null ? {} : { episodeTimeoutMs: config.rollout.sampleTimeoutMs }),
+  });
+}
+
+/** The run's summary: per-policy sizes and held-out reward per agent. */
+function agentsSummary(
+  config: RxrlConfig,
+  recipe: AgentsRecipe,
+  run: { backend: string; seconds: number; built: readonly BuiltPolicy[]; saved: ReadonlyMap<string, string>; valInitial: Metrics | null; valFinal: Metrics },
+): AgentsRunSummary {
+  return {
+    recipe: recipe.task.name,
+    mode: config.sync.mode,
+    backend: run.backend,
+    seconds: run.seconds,
+    policies: run.built.map((b) => ({
+      name: b.entry.name,
+      specialization: b.entry.specialization,
+      agents: recipe.agents.filter((a) => a.policy === b.entry.name).map((a) => a.name),
+      trainableParameters: b.trainableParameters,
+      syncBytes: b.syncBytes,
+      steps: b.trainer.step,
+      savedTo: run.saved.get(b.entry.name) ?? null,
+    })),
+    valInitial: run.valInitial,
+    valFinal: run.valFinal,
+  };
+}
 
 function agentRewards(metrics: Metrics, agents: readonly AgentSpec[]): string {
   return agents.map((a) => `${a.name} ${(metrics[`val/${a.name}/reward_mean`] ?? 0).toFixed(3)}`).join(', ');

@@ -157,19 +157,7 @@ export class RunLedger {
   }
 
   private async appendTrained(result: StepResult, batch: Batch): Promise<void> {
-    if (!this.options.runDir) return;
-    const file = resolve(this.options.runDir, 'trained.jsonl');
-    const line = {
-      step: result.step,
-      version: result.version,
-      groups: batch.meta.groups ?? [],
-      taskIds: [...new Set(batch.meta.taskIds)],
-      trajectoryIds: batch.meta.trajectoryIds,
-      policyVersions: batch.meta.policyVersions,
-    };
-    await appendFile(file, `${JSON.stringify(line)}\n`).catch((error: unknown) => {
-      throw asStorageError(error, file);
-    });
+    if (this.options.runDir) await appendTrained(this.options.runDir, result, batch);
   }
 
   private async save(pending: readonly Task[], at: LoaderPosition, buffered: readonly BufferedSample[], step: number): Promise<void> {
@@ -177,4 +165,41 @@ export class RunLedger {
     await this.options.save(pending, at, buffered);
     this.lastCheckpointStep = step;
   }
+}
+
+/**
+ * Appends a trained step's line to `<runDir>/trained.jsonl`: its step and version, the groups, task ids and
+ * trajectory ids it trained on with their policy versions, and (in a multi-policy run) the policy.
+ *
+ * @throws {@link StorageError} naming the file when the device is full.
+ */
+export async function appendTrained(runDir: string, result: StepResult, batch: Batch, policy?: string): Promise<void> {
+  const file = resolve(runDir, 'trained.jsonl');
+  const line = {
+    ...(policy === undefined ? {} : { policy }),
+    step: result.step,
+    version: result.version,
+    groups: batch.meta.groups ?? [],
+    taskIds: [...new Set(batch.meta.taskIds)],
+    trajectoryIds: batch.meta.trajectoryIds,
+    policyVersions: batch.meta.policyVersions,
+  };
+  await appendFile(file, `${JSON.stringify(line)}\n`).catch((error: unknown) => {
+    throw asStorageError(error, file);
+  });
+}
+
+/** `trainer`, with each trained step's line appended to `<runDir>/trained.jsonl` under the policy's name. */
+export function loggingTrainer(trainer: Trainer, runDir: string, policy: string): Trainer {
+  return {
+    modelTag: trainer.modelTag,
+    get step() {
+      return trainer.step;
+    },
+    trainStep: async (batch, signal) => {
+      const result = await trainer.trainStep(batch, signal);
+      await appendTrained(runDir, result, batch, policy);
+      return result;
+    },
+  };
 }

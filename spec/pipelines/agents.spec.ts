@@ -153,6 +153,17 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     expect(steps.map((l) => `${l.step}:${Object.keys(l).find((k) => k.endsWith('/actor/pg_loss'))?.split('/')[0]}`).sort()).toEqual(
       ['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer'],
     );
+    // ... and in trained.jsonl, with the trajectories it trained on, as the straight run's.
+    type Trained = { policy: string; step: number; trajectoryIds: string[] };
+    const trained = async (d: string): Promise<string[]> =>
+      (await readFile(join(d, 'trained.jsonl'), 'utf8'))
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Trained)
+        .map((l) => `${l.step}:${l.policy}:${l.trajectoryIds.length}:${l.trajectoryIds[0]}`)
+        .sort();
+    expect((await trained(dir)).map((l) => l.split(':').slice(0, 2).join(':'))).toEqual(['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer']);
+    expect(await trained(dir)).toEqual(await trained(straightDir));
     // The resumed run sampled and scored what the straight one did, step for step ...
     const straightSteps = (await readFile(join(straightDir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
     const rewards = (ls: Record<string, number>[]): string[] =>
