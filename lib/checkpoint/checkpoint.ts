@@ -23,7 +23,7 @@ import { entryExists } from '../model/files.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
-import type { PolicyConfig, ResolvedPolicyConfig } from '../model/transformer.js';
+import type { PolicyConfig, ResolvedPolicyConfig } from '../model/config.js';
 import type { PolicyVersion, Task } from '../types.js';
 import type { RolloutSample } from '../worker.js';
 

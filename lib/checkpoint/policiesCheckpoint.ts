@@ -15,7 +15,7 @@ import { DecodeError } from '../errors.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
-import type { PolicyConfig } from '../model/transformer.js';
+import type { PolicyConfig } from '../model/config.js';
 import { readCheckpointState, writeCheckpointDir, type CheckpointFiles } from './checkpoint.js';
 
 /** Layout version of multi-policy checkpoints. */

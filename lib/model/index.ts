@@ -30,27 +30,13 @@ export {
 export { HfTokenizer, TOKENIZER_FILES, loadTokenizer, namedSpecialTokens, readTokenizerFiles } from './hfTokenizer.js';
 export type { HfTokenizerFiles, HfTokenizerSources, JsonRecord } from './hfTokenizer.js';
 
+// ── configuration (architectures, validation) ─────────────────────────────────
+export { MODEL_TYPES, RMS_NORM_EPS, ROPE_THETA, validatePolicyConfig } from './config.js';
+export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling } from './config.js';
+
 // ── policy model ───────────────────────────────────────────────────────────────
-export {
-  INIT_STD,
-  MASK_BIAS,
-  MODEL_TYPES,
-  PolicyModel,
-  RMS_NORM_EPS,
-  ROPE_THETA,
-  policyParamSpecs,
-  ropeInverseFrequencies,
-  validatePolicyConfig,
-} from './transformer.js';
-export type {
-  ModelType,
-  PolicyConfig,
-  PolicyInitKind,
-  PolicyParamSpec,
-  ResolvedPolicyConfig,
-  RopeScaling,
-  TokenLogprobs,
-} from './transformer.js';
+export { INIT_STD, MASK_BIAS, PolicyModel, policyParamSpecs, ropeInverseFrequencies } from './transformer.js';
+export type { PolicyInitKind, PolicyParamSpec, TokenLogprobs } from './transformer.js';
 
 // ── sampling ───────────────────────────────────────────────────────────────────
 export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';
@@ -90,4 +76,5 @@ export {
   savePeftAdapter,
   validateLoraConfig,
 } from './lora.js';
-export type { LoraConfig, LoraPair, LoraTarget, ResolvedLoraConfig } from './lora.js';
+export type { LoraConfig, ResolvedLoraConfig } from './lora.js';
+export type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';

@@ -20,14 +20,11 @@ import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';
-import type { PolicyConfig, ResolvedPolicyConfig } from './transformer.js';
-import { validatePolicyConfig } from './transformer.js';
+import { LORA_TARGETS, type LoraPair, type LoraTarget, type ModelAdapter } from './adapter.js';
+import { validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
 
-/** The linear layers of a block that an adapter can target (Hugging Face module names). */
-export type LoraTarget = 'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj';
-
-/** Every {@link LoraTarget}, in block order. */
-export const LORA_TARGETS: readonly LoraTarget[] = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'];
+export { LORA_TARGETS } from './adapter.js';
+export type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';
 
 /** File names of a PEFT adapter directory. */
 export const PEFT_FILES = { config: 'adapter_config.json', weights: 'adapter_model.safetensors' } as const;
@@ -153,17 +150,11 @@ function checkLoraWeights(specs: readonly LoraParamSpec[], lora: ResolvedLoraCon
   }
 }
 
-/** One adapted layer: `A` held as `[in, r]` and `B` as `[r, out]`, so the update is two plain products. */
-export interface LoraPair {
-  readonly a: tf.Variable;
-  readonly b: tf.Variable;
-}
-
 /**
  * The trainable weights of one LoRA adapter for a given model architecture. Owns its variables; call
  * {@link LoraAdapter.dispose} when done. Attach it to a base model with {@link PolicyModel.withAdapter}.
  */
-export class LoraAdapter {
+export class LoraAdapter implements ModelAdapter {
   /** The validated adapter configuration. */
   readonly lora: ResolvedLoraConfig;
   /** The architecture it adapts. */

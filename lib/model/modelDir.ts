@@ -18,14 +18,8 @@ import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { checkModelFits, modelFootprint, type ModelFitOptions } from './capacity.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, entryExists, readJsonObject, resolveInside } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';
-import {
-  PolicyModel,
-  validatePolicyConfig,
-  type ModelType,
-  type PolicyConfig,
-  type ResolvedPolicyConfig,
-  type RopeScaling,
-} from './transformer.js';
+import { validatePolicyConfig, type ModelType, type PolicyConfig, type ResolvedPolicyConfig, type RopeScaling } from './config.js';
+import { PolicyModel } from './transformer.js';
 
 /** File names of a model directory. */
 export const MODEL_FILES = {
