@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 
 import type { ConsumerConfig, Kafka } from 'kafkajs';
-import { Observable, Subject, concatMap, filter, finalize, map, merge, of, share, take, tap, type Subscription } from 'rxjs';
+import { Observable, Subject, concatMap, filter, finalize, map, merge, of, share, take, tap, type Subscriber, type Subscription, type TeardownLogic } from 'rxjs';
 
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
@@ -184,8 +184,17 @@ export interface KafkaTrainerConfig {
  * @see kafkaRolloutWorker
  */
 export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepResult> {
-  const { kafka, topics, batchSize, groupSize } = config;
-  const mode = config.mode ?? 'sync';
+  const { policies, slots } = checkTrainerConfig(config);
+  const run = config.run ?? `run-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  return new Observable<PolicyStepResult>((subscriber) => new TrainerRun(config, policies, slots, run, subscriber).begin());
+}
+
+/** A slot of a task: the suffix of its group id and the policy that samples it. */
+type Slot = { readonly suffix: string; readonly modelTag: string };
+
+/** Refuses a configuration kafkaTrainer cannot run; returns its policies and each task's slots. */
+function checkTrainerConfig(config: KafkaTrainerConfig): { policies: readonly KafkaPolicy[]; slots: readonly Slot[] } {
+  const { groupSize } = config;
   if (config.steps !== undefined && !(Number.isInteger(config.steps) && config.steps >= 0)) {
     throw new ConfigError(`steps must be an integer >= 0, got ${config.steps}`, { context: { key: 'steps' } });
   }
@@ -195,7 +204,6 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
   const policies = config.policies ?? (config.trainer && config.policy ? [{ trainer: config.trainer, policy: config.policy }] : []);
   if (policies.length === 0) throw new ConfigError('kafkaTrainer needs a trainer and its policy, or policies', { context: { key: 'policies' } });
   const { episodes } = config;
-  const multi = episodes !== undefined;
   const slots = episodes
     ? episodeSlots(episodes.environment, agentMap(episodes.agents), episodes.granularity ?? 'turn')
     : [{ suffix: '', modelTag: policies[0].trainer.modelTag }];
@@ -204,163 +212,210 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       throw new ConfigError(`an agent samples from policy '${tag}', which kafkaTrainer does not train`, { context: { key: 'policies', modelTag: tag } });
     }
   }
-  const run = config.run ?? `run-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
-  const groupId = config.groupId ?? `${topics.trajectories}.trainer`;
+  return { policies, slots };
+}
 
-  return new Observable<PolicyStepResult>((subscriber) => {
-    // A resumed trainer starts at its checkpoint's version: admission batches (and the versions their tasks
-    // require) count from there.
-    const startVersion = Math.min(...policies.map((p) => p.trainer.step));
-    const ordered = mode !== 'fully-async';
-    const eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
-    const controller = new AbortController();
-    const signal = config.signal ? AbortSignal.any([config.signal, controller.signal]) : controller.signal;
-    const producer = createProducer(kafka);
-    // Bases of LoRA policies, each written once under the run's directory: object → directory.
-    const bases = new Map<NonNullable<KafkaPolicy['adapter']>['base'], string>();
+/** One policy of a Kafka run: its gate, its weights on the topic (under its modelTag), its version. */
+interface Lane {
+  readonly trainer: Trainer;
+  readonly policy: KafkaPolicy['policy'];
+  readonly modelTag: string;
+  /** Groups each task gives this policy. */
+  readonly slotsPerTask: number;
+  readonly gate: AdmissionGate;
+  readonly publisher: WeightsPublisher;
+  version: number;
+}
+
+/** One subscription of {@link kafkaTrainer}: the admission, the trajectories, the lanes' steps, the end. */
+class TrainerRun {
+  private readonly multi: boolean;
+  private readonly ordered: boolean;
+  private readonly eta: number;
+  /** A resumed trainer starts at its checkpoint's version: admission batches (and the versions their tasks require) count from there. */
+  private readonly startVersion: number;
+  private readonly controller = new AbortController();
+  private readonly signal: AbortSignal;
+  private readonly producer: ReturnType<typeof createProducer>;
+  /** Bases of LoRA policies, each written once under the run's directory: object → directory. */
+  private readonly bases = new Map<NonNullable<KafkaPolicy['adapter']>['base'], string>();
+  private readonly tokenizerFiles: { tokenizerFiles?: Readonly<Record<string, string>>; special?: ReturnType<typeof specialIdsOf> };
+  private readonly lanes: Lane[];
+  /** Most tasks admitted and not yet trained. */
+  private readonly admittable: number;
+  private readonly closings: Promise<void>[] = [];
+  private eventSeq = 0;
+  // Admission state: group id → admission batch (ordered modes), admitted groups, counts.
+  private readonly admissionBatch = new Map<string, number>();
+  private readonly admittedGroups = new Set<string>();
+  private readonly trainedGroups = new Set<string>();
+  private admitted = 0;
+  private admittedSlots = 0;
+  private admissionDone = false;
+  private released = 0;
+  // Trajectory records waiting for the step that trains their group, and those trained but not yet checkpointed.
+  private readonly pending = new Map<string, KafkaRecord<TrajectoryMessage>[]>();
+  private readonly held: KafkaRecord<TrajectoryMessage>[] = [];
+  private readonly input = new Subject<RolloutOutput>();
+  private readonly subscriptions: Subscription[] = [];
+  private cleaned: Promise<void> | undefined;
+
+  constructor(
+    private readonly config: KafkaTrainerConfig,
+    policies: readonly KafkaPolicy[],
+    private readonly slots: readonly Slot[],
+    private readonly run: string,
+    private readonly subscriber: Subscriber<PolicyStepResult>,
+  ) {
+    const mode = config.mode ?? 'sync';
+    this.multi = config.episodes !== undefined;
+    this.startVersion = Math.min(...policies.map((p) => p.trainer.step));
+    this.ordered = mode !== 'fully-async';
+    this.eta = mode === 'sync' ? 0 : mode === 'batch-async' ? (config.stalenessThreshold ?? 1) : Infinity;
+    this.signal = config.signal ? AbortSignal.any([config.signal, this.controller.signal]) : this.controller.signal;
+    this.producer = createProducer(config.kafka);
     for (const { adapter } of policies) {
-      if (adapter && !bases.has(adapter.base)) bases.set(adapter.base, join(weightsRunDir(config.weightsDir, run), `base${bases.size}`));
+      if (adapter && !this.bases.has(adapter.base)) this.bases.set(adapter.base, join(weightsRunDir(config.weightsDir, run), `base${this.bases.size}`));
     }
-    const tokenizerFiles = config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {};
-    // One lane per policy: its gate, its weights on the topic (under its modelTag), its version.
-    const lanes = policies.map(({ trainer, policy, adapter }) => ({
+    this.tokenizerFiles = config.tokenizer ? { tokenizerFiles: config.tokenizer.files(), special: specialIdsOf(config.tokenizer) } : {};
+    this.lanes = policies.map((policy) => this.lane(policy, mode));
+    this.admittable = this.ordered ? (this.eta + 1) * config.batchSize : this.lanes[0].gate.capacity;
+  }
+
+  /** Starts the run; returns the teardown of the subscription. */
+  begin(): TeardownLogic {
+    const idle = this.lanes.find((lane) => lane.slotsPerTask === 0);
+    if (idle) {
+      this.subscriber.error(new ConfigError(`policy '${idle.modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies' } }));
+      return undefined;
+    }
+    this.start().then(
+      () => this.cleanup().then(() => this.subscriber.complete()),
+      (error: unknown) => this.fail(error),
+    );
+    return () => {
+      this.controller.abort();
+      void this.cleanup();
+    };
+  }
+
+  private lane({ trainer, policy, adapter }: KafkaPolicy, mode: StalenessMode): Lane {
+    const { config } = this;
+    return {
       trainer,
       policy,
       modelTag: trainer.modelTag,
-      slotsPerTask: slots.filter((slot) => slot.modelTag === trainer.modelTag).length,
-      gate: new AdmissionGate({ mode, tasksPerBatch: batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion: trainer.step }),
+      slotsPerTask: this.slots.filter((slot) => slot.modelTag === trainer.modelTag).length,
+      gate: new AdmissionGate({ mode, tasksPerBatch: config.batchSize, stalenessThreshold: config.stalenessThreshold, capacity: config.capacity, startVersion: trainer.step }),
       publisher: new WeightsPublisher({
-        producer,
-        topic: topics.weights,
+        producer: this.producer,
+        topic: config.topics.weights,
         dir: config.weightsDir,
-        run,
+        run: this.run,
         modelTag: trainer.modelTag,
         policyConfig: policy.config,
         keepVersions: config.keepVersions,
-        onCleanup: (cleanup) => emit('trainer.weights_cleaned', { ...cleanup }),
-        ...tokenizerFiles,
-        ...(adapter ? { adapter: { lora: adapter.lora, baseDir: bases.get(adapter.base) as string } } : {}),
+        onCleanup: (cleanup) => this.emit('trainer.weights_cleaned', { ...cleanup }),
+        ...this.tokenizerFiles,
+        ...(adapter ? { adapter: { lora: adapter.lora, baseDir: this.bases.get(adapter.base) as string } } : {}),
       }),
       version: trainer.step,
-    }));
-    const idle = lanes.find((lane) => lane.slotsPerTask === 0);
-    if (idle) {
-      subscriber.error(new ConfigError(`policy '${idle.modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies' } }));
-      return undefined;
-    }
-    /** Most tasks admitted and not yet trained. */
-    const admittable = ordered ? (eta + 1) * batchSize : lanes[0].gate.capacity;
-    // A task may start when every policy still training lets it (a finished policy's gate is closed).
-    const gate = allGates(lanes.map((lane) => lane.gate));
-    const closings: Promise<void>[] = [];
-    let eventSeq = 0;
-    const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
-      config.onEvent?.({ id: `${run}#${eventSeq++}`, type, timestamp: Date.now(), payload });
     };
+  }
 
-    // Admission state: group id → admission batch (ordered modes), admitted groups, counts.
-    const admissionBatch = new Map<string, number>();
-    const admittedGroups = new Set<string>();
-    const trainedGroups = new Set<string>();
-    let admitted = 0;
-    let admittedSlots = 0;
-    let admissionDone = false;
-    let released = 0;
-    // Trajectory records waiting for the step that trains their group, and those trained but not yet checkpointed.
-    const pending = new Map<string, KafkaRecord<TrajectoryMessage>[]>();
-    const held: KafkaRecord<TrajectoryMessage>[] = [];
-    const input = new Subject<RolloutOutput>();
-    const checkAllIn = (): void => {
-      if (admissionDone && released === admittedSlots) queueMicrotask(() => input.complete());
-    };
+  private readonly emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
+    this.config.onEvent?.({ id: `${this.run}#${this.eventSeq++}`, type, timestamp: Date.now(), payload });
+  };
 
-    const maxTasks = config.steps === undefined ? Infinity : config.steps * batchSize;
-    const message = (task: Task, index: number): TaskMessage => ({
-      run,
+  private checkAllIn(): void {
+    if (this.admissionDone && this.released === this.admittedSlots) queueMicrotask(() => this.input.complete());
+  }
+
+  private message(task: Task, index: number): TaskMessage {
+    const { config } = this;
+    return {
+      run: this.run,
       index,
-      minVersion: ordered ? Math.max(0, startVersion + Math.floor(index / batchSize) - eta) : startVersion,
-      samples: groupSize,
-      sampling: {
-        maxTokens: config.maxTokens,
-        temperature: config.temperature ?? 1,
-        topP: config.topP ?? 1,
-        seed: config.seed ?? 0,
-      },
+      minVersion: this.ordered ? Math.max(0, this.startVersion + Math.floor(index / config.batchSize) - this.eta) : this.startVersion,
+      samples: config.groupSize,
+      sampling: { maxTokens: config.maxTokens, temperature: config.temperature ?? 1, topP: config.topP ?? 1, seed: config.seed ?? 0 },
       task,
-    });
-    const admission$ = admit(limit(taskStream(config.tasks, config.loader), maxTasks), gate, {
+    };
+  }
+
+  /** Tasks admitted on the gates' credit, each sent to the tasks topic with the version it requires. */
+  private admission$(): Observable<TaskMessage> {
+    const { config } = this;
+    const maxTasks = config.steps === undefined ? Infinity : config.steps * config.batchSize;
+    // A task may start when every policy still training lets it (a finished policy's gate is closed).
+    const gate = allGates(this.lanes.map((lane) => lane.gate));
+    return admit(limit(taskStream(config.tasks, config.loader), maxTasks), gate, {
       onAdmit: (task, index) => {
-        admitted++;
-        for (const slot of slots) {
+        this.admitted++;
+        for (const slot of this.slots) {
           const id = groupIdOf(task) + slot.suffix;
-          admittedSlots++;
-          admittedGroups.add(id);
-          if (ordered) admissionBatch.set(id, Math.floor(index / batchSize));
+          this.admittedSlots++;
+          this.admittedGroups.add(id);
+          if (this.ordered) this.admissionBatch.set(id, Math.floor(index / config.batchSize));
         }
         config.onAdmit?.(task, index);
       },
     }).pipe(
-      map((task) => message(task, admitted - 1)),
-      toKafka(producer, { topic: topics.tasks, encode: encodeTaskMessage, key: (m) => m.task.id }),
-      tap((m) => emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion })),
+      map((task) => this.message(task, this.admitted - 1)),
+      toKafka(this.producer, { topic: config.topics.tasks, encode: encodeTaskMessage, key: (m) => m.task.id }),
+      tap((m) => this.emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion })),
     );
+  }
 
-    const records$ = fromKafka(kafka, {
-      groupId,
-      topics: [topics.trajectories],
+  /** Trajectory records from the trajectories topic, redeliveries dropped. */
+  private records$(): Observable<KafkaRecord<TrajectoryMessage>> {
+    const { config } = this;
+    return fromKafka(config.kafka, {
+      groupId: config.groupId ?? `${config.topics.trajectories}.trainer`,
+      topics: [config.topics.trajectories],
       decode: decodeTrajectoryMessage,
       // Every output of every admittable task, twice over for redeliveries, plus those held until a checkpoint.
-      capacity: Math.max(64, slots.length * (2 * admittable * groupSize + (config.stepsPerCheckpoint ?? 1) * batchSize * groupSize)),
-      deadLetter: { producer, topic: topics.deadLetter },
+      capacity: Math.max(64, this.slots.length * (2 * this.admittable * config.groupSize + (config.stepsPerCheckpoint ?? 1) * config.batchSize * config.groupSize)),
+      deadLetter: { producer: this.producer, topic: config.topics.deadLetter },
       consumer: config.consumer,
       onEvent: config.onEvent,
-      onClosed: (closing) => void closings.push(closing.catch(() => undefined)),
+      onClosed: (closing) => void this.closings.push(closing.catch(() => undefined)),
     }).pipe(
       // Per run: a restarted trainer's run re-samples tasks of a killed one, under the same trajectory ids.
       dropDuplicates((record) => `${record.value.run}\u0000${record.value.output.id}`, {
         onDuplicate: (record) => {
-          emit('trainer.duplicate', { id: record.value.output.id, groupId: record.value.output.groupId });
+          this.emit('trainer.duplicate', { id: record.value.output.id, groupId: record.value.output.groupId });
           record.ack(); // the first copy is outstanding or trained: acknowledging this one loses nothing
         },
       }),
     );
+  }
 
-    type Lane = (typeof lanes)[number];
-    const trainBatch = (lane: Lane, groups: Group[]): Observable<PolicyStepResult> =>
-      of(groups).pipe(
-        grpoPrepare(prepareOptions(config, config.padId, lane.modelTag, signal)),
-        train(lane.trainer, { signal }),
-        concatMap(async (trained) => {
-          const published = await lane.publisher.publish(trained.version, trained.weights(), signal);
-          lane.version = trained.version;
-          emit('trainer.published', { modelTag: lane.modelTag, version: published.version, path: published.path });
-          const tagged: PolicyStepResult = { ...trained, modelTag: lane.modelTag, ...(multi ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}) };
-          const extra = config.afterStep ? await config.afterStep(tagged) : undefined;
-          const result = extra ? { ...tagged, metrics: { ...tagged.metrics, ...extra } } : tagged;
-          const groupIds = groups.map((g) => g.key[0]);
-          for (const id of groupIds) {
-            held.push(...(pending.get(id) ?? []));
-            pending.delete(id);
-            trainedGroups.add(id);
-          }
-          if (config.checkpointed?.(result) ?? true) for (const record of held.splice(0)) record.ack();
-          emit('trainer.trained', {
-            modelTag: lane.modelTag,
-            step: result.step,
-            version: result.version,
-            groupIds,
-            taskIds: groups.map((g) => g.trajectories[0]?.taskId ?? g.key[0].replace(/@\d+(\/.*)?$/, '')),
-            trajectoryIds: result.trajectoryIds,
-          });
-          lane.gate.publish(result.version, groups.length / lane.slotsPerTask);
-          return result;
-        }),
-      );
+  /** A record of this run for a group admitted and not yet trained goes to the group store; others are acknowledged. */
+  private onRecord(record: KafkaRecord<TrajectoryMessage>): void {
+    const { run: from, output } = record.value;
+    if (from !== this.run || !this.admittedGroups.has(output.groupId) || this.trainedGroups.has(output.groupId)) {
+      if (from !== this.run) this.emit('trainer.foreign', { run: from, id: output.id });
+      else this.emit('trainer.duplicate', { id: output.id, groupId: output.groupId });
+      record.ack();
+      return;
+    }
+    let list = this.pending.get(output.groupId);
+    if (list === undefined) {
+      list = [];
+      this.pending.set(output.groupId, list);
+    }
+    list.push(record);
+    this.input.next(output);
+  }
 
-    const groups$ = input.pipe(
+  /** Complete groups of the trajectories that came in, shared by every lane. */
+  private groups$(): Observable<Group> {
+    const { config } = this;
+    return this.input.pipe(
       groupTrajectories({
         keys: ['groupId'],
-        groupSize,
+        groupSize: config.groupSize,
         ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
         ...(config.onGroupTimeout === undefined ? {} : { onTimeout: config.onGroupTimeout }),
       }),
@@ -369,8 +424,8 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
           source.subscribe({
             next: (group) => {
               inner.next(group);
-              released++;
-              checkAllIn();
+              this.released++;
+              this.checkAllIn();
             },
             error: (error: unknown) => inner.error(error),
             complete: () => inner.complete(),
@@ -378,94 +433,112 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
         ),
       share(),
     );
+  }
+
+  /** Every lane's steps: its groups batched (one admission batch per train batch in ordered modes) and trained. */
+  private steps$(groups$: Observable<Group>): Observable<PolicyStepResult> {
+    const { config } = this;
     const batchOf = (group: Group): number => {
-      const n = admissionBatch.get(group.key[0]) ?? 0;
-      admissionBatch.delete(group.key[0]);
+      const n = this.admissionBatch.get(group.key[0]) ?? 0;
+      this.admissionBatch.delete(group.key[0]);
       return n;
     };
-    const steps$ = merge(
-      ...lanes.map((lane) =>
+    return merge(
+      ...this.lanes.map((lane) =>
         groups$.pipe(
           filter((group) => group.modelTag === lane.modelTag),
           // Each task feeds this policy slotsPerTask groups, all of one admission batch.
-          batchGroups({ batchSize: batchSize * lane.slotsPerTask, ...(ordered ? { batchOf } : {}) }),
-          concatMap((groups) => trainBatch(lane, groups)),
+          batchGroups({ batchSize: config.batchSize * lane.slotsPerTask, ...(this.ordered ? { batchOf } : {}) }),
+          concatMap((groups) => this.trainBatch(lane, groups)),
           config.steps === undefined ? (s: Observable<PolicyStepResult>) => s : take<PolicyStepResult>(config.steps),
           finalize(() => lane.gate.close()),
         ),
       ),
     );
+  }
 
-    const subscriptions: Subscription[] = [];
-    let cleaned: Promise<void> | undefined;
-    const cleanup = (): Promise<void> =>
-      (cleaned ??= (async () => {
-        for (const s of subscriptions) s.unsubscribe();
-        await Promise.all(closings);
-        await producer.disconnect().catch(() => undefined);
-      })());
-    const fail = (error: unknown): void => {
-      void cleanup().then(() => (signal.aborted ? subscriber.complete() : subscriber.error(error)));
-    };
-
-    const start = async (): Promise<void> => {
-      await ensureTopics(kafka, topics, config.partitions, signal);
-      await producer.connect();
-      signal.throwIfAborted();
-      if (bases.size > 0) await markWeightsRun(weightsRunDir(config.weightsDir, run), run); // before anything is written under it
-      for (const [base, dir] of bases) await saveModelDir(dir, { config: base.config, weights: base.getWeights() }, tokenizerFiles);
-      // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
-      for (const lane of lanes) {
-        await lane.publisher.publish(lane.version, lane.policy.getWeights(), signal);
-        emit('trainer.published', { modelTag: lane.modelTag, version: lane.version });
-      }
-      await new Promise<void>((resolve, reject) => {
-        subscriptions.push(steps$.subscribe({ next: (step) => subscriber.next(step), error: reject, complete: resolve }));
-        subscriptions.push(
-          records$.subscribe({
-            next: (record) => {
-              const { run: from, output } = record.value;
-              if (from !== run || !admittedGroups.has(output.groupId) || trainedGroups.has(output.groupId)) {
-                if (from !== run) emit('trainer.foreign', { run: from, id: output.id });
-                else emit('trainer.duplicate', { id: output.id, groupId: output.groupId });
-                record.ack();
-                return;
-              }
-              let list = pending.get(output.groupId);
-              if (list === undefined) {
-                list = [];
-                pending.set(output.groupId, list);
-              }
-              list.push(record);
-              input.next(output);
-            },
-            error: reject,
-          }),
-        );
-        subscriptions.push(
-          admission$.subscribe({
-            error: reject,
-            complete: () => {
-              admissionDone = true;
-              checkAllIn();
-            },
-          }),
-        );
-        signal.addEventListener('abort', () => resolve(), { once: true });
-      });
-      // One end for the run: workers stop following every policy of it.
-      if (!signal.aborted) await lanes[0].publisher.end(Math.max(...lanes.map((lane) => lane.version)));
-    };
-
-    start().then(
-      () => cleanup().then(() => subscriber.complete()),
-      (error: unknown) => fail(error),
+  private trainBatch(lane: Lane, groups: Group[]): Observable<PolicyStepResult> {
+    return of(groups).pipe(
+      grpoPrepare(prepareOptions(this.config, this.config.padId, lane.modelTag, this.signal)),
+      train(lane.trainer, { signal: this.signal }),
+      concatMap((trained) => this.afterTrained(lane, groups, trained)),
     );
-    return () => {
-      controller.abort();
-      void cleanup();
-    };
-  });
+  }
+
+  /**
+   * A trained step: its version announced, the caller's `afterStep`, its records acknowledged once a checkpoint
+   * holds it, then the gate credited.
+   */
+  private async afterTrained(lane: Lane, groups: Group[], trained: StepResult): Promise<PolicyStepResult> {
+    const { config } = this;
+    const published = await lane.publisher.publish(trained.version, trained.weights(), this.signal);
+    lane.version = trained.version;
+    this.emit('trainer.published', { modelTag: lane.modelTag, version: published.version, path: published.path });
+    const tagged: PolicyStepResult = { ...trained, modelTag: lane.modelTag, ...(this.multi ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}) };
+    const extra = config.afterStep ? await config.afterStep(tagged) : undefined;
+    const result = extra ? { ...tagged, metrics: { ...tagged.metrics, ...extra } } : tagged;
+    const groupIds = groups.map((g) => g.key[0]);
+    for (const id of groupIds) {
+      this.held.push(...(this.pending.get(id) ?? []));
+      this.pending.delete(id);
+      this.trainedGroups.add(id);
+    }
+    if (config.checkpointed?.(result) ?? true) for (const record of this.held.splice(0)) record.ack();
+    this.emit('trainer.trained', {
+      modelTag: lane.modelTag,
+      step: result.step,
+      version: result.version,
+      groupIds,
+      taskIds: groups.map((g) => g.trajectories[0]?.taskId ?? g.key[0].replace(/@\d+(\/.*)?$/, '')),
+      trajectoryIds: result.trajectoryIds,
+    });
+    lane.gate.publish(result.version, groups.length / lane.slotsPerTask);
+    return result;
+  }
+
+  private cleanup(): Promise<void> {
+    return (this.cleaned ??= (async () => {
+      for (const s of this.subscriptions) s.unsubscribe();
+      await Promise.all(this.closings);
+      await this.producer.disconnect().catch(() => undefined);
+    })());
+  }
+
+  private fail(error: unknown): void {
+    void this.cleanup().then(() => (this.signal.aborted ? this.subscriber.complete() : this.subscriber.error(error)));
+  }
+
+  /** Topics, producer, bases and first versions; then the run until its steps are done; then the end of the run. */
+  private async start(): Promise<void> {
+    const { config, signal } = this;
+    await ensureTopics(config.kafka, config.topics, config.partitions, signal);
+    await this.producer.connect();
+    signal.throwIfAborted();
+    if (this.bases.size > 0) await markWeightsRun(weightsRunDir(config.weightsDir, this.run), this.run); // before anything is written under it
+    for (const [base, dir] of this.bases) await saveModelDir(dir, { config: base.config, weights: base.getWeights() }, this.tokenizerFiles);
+    // The weights the run starts from: version 0, or a resumed trainer's checkpoint version.
+    for (const lane of this.lanes) {
+      await lane.publisher.publish(lane.version, lane.policy.getWeights(), signal);
+      this.emit('trainer.published', { modelTag: lane.modelTag, version: lane.version });
+    }
+    const steps$ = this.steps$(this.groups$());
+    await new Promise<void>((resolve, reject) => {
+      this.subscriptions.push(steps$.subscribe({ next: (step) => this.subscriber.next(step), error: reject, complete: resolve }));
+      this.subscriptions.push(this.records$().subscribe({ next: (record) => this.onRecord(record), error: reject }));
+      this.subscriptions.push(
+        this.admission$().subscribe({
+          error: reject,
+          complete: () => {
+            this.admissionDone = true;
+            this.checkAllIn();
+          },
+        }),
+      );
+      signal.addEventListener('abort', () => resolve(), { once: true });
+    });
+    // One end for the run: workers stop following every policy of it.
+    if (!signal.aborted) await this.lanes[0].publisher.end(Math.max(...this.lanes.map((lane) => lane.version)));
+  }
 }
 
 /** The first `n` items of an async iterable; closes it (its `finally` runs) after the last one. */
