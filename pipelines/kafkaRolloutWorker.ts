@@ -19,11 +19,14 @@ import {
   reduce,
   takeUntil,
   tap,
+  type OperatorFunction,
+  type Subscriber,
   type Subscription,
+  type TeardownLogic,
 } from 'rxjs';
 
 import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '../lib/agent/environment.js';
-import type { LocalEngineOptions } from '../lib/engine/local.js';
+import type { LocalEngine, LocalEngineOptions } from '../lib/engine/local.js';
 import type { Tokenizer } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
 import type { Evaluator } from '../lib/evaluator.js';
@@ -31,7 +34,7 @@ import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka
 import { decodeTaskMessage, decodeWeightsMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
-import { isSampleFailure, type ModelTag, type PolicyVersion } from '../lib/types.js';
+import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/types.js';
 import type { RolloutWorker } from '../lib/worker.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
@@ -156,188 +159,222 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
     throw new ConfigError(`worker concurrency must be an integer >= 1, got ${concurrency}`, { context: { key: 'concurrency' } });
   }
   if (!(rolloutDelayMs >= 0)) throw new ConfigError(`rolloutDelayMs must be >= 0, got ${rolloutDelayMs}`);
-  const { kafka, topics } = config;
-  const groupId = config.groupId ?? `${topics.tasks}.workers`;
-  const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
-  const { episodes, evaluator } = config;
-  const tags = episodes ? policyTags(episodes) : [];
-  if (episodes === undefined && evaluator === undefined) {
+  if (config.episodes === undefined && config.evaluator === undefined) {
     throw new ConfigError('kafkaRolloutWorker needs an evaluator (or episodes, whose environment scores)', { context: { key: 'evaluator' } });
   }
+  const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  return new Observable<WorkerTaskResult>((subscriber) => new WorkerRun(config, { concurrency, rolloutDelayMs, workerId }, subscriber).begin());
+}
 
-  return new Observable<WorkerTaskResult>((subscriber) => {
-    const controller = new AbortController();
-    const signal = config.signal ? AbortSignal.any([config.signal, controller.signal]) : controller.signal;
-    const producer = createProducer(kafka);
-    const deadLetter = { producer, topic: topics.deadLetter };
-    const closings: Promise<void>[] = [];
-    const onClosed = (closing: Promise<void>): void => void closings.push(closing.catch(() => undefined));
-    let eventSeq = 0;
-    const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
-      config.onEvent?.({ id: `${workerId}#${eventSeq++}`, type, timestamp: Date.now(), payload });
-    };
-    const follower = new WeightsFollower(
-      fromKafka(kafka, {
-        groupId: `${topics.weights}.${workerId}`,
+/** A task's result before it is rolled out: its ids and no trajectories. */
+type TaskBase = Pick<WorkerTaskResult, 'run' | 'index' | 'taskId' | 'groupId'>;
+
+/** One subscription of {@link kafkaRolloutWorker}: the weights it follows, the tasks it rolls out, its end. */
+class WorkerRun {
+  private readonly controller = new AbortController();
+  private readonly signal: AbortSignal;
+  private readonly producer: ReturnType<typeof createProducer>;
+  private readonly deadLetter: { producer: ReturnType<typeof createProducer>; topic: string };
+  private readonly closings: Promise<void>[] = [];
+  private eventSeq = 0;
+  private readonly follower: WeightsFollower;
+  /** The policies of a multi-agent run. */
+  private readonly tags: ModelTag[];
+  /**
+   * A task delivered again while its first copy is still in flight here (a rebalance re-read it) waits for that
+   * copy instead of rolling out twice. Resolves true when the copy's outputs were all acknowledged.
+   */
+  private readonly inFlight = new Map<string, Promise<boolean>>();
+  private inner: Subscription | undefined;
+  private cleaned: Promise<void> | undefined;
+
+  constructor(
+    private readonly config: KafkaRolloutWorkerConfig,
+    private readonly settings: { readonly concurrency: number; readonly rolloutDelayMs: number; readonly workerId: string },
+    private readonly subscriber: Subscriber<WorkerTaskResult>,
+  ) {
+    const { topics } = config;
+    this.signal = config.signal ? AbortSignal.any([config.signal, this.controller.signal]) : this.controller.signal;
+    this.producer = createProducer(config.kafka);
+    this.deadLetter = { producer: this.producer, topic: topics.deadLetter };
+    this.tags = config.episodes ? policyTags(config.episodes) : [];
+    this.follower = new WeightsFollower(
+      fromKafka(config.kafka, {
+        groupId: `${topics.weights}.${settings.workerId}`,
         topics: [topics.weights],
         decode: decodeWeightsMessage,
         capacity: 4096,
         fromBeginning: true,
-        deadLetter,
+        deadLetter: this.deadLetter,
         onEvent: config.onEvent,
-        onClosed,
+        onClosed: this.onClosed,
       }),
       { tokenizer: config.tokenizer, engine: config.engine, ...(config.weightsRoot === undefined ? {} : { root: config.weightsRoot }) },
     );
-    // A task delivered again while its first copy is still in flight here (a rebalance re-read it) waits for
-    // that copy instead of rolling out twice. Resolves true when the copy's outputs were all acknowledged.
-    const inFlight = new Map<string, Promise<boolean>>();
+  }
 
-    const processTask = (record: KafkaRecord<TaskMessage>): Observable<WorkerTaskResult> => {
-      const m = record.value;
-      const base = { run: m.run, index: m.index, taskId: m.task.id, groupId: groupIdOf(m.task) };
-      const key = `${m.run}/${m.index}`;
-      const earlier = inFlight.get(key);
-      if (earlier !== undefined) {
-        return defer(() => earlier).pipe(
-          filter(Boolean),
-          map(() => {
-            record.ack();
-            return { ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'duplicate' as const };
-          }),
-        );
-      }
-      let settle!: (ok: boolean) => void;
-      inFlight.set(key, new Promise<boolean>((resolve) => (settle = resolve)));
-      let ok = false;
-      // One engine per policy of a multi-agent run; the run's only engine otherwise.
-      const engines$ = defer(() =>
-        episodes
-          ? follower.waitForAll(m.run, m.minVersion, tags, signal)
-          : follower.waitFor(m.run, m.minVersion, signal).then((e) => (e === undefined ? undefined : new Map([[e.modelTag, e]]))),
-      );
-      return engines$.pipe(
-        concatMap((engines) => {
-          const engine = engines === undefined ? undefined : [...engines.values()][0];
-          if (engines === undefined || engine === undefined) {
-            return of({ ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'skipped' as const });
-          }
-          emit('worker.task_start', { ...base, version: engine.version });
-          return of(m.task).pipe(
-            rolloutDelayMs > 0 ? delay(rolloutDelayMs) : identity,
-            episodes
-              ? rolloutEpisodes(engines, {
-                  environment: episodes.environment,
-                  agents: episodes.agents,
-                  samplesPerTask: m.samples,
-                  concurrency: m.samples,
-                  maxTokens: m.sampling.maxTokens,
-                  temperature: m.sampling.temperature,
-                  topP: m.sampling.topP,
-                  seed: m.sampling.seed,
-                  ...(episodes.granularity ? { granularity: episodes.granularity } : {}),
-                  ...(config.sampleTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.sampleTimeoutMs }),
-                })
-              : rollout(engine, {
-                  samplesPerTask: m.samples,
-                  concurrency: m.samples,
-                  evaluator: evaluator as Evaluator,
-                  maxTokens: m.sampling.maxTokens,
-                  temperature: m.sampling.temperature,
-                  topP: m.sampling.topP,
-                  seed: m.sampling.seed,
-                  modelTag: engine.modelTag,
-                  ...(config.worker ? { worker: config.worker } : {}),
-                  ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
-                }),
-            map((output): TrajectoryMessage => ({ run: m.run, output })),
-            toKafka(producer, {
-              topic: topics.trajectories,
-              encode: encodeTrajectoryMessage,
-              key: (message) => message.output.groupId,
-            }),
-            reduce(
-              (acc, { output }) =>
-                isSampleFailure(output)
-                  ? output.skipped === true
-                    ? acc
-                    : { ...acc, failures: acc.failures + 1 }
-                  : {
-                      ...acc,
-                      trajectories: acc.trajectories + 1,
-                      policyVersion: acc.policyVersion < 0 ? output.policyVersion : Math.min(acc.policyVersion, output.policyVersion),
-                    },
-              { ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'rolled-out' as const },
-            ),
-            tap((result) => emit('worker.task_done', { ...result })),
-          );
-        }),
-        tap(() => {
-          ok = true;
-          record.ack();
-        }),
-        finalize(() => {
-          inFlight.delete(key);
-          settle(ok);
-        }),
-      );
-    };
-
-    let inner: Subscription | undefined;
-    let cleaned: Promise<void> | undefined;
-    const cleanup = (): Promise<void> =>
-      (cleaned ??= (async () => {
-        inner?.unsubscribe();
-        follower.close();
-        await Promise.all(closings);
-        await producer.disconnect().catch(() => undefined);
-      })());
-
-    const run = async (): Promise<void> => {
-      await ensureTopics(kafka, topics, config.partitions, signal);
-      await producer.connect();
-      signal.throwIfAborted();
-      const runEnd$ = follower.events.pipe(
-        tap((event) => {
-          if (event.type === 'loaded') emit('worker.weights_loaded', { run: event.run, version: event.version, seconds: event.seconds });
-          if (event.type === 'refused') {
-            emit('worker.weights_refused', { run: event.run, modelTag: event.modelTag, version: event.version, reason: event.reason });
-          }
-          if (event.type === 'end') emit('worker.run_end', { run: event.message.run, version: event.message.version });
-        }),
-        filter((event) => event.type === 'end'),
-      );
-      const work$ = fromKafka(kafka, {
-        groupId,
-        topics: [topics.tasks],
-        decode: decodeTaskMessage,
-        capacity: concurrency,
-        deadLetter,
-        consumer: { sessionTimeout: 6_000, heartbeatInterval: 1_000, ...config.consumer },
-        onEvent: config.onEvent,
-        onClosed,
-      }).pipe(mergeMap(processTask, concurrency));
-      await new Promise<void>((resolve, reject) => {
-        inner = merge(work$, follower.events.pipe(ignoreElements()))
-          .pipe(
-            config.untilRunEnds ?? true ? takeUntil(runEnd$) : identity,
-            takeUntil(signal.aborted ? of(true) : fromEvent(signal, 'abort')),
-          )
-          .subscribe({ next: (result) => subscriber.next(result), error: reject, complete: resolve });
-        // The follower's events are hot: start it once the pipeline listens.
-        follower.start();
-      });
-    };
-
-    run().then(
-      () => cleanup().then(() => subscriber.complete()),
-      (error: unknown) => cleanup().then(() => (signal.aborted ? subscriber.complete() : subscriber.error(error))),
+  /** Starts the worker; returns the teardown of the subscription. */
+  begin(): TeardownLogic {
+    this.run().then(
+      () => this.cleanup().then(() => this.subscriber.complete()),
+      (error: unknown) => this.cleanup().then(() => (this.signal.aborted ? this.subscriber.complete() : this.subscriber.error(error))),
     );
     return () => {
-      controller.abort();
-      void cleanup();
+      this.controller.abort();
+      void this.cleanup();
     };
-  });
+  }
+
+  private readonly onClosed = (closing: Promise<void>): void => void this.closings.push(closing.catch(() => undefined));
+
+  private readonly emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
+    this.config.onEvent?.({ id: `${this.settings.workerId}#${this.eventSeq++}`, type, timestamp: Date.now(), payload });
+  };
+
+  private cleanup(): Promise<void> {
+    return (this.cleaned ??= (async () => {
+      this.inner?.unsubscribe();
+      this.follower.close();
+      await Promise.all(this.closings);
+      await this.producer.disconnect().catch(() => undefined);
+    })());
+  }
+
+  /** Topics and producer; then tasks rolled out until the followed run ends (or the signal fires). */
+  private async run(): Promise<void> {
+    const { config, signal } = this;
+    await ensureTopics(config.kafka, config.topics, config.partitions, signal);
+    await this.producer.connect();
+    signal.throwIfAborted();
+    const work$ = fromKafka(config.kafka, {
+      groupId: config.groupId ?? `${config.topics.tasks}.workers`,
+      topics: [config.topics.tasks],
+      decode: decodeTaskMessage,
+      capacity: this.settings.concurrency,
+      deadLetter: this.deadLetter,
+      consumer: { sessionTimeout: 6_000, heartbeatInterval: 1_000, ...config.consumer },
+      onEvent: config.onEvent,
+      onClosed: this.onClosed,
+    }).pipe(mergeMap((record) => this.processTask(record), this.settings.concurrency));
+    await new Promise<void>((resolve, reject) => {
+      this.inner = merge(work$, this.follower.events.pipe(ignoreElements()))
+        .pipe(
+          config.untilRunEnds ?? true ? takeUntil(this.runEnd$()) : identity,
+          takeUntil(signal.aborted ? of(true) : fromEvent(signal, 'abort')),
+        )
+        .subscribe({ next: (result) => this.subscriber.next(result), error: reject, complete: resolve });
+      // The follower's events are hot: start it once the pipeline listens.
+      this.follower.start();
+    });
+  }
+
+  /** The follower's events as worker events; emits when the followed run ends. */
+  private runEnd$(): Observable<unknown> {
+    return this.follower.events.pipe(
+      tap((event) => {
+        if (event.type === 'loaded') this.emit('worker.weights_loaded', { run: event.run, version: event.version, seconds: event.seconds });
+        if (event.type === 'refused') {
+          this.emit('worker.weights_refused', { run: event.run, modelTag: event.modelTag, version: event.version, reason: event.reason });
+        }
+        if (event.type === 'end') this.emit('worker.run_end', { run: event.message.run, version: event.message.version });
+      }),
+      filter((event) => event.type === 'end'),
+    );
+  }
+
+  /** One task: a copy already in flight is waited for; else rolled out once its weights are here, then acknowledged. */
+  private processTask(record: KafkaRecord<TaskMessage>): Observable<WorkerTaskResult> {
+    const m = record.value;
+    const base: TaskBase = { run: m.run, index: m.index, taskId: m.task.id, groupId: groupIdOf(m.task) };
+    const key = `${m.run}/${m.index}`;
+    const earlier = this.inFlight.get(key);
+    if (earlier !== undefined) {
+      return defer(() => earlier).pipe(
+        filter(Boolean),
+        map(() => {
+          record.ack();
+          return { ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'duplicate' as const };
+        }),
+      );
+    }
+    let settle!: (ok: boolean) => void;
+    this.inFlight.set(key, new Promise<boolean>((resolve) => (settle = resolve)));
+    let ok = false;
+    // One engine per policy of a multi-agent run; the run's only engine otherwise.
+    const engines$ = defer(() =>
+      this.config.episodes
+        ? this.follower.waitForAll(m.run, m.minVersion, this.tags, this.signal)
+        : this.follower.waitFor(m.run, m.minVersion, this.signal).then((e) => (e === undefined ? undefined : new Map([[e.modelTag, e]]))),
+    );
+    return engines$.pipe(
+      concatMap((engines) => this.rollOut(m, base, engines)),
+      tap(() => {
+        ok = true;
+        record.ack();
+      }),
+      finalize(() => {
+        this.inFlight.delete(key);
+        settle(ok);
+      }),
+    );
+  }
+
+  /** Rolls out a task with the engines of its version (skipped when its run is over) and sends the outputs. */
+  private rollOut(m: TaskMessage, base: TaskBase, engines: ReadonlyMap<ModelTag, LocalEngine> | undefined): Observable<WorkerTaskResult> {
+    const engine = engines === undefined ? undefined : [...engines.values()][0];
+    if (engines === undefined || engine === undefined) {
+      return of({ ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'skipped' as const });
+    }
+    this.emit('worker.task_start', { ...base, version: engine.version });
+    const { config } = this;
+    return of(m.task).pipe(
+      this.settings.rolloutDelayMs > 0 ? delay(this.settings.rolloutDelayMs) : identity,
+      this.sampler(m, engines, engine),
+      map((output): TrajectoryMessage => ({ run: m.run, output })),
+      toKafka(this.producer, { topic: config.topics.trajectories, encode: encodeTrajectoryMessage, key: (message) => message.output.groupId }),
+      reduce(
+        (acc, { output }) =>
+          isSampleFailure(output)
+            ? output.skipped === true
+              ? acc
+              : { ...acc, failures: acc.failures + 1 }
+            : {
+                ...acc,
+                trajectories: acc.trajectories + 1,
+                policyVersion: acc.policyVersion < 0 ? output.policyVersion : Math.min(acc.policyVersion, output.policyVersion),
+              },
+        { ...base, trajectories: 0, failures: 0, policyVersion: -1, outcome: 'rolled-out' as WorkerTaskResult['outcome'] },
+      ),
+      tap((result) => this.emit('worker.task_done', { ...result })),
+    );
+  }
+
+  /** The rollout of a task's samples: episodes of the environment, or single turns scored by the evaluator. */
+  private sampler(m: TaskMessage, engines: ReadonlyMap<ModelTag, LocalEngine>, engine: LocalEngine): OperatorFunction<Task, RolloutOutput> {
+    const { config } = this;
+    const { episodes } = config;
+    const sampling = { maxTokens: m.sampling.maxTokens, temperature: m.sampling.temperature, topP: m.sampling.topP, seed: m.sampling.seed };
+    if (episodes) {
+      return rolloutEpisodes(engines, {
+        environment: episodes.environment,
+        agents: episodes.agents,
+        samplesPerTask: m.samples,
+        concurrency: m.samples,
+        ...sampling,
+        ...(episodes.granularity ? { granularity: episodes.granularity } : {}),
+        ...(config.sampleTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.sampleTimeoutMs }),
+      });
+    }
+    return rollout(engine, {
+      samplesPerTask: m.samples,
+      concurrency: m.samples,
+      evaluator: config.evaluator as Evaluator,
+      ...sampling,
+      modelTag: engine.modelTag,
+      ...(config.worker ? { worker: config.worker } : {}),
+      ...(config.sampleTimeoutMs === undefined ? {} : { sampleTimeoutMs: config.sampleTimeoutMs }),
+    });
+  }
 }
 
 /** The policies of a multi-agent run, in the order its agents name them. */
