@@ -90,8 +90,6 @@ export async function runEmbedded(options: EmbeddedRunOptions = {}): Promise<Emb
   return embeddedSummary(summary);
 }
 
-
-
 /**
  * The configuration of an embedded run: the schema's defaults with `options` applied, no run directory, no
  * checkpoints, validation before and after.
