@@ -179,7 +179,7 @@ export { LocalEngine } from './engine/local.js';
 export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engine/local.js';
 
 // ── evaluators ─────────────────────────────────────────────────────────────────
-export type { EvaluationResult, Evaluator } from './evaluator.js';
+export type { EvaluationResult, Evaluator, ResponseInfo } from './evaluator.js';
 
 // ── data ───────────────────────────────────────────────────────────────────────
 export { TaskLoader, loadTasks, parseTaskLine, readLocatedTasks, readTaskFile, validateTask } from './data/loader.js';

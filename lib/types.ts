@@ -138,6 +138,8 @@ export interface BatchMeta {
   readonly policyVersions: readonly PolicyVersion[];
   /** Scalar reward of each row, `[B]`. */
   readonly rewards: readonly number[];
+  /** Why each row's generation ended, `[B]` (absent on batches built before it was recorded). */
+  readonly finishReasons?: readonly FinishReason[];
   /** Model that produced the rows. */
   readonly modelTag: ModelTag;
   /** Ids of every group the batch was made from, including groups left with no rows (failed, dropped, filtered). */

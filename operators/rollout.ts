@@ -121,7 +121,7 @@ async function generateAndScore(
   const text = sample.response;
   let result;
   try {
-    result = await options.evaluator.evaluate(task, text, signal);
+    result = await options.evaluator.evaluate(task, text, signal, { finishReason: sample.finishReason, tokens: sample.responseTokens });
   } catch (cause) {
     throw new EvaluationError(`evaluator failed on task ${task.id}`, { cause, context: { taskId: task.id } });
   }

@@ -6,7 +6,7 @@
  * @packageDocumentation
  */
 import { ConfigError } from '../lib/errors.js';
-import type { EvaluationResult, Evaluator } from '../lib/evaluator.js';
+import type { EvaluationResult, Evaluator, ResponseInfo } from '../lib/evaluator.js';
 import { createRng, shuffledIndices } from '../lib/random.js';
 import type { Task } from '../lib/types.js';
 
@@ -81,14 +81,24 @@ export function partialCredit(answer: string, response: string): number {
   return hits / n;
 }
 
-/** Rule-based evaluator for string tasks: partial credit, plus `accuracy` (exact match) as a metric. */
+/**
+ * Rule-based evaluator for string tasks: partial credit, plus `accuracy` (exact match) as a metric. A response the
+ * token budget cut off (`info.finishReason` `length`) scores 0: the policy never said it was done. Without that
+ * rule, stopping is worth only what the letters before it are worth (`dcba` 1 against `dcbaa` 0.8), nothing while
+ * the letters are still wrong, so early training drives the stop token out everywhere (stopping too soon costs
+ * letters) and a run settles at "right letters, one too many" (measured in the issue "Prove it learns").
+ */
 export const partialCreditEvaluator: Evaluator = {
-  evaluate(task: Task, response: string): EvaluationResult {
+  evaluate(task: Task, response: string, _signal?: AbortSignal, info?: ResponseInfo): EvaluationResult {
     const answer = task.answer ?? '';
+    const finished = info?.finishReason !== 'length';
     return {
-      reward: partialCredit(answer, response),
+      reward: finished ? partialCredit(answer, response) : 0,
       groundTruth: answer,
-      metrics: { accuracy: response === answer ? 1 : 0, length_match: response.length === answer.length ? 1 : 0 },
+      metrics: {
+        accuracy: finished && response === answer ? 1 : 0,
+        length_match: finished && response.length === answer.length ? 1 : 0,
+      },
     };
   },
 };
@@ -165,13 +175,15 @@ function simulateRandomPolicy(tasks: readonly Task[], alphabet: string, maxLengt
   let count = 0;
   for (let round = 0; round < 20; round++) {
     for (const task of tasks) {
+      // The budget is the longest answer plus the stop token; a response that never stops within it scores 0.
       let response = '';
-      for (let i = 0; i <= maxLength; i++) {
+      let stopped = false;
+      for (let i = 0; i <= maxLength && !stopped; i++) {
         const pick = Math.floor(rng.next() * choices);
-        if (pick === symbols.length) break;
-        response += symbols[pick];
+        if (pick === symbols.length) stopped = true;
+        else response += symbols[pick];
       }
-      total += partialCredit(task.answer ?? '', response);
+      if (stopped) total += partialCredit(task.answer ?? '', response);
       count++;
     }
   }

@@ -99,6 +99,7 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
       groupIds: rows.map((t) => t.groupId),
       policyVersions: rows.map((t) => t.policyVersion),
       rewards: rows.map((t) => t.reward),
+      finishReasons: rows.map((t) => t.finishReason),
       modelTag: options.modelTag,
     },
   };

@@ -13,7 +13,7 @@ import type { NamedWeights } from '../engine/types.js';
 import { ConfigError, assertNever, throwIfAborted } from '../errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { createRng, shuffledIndices } from '../random.js';
-import type { Batch, Metrics, ModelTag } from '../types.js';
+import type { Batch, BatchMeta, Metrics, ModelTag } from '../types.js';
 import type { StepResult, Trainer } from './types.js';
 
 /** Options of {@link GrpoTrainer}. */
@@ -457,7 +457,14 @@ export function stalenessMetrics(batch: Batch, step: number): Metrics {
     'rollout/staleness_max': Math.max(...staleness),
     'rollout/reward_mean': batch.meta.rewards.reduce((a, b) => a + b, 0) / batch.meta.rewards.length,
     'response_length/mean': sum(batch.responseMask) / batch.size,
+    ...clipRatio(batch.meta.finishReasons),
   };
+}
+
+/** `response_length/clip_ratio`: the fraction of rows whose generation ended at the token budget, as verl reports. */
+function clipRatio(reasons: BatchMeta['finishReasons']): Metrics {
+  if (reasons === undefined || reasons.length === 0) return {};
+  return { 'response_length/clip_ratio': reasons.filter((r) => r === 'length').length / reasons.length };
 }
 
 /** A copy of `batch` whose rows staler than `maxStaleness` at `step` have an all-zero loss mask. */

@@ -37,6 +37,21 @@ describe('rollout', () => {
     expect(trajectories.find((t) => t.taskId === 't2')!.reward).toBe(0);
   });
 
+  it("hands the evaluator how each response ended and its tokens, beside the text", async () => {
+    const engine = new ScriptedEngine((_request, call) =>
+      call % 2 === 0
+        ? { tokens: [4, 3, 2], logprobs: [-1, -1, -1], finishReason: 'stop', policyVersion: 0 }
+        : { tokens: [4, 3], logprobs: [-1, -1], finishReason: 'length', policyVersion: 0 },
+    );
+    const seen: unknown[] = [];
+    const recording: Evaluator = { evaluate: (_t, response, _s, info) => (seen.push({ response, ...info }), { reward: 0 }) };
+    await lastValueFrom(from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 2, maxTokens: 2, evaluator: recording }), toArray()));
+    const stopped = { response: 'ba', finishReason: 'stop', tokens: [4, 3, 2] };
+    const cut = { response: 'ba', finishReason: 'length', tokens: [4, 3] };
+    expect(seen.filter((s) => JSON.stringify(s) === JSON.stringify(stopped))).toHaveLength(2);
+    expect(seen.filter((s) => JSON.stringify(s) === JSON.stringify(cut))).toHaveLength(2);
+  });
+
   it('never has more samples in flight than its concurrency', async () => {
     const engine = new ScriptedEngine(undefined, 3);
     const tasks = Array.from({ length: 10 }, (_, i) => task(`t${i}`));

@@ -15,6 +15,17 @@ describe('string transformation recipe', () => {
     });
   });
 
+  it('scores a response the token budget cut off 0, whatever its letters; a stopped one by partial credit', () => {
+    const task = { id: 'x', prompt: 'abcd=', answer: 'dcba' };
+    const stopped = { finishReason: 'stop' as const, tokens: [6, 5, 4, 3, 2] };
+    const cut = { finishReason: 'length' as const, tokens: [6, 5, 4, 3, 3] };
+    expect(partialCreditEvaluator.evaluate(task, 'dcba', undefined, stopped)).toMatchObject({ reward: 1, metrics: { accuracy: 1 } });
+    expect(partialCreditEvaluator.evaluate(task, 'dcxa', undefined, stopped)).toMatchObject({ reward: 0.75, metrics: { accuracy: 0 } });
+    expect(partialCreditEvaluator.evaluate(task, 'dcbaa', undefined, cut)).toMatchObject({ reward: 0, metrics: { accuracy: 0, length_match: 0 } });
+    // A pad token skipped by the decoder leaves the right text, but the response still never stopped.
+    expect(partialCreditEvaluator.evaluate(task, 'dcba', undefined, cut)).toMatchObject({ reward: 0, metrics: { accuracy: 0 } });
+  });
+
   it('applies each transform', () => {
     expect(applyTransform('copy', 'abc', 'abcde')).toBe('abc');
     expect(applyTransform('reverse', 'abc', 'abcde')).toBe('cba');
