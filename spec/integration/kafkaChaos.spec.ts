@@ -137,7 +137,7 @@ async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigure
     expect(code, trainer.stderr).toBe(0);
     // Workers follow the run to its end and exit.
     const workerCodes = await Promise.race([Promise.all(workers.map((w) => w.exited)), sleep(30_000).then(() => 'timeout' as const)]);
-    expect(workerCodes).toEqual([0, 0, 0]);
+    expect(workerCodes, workers.map((w, i) => `worker ${i}: ${w.stderr}`).join('\n')).toEqual([0, 0, 0]);
   } finally {
     for (const proc of all) proc.child.kill('SIGKILL');
   }
