@@ -253,6 +253,18 @@ export function installBackendFixes(): void {
   }
 }
 
+/**
+ * A copy of a tensor's values, read outside any `tf.tidy` (which would walk a returned array element by element),
+ * and the tensor disposed.
+ */
+export function readCopy(t: tf.Tensor): Float32Array {
+  try {
+    return new Float32Array(t.dataSync() as Float32Array);
+  } finally {
+    t.dispose();
+  }
+}
+
 /** Swaps the last two axes of a tensor of rank ≥ 2 with an explicit transpose. */
 export function swapLastAxes(x: tf.Tensor): tf.Tensor {
   const rank = x.rank;

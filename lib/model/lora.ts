@@ -18,6 +18,7 @@ import { join } from 'node:path';
 import type { NamedWeights, WeightArray } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
+import { readCopy } from './backend.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';
 import { LORA_TARGETS, type LoraPair, type LoraTarget, type ModelAdapter } from './adapter.js';
@@ -235,8 +236,7 @@ export class LoraAdapter implements ModelAdapter {
   getWeights(): NamedWeights {
     const out = new Map<string, WeightArray>();
     for (const spec of this.specs) {
-      const data = tf.tidy(() => tf.transpose(this.vars.get(spec.name) as tf.Variable).dataSync() as Float32Array);
-      out.set(spec.name, { shape: [...spec.shape], data: Float32Array.from(data) });
+      out.set(spec.name, { shape: [...spec.shape], data: readCopy(tf.transpose(this.vars.get(spec.name) as tf.Variable)) });
     }
     return out;
   }
