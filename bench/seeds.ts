@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- seeds [--seeds 1,2,3,4,5] [--backends wasm,tensorflow] [--steps 300] [--jobs 2]
+ * `npm run bench -- seeds [--seeds 1,2,3,4,5] [--backends wasm,tensorflow] [--steps 500] [--jobs 2]
  * [--trainer '{"entropyCoef":0.005}'] [--model '{"nLayers":3}']`
  *
  * Does the embedded main job learn on every seed and backend? Runs `npm start`'s configuration (the embedded GRPO
@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 
 import type { BackendKind } from '../lib/model/backend.js';
 import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
-import { runEmbedded, type EmbeddedRunOptions } from '../pipelines/embedded.js';
+import { EMBEDDED_STEPS, runEmbedded, type EmbeddedRunOptions } from '../pipelines/embedded.js';
 
 /** Held-out reward a run must reach to count as learned. */
 const TARGET = 0.95;
@@ -82,7 +82,7 @@ export async function main(args: readonly string[]): Promise<void> {
   }
   const seeds = option(args, 'seeds', '1,2,3,4,5').split(',').map(Number);
   const backends = option(args, 'backends', 'wasm').split(',') as BackendKind[];
-  const steps = Number(option(args, 'steps', '300'));
+  const steps = Number(option(args, 'steps', String(EMBEDDED_STEPS)));
   const jobs = Math.max(1, Number(option(args, 'jobs', '2')));
   const trainer = JSON.parse(option(args, 'trainer', '{}')) as GrpoTrainerOptions;
   const model = JSON.parse(option(args, 'model', '{}')) as EmbeddedRunOptions['model'];

@@ -85,7 +85,7 @@ function checkFlags(command: string, argv: readonly string[], valued: readonly s
 
 async function start(argv: readonly string[]): Promise<number> {
   checkFlags('start', argv, ['steps', 'seed', 'mode', 'backend']);
-  const { runEmbedded } = await import('../pipelines/embedded.js');
+  const { runEmbedded, EMBEDDED_STEPS } = await import('../pipelines/embedded.js');
   const steps = integer(option(argv, 'steps', 'RXRL_STEPS'), 'steps');
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
   const mode = option(argv, 'mode', 'RXRL_MODE');
@@ -93,7 +93,7 @@ async function start(argv: readonly string[]): Promise<number> {
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort());
   const { Progress } = await import('./observe/progress.js');
-  const progress = new Progress({ total: steps ?? 300 });
+  const progress = new Progress({ total: steps ?? EMBEDDED_STEPS });
   const summary = await runEmbedded({
     ...(steps === undefined ? {} : { steps }),
     ...(seed === undefined ? {} : { seed }),
