@@ -46,7 +46,8 @@ export interface GrpoPrepareOptions {
 /**
  * Turns a batch of groups into a padded, columnar training {@link Batch}: token rewards (scalar reward on the last
  * response token, optionally minus a KL penalty against a reference policy), group-normalized advantages
- * broadcast over each row's loss mask, and the metrics of the preparation (`critic/*`, `batch/*`).
+ * broadcast over each row's loss mask, and the metrics of the preparation (`critic/*`, `batch/*`, and
+ * `timing/prepare_s`: its seconds, reference log-probs included).
  * A batch with no rows left (every group empty or filtered) is still emitted, with size 0, so the step counter
  * and the admission gate move on.
  *
@@ -71,6 +72,7 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
   return (source) =>
     source.pipe(
       concatMap(async (groups) => {
+        const started = performance.now();
         const modelTag = options.modelTag ?? groups[0]?.modelTag ?? 'policy';
         const rows: Trajectory[] = groups.flatMap((g) => g.trajectories);
         const base = collate(rows, { padId: options.padId, modelTag });
@@ -115,6 +117,7 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
             ? { ...base, advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages), tokenRewards, ...(refLogprobs ? { refLogprobs } : {}) }
             : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
         metrics['batch/rows'] = prepared.size;
+        metrics['timing/prepare_s'] = (performance.now() - started) / 1000;
         return { ...prepared, meta: { ...prepared.meta, groups: groupIds }, metrics };
       }),
     );

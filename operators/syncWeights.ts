@@ -1,6 +1,7 @@
-import { concatMap, from, map, type OperatorFunction } from 'rxjs';
+import { concatMap, defer, from, map, type OperatorFunction } from 'rxjs';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { StepResult } from '../lib/train/types.js';
+import type { Metrics } from '../lib/types.js';
 
 /** Options of {@link syncWeights}. */
 export interface SyncWeightsOptions {
@@ -11,6 +12,12 @@ export interface SyncWeightsOptions {
 /**
  * Publishes the weights of each step to every rollout engine, as version `step + 1`, and passes the step result
  * on once all engines hold it. Steps are published in order, one at a time.
+ *
+ * It also accounts for the step's wall time, into the step's metrics: `timing/sync_s` (this publication),
+ * `timing/total_s` (since the previous step left this operator, or since subscription for the first step), and
+ * `timing/wait_s`, the rest once `timing/prepare_s` (grpoPrepare), `timing/step_s` (the trainer) and the sync are
+ * taken out: the time the trainer waited for its batch (rollouts, rewards, grouping; in a pipeline, also whatever
+ * ran after the previous step, such as its checkpoint and validation). So wait + prepare + step + sync = total.
  *
  * ```
  * step:    --X-----Y----|
@@ -33,16 +40,29 @@ export function syncWeights(
   options: SyncWeightsOptions = {},
 ): OperatorFunction<StepResult, StepResult> {
   return (source) =>
-    source.pipe(
-      concatMap((result) => {
-        const weights = engines.length > 0 ? result.weights() : undefined;
-        const loads = weights ? engines.map((engine) => engine.loadWeights(result.version, weights)) : [];
-        return from(Promise.all(loads)).pipe(
-          map(() => {
-            options.onPublished?.(result.version);
-            return result;
-          }),
-        );
-      }),
-    );
+    defer(() => {
+      let previous = performance.now();
+      return source.pipe(
+        concatMap((result) => {
+          const started = performance.now();
+          const weights = engines.length > 0 ? result.weights() : undefined;
+          const loads = weights ? engines.map((engine) => engine.loadWeights(result.version, weights)) : [];
+          return from(Promise.all(loads)).pipe(
+            map(() => {
+              const now = performance.now();
+              Object.assign(result.metrics, stepTiming(result.metrics, (now - started) / 1000, (now - previous) / 1000));
+              previous = now;
+              options.onPublished?.(result.version);
+              return result;
+            }),
+          );
+        }),
+      );
+    });
+}
+
+/** `timing/sync_s`, `timing/total_s` and `timing/wait_s` (the total less the measured stages, never below 0). */
+function stepTiming(metrics: Metrics, sync: number, total: number): Metrics {
+  const measured = (metrics['timing/prepare_s'] ?? 0) + (metrics['timing/step_s'] ?? 0) + sync;
+  return { 'timing/sync_s': sync, 'timing/total_s': total, 'timing/wait_s': Math.max(0, total - measured) };
 }

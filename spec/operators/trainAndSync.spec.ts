@@ -92,6 +92,31 @@ describe('syncWeights', () => {
     expect(engines[0].loads[0].names).toEqual(['w']);
   });
 
+  it('accounts for each step: the wait for its batch, preparation, training and sync add up to its wall time', async () => {
+    // Each batch reaches the trainer 20 ms after the previous step; the trainer reports its own seconds.
+    const slowSource = new Subject<Batch>();
+    const results: StepResult[] = [];
+    const done = new Promise<void>((resolve) =>
+      slowSource
+        .pipe(
+          train({ modelTag: 'policy', trainStep: async (batch) => ({ ...(await new SlowTrainer().trainStep(batch)), metrics: { 'timing/step_s': 0.005, 'timing/prepare_s': 0.001 } }) }),
+          syncWeights([new ScriptedEngine()]),
+        )
+        .subscribe({ next: (r) => results.push(r), complete: resolve }),
+    );
+    for (const name of ['a', 'b']) {
+      await new Promise((r) => setTimeout(r, 20));
+      slowSource.next(batchOf(name));
+      while (results.length < (name === 'a' ? 1 : 2)) await new Promise((r) => setTimeout(r, 2));
+    }
+    slowSource.complete();
+    await done;
+    for (const { metrics: m } of results) {
+      for (const key of ['timing/wait_s', 'timing/sync_s', 'timing/total_s']) expect(m[key]).toBeGreaterThanOrEqual(0);
+      expect(m['timing/wait_s'] + m['timing/prepare_s'] + m['timing/step_s'] + m['timing/sync_s']).toBeCloseTo(m['timing/total_s'], 9);
+    }
+  });
+
   it('passes load failures to the subscriber', async () => {
     const engine = new ScriptedEngine();
     engine.loadWeights = () => Promise.reject(new Error('disk full'));
