@@ -21,8 +21,9 @@ export interface RxrlConfig {
     errorPolicy: 'stop_on_error' | 'continue';
   };
   data: {
-    source: 'bundled' | 'jsonl';
+    source: 'bundled' | 'arithmetic' | 'jsonl';
     task: { transform: 'copy' | 'reverse' | 'shift'; alphabet: string; minLength: number; maxLength: number; validationSize: number };
+    arithmetic: { operators: string; maxOperand: number; validationSize: number };
     trainFile: string | null;
     validationFile: string | null;
     alphabet: string | null;
@@ -49,6 +50,8 @@ export interface RxrlConfig {
     topP: number;
     weightSync: 'continue' | 'interrupt';
     sampleTimeoutMs: number | null;
+    chatTemplate: 'none' | 'model';
+    system: string | null;
     worker: { module: string | null; export: string };
     evaluator: { module: string | null; export: string };
   };
@@ -207,13 +210,22 @@ export const SCHEMA = {
     },
   },
   data: {
-    source: { doc: "Tasks: the generated string task ('bundled') or JSONL files ('jsonl').", format: ['bundled', 'jsonl'], default: 'bundled' },
+    source: {
+      doc: "Tasks: the generated string task ('bundled'), generated arithmetic questions for a chat model ('arithmetic'), or JSONL files ('jsonl').",
+      format: ['bundled', 'arithmetic', 'jsonl'],
+      default: 'bundled',
+    },
     task: {
       transform: { doc: 'Bundled task: transformation to learn.', format: ['copy', 'reverse', 'shift'], default: 'reverse' },
       alphabet: { doc: 'Bundled task: letters of the strings.', format: 'non-empty-string', default: 'abcde' },
       minLength: { doc: 'Bundled task: shortest string.', format: 'positive-int', default: 4 },
       maxLength: { doc: 'Bundled task: longest string.', format: 'positive-int', default: 4 },
       validationSize: { doc: 'Bundled task: held-out tasks.', format: 'positive-int', default: 100 },
+    },
+    arithmetic: {
+      operators: { doc: "Arithmetic task: operators, a string of '+', '-', '*'.", format: 'non-empty-string', default: '+*' },
+      maxOperand: { doc: 'Arithmetic task: largest operand (operands run from 1).', format: 'positive-int', default: 12 },
+      validationSize: { doc: 'Arithmetic task: held-out questions.', format: 'positive-int', default: 64 },
     },
     trainFile: { doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.", format: 'optional-string', default: null },
     validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
@@ -252,7 +264,13 @@ export const SCHEMA = {
   rollout: {
     groupSize: { doc: 'Samples per task (GRPO group size).', format: 'positive-int', default: 8 },
     concurrency: { doc: 'Most samples in flight (0 = every sample the mode may admit).', format: 'non-negative-int', default: 0 },
-    maxTokens: { doc: 'Longest response (0 = longest answer + 1 for the bundled task).', format: 'non-negative-int', default: 0 },
+    maxTokens: { doc: 'Longest response (0 = longest answer + 1 for the bundled task, 16 for arithmetic).', format: 'non-negative-int', default: 0 },
+    chatTemplate: {
+      doc: "Prompts as text ('none': the prompt's tokens after bos), or as the user's message in model.path's chat template ('model').",
+      format: ['none', 'model'],
+      default: 'none',
+    },
+    system: { doc: "A system message put first when rollout.chatTemplate is 'model' (null = none).", format: 'optional-string', default: null },
     temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
     topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
     weightSync: { doc: 'In-flight generations on a new version: continue, or interrupt and resume.', format: ['continue', 'interrupt'], default: 'continue' },
@@ -439,6 +457,8 @@ function requireWhen(c: RxrlConfig): void {
     // A multi-agent environment scores its episodes itself.
     if (c.rollout.evaluator.module === null && c.agents.environment === 'none') missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
   }
+  if (c.data.source === 'arithmetic' && c.model.path === null) missing.push("model.path: required when data.source is 'arithmetic' (a chat model)");
+  if (c.rollout.chatTemplate === 'model' && c.model.path === null) missing.push("model.path: required when rollout.chatTemplate is 'model'");
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');

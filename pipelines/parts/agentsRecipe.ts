@@ -4,7 +4,6 @@
  *
  * @packageDocumentation
  */
-import { resolve } from 'node:path';
 
 import type { AgentSpec, MultiAgentEnvironment } from '../../lib/agent/environment.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
@@ -16,7 +15,7 @@ import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/types.js';
 import { writerEditorTask } from '../../recipes/writerEditor.js';
 import type { KafkaEpisodes } from '../kafkaRolloutWorker.js';
-import { importExport, loadData } from './data.js';
+import { importExport, loadData, modelPath } from './data.js';
 
 /** The data and environment of a multi-agent recipe. */
 export interface AgentsTask {
@@ -51,7 +50,7 @@ export interface AgentsRecipe {
  */
 export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Promise<AgentsRecipe> {
   if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   let task: AgentsTask;
   let characters: string;
   let maxTokens: number;

@@ -1,12 +1,14 @@
 /**
- * A recipe's data: the bundled task or JSONL files, the evaluator and rollout worker it names, and the policy's
+ * A recipe's data: a bundled task (strings, arithmetic) or JSONL files, the evaluator and rollout worker it names, and the policy's
  * tokenizer.
  *
  * @packageDocumentation
  */
-import { basename, dirname, resolve } from 'node:path';
+import { homedir } from 'node:os';
+import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
+import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { readTaskFile } from '../../lib/data/loader.js';
 import type { Tokenizer } from '../../lib/engine/types.js';
@@ -15,7 +17,8 @@ import type { Evaluator } from '../../lib/evaluator.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/types.js';
-import type { RolloutWorker } from '../../lib/worker.js';
+import { chatWorker, type RolloutWorker } from '../../lib/worker.js';
+import { arithmeticTask } from '../../recipes/arithmetic.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
 
 /** A recipe's tasks and what comes with them. */
@@ -39,14 +42,34 @@ export async function loadRollout(
 ): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
   const data = await loadData(config, baseDir);
   const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
-  const worker = config.rollout.worker.module ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker') : undefined;
-  const modelDir = config.model.path === null ? undefined : resolve(baseDir, config.model.path);
+  const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
+  const worker = config.rollout.worker.module
+    ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
+    : config.rollout.chatTemplate === 'model' && modelDir !== undefined
+      ? await modelChatWorker(modelDir, tokenizer, config.rollout.system)
+      : undefined;
   return { data, evaluator, worker, modelDir, tokenizer };
 }
 
+/** `model.path` resolved against the recipe's directory; a leading `~/` is the home directory (the model cache). */
+export function modelPath(path: string, baseDir: string): string {
+  return path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : resolve(baseDir, path);
+}
+
+/** A worker that sends each prompt as the user's message in the model directory's chat template. */
+async function modelChatWorker(modelDir: string, tokenizer: Tokenizer, system: string | null): Promise<RolloutWorker> {
+  const template = await loadChatTemplate(modelDir, tokenizer);
+  if (template === undefined) {
+    throw new ConfigError(`rollout.chatTemplate: ${modelDir} has no chat template (chat_template.jinja or tokenizer_config.json)`, {
+      context: { key: 'rollout.chatTemplate', modelDir },
+    });
+  }
+  return chatWorker(template, system === null ? {} : { system });
+}
+
 /**
- * The recipe's data: the bundled string task, or JSONL files.
+ * The recipe's data: the bundled string task, arithmetic questions, or JSONL files.
  *
  * @internal
  */
@@ -61,6 +84,17 @@ export async function loadData(config: RxrlConfig, baseDir: string): Promise<Dat
       evaluator: task.evaluator,
       maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
       randomPolicyReward: task.randomPolicyReward,
+    };
+  }
+  if (config.data.source === 'arithmetic') {
+    const task = arithmeticTask({ ...config.data.arithmetic, seed: config.run.seed });
+    return {
+      name: task.name,
+      characters: '',
+      train: task.train,
+      validation: task.validation,
+      evaluator: task.evaluator,
+      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : 16,
     };
   }
   if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");

@@ -99,7 +99,7 @@ describe('syncWeights', () => {
     const done = new Promise<void>((resolve) =>
       slowSource
         .pipe(
-          train({ modelTag: 'policy', trainStep: async (batch) => ({ ...(await new SlowTrainer().trainStep(batch)), metrics: { 'timing/step_s': 0.005, 'timing/prepare_s': 0.001 } }) }),
+          train({ modelTag: 'policy', step: 0, trainStep: async (batch) => ({ ...(await new SlowTrainer().trainStep(batch)), metrics: { 'timing/step_s': 0.005, 'timing/prepare_s': 0.001 } }) }),
           syncWeights([new ScriptedEngine()]),
         )
         .subscribe({ next: (r) => results.push(r), complete: resolve }),

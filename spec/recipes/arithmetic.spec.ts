@@ -1,0 +1,70 @@
+import { existsSync } from 'node:fs';
+import { mkdtemp } from 'node:fs/promises';
+import { homedir, tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { describe, expect, it } from 'vitest';
+
+import { loadConfig } from '../../lib/config/schema.js';
+import { ConfigError } from '../../lib/errors.js';
+import { modelPath } from '../../pipelines/parts/data.js';
+import { runTraining } from '../../pipelines/run.js';
+import { FORMAT_CREDIT, arithmeticTask, equationEvaluator } from '../../recipes/arithmetic.js';
+
+const recipes = join(import.meta.dirname, '..', '..', 'recipes');
+const fixture = join(import.meta.dirname, '..', 'fixtures', 'hf', 'tiny-qwen2');
+const task = { id: 'q', prompt: 'What is 7 times 8?', answer: '7 * 8 = 56' };
+
+describe('arithmetic task', () => {
+  it('scores the asked equation with the right result 1, with a wrong one the format credit, anything else 0', () => {
+    const stopped = { finishReason: 'stop' as const, tokens: [1, 2] };
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, stopped)).toMatchObject({ reward: 1, metrics: { format: 1, correct: 1 } });
+    expect(equationEvaluator.evaluate(task, 'Sure! 7*8=56.', undefined, stopped)).toMatchObject({ reward: 1 });
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 54', undefined, stopped)).toMatchObject({ reward: FORMAT_CREDIT, metrics: { format: 1, correct: 0 } });
+    expect(equationEvaluator.evaluate(task, '8 * 7 = 56', undefined, stopped)).toMatchObject({ reward: 0, metrics: { format: 0 } });
+    expect(equationEvaluator.evaluate(task, '56', undefined, stopped)).toMatchObject({ reward: 0 });
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, { finishReason: 'length', tokens: [1, 2] })).toMatchObject({ reward: 0 });
+  });
+
+  it('enumerates every question once, holds out a reproducible split, and refuses bad options naming the key', () => {
+    const a = arithmeticTask({ operators: '+*', maxOperand: 5, validationSize: 10, seed: 2 });
+    const b = arithmeticTask({ operators: '+*', maxOperand: 5, validationSize: 10, seed: 2 });
+    expect(a.train.length + a.validation.length).toBe(2 * 25);
+    expect(new Set([...a.train, ...a.validation].map((t) => t.id)).size).toBe(50);
+    expect(a.validation.map((t) => t.id)).toEqual(b.validation.map((t) => t.id));
+    for (const t of a.train) {
+      const [, x, op, y, z] = /^(\d+) ([+*]) (\d+) = (\d+)$/.exec(t.answer!)!;
+      expect(Number(z)).toBe(op === '+' ? Number(x) + Number(y) : Number(x) * Number(y));
+      expect(t.prompt).toMatch(new RegExp(`^What is ${x} (plus|times) ${y}\\?`));
+    }
+    expect(a.maxAnswerLength).toBe('5 * 5 = 25'.length);
+    expect(() => arithmeticTask({ operators: '/' })).toThrow(/data\.arithmetic\.operators/);
+    expect(() => arithmeticTask({ maxOperand: 1 })).toThrow(/data\.arithmetic\.maxOperand/);
+    expect(() => arithmeticTask({ maxOperand: 2, validationSize: 8 })).toThrow(ConfigError);
+  });
+
+  it('model.path ~/ is the home directory; other paths are relative to the recipe', () => {
+    expect(modelPath('~/.cache/m', '/r')).toBe(join(homedir(), '.cache', 'm'));
+    expect(modelPath('m', '/r')).toBe('/r/m');
+    expect(() => loadConfig({ env: {}, values: { data: { source: 'arithmetic' } } })).toThrow(/model\.path: required when data\.source is 'arithmetic'/);
+  });
+
+  // The SmolLM2 recipes run on the tiny Qwen2 fixture for two steps (CI's smoke; the real model is opt-in).
+  for (const name of ['smollm2-arithmetic.yaml', 'smollm2-arithmetic-full.yaml']) {
+    it(`recipes/${name} trains two steps in the model's chat template and checkpoints`, async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'rxrl-arith-'));
+      const config = loadConfig({
+        env: {},
+        file: join(recipes, name),
+        set: [`model.path=${fixture}`, 'run.steps=2', `run.dir=${join(dir, 'run')}`, 'run.backend=wasm', 'validation.every=0', 'data.arithmetic.validationSize=4', 'sync.batchSize=2', 'rollout.maxTokens=6'],
+      });
+      expect(config.rollout.chatTemplate).toBe('model');
+      const summary = await runTraining(config, { log: () => undefined });
+      expect(summary.steps).toBe(2);
+      expect(summary.failedSamples).toBe(0);
+      expect(summary.valRewardInitial).toBeGreaterThanOrEqual(0);
+      const lora = name === 'smollm2-arithmetic.yaml';
+      expect(existsSync(join(dir, 'run', 'global_step_2', lora ? 'adapter_model.safetensors' : 'model.safetensors'))).toBe(true);
+    });
+  }
+});
