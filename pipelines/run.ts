@@ -395,8 +395,11 @@ function stepsOf(
     afterStep: async (step: StepResult) => {
       const every = config.validation.every;
       const val = every > 0 && step.version % every === 0 && setup.data.validation.length > 0 ? await loop.score() : undefined;
-      // Validation scores get a line of their own, like those before and after training.
-      if (val) ledger.writeMetrics(step.step, step.version, val);
+      // The step's line was written inside the step, before its checkpoint; its sync and wall time (and validation
+      // scores, like those before and after training) get a line of their own.
+      const timing = Object.entries(step.metrics).filter(([key]) => /^timing\/(sync|total|wait)_s$/.test(key));
+      const after = { ...Object.fromEntries(timing), ...val };
+      if (Object.keys(after).length > 0) ledger.writeMetrics(step.step, step.version, after);
       return val;
     },
     signal: loop.reporter.signal,

@@ -47,15 +47,19 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     expect(summary).toMatchObject({ recipe: 'train', steps: 3, mode: 'sync', runDir: join(dir, 'run') });
     expect(summary.lastStep['rollout/reward_mean']).toBe(0.5);
     const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-    // before training (the step it follows: −1), steps 0, 1, validation at version 2 (its own line), step 2, and
-    // the final validation
-    expect(metrics.map((m) => m.step)).toEqual([-1, 0, 1, 1, 2, 2]);
-    expect(metrics.map((m) => m.version)).toEqual([0, 1, 2, 2, 3, 3]);
+    // before training (the step it follows: −1); each step's line, then its sync and wall time on a line of their
+    // own (with the validation at version 2), and the final validation
+    expect(metrics.map((m) => m.step)).toEqual([-1, 0, 0, 1, 1, 2, 2, 2]);
+    expect(metrics.map((m) => m.version)).toEqual([0, 1, 1, 2, 2, 3, 3, 3]);
     expect(metrics[0]['val/custom_mean']).toBeTypeOf('number');
-    expect(metrics[3]['val/reward_mean']).toBe(0.5);
-    expect(metrics[3]['actor/pg_loss']).toBeUndefined();
-    expect(metrics[2]['actor/pg_loss']).toBeTypeOf('number');
-    expect(metrics[2]['val/reward_mean']).toBeUndefined();
+    expect(metrics[4]['val/reward_mean']).toBe(0.5);
+    expect(metrics[4]['actor/pg_loss']).toBeUndefined();
+    expect(metrics[3]['actor/pg_loss']).toBeTypeOf('number');
+    expect(metrics[3]['val/reward_mean']).toBeUndefined();
+    for (const [train, after] of [[1, 2], [3, 4], [5, 6]].map(([a, b]) => [metrics[a], metrics[b]])) {
+      const parts = after['timing/wait_s'] + train['timing/prepare_s'] + train['timing/step_s'] + after['timing/sync_s'];
+      expect(parts).toBeCloseTo(after['timing/total_s'], 9);
+    }
     expect(readdirSync(join(dir, 'run')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_2', 'global_step_3']);
     const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
     expect(trained).toHaveLength(3);

@@ -24,8 +24,8 @@ describe('torn JSONL lines (a crash or a full disk mid-write) are dropped on res
     const resumed = await runTraining(tinyRun(dir, 4));
     expect(resumed.resumedFrom).toBe(join(dir, 'global_step_3'));
     expect(records(join(dir, 'trained.jsonl')).map((r) => r.step)).toEqual([0, 1, 2, 3]);
-    // Steps 0-3 and the two final validations (after step 2, then after step 3).
-    expect(records(join(dir, 'metrics.jsonl')).map((r) => r.step)).toEqual([0, 1, 2, 2, 3, 3]);
+    // Steps 0-3, each with its timing line, and the two final validations (after step 2, then after step 3).
+    expect(records(join(dir, 'metrics.jsonl')).map((r) => r.step)).toEqual([0, 0, 1, 1, 2, 2, 2, 3, 3, 3]);
   }, 120_000);
 
   it('dropStepsFrom drops lines that do not parse and ends the file with a newline; a complete file is left as it is', async () => {
