@@ -79,7 +79,7 @@ export const EMBEDDED_TRAINER: GrpoTrainerOptions = {
 };
 
 /** Default step budget of the embedded run (the lower learning rate needs more steps than the schema's 300). */
-export const EMBEDDED_STEPS = 500;
+export const EMBEDDED_STEPS = 800;
 
 /**
  * The main job: trains a freshly initialized policy on a bundled task with GRPO, RL only, in this process (a

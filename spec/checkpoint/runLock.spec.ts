@@ -35,8 +35,8 @@ describe('a run directory has one writer', () => {
     expect(error.message).toContain(join(dir, RUN_LOCK_FILE));
     expect(error.message).not.toContain('\n');
     expect(stepsOf(join(dir, 'trained.jsonl'))).toEqual([0, 1, 2, 3]);
-    // Four steps and the final validation (the step it follows: 3).
-    expect(stepsOf(join(dir, 'metrics.jsonl'))).toEqual([0, 1, 2, 3, 3]);
+    // Four steps, each with its timing line, and the final validation (the step it follows: 3).
+    expect(stepsOf(join(dir, 'metrics.jsonl'))).toEqual([0, 0, 1, 1, 2, 2, 3, 3, 3]);
     // Released at the end: the directory is free again.
     expect(existsSync(join(dir, RUN_LOCK_FILE))).toBe(false);
   }, 120_000);
