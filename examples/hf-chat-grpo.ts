@@ -27,12 +27,12 @@ import {
   loadModelDir,
   loadTasks,
   loadTokenizer,
-  type Evaluator,
   type SamplingModel,
   type Task,
 } from '../lib/index.js';
 import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
 import { validate } from '../pipelines/index.js';
+import { equationEvaluator } from '../recipes/arithmetic.js';
 
 const steps = Number(process.env.RXRL_STEPS ?? 4);
 const tasksPerStep = 2;
@@ -58,16 +58,8 @@ function arithmetic(count: number, seed: number): Task[] {
   });
 }
 
-/** 1 for the question's equation with the right result, 0.2 for it with a wrong result, 0 otherwise. */
-const evaluator: Evaluator = {
-  evaluate(task, response) {
-    const [question] = (task.answer ?? '').split(' = ');
-    const match = /(\d+)\s*([+*])\s*(\d+)\s*=\s*(-?\d+)/.exec(response);
-    const format = match !== null && `${match[1]} ${match[2]} ${match[3]}` === question;
-    const correct = format && `${question} = ${match[4]}` === task.answer;
-    return { reward: correct ? 1 : format ? 0.2 : 0, metrics: { format: format ? 1 : 0, correct: correct ? 1 : 0 } };
-  },
-};
+/** 1 for the question's equation with the right result, 0.2 for it with a wrong result, 0 otherwise (the recipe's). */
+const evaluator = equationEvaluator;
 
 const backend = await initBackend('auto');
 const tokenizer = await loadTokenizer(modelDir);

@@ -948,4 +948,3 @@ class RecomputeDecoder implements StepDecoder {
     // Plain memory only.
   }
 }
-
