@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""TRL's side of ``npm run bench -- trl``: the same GRPO run as rxrl's, by ``trl.GRPOTrainer`` on PyTorch's CPU.
+
+Reads the task as ``bench/trl.ts`` exported it (``train.jsonl`` and ``validation.jsonl``: each row the prompt
+rendered in the model's chat template, its token ids as rxrl encoded them, and the answer) and a JSON of settings
+mapped from the rxrl recipe, checks that the tokenizer here encodes every prompt to rxrl's ids, then:
+
+1. scores the model on the held-out prompts (greedy, as rxrl's validation), before training;
+2. trains ``--steps`` GRPO steps (LoRA through ``peft`` when the settings have one), timing each step's wall time
+   and the part of it spent generating and scoring (the rest is training);
+3. scores the held-out prompts again.
+
+Prints one JSON line per event on stdout: ``{"event": "val", "step": -1 | N, ...}``, ``{"event": "step", ...}``
+per step, and last ``{"event": "done", ...}``. Nothing is downloaded; the model is a local directory.
+
+Usage::
+
+    python3 bench/trl_grpo.py --model DIR --data DIR --settings JSON --out DIR [--steps 50] [--seed 1] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# As bench/torch_hf.py: sleeping OpenMP workers, so 2 threads on a shared 2-core machine are not slower than 1.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trl_reward import equation_reward, score  # noqa: E402
+
+
+# The JSON lines go to the real stdout; whatever the libraries print (transformers prints each log) goes to stderr.
+_OUT = sys.stdout
+sys.stdout = sys.stderr
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), file=_OUT, flush=True)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--data", required=True, help="directory with train.jsonl and validation.jsonl")
+    parser.add_argument("--settings", required=True, help="JSON of the run's settings (see bench/trl.ts)")
+    parser.add_argument("--out", required=True, help="output directory of the trainer")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def check_tokens(tokenizer, rows: list[dict]) -> None:
+    """Every prompt must encode here to the ids rxrl sampled from, or the two runs would see different inputs."""
+    for row in rows:
+        ids = tokenizer(row["prompt"])["input_ids"]
+        if ids != row["prompt_ids"]:
+            raise SystemExit(f"trl_grpo: prompt {row['id']} encodes to {ids[:12]}… here, rxrl sent {row['prompt_ids'][:12]}…")
+
+
+def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[int], step: int) -> dict:
+    """Greedy responses to the held-out prompts, scored as rxrl's validation scores them (batched, left padded)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    started = time.perf_counter()
+    totals = {"reward": 0.0, "format": 0, "correct": 0}
+    tokenizer.padding_side = "left"
+    with torch.no_grad():
+        for start in range(0, len(rows), 64):
+            batch = rows[start : start + 64]
+            inputs = tokenizer([r["prompt"] for r in batch], return_tensors="pt", padding=True)
+            out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
+            for row, ids in zip(batch, out[:, inputs["input_ids"].shape[1] :].tolist(), strict=True):
+                stop = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+                response = tokenizer.decode(ids if stop is None else ids[:stop], skip_special_tokens=True)
+                result = score(response, row["answer"], truncated=stop is None)
+                for key in totals:
+                    totals[key] += result[key]
+    if was_training:
+        model.train()
+    n = len(rows)
+    return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    args = parse_args()
+    settings = json.loads(args.settings)
+    try:
+        import torch
+        from datasets import Dataset
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        import trl
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as error:
+        emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
+        return
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    train_rows = read_jsonl(os.path.join(args.data, "train.jsonl"))
+    val_rows = read_jsonl(os.path.join(args.data, "validation.jsonl"))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    check_tokens(tokenizer, train_rows + val_rows)
+    # rxrl trains in float32; transformers would otherwise keep the directory's dtype.
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+
+    rows, micro = settings["rows"], settings["microBatchSize"]
+    lora = settings.get("lora")
+    config = GRPOConfig(
+        output_dir=args.out,
+        max_steps=args.steps,
+        # One optimizer step per batch of `rows` completions, in micro-batches of `micro`, as rxrl's trainer.
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,
+        num_generations=settings["groupSize"],
+        max_completion_length=settings["maxTokens"],
+        temperature=settings["temperature"],
+        top_p=settings["topP"],
+        learning_rate=settings["learningRate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=settings["maxGradNorm"],
+        beta=settings["klCoef"],
+        epsilon=settings["clipLow"],
+        epsilon_high=settings["clipHigh"],
+        num_iterations=settings["ppoEpochs"],
+        loss_type=settings["lossType"],
+        scale_rewards=settings["scaleRewards"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        # rxrl keeps the activations for the backward pass; TRL's default would recompute them (slower, less memory).
+        gradient_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
+        data_seed=args.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    eos_ids: list[int] = []
+
+    def reward(completions, answer, completion_ids, **kwargs):
+        return equation_reward(completions, answer, completion_ids, eos_ids)
+
+    reward.__name__ = "equation_reward"
+    peft_config = (
+        LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=list(lora["targetModules"]), task_type="CAUSAL_LM")
+        if lora
+        else None
+    )
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
+    eos_ids.extend(trainer.eos_token_ids if isinstance(trainer.eos_token_ids, list) else [trainer.eos_token_ids])
+
+    # Generation and scoring are timed inside each step; the rest of the step's wall time is training.
+    timing = {"rollout": 0.0, "last": 0.0}
+    generate = trainer._generate_and_score_completions
+
+    def timed_generate(*a, **k):
+        started = time.perf_counter()
+        try:
+            return generate(*a, **k)
+        finally:
+            timing["rollout"] += time.perf_counter() - started
+
+    trainer._generate_and_score_completions = timed_generate
+    pending: dict = {}
+
+    class Steps(TrainerCallback):
+        def on_train_begin(self, _args, state, control, **kwargs):
+            timing["last"] = time.perf_counter()
+
+        def on_step_end(self, _args, state, control, **kwargs):
+            now = time.perf_counter()
+            total = now - timing["last"]
+            pending.update({"event": "step", "step": state.global_step - 1, "total_s": total, "rollout_s": timing["rollout"], "train_s": total - timing["rollout"]})
+            timing["rollout"], timing["last"] = 0.0, now
+
+        def on_log(self, _args, state, control, logs=None, **kwargs):
+            if pending and logs is not None and "reward" in logs:
+                emit({**pending, "reward_mean": logs["reward"], "mean_length": logs.get("completions/mean_length"), "clipped_ratio": logs.get("completions/clipped_ratio"), "entropy": logs.get("entropy"), "samples": rows})
+                pending.clear()
+            # The log's own time goes to the next step, as rxrl's metrics writing does.
+
+    trainer.add_callback(Steps())
+    emit({**evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, -1), "trl": trl.__version__, "torch": torch.__version__, "threads": args.threads})
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    emit(evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, args.steps - 1))
+    emit({"event": "done", "steps": args.steps, "seconds": seconds})
+
+
+if __name__ == "__main__":
+    main()
