@@ -412,23 +412,30 @@ export class PolicyModel {
    * @param inputIds - Token ids `[B, T]`, int32 (`T ≥ 2`).
    * @param attentionMask - `[B, T]`, 1 for real tokens.
    * @param positionIds - `[B, T]` int32.
-   * @returns `logprobs [B, T-1]` with `logprobs[b, t] = log p(x[b, t+1] | x[b, ≤t])`, and `entropy [B, T-1]`.
+   * @param from - First position scored (default 0). The trainer passes the prompt's last position, so the head,
+   *   the softmax and the one-hot over the vocabulary run on the response's positions only.
+   * @returns `logprobs [B, T-1-from]` with `logprobs[b, t] = log p(x[b, from+t+1] | x[b, ≤from+t])`, and `entropy`
+   *   of the same shape.
    */
-  tokenLogprobs(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positionIds: tf.Tensor2D): TokenLogprobs {
+  tokenLogprobs(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positionIds: tf.Tensor2D, from = 0): TokenLogprobs {
     return tf.tidy(() => {
       const [B, T] = inputIds.shape;
       if (T < 2) {
         throw new ShapeError(`tokenLogprobs needs T >= 2, got [${B}, ${T}]`, { context: { shape: [B, T] } });
       }
+      if (!(Number.isInteger(from) && from >= 0 && from <= T - 2)) {
+        throw new ShapeError(`tokenLogprobs: from must be an integer in 0..${T - 2}, got ${from}`, { context: { shape: [B, T] } });
+      }
       const V = this.config.vocabSize;
       const d = this.config.dModel;
+      const n = T - 1 - from;
       const h = this.trunk(inputIds, attentionMask, positionIds, null); // [B*T, d]
-      const hPrev = tf.slice(tf.reshape(h, [B, T, d]), [0, 0, 0], [B, T - 1, d]); // [B, T-1, d]
-      const logp = tf.logSoftmax(this.head(tf.reshape(hPrev, [B * (T - 1), d]))); // [B*(T-1), V]
-      const targets = tf.reshape(tf.slice(inputIds, [0, 1], [B, T - 1]), [B * (T - 1)]); // [B*(T-1)]
-      const oneHot = tf.cast(tf.oneHot(tf.cast(targets, 'int32'), V), 'float32'); // [B*(T-1), V]
-      const logprobs = tf.reshape(tf.sum(tf.mul(logp, oneHot), -1), [B, T - 1]) as tf.Tensor2D;
-      const entropy = tf.reshape(tf.neg(tf.sum(tf.mul(tf.exp(logp), logp), -1)), [B, T - 1]) as tf.Tensor2D;
+      const hPrev = tf.slice(tf.reshape(h, [B, T, d]), [0, from, 0], [B, n, d]); // [B, n, d]
+      const logp = tf.logSoftmax(this.head(tf.reshape(hPrev, [B * n, d]))); // [B*n, V]
+      const targets = tf.reshape(tf.slice(inputIds, [0, from + 1], [B, n]), [B * n]); // [B*n]
+      const oneHot = tf.cast(tf.oneHot(tf.cast(targets, 'int32'), V), 'float32'); // [B*n, V]
+      const logprobs = tf.reshape(tf.sum(tf.mul(logp, oneHot), -1), [B, n]) as tf.Tensor2D;
+      const entropy = tf.reshape(tf.neg(tf.sum(tf.mul(tf.exp(logp), logp), -1)), [B, n]) as tf.Tensor2D;
       return { logprobs, entropy };
     });
   }

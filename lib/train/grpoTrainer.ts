@@ -298,7 +298,7 @@ export class GrpoTrainer implements Trainer {
         const reference = this.options.reference;
         if (!reference) throw new ConfigError('klLoss needs batch.refLogprobs or a reference model');
         refLogprobs = tf.tidy(() => {
-          const lp = reference.tokenLogprobs(all.ids, all.attention, all.positions);
+          const lp = reference.tokenLogprobs(all.ids, all.attention, all.positions, batch.promptLength - 1);
           return sliceResponse(lp.logprobs, batch);
         });
       }
@@ -399,7 +399,7 @@ export class GrpoTrainer implements Trainer {
 
   /** Per-token response log-probs `[b, R]` and entropies of the current policy. */
   private responseLogprobs(t: RowTensors, batch: Batch): { logprob: tf.Tensor2D; entropy: tf.Tensor2D } {
-    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions); // [b, T-1]
+    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions, batch.promptLength - 1); // [b, T-P]
     return { logprob: sliceResponse(out.logprobs, batch), entropy: sliceResponse(out.entropy, batch) };
   }
 
@@ -496,10 +496,10 @@ function rowTensors(batch: Batch, from: number, to: number): RowTensors {
   };
 }
 
-/** The response columns of a `[b, T-1]` next-token tensor: columns `P-1 … P+R-2` → `[b, R]`. */
+/** The response columns of a next-token tensor scored from the prompt's last position (`[b, T-P]`) → `[b, R]`. */
 function sliceResponse(x: tf.Tensor2D, batch: Batch): tf.Tensor2D {
   const [b] = x.shape;
-  return tf.slice(x, [0, batch.promptLength - 1], [b, batch.responseLength]); // [b, R]
+  return tf.slice(x, [0, 0], [b, batch.responseLength]); // [b, R]
 }
 
 function sum(values: ArrayLike<number>): number {

@@ -107,14 +107,15 @@ export function klInRewardOf(config: RxrlConfig, reference: PolicyModel | undefi
 /** Reference log-probs of a batch's response tokens, `[B, R]`. */
 async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
   const T = batch.promptLength + batch.responseLength;
-  const out = tf.tidy(() => {
-    const lp = model.tokenLogprobs(
-      tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-      tf.tensor2d(batch.attentionMask, [batch.size, T]),
-      tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-    ).logprobs; // [B, T-1]
-    return tf.slice(lp, [0, batch.promptLength - 1], [batch.size, batch.responseLength]); // [B, R]
-  });
+  const out = tf.tidy(
+    () =>
+      model.tokenLogprobs(
+        tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+        tf.tensor2d(batch.attentionMask, [batch.size, T]),
+        tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+        batch.promptLength - 1,
+      ).logprobs, // [B, R]
+  );
   const data = (await out.data()) as Float32Array;
   out.dispose();
   return data;

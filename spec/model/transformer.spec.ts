@@ -132,6 +132,22 @@ describe('PolicyModel', () => {
     tf.dispose([ids, mask, pos, logits, logprobs, entropy]);
   });
 
+  it('tokenLogprobs from a position scores the columns from there on, and refuses one out of range', () => {
+    const { ids, mask, pos } = batch(ROWS, 8);
+    const all = model.tokenLogprobs(ids, mask, pos);
+    for (const from of [1, 4, 6]) {
+      const part = model.tokenLogprobs(ids, mask, pos, from);
+      expect(part.logprobs.shape).toEqual([3, 7 - from]);
+      const [lp, ent] = [all.logprobs, all.entropy].map((t) => t.arraySync().map((row) => row.slice(from)).flat());
+      expect(maxAbsDiff(Float32Array.from(part.logprobs.dataSync()), Float32Array.from(lp))).toBeLessThan(1e-5);
+      expect(maxAbsDiff(Float32Array.from(part.entropy.dataSync()), Float32Array.from(ent))).toBeLessThan(1e-5);
+      tf.dispose([part.logprobs, part.entropy]);
+    }
+    expect(() => model.tokenLogprobs(ids, mask, pos, 7)).toThrow(/from must be an integer in 0\.\.6/);
+    expect(() => model.tokenLogprobs(ids, mask, pos, -1)).toThrow(ShapeError);
+    tf.dispose([ids, mask, pos, all.logprobs, all.entropy]);
+  });
+
   it('left padding does not change a row (positions from the first real token, padding keys masked)', () => {
     const alone = batch([ROWS[1]], 3);
     const padded = batch(ROWS, 8);
