@@ -508,9 +508,9 @@ export class PolicyModel {
     return tf.gather(this.embedTokens, tf.reshape(tf.cast(ids, 'int32'), [-1])) as tf.Tensor2D; // [N, d]
   }
 
-  /** `[N, d] → [N, V]` through the untied head or the transposed embedding. */
+  /** `[N, d] → [N, V]` through the untied head or the embedding read transposed (no copy of the `[V, d]` matrix). */
   private head(h: tf.Tensor2D): tf.Tensor2D {
-    return tf.matMul(h, this.lmHead ?? tf.transpose(this.embedTokens)); // [N, V]
+    return this.lmHead ? tf.matMul(h, this.lmHead) : tf.matMul(h, this.embedTokens, false, true); // [N, V]
   }
 
   /**
