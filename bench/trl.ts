@@ -47,6 +47,8 @@ interface StepRow {
   readonly train_s: number;
   readonly reward_mean: number;
   readonly tokens_per_s: number;
+  readonly pg_loss: number;
+  readonly clipfrac: number;
 }
 
 /** What each side reports. */
@@ -173,6 +175,8 @@ async function runRxrl(recipe: string, set: readonly string[], runDir: string): 
         train_s: total - rollout,
         reward_mean: m['rollout/reward_mean'],
         tokens_per_s: (m['response_length/mean'] * m['batch/rows']) / total,
+        pg_loss: m['actor/pg_loss'],
+        clipfrac: m['actor/pg_clipfrac'],
       };
     });
   const last = summary.at(-1) ?? {};
@@ -205,6 +209,8 @@ async function runTrl(args: { modelDir: string; data: string; settings: Record<s
         train_s: Number(e.train_s),
         reward_mean: Number(e.reward_mean),
         tokens_per_s: (Number(e.mean_length) * Number(e.samples)) / total,
+        pg_loss: Number(e.pg_loss),
+        clipfrac: Number(e.clipfrac),
       };
     });
   const first = vals[0] ?? {};
@@ -245,6 +251,8 @@ function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
           [`${side}/rollout/reward_mean`]: s.reward_mean,
           [`${side}/perf/tokens_per_s`]: s.tokens_per_s,
           [`${side}/timing/total_s`]: s.total_s,
+          [`${side}/actor/pg_loss`]: s.pg_loss,
+          [`${side}/actor/pg_clipfrac`]: s.clipfrac,
         }),
       );
     }

@@ -200,7 +200,7 @@ def main() -> None:
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if pending and logs is not None and "reward" in logs:
-                emit({**pending, "reward_mean": logs["reward"], "mean_length": logs.get("completions/mean_length"), "clipped_ratio": logs.get("completions/clipped_ratio"), "entropy": logs.get("entropy"), "samples": rows})
+                emit({**pending, "reward_mean": logs["reward"], "mean_length": logs.get("completions/mean_length"), "clipped_ratio": logs.get("completions/clipped_ratio"), "entropy": logs.get("entropy"), "pg_loss": logs.get("loss"), "clipfrac": logs.get("clip_ratio/region_mean"), "samples": rows})
                 pending.clear()
             # The log's own time goes to the next step, as rxrl's metrics writing does.
 
