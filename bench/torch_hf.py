@@ -35,14 +35,8 @@ import statistics
 import sys
 import time
 
-# Never reach for the Hugging Face hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# OpenMP workers sleep rather than spin at barriers (read when torch loads; set OMP_WAIT_POLICY to override).
-# On a shared 2-core machine spinning workers fight other processes for the cores: with the default policy
-# 2 threads measured ~6x slower than 1 thread here, with PASSIVE close to 1 thread or better.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _offline  # noqa: E402,F401  (offline, sleeping OpenMP workers: before torch loads)
 
 BENCH = "hf-torch"
 

@@ -25,15 +25,8 @@ import os
 import sys
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# As bench/torch_hf.py: sleeping OpenMP workers, so 2 threads on a shared 2-core machine are not slower than 1.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _offline  # noqa: E402,F401  (offline, sleeping OpenMP workers: before torch loads)
 from trl_reward import equation_reward, score  # noqa: E402
 
 
