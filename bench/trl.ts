@@ -1,13 +1,13 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1] [--recipe recipes/smollm2-arithmetic.yaml] [--out runs/bench-trl]
- * [--threads 2] [--only rxrl|trl]`
+ * [--threads 2] [--only rxrl|trl] [--backend tensorflow]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
  *
  * 1. exports the task as JSONL (`<out>/data`: each prompt rendered in the model's chat template, its token ids and
  *    the answer); TRL's side checks that its tokenizer gives the same ids;
- * 2. trains it with `rxrl run` on the native backend (`<out>/rxrl`), validation before and after only;
+ * 2. trains it with `rxrl run` on the native backend (`--backend`), in `<out>/rxrl`, validating before and after only;
  * 3. trains it with TRL's `GRPOTrainer` (`bench/trl_grpo.py`: PyTorch CPU, `--threads` threads, the reward ported
  *    to Python in `bench/trl_reward.py`) with the recipe's settings mapped to `GRPOConfig`: prompts per step and
  *    group size (the batch of completions, in the trainer's micro-batches), learning rate (constant, Adam, no
@@ -51,11 +51,18 @@ interface StepRow {
   readonly clipfrac: number;
 }
 
+/** Held-out scores: mean reward, and the arithmetic evaluator's format and right-result rates where it has them. */
+interface ValScores {
+  readonly reward: number;
+  readonly format?: number;
+  readonly correct?: number;
+}
+
 /** What each side reports. */
 interface SideResult {
   readonly steps: readonly StepRow[];
-  readonly before: number | null;
-  readonly after: number | null;
+  readonly before: ValScores | null;
+  readonly after: ValScores | null;
   readonly extra: Readonly<Record<string, unknown>>;
 }
 
@@ -182,8 +189,8 @@ async function runRxrl(recipe: string, set: readonly string[], runDir: string): 
   const last = summary.at(-1) ?? {};
   return {
     steps,
-    before: vals.length > 0 ? vals[0].metrics['val/reward_mean'] : null,
-    after: vals.length > 1 ? vals.at(-1)!.metrics['val/reward_mean'] : null,
+    before: vals.length > 0 ? rxrlScores(vals[0]) : null,
+    after: vals.length > 1 ? rxrlScores(vals.at(-1)!) : null,
     extra: { backend: last.backend, seconds: last.seconds },
   };
 }
@@ -214,7 +221,18 @@ async function runTrl(args: { modelDir: string; data: string; settings: Record<s
       };
     });
   const first = vals[0] ?? {};
-  return { steps, before: vals.length > 0 ? Number(first.reward_mean) : null, after: vals.length > 1 ? Number(vals.at(-1)!.reward_mean) : null, extra: { trl: first.trl, torch: first.torch } };
+  const scores = (e: Record<string, unknown>): ValScores => ({ reward: Number(e.reward_mean), format: Number(e.format_mean), correct: Number(e.correct_mean) });
+  return { steps, before: vals.length > 0 ? scores(first) : null, after: vals.length > 1 ? scores(vals.at(-1)!) : null, extra: { trl: first.trl, torch: first.torch } };
+}
+
+function rxrlScores(record: MetricsRecord): ValScores {
+  const m = record.metrics;
+  return { reward: m['val/reward_mean'], ...(m['val/format_mean'] === undefined ? {} : { format: m['val/format_mean'], correct: m['val/correct_mean'] }) };
+}
+
+/** Held-out reward after training minus before, or null when a side has not both. */
+function gain(s: SideResult | undefined): number | null {
+  return s === undefined || s.before === null || s.after === null ? null : round(s.after.reward - s.before.reward);
 }
 
 /** One side's summary line. */
@@ -232,7 +250,7 @@ function sideSummary(side: string, result: SideResult): Record<string, unknown> 
     tokens_per_s_median: col('tokens_per_s'),
     val_before: result.before,
     val_after: result.after,
-    gain: result.before === null || result.after === null ? null : round(result.after - result.before),
+    gain: gain(result),
     reward_curve: steps.map((s) => round(s.reward_mean)),
   };
 }
@@ -241,7 +259,7 @@ function sideSummary(side: string, result: SideResult): Record<string, unknown> 
 function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
   const lines: string[] = [];
   for (const [side, result] of Object.entries(sides)) {
-    if (result.before !== null) lines.push(JSON.stringify({ step: -1, version: 0, time: 0, [`${side}/val/reward_mean`]: result.before }));
+    if (result.before !== null) lines.push(JSON.stringify({ step: -1, version: 0, time: 0, [`${side}/val/reward_mean`]: result.before.reward }));
     for (const s of result.steps) {
       lines.push(
         JSON.stringify({
@@ -257,7 +275,7 @@ function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
       );
     }
     const last = result.steps.at(-1);
-    if (result.after !== null && last) lines.push(JSON.stringify({ step: last.step, version: last.step + 1, time: 0, [`${side}/val/reward_mean`]: result.after }));
+    if (result.after !== null && last) lines.push(JSON.stringify({ step: last.step, version: last.step + 1, time: 0, [`${side}/val/reward_mean`]: result.after.reward }));
   }
   return `${lines.join('\n')}\n`;
 }
@@ -267,10 +285,11 @@ export async function main(args: readonly string[]): Promise<void> {
   const seed = Number(option(args, 'seed', '1'));
   const threads = Number(option(args, 'threads', '2'));
   const only = option(args, 'only', '');
+  const backend = option(args, 'backend', 'tensorflow');
   const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
   const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
-  // rxrl's run: the native backend, validation before and after only, no checkpoint but the last.
-  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, 'run.backend=tensorflow', 'validation.every=0', 'validation.beforeTrain=true', 'checkpoint.every=0'];
+  // rxrl's run: validation before and after only, no checkpoint but the last.
+  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, 'validation.every=0', 'validation.beforeTrain=true', 'checkpoint.every=0'];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
@@ -295,7 +314,6 @@ export async function main(args: readonly string[]): Promise<void> {
   }
   await writeFile(join(out, 'metrics.jsonl'), comparisonLines(sides));
   await writeReport(out, { title: `rxrl and TRL: ${basename(recipe)}, ${steps} steps, seed ${seed}` });
-  const gain = (s: SideResult | undefined): number | null => (s === undefined || s.before === null || s.after === null ? null : round(s.after - s.before));
   const stepTime = (s: SideResult | undefined): number => (s === undefined ? Number.NaN : median(s.steps.map((r) => r.total_s)));
   const ratio = stepTime(sides.trl) / stepTime(sides.rxrl);
   console.log(JSON.stringify({ bench: 'trl-summary', steps, rxrl_gain: gain(sides.rxrl), trl_gain: gain(sides.trl), step_time_ratio: Number.isFinite(ratio) ? round(ratio) : null }));
