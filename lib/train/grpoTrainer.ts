@@ -297,10 +297,8 @@ export class GrpoTrainer implements Trainer {
       if (this.options.klLoss && !refLogprobs) {
         const reference = this.options.reference;
         if (!reference) throw new ConfigError('klLoss needs batch.refLogprobs or a reference model');
-        refLogprobs = tf.tidy(() => {
-          const lp = reference.tokenLogprobs(all.ids, all.attention, all.positions, batch.promptLength - 1);
-          return sliceResponse(lp.logprobs, batch);
-        });
+        // Rows are P + R wide: scored from the prompt's last position, the result is the response's [B, R].
+        refLogprobs = tf.tidy(() => reference.tokenLogprobs(all.ids, all.attention, all.positions, batch.promptLength - 1).logprobs);
       }
       for (let epoch = 0; epoch < ppoEpochs; epoch++) {
         // The shuffle derives from (seed, step, epoch): nothing to checkpoint, and a resumed run repeats it.
@@ -397,10 +395,10 @@ export class GrpoTrainer implements Trainer {
     }
   }
 
-  /** Per-token response log-probs `[b, R]` and entropies of the current policy. */
+  /** Per-token response log-probs `[b, R]` and entropies of the current policy (rows are `P + R` wide). */
   private responseLogprobs(t: RowTensors, batch: Batch): { logprob: tf.Tensor2D; entropy: tf.Tensor2D } {
-    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions, batch.promptLength - 1); // [b, T-P]
-    return { logprob: sliceResponse(out.logprobs, batch), entropy: sliceResponse(out.entropy, batch) };
+    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions, batch.promptLength - 1); // [b, R]
+    return { logprob: out.logprobs, entropy: out.entropy };
   }
 
   private loss(t: RowTensors, isWeights: tf.Tensor2D | undefined, batch: Batch): { loss: tf.Scalar; metrics: ScalarMetrics } {
@@ -494,12 +492,6 @@ function rowTensors(batch: Batch, from: number, to: number): RowTensors {
     advantages: tf.tensor2d(batch.advantages.subarray(from * R, to * R), [n, R]),
     ...(batch.refLogprobs ? { refLogprobs: tf.tensor2d(batch.refLogprobs.subarray(from * R, to * R), [n, R]) } : {}),
   };
-}
-
-/** The response columns of a next-token tensor scored from the prompt's last position (`[b, T-P]`) → `[b, R]`. */
-function sliceResponse(x: tf.Tensor2D, batch: Batch): tf.Tensor2D {
-  const [b] = x.shape;
-  return tf.slice(x, [0, 0], [b, batch.responseLength]); // [b, R]
 }
 
 function sum(values: ArrayLike<number>): number {
