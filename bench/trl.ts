@@ -153,14 +153,10 @@ function trlSettings(config: RxrlConfig): Record<string, unknown> {
 /** rxrl's side: `rxrl run` of the recipe, read back from its metrics file. */
 async function runRxrl(recipe: string, set: readonly string[], runDir: string): Promise<SideResult> {
   const cli = fileURLToPath(new URL('../lib/cli.js', import.meta.url));
-  const summary: Record<string, unknown>[] = [];
-  await runProcess(process.execPath, [cli, 'run', recipe, ...set.flatMap((s) => ['--set', s])], (line) => {
-    try {
-      summary.push(JSON.parse(line) as Record<string, unknown>);
-    } catch {
-      // progress lines
-    }
-  });
+  // `rxrl run` ends its stdout with one JSON line, the run's summary.
+  let lastLine = '';
+  await runProcess(process.execPath, [cli, 'run', recipe, ...set.flatMap((s) => ['--set', s])], (line) => (lastLine = line));
+  const last = JSON.parse(lastLine) as Record<string, unknown>;
   const { records } = await readRunMetrics(runDir);
   const byStep = new Map<number, Record<string, number>>();
   const vals: MetricsRecord[] = [];
@@ -186,7 +182,6 @@ async function runRxrl(recipe: string, set: readonly string[], runDir: string): 
         clipfrac: m['actor/pg_clipfrac'],
       };
     });
-  const last = summary.at(-1) ?? {};
   return {
     steps,
     before: vals.length > 0 ? rxrlScores(vals[0]) : null,
