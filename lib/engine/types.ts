@@ -92,6 +92,11 @@ export interface GenerateRequest {
   readonly stopTokens?: readonly number[];
   /** Seed of this request's sampling stream; equal seeds give equal samples under equal weights. */
   readonly seed?: number;
+  /**
+   * Called with each new token as it is sampled (streaming). In-process engines call it once per token, in order;
+   * remote engines, which receive the response whole, do not call it. It must not throw (a throw is ignored).
+   */
+  readonly onToken?: (token: number, logprob: number) => void;
 }
 
 /** One generation result. */

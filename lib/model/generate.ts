@@ -142,6 +142,7 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
       const { token, logprob } = sampleToken(values, row * vocab, vocab, s, s.rng);
       s.tokens.push(token);
       s.logprobs.push(logprob);
+      if (s.request.onToken !== undefined) tell(s.request.onToken, token, logprob);
       if (s.stop.has(token)) {
         s.finishReason = 'stop';
       } else if (s.tokens.length >= s.request.maxTokens) {
@@ -167,6 +168,15 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
     const tokens = Int32Array.from(active, (s) => s.tokens[s.tokens.length - 1]);
     const positions = Int32Array.from(active, (s) => s.request.promptTokens.length + s.tokens.length - 1);
     logits = decoder.step(tokens, positions);
+  }
+}
+
+/** Passes a sampled token to a request's listener; a listener's error must not end the batch of other requests. */
+function tell(listener: (token: number, logprob: number) => void, token: number, logprob: number): void {
+  try {
+    listener(token, logprob);
+  } catch {
+    // the listener's own problem (a closed stream, say): generation goes on
   }
 }
 

@@ -8,9 +8,11 @@ import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
 import { DecodeError } from '../errors.js';
 import { mapInTurns } from '../turns.js';
+import type { TopLogprob } from './servingModel.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel } from './sampling.js';
+import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import { EventStream, LiveChoice, readStream, worthSending, type StreamRequest } from './stream.js';
 
 function readContent(value: unknown, param: string, nullable: boolean): string {
   if (typeof value === 'string') return value;
@@ -101,14 +103,56 @@ function readToolChoice(body: JsonObject): boolean {
   throw invalid('tool_choice', "'tool_choice' must be 'none', 'auto', 'required' or { type: 'function', function: { name } }");
 }
 
-/**
- * Answers `POST /v1/chat/completions`: renders the messages with the template, samples `n` assistant turns and
- * parses tool calls of the offered tools (unless `tool_choice` is `none`); `return_token_ids` adds
- * `prompt_token_ids` and per-choice `token_ids`.
- */
-export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+/** The `logprobs.content` entries of some tokens of a choice, with their top alternatives when scored. */
+function logprobContent(
+  ctx: ServeContext,
+  tokens: readonly number[],
+  logprobs: readonly number[],
+  top: readonly (readonly TopLogprob[])[] | undefined,
+  asIds: boolean,
+): unknown[] {
+  const label = (t: number): string => tokenLabel(ctx, t, asIds);
+  return tokens.map((t, j) => ({
+    token: label(t),
+    logprob: logprobs[j],
+    bytes: [...Buffer.from(label(t), 'utf8')],
+    top_logprobs: (top?.[j] ?? []).map((alt) => ({
+      token: label(alt.token),
+      logprob: alt.logprob,
+      bytes: [...Buffer.from(label(alt.token), 'utf8')],
+    })),
+  }));
+}
+
+/** The assistant's reply of one choice: content and the calls of offered tools. */
+function reply(ctx: ServeContext, done: Finished, tools: readonly ChatTool[], parseTools: boolean, id: string, index: number) {
+  const parsed = parseTools ? ctx.template.parse(done.text, tools) : { content: done.text, toolCalls: [] };
+  const toolCalls = parsed.toolCalls.map((call, i) => ({
+    id: `call_${id.slice(-12)}_${index}_${i}`,
+    type: 'function' as const,
+    function: { name: call.name, arguments: call.arguments },
+  }));
+  return { content: parsed.content, toolCalls, finishReason: toolCalls.length > 0 ? ('tool_calls' as const) : done.finishReason };
+}
+
+/** A validated chat request. */
+interface ChatRequest {
+  readonly ctx: ServeContext;
+  readonly sampling: Sampling;
+  readonly messages: ChatMessage[];
+  readonly tools: ChatTool[];
+  readonly parseTools: boolean;
+  readonly prompt: number[];
+  readonly maxTokens: number;
+  readonly wantLogprobs: boolean;
+  readonly topK: number;
+  readonly stream: StreamRequest;
+}
+
+function readChatRequest(server: ServeContext, body: JsonObject): ChatRequest {
   const ctx = checkModel(server, body); // the base model's context, or the named adapter's
   const sampling = readSampling(ctx, body);
+  const stream = readStream(body);
   const messages = readMessages(body);
   const tools = readTools(body);
   const parseTools = readToolChoice(body) && tools.length > 0;
@@ -129,43 +173,36 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
   const wantLogprobs = readBoolean(body, 'logprobs', false);
   const topK = readInteger(body, 'top_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize), 0);
   if (topK > 0 && !wantLogprobs) throw invalid('top_logprobs', "'top_logprobs' needs 'logprobs': true");
-  const { responses, version } = await sample(ctx, [prompt], maxTokens, sampling, topK, signal);
+  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream };
+}
+
+/**
+ * Answers `POST /v1/chat/completions`: renders the messages with the template, samples `n` assistant turns and
+ * parses tool calls of the offered tools (unless `tool_choice` is `none`); `return_token_ids` adds
+ * `prompt_token_ids` and per-choice `token_ids`. With `stream: true` the answer is a stream of
+ * `chat.completion.chunk`s ({@link streamChat}).
+ */
+export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+  const request = readChatRequest(server, body);
+  if (request.stream.stream) return streamChat(request, signal);
+  const { ctx, sampling, prompt, wantLogprobs } = request;
+  const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal);
   const base = envelope(ctx, 'chatcmpl', 'chat.completion', version);
   let completionTokens = 0;
   const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
-    const parsed = parseTools ? ctx.template.parse(done.text, tools) : { content: done.text, toolCalls: [] };
-    const toolCalls = parsed.toolCalls.map((call, i) => ({
-      id: `call_${String(base.id).slice(-12)}_${index}_${i}`,
-      type: 'function' as const,
-      function: { name: call.name, arguments: call.arguments },
-    }));
-    const label = (t: number): string => tokenLabel(ctx, t, sampling.tokensAsIds);
+    const { content, toolCalls, finishReason } = reply(ctx, done, request.tools, request.parseTools, String(base.id), index);
     return {
       index,
       message: {
         role: 'assistant',
-        content: parsed.content === '' && toolCalls.length > 0 ? null : parsed.content,
+        content: content === '' && toolCalls.length > 0 ? null : content,
         refusal: null,
         ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
       },
-      finish_reason: toolCalls.length > 0 ? 'tool_calls' : done.finishReason,
-      logprobs: wantLogprobs
-        ? {
-            content: done.tokens.map((t, j) => ({
-              token: label(t),
-              logprob: done.logprobs[j],
-              bytes: [...Buffer.from(label(t), 'utf8')],
-              top_logprobs: (done.top?.[j] ?? []).map((alt) => ({
-                token: label(alt.token),
-                logprob: alt.logprob,
-                bytes: [...Buffer.from(label(alt.token), 'utf8')],
-              })),
-            })),
-            refusal: null,
-          }
-        : null,
+      finish_reason: finishReason,
+      logprobs: wantLogprobs ? { content: logprobContent(ctx, done.tokens, done.logprobs, done.top, sampling.tokensAsIds), refusal: null } : null,
       ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
     };
   });
@@ -177,3 +214,59 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
   };
 }
 
+/**
+ * The streamed answer: a first chunk per choice with the role, content deltas as tokens are sampled (with their
+ * `logprobs` and vLLM's `token_ids` when asked), then a chunk with the finish reason, `policy_version` and
+ * `system_fingerprint`, and with `stream_options.include_usage` a last chunk with `usage` and no choices.
+ * When tool calls are parsed, or top alternatives scored, a choice's deltas come once it is complete (its text has
+ * to be whole to be parsed or scored); tool calls come as one `tool_calls` delta per choice.
+ */
+function streamChat(request: ChatRequest, signal: AbortSignal): EventStream {
+  const { ctx, sampling, prompt, wantLogprobs } = request;
+  const live = !request.parseTools && request.topK === 0;
+  return new EventStream(async (send) => {
+    const { id, created } = envelope(ctx, 'chatcmpl', 'chat.completion.chunk', ctx.engine.version);
+    const head = { id, object: 'chat.completion.chunk', created, model: ctx.modelName };
+    const tops: (Finished | undefined)[] = [];
+    const chunk = (index: number, delta: unknown, extra: Record<string, unknown> = {}): void =>
+      send({ ...head, choices: [{ index, delta, logprobs: null, finish_reason: null, ...extra }] });
+    const streams = Array.from({ length: sampling.n }, (_, index) => {
+      send({
+        ...head,
+        choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+        ...(index === 0 && sampling.returnTokenIds ? { prompt_token_ids: prompt } : {}),
+      });
+      return new LiveChoice(ctx.tokenizer, sampling.stop, (piece) => {
+        if (!worthSending(piece, sampling, wantLogprobs)) return;
+        const top = tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length);
+        chunk(index, { content: piece.text }, {
+          logprobs: wantLogprobs ? { content: logprobContent(ctx, piece.tokens, piece.logprobs, top, sampling.tokensAsIds), refusal: null } : null,
+          ...(sampling.returnTokenIds ? { token_ids: piece.tokens } : {}),
+        });
+      });
+    });
+    const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
+    let completionTokens = 0;
+    responses.forEach((response, index) => {
+      const done = finish(ctx, response, sampling);
+      completionTokens += response.tokens.length;
+      tops[index] = done;
+      const { content, toolCalls, finishReason } = reply(ctx, done, request.tools, request.parseTools, String(id), index);
+      if (toolCalls.length === 0) {
+        streams[index].end(done);
+      } else {
+        if (content !== '' || wantLogprobs || sampling.returnTokenIds) {
+          chunk(index, { content }, {
+            logprobs: wantLogprobs ? { content: logprobContent(ctx, done.tokens, done.logprobs, done.top, sampling.tokensAsIds), refusal: null } : null,
+            ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
+          });
+        }
+        chunk(index, { tool_calls: toolCalls.map((call, i) => ({ index: i, ...call })) });
+      }
+      send({ ...head, system_fingerprint: `rxrl-v${version}`, policy_version: version, choices: [{ index, delta: {}, logprobs: null, finish_reason: finishReason }] });
+    });
+    if (request.stream.includeUsage) {
+      send({ ...head, choices: [], usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens } });
+    }
+  });
+}

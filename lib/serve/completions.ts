@@ -5,9 +5,10 @@
  */
 import { mapInTurns } from '../turns.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
-import type { PromptTokenLogprob } from './servingModel.js';
+import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Sampling } from './sampling.js';
+import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import { EventStream, LiveChoice, readStream, worthSending } from './stream.js';
 
 /** New tokens when a request gives no `max_tokens` (the OpenAI default), cut to what the context allows. */
 const DEFAULT_MAX_TOKENS = 16;
@@ -81,39 +82,79 @@ export async function completions(server: ServeContext, body: JsonObject, signal
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
   const logprobs = readInteger(body, 'logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
   const promptTopK = readInteger(body, 'prompt_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
+  const promptTokens = prompts.reduce((sum, p) => sum + p.length, 0);
+  const usage = (completionTokens: number): Record<string, number> => ({
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+  });
+  const logprobsJson = (tokens: readonly number[], values: readonly number[], top: readonly (readonly TopLogprob[])[] | undefined, offsets: readonly number[]) => {
+    const label = (t: number): string => tokenLabel(ctx, t, sampling.tokensAsIds);
+    return {
+      tokens: tokens.map(label),
+      token_logprobs: values,
+      top_logprobs: tokens.map((t, j) => {
+        const entries: Record<string, number> = {};
+        for (const alt of top?.[j] ?? []) entries[label(alt.token)] = alt.logprob;
+        entries[label(t)] = values[j];
+        return entries;
+      }),
+      text_offset: offsets,
+    };
+  };
+  const promptOf = (index: number): number[] => prompts[Math.floor(index / sampling.n)];
+  const stream = readStream(body);
+  if (stream.stream) {
+    // Streamed: text chunks per choice as tokens are sampled (once complete when alternatives are scored).
+    const live = (logprobs ?? 0) === 0 && promptTopK === undefined;
+    return new EventStream(async (send) => {
+      const { id, created } = envelope(ctx, 'cmpl', 'text_completion', ctx.engine.version);
+      const head = { id, object: 'text_completion', created, model: ctx.modelName };
+      const finished: (Finished | undefined)[] = [];
+      const chunk = (index: number, choice: Record<string, unknown>, extra: Record<string, unknown> = {}): void =>
+        send({ ...head, ...extra, choices: [{ index, text: '', logprobs: null, finish_reason: null, ...choice }] });
+      const streams = Array.from({ length: prompts.length * sampling.n }, (_, index) => {
+        let first = true;
+        return new LiveChoice(ctx.tokenizer, sampling.stop, (piece) => {
+          if (!worthSending(piece, sampling, logprobs !== undefined) && !first) return;
+          const top = finished[index]?.top?.slice(piece.first, piece.first + piece.tokens.length);
+          chunk(index, {
+            text: piece.text,
+            logprobs: logprobs === undefined ? null : logprobsJson(piece.tokens, piece.logprobs, top, piece.offsets),
+            ...(sampling.returnTokenIds ? { token_ids: piece.tokens, ...(first ? { prompt_token_ids: promptOf(index) } : {}) } : {}),
+            ...(first && promptTopK !== undefined ? { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) } : {}),
+          });
+          first = false;
+        });
+      });
+      let promptLogprobs: ((PromptTokenLogprob | null)[] | undefined)[] = [];
+      const result = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal, promptTopK, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
+      promptLogprobs = result.promptLogprobs;
+      let completionTokens = 0;
+      result.responses.forEach((response, index) => {
+        const done = finish(ctx, response, sampling);
+        completionTokens += response.tokens.length;
+        finished[index] = done;
+        streams[index].end(done);
+        chunk(index, { finish_reason: done.finishReason }, { system_fingerprint: `rxrl-v${result.version}`, policy_version: result.version });
+      });
+      if (stream.includeUsage) send({ ...head, choices: [], usage: usage(completionTokens) });
+    });
+  }
   const { responses, promptLogprobs, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal, promptTopK);
   let completionTokens = 0;
   const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
-    const label = (t: number): string => tokenLabel(ctx, t, sampling.tokensAsIds);
     return {
       index,
       text: done.text,
       finish_reason: done.finishReason,
-      logprobs:
-        logprobs === undefined
-          ? null
-          : {
-              tokens: done.tokens.map(label),
-              token_logprobs: done.logprobs,
-              top_logprobs: done.tokens.map((t, j) => {
-                const entries: Record<string, number> = {};
-                for (const alt of done.top?.[j] ?? []) entries[label(alt.token)] = alt.logprob;
-                entries[label(t)] = done.logprobs[j];
-                return entries;
-              }),
-              text_offset: done.offsets,
-            },
+      logprobs: logprobs === undefined ? null : logprobsJson(done.tokens, done.logprobs, done.top, done.offsets),
       ...(promptTopK === undefined ? {} : { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) }),
-      ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: prompts[Math.floor(index / sampling.n)] } : {}),
+      ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: promptOf(index) } : {}),
     };
   });
-  const promptTokens = prompts.reduce((sum, p) => sum + p.length, 0);
-  return {
-    ...envelope(ctx, 'cmpl', 'text_completion', version),
-    choices,
-    usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
-  };
+  return { ...envelope(ctx, 'cmpl', 'text_completion', version), choices, usage: usage(completionTokens) };
 }
 

@@ -42,12 +42,11 @@ export function checkModel(ctx: ServeContext, body: JsonObject): ServeContext {
 }
 
 /**
- * Reads and validates `n`, `temperature`, `top_p`, `seed`, `stop` and the vLLM extensions; refuses streaming,
- * penalties and logit bias. Generation always stops at the tokenizer's `stopIds`, at one-token stop strings and at
+ * Reads and validates `n`, `temperature`, `top_p`, `seed`, `stop` and the vLLM extensions; refuses penalties and
+ * logit bias. Generation always stops at the tokenizer's `stopIds`, at one-token stop strings and at
  * `stop_token_ids`.
  */
 export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
-  refuse(body, 'stream', (v) => v === false, 'streaming');
   refuse(body, 'presence_penalty', (v) => v === 0, 'penalties');
   refuse(body, 'frequency_penalty', (v) => v === 0, 'penalties');
   refuse(body, 'logit_bias', (v) => typeof v === 'object' && v !== null && Object.keys(v).length === 0, 'logit bias');
@@ -120,23 +119,38 @@ export interface Finished {
  * ```
  */
 export function textPieces(tokenizer: Tokenizer, tokens: readonly number[]): string[] {
-  const pieces: string[] = [];
-  let start = 0; // first token of the context window
-  let read = 0; // tokens before this are in `pieces`
-  let readText = '';
-  for (let j = 0; j < tokens.length; j++) {
-    const text = tokenizer.decode(tokens.slice(start, j + 1));
-    const complete = !text.endsWith('\uFFFD') || j === tokens.length - 1;
-    if (text.length > readText.length && complete) {
-      pieces.push(text.slice(readText.length));
-      start = read;
-      read = j + 1;
-      readText = tokenizer.decode(tokens.slice(start, read));
-    } else {
-      pieces.push('');
+  const pieces = new TextPieces(tokenizer);
+  return tokens.map((token, j) => pieces.push(token, j === tokens.length - 1));
+}
+
+/**
+ * {@link textPieces} one token at a time, for streaming: the piece of a token pushed with `last` false is final
+ * (equal to the whole response's); only the last token of a response may get a different piece once it is known
+ * to be last (an incomplete character is then written out as it is).
+ */
+export class TextPieces {
+  private readonly tokens: number[] = [];
+  private start = 0; // first token of the context window
+  private read = 0; // tokens before this have their pieces
+  private readText = '';
+
+  constructor(private readonly tokenizer: Tokenizer) {}
+
+  /** The text `token` adds; `last` when no token follows it. */
+  push(token: number, last: boolean): string {
+    const j = this.tokens.length;
+    this.tokens.push(token);
+    const text = this.tokenizer.decode(this.tokens.slice(this.start, j + 1));
+    const complete = !text.endsWith('\uFFFD') || last;
+    if (text.length > this.readText.length && complete) {
+      const piece = text.slice(this.readText.length);
+      this.start = this.read;
+      this.read = j + 1;
+      this.readText = this.tokenizer.decode(this.tokens.slice(this.start, this.read));
+      return piece;
     }
+    return '';
   }
-  return pieces;
 }
 
 /**
@@ -192,7 +206,7 @@ export function finish(ctx: ServeContext, response: GenerateResponse, sampling: 
 /**
  * Samples `n` responses per prompt through the local engine (prompt-major order), asking for `topK`
  * alternatives per token and, when `promptTopK` is given, the prompt tokens' log-probs (scored once per prompt,
- * with its first choice); resolves with the responses, the prompts' log-probs (or `undefined` each) and the
+ * with its first choice); `onToken` hears each choice's tokens as they are sampled; resolves with the responses, the prompts' log-probs (or `undefined` each) and the
  * oldest policy version among them.
  */
 export async function sample(
@@ -203,6 +217,7 @@ export async function sample(
   topK: number,
   signal: AbortSignal,
   promptTopK?: number,
+  onToken?: (choice: number, token: number, logprob: number) => void,
 ): Promise<{ responses: GenerateResponse[]; promptLogprobs: ((PromptTokenLogprob | null)[] | undefined)[]; version: PolicyVersion }> {
   const requests: GenerateRequest[] = [];
   prompts.forEach((promptTokens, p) => {
@@ -214,6 +229,7 @@ export async function sample(
         topP: sampling.topP,
         stopTokens: sampling.stopTokens,
         seed: choiceSeed(sampling.seed, p * sampling.n + i),
+        ...(onToken === undefined ? {} : { onToken: (token: number, logprob: number) => onToken(p * sampling.n + i, token, logprob) }),
       };
       ctx.serving.requestScores(request, { topLogprobs: topK, ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}) });
       requests.push(request);

@@ -44,6 +44,7 @@ import type { ServeContext, ServeLogger } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject } from './protocol.js';
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
+import { EventStream } from './stream.js';
 import { updateWeights } from './weights.js';
 
 /** Default name of the served model. */
@@ -279,7 +280,8 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
   try {
     if (ctx.closing) throw new RequestError(503, 'server is shutting down', { type: 'server_error', code: 'unavailable' });
     const result = await route(ctx, method, path, req, controller.signal);
-    sendEncoded(res, 200, await encodeJson(result));
+    if (result instanceof EventStream) await sendEvents(ctx, res, result, controller.signal);
+    else sendEncoded(res, 200, await encodeJson(result));
   } catch (error) {
     if (controller.signal.aborted && isAbortError(error)) {
       status = 499;
@@ -432,4 +434,32 @@ function sendEncoded(res: ServerResponse, status: number, chunks: readonly Buffe
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': length, ...headers });
   for (const chunk of chunks) res.write(chunk);
   res.end();
+}
+
+/**
+ * Answers with server-sent events: each chunk as `data: <json>`, then `data: [DONE]`. An error once the stream
+ * has begun is sent as a last `data: {"error": …}` event (the status is already 200); an abort (the client went
+ * away) rethrows, so the request is logged as cancelled.
+ */
+async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventStream, signal: AbortSignal): Promise<void> {
+  let started = false;
+  const begin = (): void => {
+    if (started || res.destroyed) return;
+    started = true;
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive' });
+  };
+  const send = (chunk: unknown): void => {
+    begin();
+    if (!res.destroyed) res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+  };
+  try {
+    await stream.run(send);
+  } catch (error) {
+    if (!started || (signal.aborted && isAbortError(error))) throw error;
+    const refused = asRequestError(error);
+    ctx.log({ event: 'stream_error', error: String(error) });
+    send(refused?.toBody() ?? errorBody('internal server error', 'server_error'));
+  }
+  begin();
+  if (!res.destroyed) res.end('data: [DONE]\n\n');
 }
