@@ -8,7 +8,7 @@
 import { LocalEngine } from '../engine/local.js';
 import { LoraAdapter, loadPeftAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
-import type { ServeContext, ServedAdapter } from './context.js';
+import { ownModel, type ServeContext, type ServedAdapter } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 import { ServingModel } from './servingModel.js';
 import { cannotLoad, maxWeightBytes, resolveClientDir, rootOf } from './weights.js';
@@ -20,7 +20,7 @@ export function modelContext(ctx: ServeContext, name: string): ServeContext {
   if (served === undefined) {
     throw new RequestError(404, `The model '${excerpt(name)}' does not exist`, { param: 'model', code: 'model_not_found' });
   }
-  return { ...ctx, engine: served.engine, serving: served.serving, modelName: name };
+  return { ...ctx, engine: served.engine, own: { serving: served.serving, engine: served.engine }, modelName: name };
 }
 
 /**
@@ -42,7 +42,7 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
   let adapter: LoraAdapter;
   try {
     // Regular files only (a FIFO or /dev/zero must not hang the reader), no larger than the base model.
-    adapter = (await loadPeftAdapter(dir, ctx.serving.model.config, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) })).adapter;
+    adapter = (await loadPeftAdapter(dir, ownModel(ctx, 'LoRA').serving.model.config, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) })).adapter;
   } catch (cause) {
     throw cannotLoad('lora_path', path, cause);
   }
@@ -65,9 +65,10 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
       return replaced;
     }
   }
-  const view = PolicyModel.withAdapter(ctx.serving.model, adapter);
+  const own = ownModel(ctx, 'LoRA');
+  const view = PolicyModel.withAdapter(own.serving.model, adapter);
   const serving = new ServingModel(view);
-  const engine = new LocalEngine(serving, { tokenizer: ctx.tokenizer, modelTag: name, maxBatchSize: ctx.engine.maxBatchSize, maxWaitMs: ctx.engine.maxWaitMs, version: 0 });
+  const engine = new LocalEngine(serving, { tokenizer: ctx.tokenizer, modelTag: name, maxBatchSize: own.engine.maxBatchSize, maxWaitMs: own.engine.maxWaitMs, version: 0 });
   const served: ServedAdapter = { name, path, adapter, view, serving, engine };
   ctx.adapters.set(name, served);
   if (existing !== undefined) void retire(existing);

@@ -12,6 +12,7 @@ import type { TopLogprob } from './servingModel.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
 import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import type { Drift, Session } from './sessions.js';
 import { EventStream, LiveChoice, readStream, worthSending, type StreamRequest } from './stream.js';
 
 function readContent(value: unknown, param: string, nullable: boolean): string {
@@ -147,11 +148,16 @@ interface ChatRequest {
   readonly wantLogprobs: boolean;
   readonly topK: number;
   readonly stream: StreamRequest;
+  /** The session the call is recorded in. */
+  readonly session: Session | undefined;
+  /** The earlier call whose exact tokens the prompt continues (sessions). */
+  readonly continues: { call: string; choice: number } | undefined;
+  readonly drift: Drift | undefined;
 }
 
-function readChatRequest(server: ServeContext, body: JsonObject): ChatRequest {
+function readChatRequest(server: ServeContext, body: JsonObject, session: Session | undefined): ChatRequest {
   const ctx = checkModel(server, body); // the base model's context, or the named adapter's
-  const sampling = readSampling(ctx, body);
+  const sampling = readSampling(ctx, session !== undefined && absent(body, 'seed') ? { ...body, seed: session.callSeed() } : body);
   const stream = readStream(body);
   const messages = readMessages(body);
   const tools = readTools(body);
@@ -164,6 +170,13 @@ function readChatRequest(server: ServeContext, body: JsonObject): ChatRequest {
     const why = excerpt(error instanceof Error ? error.message : String(error), MAX_ERROR_MESSAGE_CHARS);
     throw invalid(typeof index === 'number' ? `messages[${index}].content` : 'messages', why);
   }
+  let exact: { continues?: { call: string; choice: number }; drift?: Drift } = {};
+  if (session !== undefined) {
+    const found = session.chatPrompt(ctx.template, ctx.tokenizer.stopIds, messages, tools, prompt);
+    prompt = found.prompt;
+    exact = found;
+    session.admit(prompt.length, ctx.sessions.maxTokens);
+  }
   const limit = ctx.maxSeqLen - prompt.length;
   const maxTokens =
     readInteger(body, 'max_completion_tokens', 0, ctx.maxSeqLen) ??
@@ -173,7 +186,27 @@ function readChatRequest(server: ServeContext, body: JsonObject): ChatRequest {
   const wantLogprobs = readBoolean(body, 'logprobs', false);
   const topK = readInteger(body, 'top_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize), 0);
   if (topK > 0 && !wantLogprobs) throw invalid('top_logprobs', "'top_logprobs' needs 'logprobs': true");
-  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream };
+  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream, session, continues: exact.continues, drift: exact.drift };
+}
+
+/** Records a session's call: what each choice's client was given. */
+function recordCall(request: ChatRequest, id: string, version: number, replies: readonly { done: Finished; reply: ReturnType<typeof reply> }[]): void {
+  request.session?.record({
+    id,
+    route: 'chat',
+    promptIds: request.prompt,
+    version,
+    messages: request.messages,
+    ...(request.continues ? { continues: request.continues } : {}),
+    ...(request.drift ? { drift: request.drift } : {}),
+    choices: replies.map(({ done, reply: r }) => ({
+      tokens: done.tokens,
+      logprobs: done.logprobs,
+      finishReason: r.finishReason,
+      text: done.text,
+      message: { role: 'assistant', content: r.content, ...(r.toolCalls.length > 0 ? { toolCalls: r.toolCalls.map((c) => ({ id: c.id, ...c.function })) } : {}) },
+    })),
+  });
 }
 
 /**
@@ -182,17 +215,20 @@ function readChatRequest(server: ServeContext, body: JsonObject): ChatRequest {
  * `prompt_token_ids` and per-choice `token_ids`. With `stream: true` the answer is a stream of
  * `chat.completion.chunk`s ({@link streamChat}).
  */
-export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
-  const request = readChatRequest(server, body);
+export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
+  const request = readChatRequest(server, body, session);
   if (request.stream.stream) return streamChat(request, signal);
   const { ctx, sampling, prompt, wantLogprobs } = request;
   const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal);
   const base = envelope(ctx, 'chatcmpl', 'chat.completion', version);
   let completionTokens = 0;
+  const replies: { done: Finished; reply: ReturnType<typeof reply> }[] = [];
   const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
-    const { content, toolCalls, finishReason } = reply(ctx, done, request.tools, request.parseTools, String(base.id), index);
+    const r = reply(ctx, done, request.tools, request.parseTools, String(base.id), index);
+    replies.push({ done, reply: r });
+    const { content, toolCalls, finishReason } = r;
     return {
       index,
       message: {
@@ -206,6 +242,7 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
       ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
     };
   });
+  recordCall(request, String(base.id), version, replies);
   return {
     ...base,
     choices,
@@ -247,11 +284,14 @@ function streamChat(request: ChatRequest, signal: AbortSignal): EventStream {
     });
     const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
     let completionTokens = 0;
+    const replies: { done: Finished; reply: ReturnType<typeof reply> }[] = [];
     responses.forEach((response, index) => {
       const done = finish(ctx, response, sampling);
       completionTokens += response.tokens.length;
       tops[index] = done;
-      const { content, toolCalls, finishReason } = reply(ctx, done, request.tools, request.parseTools, String(id), index);
+      const r = reply(ctx, done, request.tools, request.parseTools, String(id), index);
+      replies.push({ done, reply: r });
+      const { content, toolCalls, finishReason } = r;
       if (toolCalls.length === 0) {
         streams[index].end(done);
       } else {
@@ -265,6 +305,7 @@ function streamChat(request: ChatRequest, signal: AbortSignal): EventStream {
       }
       send({ ...head, system_fingerprint: `rxrl-v${version}`, policy_version: version, choices: [{ index, delta: {}, logprobs: null, finish_reason: finishReason }] });
     });
+    recordCall(request, String(id), version, replies);
     if (request.stream.includeUsage) {
       send({ ...head, choices: [], usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens } });
     }

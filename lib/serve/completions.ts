@@ -8,6 +8,7 @@ import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
 import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import type { Session } from './sessions.js';
 import { EventStream, LiveChoice, readStream, worthSending } from './stream.js';
 
 /** New tokens when a request gives no `max_tokens` (the OpenAI default), cut to what the context allows. */
@@ -70,13 +71,26 @@ function promptLogprobsJson(ctx: ServeContext, scored: readonly (PromptTokenLogp
  * prefix (`null` for the first) plus the top-k alternatives; `return_token_ids` adds `token_ids` and
  * `prompt_token_ids` per choice.
  */
-export async function completions(server: ServeContext, body: JsonObject, signal: AbortSignal): Promise<unknown> {
+export async function completions(server: ServeContext, body: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
   const ctx = checkModel(server, body); // the base model's context, or the named adapter's
   refuse(body, 'echo', (v) => v === false, 'echo');
   refuse(body, 'suffix', (v) => v === '', 'suffix');
-  const sampling = readSampling(ctx, body);
+  const sampling = readSampling(ctx, session !== undefined && absent(body, 'seed') ? { ...body, seed: session.callSeed() } : body);
   refuse(body, 'best_of', (v) => v === sampling.n, 'best_of other than n');
   const prompts = readPrompts(ctx, body, sampling);
+  session?.admit(prompts.reduce((sum, p) => sum + p.length, 0), ctx.sessions.maxTokens);
+  /** Records a session's call per prompt: what each choice's client was given. */
+  const record = (id: string, version: number, done: readonly Finished[]): void => {
+    prompts.forEach((promptIds, p) =>
+      session?.record({
+        id: prompts.length === 1 ? id : `${id}#${p}`,
+        route: 'completions',
+        promptIds,
+        version,
+        choices: done.slice(p * sampling.n, (p + 1) * sampling.n).map((d) => ({ tokens: d.tokens, logprobs: d.logprobs, finishReason: d.finishReason, text: d.text })),
+      }),
+    );
+  };
   const room = ctx.maxSeqLen - prompts.reduce((longest, p) => Math.max(longest, p.length), 0);
   const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(DEFAULT_MAX_TOKENS, room)));
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
@@ -138,13 +152,16 @@ export async function completions(server: ServeContext, body: JsonObject, signal
         streams[index].end(done);
         chunk(index, { finish_reason: done.finishReason }, { system_fingerprint: `rxrl-v${result.version}`, policy_version: result.version });
       });
+      record(String(id), result.version, finished as Finished[]);
       if (stream.includeUsage) send({ ...head, choices: [], usage: usage(completionTokens) });
     });
   }
   const { responses, promptLogprobs, version } = await sample(ctx, prompts, maxTokens, sampling, logprobs ?? 0, signal, promptTopK);
   let completionTokens = 0;
+  const finished: Finished[] = [];
   const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
+    finished.push(done);
     completionTokens += response.tokens.length;
     return {
       index,
@@ -155,6 +172,8 @@ export async function completions(server: ServeContext, body: JsonObject, signal
       ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: promptOf(index) } : {}),
     };
   });
-  return { ...envelope(ctx, 'cmpl', 'text_completion', version), choices, usage: usage(completionTokens) };
+  const head = envelope(ctx, 'cmpl', 'text_completion', version);
+  record(String(head.id), version, finished);
+  return { ...head, choices, usage: usage(completionTokens) };
 }
 

@@ -5,10 +5,12 @@
  */
 import type { ChatTemplate } from '../chat/template.js';
 import type { LocalEngine } from '../engine/local.js';
-import type { Tokenizer } from '../engine/types.js';
+import type { RolloutEngine, Tokenizer } from '../engine/types.js';
 import type { LoraAdapter } from '../model/lora.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { ServingModel } from './servingModel.js';
+import { RequestError } from './protocol.js';
+import type { SessionStore } from './sessions.js';
 
 /** Most alternatives per position a request may ask for (`logprobs`, `top_logprobs`). */
 export const MAX_TOP_LOGPROBS = 20;
@@ -27,10 +29,29 @@ export interface ServedAdapter {
   readonly engine: LocalEngine;
 }
 
+/** A model the server holds: weights it may replace and alternatives it may score. */
+export interface OwnModel {
+  readonly serving: ServingModel;
+  readonly engine: LocalEngine;
+}
+
+/** The model the server holds; 400 naming `what` when it serves an engine it was given. */
+export function ownModel(ctx: ServeContext, what: string): OwnModel {
+  if (ctx.own === undefined) {
+    throw new RequestError(400, `${what} is not available: this server samples from an engine it does not own (a training run's)`, { code: 'unsupported_parameter' });
+  }
+  return ctx.own;
+}
+
 /** State of one server, read by every request handler. */
 export interface ServeContext {
-  readonly engine: LocalEngine;
-  readonly serving: ServingModel;
+  /** The engine requests are sampled from. */
+  readonly engine: RolloutEngine;
+  /**
+   * The model this server holds, and its engine: absent when it serves an engine it was given (a training run's),
+   * which has no weight updates, adapters or scored alternatives of its own.
+   */
+  readonly own: OwnModel | undefined;
   readonly tokenizer: Tokenizer;
   readonly template: ChatTemplate;
   readonly modelName: string;
@@ -45,5 +66,7 @@ export interface ServeContext {
   readonly apiKey: string | undefined;
   readonly created: number;
   readonly log: ServeLogger;
+  /** Sessions of `/sessions/{id}/v1/…` (shared by the base model and its adapters). */
+  readonly sessions: SessionStore;
   closing: boolean;
 }

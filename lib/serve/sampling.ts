@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import type { GenerateRequest, GenerateResponse, Tokenizer } from '../engine/types.js';
 import { hashSeed } from '../random.js';
 import type { PolicyVersion } from '../types.js';
-import type { ServeContext } from './context.js';
+import { ownModel, type ServeContext } from './context.js';
 import {
   invalid,
   readBoolean,
@@ -163,7 +163,7 @@ export function tokenLabel(ctx: ServeContext, token: number, asId: boolean): str
 
 /** Applies stop strings: the text and the tokens end before the first stop string (or after it, if asked). */
 export function finish(ctx: ServeContext, response: GenerateResponse, sampling: Sampling): Finished {
-  const top = ctx.serving.scores(response)?.top;
+  const top = ctx.own?.serving.scores(response)?.top;
   const pieces = textPieces(ctx.tokenizer, response.tokens);
   let text = '';
   const offsets: number[] = [];
@@ -231,12 +231,14 @@ export async function sample(
         seed: choiceSeed(sampling.seed, p * sampling.n + i),
         ...(onToken === undefined ? {} : { onToken: (token: number, logprob: number) => onToken(p * sampling.n + i, token, logprob) }),
       };
-      ctx.serving.requestScores(request, { topLogprobs: topK, ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}) });
+      if (topK > 0 || promptTopK !== undefined) {
+        ownModel(ctx, 'top_logprobs and prompt_logprobs').serving.requestScores(request, { topLogprobs: topK, ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}) });
+      }
       requests.push(request);
     }
   });
   const responses = await ctx.engine.generate(requests, signal);
-  const promptLogprobs = prompts.map((_, p) => ctx.serving.scores(responses[p * sampling.n])?.prompt);
+  const promptLogprobs = prompts.map((_, p) => ctx.own?.serving.scores(responses[p * sampling.n])?.prompt);
   const version = responses.reduce((oldest, r) => Math.min(oldest, r.policyVersion), Number.POSITIVE_INFINITY);
   return { responses, promptLogprobs, version };
 }

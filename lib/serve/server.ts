@@ -14,7 +14,13 @@
  * | `POST /v1/load_lora_adapter` | vLLM's API: `{ lora_name, lora_path, load_inplace? }` serves a PEFT LoRA |
  * |  | directory as model `lora_name` on the shared base ({@link loadLoraAdapter}) |
  * | `POST /v1/unload_lora_adapter` | `{ lora_name }` |
+ * | `/sessions/{id}/v1/…` | the routes above, recorded in session `id` (opened by its first call): token-exact |
+ * |  | multi-turn prompts, calls, trajectories ({@link SessionStore}) |
+ * | `GET /sessions/{id}` | the calls and samples (`?mode=trajectory|transition`, `?discount=`); `DELETE` frees it |
+ * | `POST /sessions/{id}/reward`, `POST /sessions/{id}/end` | `{ reward, call? }`; no more calls after the end |
  *
+ * `"stream": true` answers both completion routes with server-sent events, as OpenAI does ({@link EventStream}):
+ * text as it is sampled, `stream_options.include_usage`, `data: [DONE]` at the end.
  * vLLM's extensions are understood: `return_tokens_as_token_ids` (log-prob tokens spelled `token_id:<id>`),
  * `return_token_ids` (`token_ids` per choice and `prompt_token_ids`), `stop_token_ids` and
  * `include_stop_str_in_output`. Every response carries `policy_version` (and `system_fingerprint`
@@ -34,7 +40,7 @@ import type { AddressInfo } from 'node:net';
 
 import { createChatTemplate, type ChatTemplate } from '../chat/template.js';
 import { LocalEngine } from '../engine/local.js';
-import type { Tokenizer } from '../engine/types.js';
+import type { RolloutEngine, Tokenizer } from '../engine/types.js';
 import { ConfigError, DecodeError, ShapeError, isAbortError } from '../errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
@@ -44,6 +50,7 @@ import type { ServeContext, ServeLogger } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject } from './protocol.js';
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
+import { Session, SessionStore, postReward, sessionJson, type SessionLimits } from './sessions.js';
 import { EventStream } from './stream.js';
 import { updateWeights } from './weights.js';
 
@@ -55,8 +62,17 @@ export type { ServeLogger } from './context.js';
 
 /** Options of {@link serve}. */
 export interface ServeOptions {
-  /** The policy to serve. The server reads and replaces its weights; the caller disposes of it after `close`. */
-  readonly model: PolicyModel;
+  /**
+   * The policy to serve (or `engine`). The server reads and replaces its weights; the caller disposes of it after
+   * `close`.
+   */
+  readonly model?: PolicyModel;
+  /**
+   * An engine to serve instead of a model: a training run's (`LocalEngine` or an upstream OpenAI-compatible
+   * server), so that agents reach it over HTTP. Weight updates, LoRA routes, `top_logprobs` and `prompt_logprobs`
+   * are then refused (400); `maxModelLen` is required.
+   */
+  readonly engine?: RolloutEngine;
   /** Tokenizer of the policy. */
   readonly tokenizer: Tokenizer;
   /** Name clients put in `model`. Default {@link DEFAULT_MODEL_NAME}. */
@@ -99,6 +115,8 @@ export interface ServeOptions {
    * Each is a model of its own in `/v1/models` and in requests' `model`, computed on the shared base weights.
    */
   readonly loraModules?: Readonly<Record<string, string>>;
+  /** Limits of `/sessions/{id}/v1/…` sessions (count, tokens, idle time). */
+  readonly sessions?: SessionLimits;
   /** Receives one record per request and per weight update. Default: silent. */
   readonly log?: ServeLogger;
   /** Closes the server when it fires. */
@@ -106,7 +124,7 @@ export interface ServeOptions {
 }
 
 /** A running server. */
-export interface RxrlServer {
+export interface RxrlServer<E extends RolloutEngine = LocalEngine> {
   /** Origin, e.g. `http://127.0.0.1:41234` (health and weight updates live here). */
   readonly url: string;
   /** Base URL of the OpenAI API: `${url}/v1`. */
@@ -115,8 +133,10 @@ export interface RxrlServer {
   readonly port: number;
   /** Served model name. */
   readonly modelName: string;
-  /** The engine that batches the requests. */
-  readonly engine: LocalEngine;
+  /** The engine that batches the requests (the one given, when `engine` was). */
+  readonly engine: E;
+  /** Recorded sessions (`/sessions/{id}/v1/…`). */
+  readonly sessions: SessionStore;
   /** Version of the weights being served. */
   readonly version: PolicyVersion;
   /** Stops listening, cancels requests in flight and resolves once every connection is closed. Idempotent. */
@@ -143,7 +163,9 @@ export interface RxrlServer {
  * @returns the running server, once it listens.
  * @throws {@link ConfigError} for invalid options.
  */
-export async function serve(options: ServeOptions): Promise<RxrlServer> {
+export async function serve(options: ServeOptions & { readonly model: PolicyModel }): Promise<RxrlServer>;
+export async function serve(options: ServeOptions & { readonly engine: RolloutEngine }): Promise<RxrlServer<RolloutEngine>>;
+export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEngine>> {
   const host = options.host ?? '127.0.0.1';
   const port = options.port ?? 0;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port must be an integer in [0, 65535], got ${port}`);
@@ -163,22 +185,31 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
   }
   if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
   const modelName = options.modelName ?? DEFAULT_MODEL_NAME;
-  const serving = new ServingModel(options.model);
-  const engine = new LocalEngine(serving, {
-    tokenizer: options.tokenizer,
-    modelTag: modelName,
-    maxBatchSize: options.maxBatchSize ?? 256,
-    maxWaitMs: options.maxWaitMs ?? 5,
-    version: options.version ?? 0,
-  });
+  if ((options.model === undefined) === (options.engine === undefined)) throw new ConfigError('serve needs a model or an engine (one of them)');
+  if (options.engine !== undefined && options.maxModelLen === undefined) {
+    throw new ConfigError('maxModelLen is required when serving an engine', { context: { key: 'maxModelLen' } });
+  }
+  let own: ServeContext['own'];
+  if (options.model !== undefined) {
+    const serving = new ServingModel(options.model);
+    const local = new LocalEngine(serving, {
+      tokenizer: options.tokenizer,
+      modelTag: modelName,
+      maxBatchSize: options.maxBatchSize ?? 256,
+      maxWaitMs: options.maxWaitMs ?? 5,
+      version: options.version ?? 0,
+    });
+    own = { serving, engine: local };
+  }
+  const engine: RolloutEngine = own?.engine ?? options.engine!;
   const ctx: ServeContext = {
     engine,
-    serving,
+    own,
     tokenizer: options.tokenizer,
     template: options.chatTemplate ?? createChatTemplate(options.tokenizer),
     modelName,
     adapters: new Map(),
-    maxSeqLen: Math.min(options.model.config.maxSeqLen, options.maxModelLen ?? Infinity),
+    maxSeqLen: Math.min(options.model?.config.maxSeqLen ?? Infinity, options.maxModelLen ?? Infinity),
     maxN,
     maxSamplesPerRequest,
     maxBodyBytes,
@@ -186,6 +217,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     apiKey: options.apiKey,
     created: Math.floor(Date.now() / 1000),
     log: options.log ?? (() => undefined),
+    sessions: new SessionStore(options.sessions),
     closing: false,
   };
   for (const [name, path] of Object.entries(options.loraModules ?? {})) {
@@ -242,6 +274,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer> {
     port: address.port,
     modelName,
     engine,
+    sessions: ctx.sessions,
     get version() {
       return engine.version;
     },
@@ -279,7 +312,8 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
   let status = 200;
   try {
     if (ctx.closing) throw new RequestError(503, 'server is shutting down', { type: 'server_error', code: 'unavailable' });
-    const result = await route(ctx, method, path, req, controller.signal);
+    const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
+    const result = await route(ctx, method, path, query, req, controller.signal);
     if (result instanceof EventStream) await sendEvents(ctx, res, result, controller.signal);
     else sendEncoded(res, 200, await encodeJson(result));
   } catch (error) {
@@ -310,18 +344,22 @@ function asRequestError(error: unknown): RequestError | undefined {
   return undefined;
 }
 
+/** 405 unless the request's method is `allowed`. */
+function expectMethod(method: string, path: string, allowed: string): void {
+  if (method !== allowed) {
+    throw new RequestError(405, `${method} is not allowed on ${excerpt(path)}; use ${allowed}`, { code: 'method_not_allowed' });
+  }
+}
+
 async function route(
   ctx: ServeContext,
   method: string,
   path: string,
+  query: URLSearchParams,
   req: IncomingMessage,
   signal: AbortSignal,
 ): Promise<unknown> {
-  const expect = (allowed: string): void => {
-    if (method !== allowed) {
-      throw new RequestError(405, `${method} is not allowed on ${excerpt(path)}; use ${allowed}`, { code: 'method_not_allowed' });
-    }
-  };
+  const expect = (allowed: string): void => expectMethod(method, path, allowed);
   if (path === '/health') {
     expect('GET');
     return { status: 'ok', model: ctx.modelName, policy_version: ctx.engine.version };
@@ -333,6 +371,55 @@ async function route(
   if (method === 'POST' && !/^application\/json\s*(;|$)/i.test(req.headers['content-type'] ?? '')) {
     throw new RequestError(415, `${excerpt(path)} accepts only 'content-type: application/json'`, { code: 'unsupported_media_type' });
   }
+  const session = /^\/sessions\/([^/]+)(\/.*)?$/.exec(path);
+  if (session !== null) return sessionRoute(ctx, method, decodePathSegment(session[1]), session[2] ?? '', query, req, signal);
+  return v1Route(ctx, method, path, req, signal);
+}
+
+/**
+ * `/sessions/{id}…`: `GET` (the calls and samples; `?mode=trajectory|transition`, `?discount=`), `DELETE` (frees
+ * it), `POST …/reward`, `POST …/end`, and `…/v1/…` (the OpenAI routes, recorded in the session, which the first
+ * call opens).
+ */
+async function sessionRoute(
+  ctx: ServeContext,
+  method: string,
+  id: string,
+  rest: string,
+  query: URLSearchParams,
+  req: IncomingMessage,
+  signal: AbortSignal,
+): Promise<unknown> {
+  const path = `/sessions/${id}${rest}`;
+  if (rest === '') {
+    if (method === 'DELETE') return { id, object: 'session', deleted: ctx.sessions.delete(id) };
+    expectMethod(method, path, 'GET');
+    return sessionJson(ctx.sessions.get(id), query);
+  }
+  if (rest === '/reward') {
+    expectMethod(method, path, 'POST');
+    return postReward(ctx.sessions.get(id), parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+  }
+  if (rest === '/end') {
+    expectMethod(method, path, 'POST');
+    const ended = ctx.sessions.get(id);
+    ended.ended = true;
+    return { id, object: 'session', ended: true, calls: ended.calls.length };
+  }
+  if (rest.startsWith('/v1/')) return v1Route(ctx, method, rest, req, signal, rest.startsWith('/v1/models') ? undefined : ctx.sessions.open(id));
+  throw new RequestError(404, `no route ${method} ${excerpt(path)}`, { code: 'not_found' });
+}
+
+/** The OpenAI routes (`/v1/…`) and the weight routes; completions are recorded in `session` when given. */
+async function v1Route(
+  ctx: ServeContext,
+  method: string,
+  path: string,
+  req: IncomingMessage,
+  signal: AbortSignal,
+  session?: Session,
+): Promise<unknown> {
+  const expect = (allowed: string): void => expectMethod(method, path, allowed);
   if (path === '/v1/models') {
     expect('GET');
     return { object: 'list', data: [ctx.modelName, ...ctx.adapters.keys()].map((id) => modelCard(ctx, id)) };
@@ -343,12 +430,13 @@ async function route(
   }
   if (path === '/v1/completions') {
     expect('POST');
-    return completions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal);
+    return completions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal, session);
   }
   if (path === '/v1/chat/completions') {
     expect('POST');
-    return chatCompletions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal);
+    return chatCompletions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal, session);
   }
+  if (session !== undefined) throw new RequestError(404, `no route ${method} ${excerpt(path)} in a session`, { code: 'not_found' });
   if (path === '/update_weights_from_disk') {
     expect('POST');
     return updateWeights(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));

@@ -10,7 +10,7 @@ import { WEIGHTS_HEADER_SLACK_BYTES, resolveInside } from '../model/files.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
 import { configMismatches } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
-import type { ServeContext } from './context.js';
+import { ownModel, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 
 
@@ -44,7 +44,7 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
       { param: 'weight_version', code: 'stale_version' },
     );
   }
-  const served = ctx.serving.model;
+  const served = ownModel(ctx, 'update_weights_from_disk').serving.model;
   let contents: Awaited<ReturnType<typeof readModelDir>>;
   try {
     contents = await readModelDir(real, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) });
@@ -118,7 +118,7 @@ export function rootOf(ctx: ServeContext): { readonly root?: string } {
 
 /** The largest weights file a client may make the server read: the served model in float32, plus header slack. */
 export function maxWeightBytes(ctx: ServeContext): number {
-  return ctx.serving.model.numParameters() * 4 + WEIGHTS_HEADER_SLACK_BYTES;
+  return ownModel(ctx, 'loading weights').serving.model.numParameters() * 4 + WEIGHTS_HEADER_SLACK_BYTES;
 }
 
 /**
