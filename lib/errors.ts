@@ -52,6 +52,11 @@ export class EngineError extends RxrlError {
   override readonly name = 'EngineError';
 }
 
+/** A rollout agent (`rollout.agent`) crashed, was cancelled, made no model call or gave an invalid reward. Never retriable. */
+export class AgentError extends RxrlError {
+  override readonly name = 'AgentError';
+}
+
 /** An evaluator failed or returned a non-finite reward. Never retriable. */
 export class EvaluationError extends RxrlError {
   override readonly name = 'EvaluationError';

@@ -53,6 +53,11 @@ export interface RolloutSample {
   readonly policyVersion: PolicyVersion;
   /** The text the evaluator scores (the completion, or an agent's final answer). */
   readonly response: string;
+  /**
+   * The sample's reward when the worker has one (an agent that scores itself); the evaluator is then not called.
+   * Must be finite.
+   */
+  readonly reward?: number;
   /** Scalar metrics of the worker (for example `agent/turns`), merged under the evaluator's. */
   readonly metrics?: Readonly<Record<string, number>>;
 }
@@ -119,4 +124,10 @@ async function completeOnce(input: RolloutWorkerInput, promptTokens: number[], s
     policyVersion: response.policyVersion,
     response: engine.tokenizer.decode(response.tokens),
   };
+}
+
+/** Releases what a worker holds (an agent gateway's server), when it holds anything: its `close()`. */
+export async function closeWorker(worker: RolloutWorker | undefined): Promise<void> {
+  const close = (worker as { close?: unknown } | undefined)?.close;
+  if (typeof close === 'function') await (close as () => Promise<void>).call(worker);
 }

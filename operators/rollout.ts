@@ -121,7 +121,10 @@ async function generateAndScore(
   const text = sample.response;
   let result;
   try {
-    result = await options.evaluator.evaluate(task, text, signal, { finishReason: sample.finishReason, tokens: sample.responseTokens });
+    result =
+      sample.reward !== undefined
+        ? { reward: sample.reward }
+        : await options.evaluator.evaluate(task, text, signal, { finishReason: sample.finishReason, tokens: sample.responseTokens });
   } catch (cause) {
     throw new EvaluationError(`evaluator failed on task ${task.id}`, { cause, context: { taskId: task.id } });
   }

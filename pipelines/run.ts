@@ -22,7 +22,7 @@ import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.j
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics, PolicyVersion, Task } from '../lib/types.js';
-import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
+import { closeWorker, singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
@@ -133,10 +133,14 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
     ...(options.signal ? { parentSignal: options.signal } : {}),
   });
   const setup = await setUp(config, options, baseDir, runDir, reporter.signal);
-  const parts = await buildParts(config, options, setup, runDir);
+  const parts = await buildParts(config, options, setup, runDir).catch(async (error: unknown) => {
+    await closeWorker(setup.worker);
+    throw error;
+  });
   try {
     return await trainLoop(config, options, setup, parts, reporter);
   } finally {
+    await closeWorker(setup.worker);
     await parts.dispose();
   }
 }
@@ -500,37 +504,41 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
-  // The trainer's weights directory (as rxrl trainer picks it), unless the recipe names a root; a recipe without a
-  // run directory (a library caller) confines nothing unless it says so.
-  const { weightsRoot, weightsDir } = config.kafka;
-  const root = weightsRoot ?? weightsDir ?? (config.run.dir === null ? undefined : join(config.run.dir, 'weights'));
-  await lastValueFrom(
-    kafkaRolloutWorker({
-      kafka: options.kafka,
-      topics: options.topics,
-      tokenizer,
-      ...(evaluator ? { evaluator } : {}),
-      ...(worker ? { worker } : {}),
-      ...(agents ? { episodes: agents.episodes } : {}),
-      concurrency: config.kafka.workerConcurrency,
-      rolloutDelayMs: config.kafka.rolloutDelayMs,
-      ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
-      engine: { weightSync: config.rollout.weightSync },
-      ...(root === undefined ? {} : { weightsRoot: resolve(baseDir, root) }),
-      ...(options.workerId ? { workerId: options.workerId } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-      ...(options.onEvent ? { onEvent: options.onEvent } : {}),
-    }).pipe(
-      tap((result) => {
-        if (result.outcome === 'rolled-out') counts.tasks++;
-        if (result.outcome === 'skipped') counts.skipped++;
-        counts.trajectories += result.trajectories;
-        counts.failures += result.failures;
-        options.onTask?.(result);
-      }),
-    ),
-    { defaultValue: undefined },
-  );
+  try {
+    // The trainer's weights directory (as rxrl trainer picks it), unless the recipe names a root; a recipe without a
+    // run directory (a library caller) confines nothing unless it says so.
+    const { weightsRoot, weightsDir } = config.kafka;
+    const root = weightsRoot ?? weightsDir ?? (config.run.dir === null ? undefined : join(config.run.dir, 'weights'));
+    await lastValueFrom(
+      kafkaRolloutWorker({
+        kafka: options.kafka,
+        topics: options.topics,
+        tokenizer,
+        ...(evaluator ? { evaluator } : {}),
+        ...(worker ? { worker } : {}),
+        ...(agents ? { episodes: agents.episodes } : {}),
+        concurrency: config.kafka.workerConcurrency,
+        rolloutDelayMs: config.kafka.rolloutDelayMs,
+        ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
+        engine: { weightSync: config.rollout.weightSync },
+        ...(root === undefined ? {} : { weightsRoot: resolve(baseDir, root) }),
+        ...(options.workerId ? { workerId: options.workerId } : {}),
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.onEvent ? { onEvent: options.onEvent } : {}),
+      }).pipe(
+        tap((result) => {
+          if (result.outcome === 'rolled-out') counts.tasks++;
+          if (result.outcome === 'skipped') counts.skipped++;
+          counts.trajectories += result.trajectories;
+          counts.failures += result.failures;
+          options.onTask?.(result);
+        }),
+      ),
+      { defaultValue: undefined },
+    );
+  } finally {
+    await closeWorker(worker);
+  }
   return { ...counts, seconds: round((performance.now() - started) / 1000, 1) };
 }
 

@@ -21,9 +21,10 @@ export interface RxrlConfig {
     errorPolicy: 'stop_on_error' | 'continue';
   };
   data: {
-    source: 'bundled' | 'arithmetic' | 'jsonl';
+    source: 'bundled' | 'arithmetic' | 'calculator' | 'jsonl';
     task: { transform: 'copy' | 'reverse' | 'shift'; alphabet: string; minLength: number; maxLength: number; validationSize: number };
     arithmetic: { operators: string; maxOperand: number; validationSize: number };
+    calculator: { operators: string; maxOperand: number; validationSize: number };
     trainFile: string | null;
     validationFile: string | null;
     alphabet: string | null;
@@ -53,6 +54,7 @@ export interface RxrlConfig {
     chatTemplate: 'none' | 'model';
     system: string | null;
     worker: { module: string | null; export: string };
+    agent: { command: string | null; cwd: string | null; env: Record<string, string>; module: string | null; export: string };
     evaluator: { module: string | null; export: string };
   };
   store: { groupTimeoutMs: number | null; onGroupTimeout: 'release' | 'drop' };
@@ -161,6 +163,10 @@ convict.addFormats({
     validate: (v: unknown) => check(typeof v === 'boolean', 'true or false'),
     coerce: (v: unknown) => (v === 'true' ? true : v === 'false' ? false : v),
   },
+  'string-map': {
+    validate: (v: unknown) =>
+      check(typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string'), 'an object of strings'),
+  },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
   'agent-roles': { validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }) },
   'policy-entries': {
@@ -211,8 +217,8 @@ export const SCHEMA = {
   },
   data: {
     source: {
-      doc: "Tasks: the generated string task ('bundled'), generated arithmetic questions for a chat model ('arithmetic'), or JSONL files ('jsonl').",
-      format: ['bundled', 'arithmetic', 'jsonl'],
+      doc: "Tasks: the generated string task ('bundled'), generated arithmetic questions for a chat model ('arithmetic'), bare expressions for a calculator agent on the character tokenizer ('calculator'), or JSONL files ('jsonl').",
+      format: ['bundled', 'arithmetic', 'calculator', 'jsonl'],
       default: 'bundled',
     },
     task: {
@@ -226,6 +232,11 @@ export const SCHEMA = {
       operators: { doc: "Arithmetic task: operators, a string of '+', '-', '*'.", format: 'non-empty-string', default: '+*' },
       maxOperand: { doc: 'Arithmetic task: largest operand (operands run from 1).', format: 'positive-int', default: 12 },
       validationSize: { doc: 'Arithmetic task: held-out questions.', format: 'positive-int', default: 64 },
+    },
+    calculator: {
+      operators: { doc: "Calculator task: operators, a string of '+', '-', '*'.", format: 'non-empty-string', default: '+*' },
+      maxOperand: { doc: 'Calculator task: largest operand (operands run from 0).', format: 'positive-int', default: 20 },
+      validationSize: { doc: 'Calculator task: held-out expressions.', format: 'positive-int', default: 64 },
     },
     trainFile: { doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.", format: 'optional-string', default: null },
     validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
@@ -278,6 +289,17 @@ export const SCHEMA = {
     worker: {
       module: { doc: 'Module of a custom rollout worker; relative to the recipe.', format: 'optional-string', default: null },
       export: { doc: 'Export name of the custom rollout worker.', format: 'non-empty-string', default: 'default' },
+    },
+    agent: {
+      command: {
+        doc: 'An agent program run per sample (/bin/sh -c) against a session of rxrl\'s gateway: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL and RXRL_TASK are set; a last stdout line {"reward": r} is its reward.',
+        format: 'optional-string',
+        default: null,
+      },
+      cwd: { doc: "The agent command's working directory; relative to the recipe (null = the recipe's directory).", format: 'optional-string', default: null },
+      env: { doc: 'Extra environment variables of the agent command.', format: 'string-map', default: {} },
+      module: { doc: 'Module of an agent function (task, { baseURL, apiKey, model, signal }) => reward | { reward } | void; relative to the recipe.', format: 'optional-string', default: null },
+      export: { doc: 'Export name of the agent function.', format: 'non-empty-string', default: 'default' },
     },
     evaluator: {
       module: { doc: "Module of a custom evaluator (required for 'jsonl' data); relative to the recipe.", format: 'optional-string', default: null },
@@ -458,6 +480,10 @@ function requireWhen(c: RxrlConfig): void {
     if (c.rollout.evaluator.module === null && c.agents.environment === 'none') missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
   }
   if (c.data.source === 'arithmetic' && c.model.path === null) missing.push("model.path: required when data.source is 'arithmetic' (a chat model)");
+  if (c.rollout.agent.command !== null && c.rollout.agent.module !== null) missing.push('rollout.agent: give a command or a module, not both');
+  if ((c.rollout.agent.command !== null || c.rollout.agent.module !== null) && c.rollout.worker.module !== null) {
+    missing.push('rollout.agent: an agent is the rollout worker; leave rollout.worker.module unset');
+  }
   if (c.rollout.chatTemplate === 'model' && c.model.path === null) missing.push("model.path: required when rollout.chatTemplate is 'model'");
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');

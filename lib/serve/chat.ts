@@ -157,7 +157,7 @@ interface ChatRequest {
 
 function readChatRequest(server: ServeContext, body: JsonObject, session: Session | undefined): ChatRequest {
   const ctx = checkModel(server, body); // the base model's context, or the named adapter's
-  const sampling = readSampling(ctx, session !== undefined && absent(body, 'seed') ? { ...body, seed: session.callSeed() } : body);
+  const sampling = readSampling(ctx, body);
   const stream = readStream(body);
   const messages = readMessages(body);
   const tools = readTools(body);
@@ -181,7 +181,7 @@ function readChatRequest(server: ServeContext, body: JsonObject, session: Sessio
   const maxTokens =
     readInteger(body, 'max_completion_tokens', 0, ctx.maxSeqLen) ??
     readInteger(body, 'max_tokens', 0, ctx.maxSeqLen) ??
-    Math.max(limit, 0);
+    Math.max(Math.min(limit, session?.defaults.maxTokens ?? Infinity), 0);
   checkContext(ctx, prompt.length, maxTokens, absent(body, 'max_completion_tokens') ? 'max_tokens' : 'max_completion_tokens');
   const wantLogprobs = readBoolean(body, 'logprobs', false);
   const topK = readInteger(body, 'top_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize), 0);
@@ -216,7 +216,7 @@ function recordCall(request: ChatRequest, id: string, version: number, replies: 
  * `chat.completion.chunk`s ({@link streamChat}).
  */
 export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
-  const request = readChatRequest(server, body, session);
+  const request = readChatRequest(server, session?.withDefaults(body) ?? body, session);
   if (request.stream.stream) return streamChat(request, signal);
   const { ctx, sampling, prompt, wantLogprobs } = request;
   const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal);

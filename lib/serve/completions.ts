@@ -71,11 +71,12 @@ function promptLogprobsJson(ctx: ServeContext, scored: readonly (PromptTokenLogp
  * prefix (`null` for the first) plus the top-k alternatives; `return_token_ids` adds `token_ids` and
  * `prompt_token_ids` per choice.
  */
-export async function completions(server: ServeContext, body: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
+export async function completions(server: ServeContext, request: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
+  const body = session?.withDefaults(request) ?? request;
   const ctx = checkModel(server, body); // the base model's context, or the named adapter's
   refuse(body, 'echo', (v) => v === false, 'echo');
   refuse(body, 'suffix', (v) => v === '', 'suffix');
-  const sampling = readSampling(ctx, session !== undefined && absent(body, 'seed') ? { ...body, seed: session.callSeed() } : body);
+  const sampling = readSampling(ctx, body);
   refuse(body, 'best_of', (v) => v === sampling.n, 'best_of other than n');
   const prompts = readPrompts(ctx, body, sampling);
   session?.admit(prompts.reduce((sum, p) => sum + p.length, 0), ctx.sessions.maxTokens);
@@ -92,7 +93,7 @@ export async function completions(server: ServeContext, body: JsonObject, signal
     );
   };
   const room = ctx.maxSeqLen - prompts.reduce((longest, p) => Math.max(longest, p.length), 0);
-  const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(DEFAULT_MAX_TOKENS, room)));
+  const maxTokens = readInteger(body, 'max_tokens', 0, ctx.maxSeqLen, Math.max(0, Math.min(session?.defaults.maxTokens ?? DEFAULT_MAX_TOKENS, room)));
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
   const logprobs = readInteger(body, 'logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));
   const promptTopK = readInteger(body, 'prompt_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize));

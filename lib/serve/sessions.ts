@@ -69,6 +69,15 @@ export interface RecordedCall {
   readonly drift?: Drift;
 }
 
+/** What a session's calls sample with when a request does not say. */
+export interface SessionDefaults {
+  readonly maxTokens?: number;
+  readonly temperature?: number;
+  readonly topP?: number;
+  /** Seed of the session: call `k` without a seed samples with one derived from it and `k`. */
+  readonly seed?: number;
+}
+
 /** One session's state. */
 export class Session {
   readonly calls: RecordedCall[] = [];
@@ -82,13 +91,25 @@ export class Session {
 
   constructor(
     readonly id: string,
-    /** Seed of calls that give none (each call's derived from it and its index); random when absent. */
-    readonly seed?: number,
+    /** What calls sample with when they do not say: a run's settings for its agents. */
+    readonly defaults: SessionDefaults = {},
   ) {}
 
-  /** The seed a call without one samples with: derived from the session's seed and the call's index. */
-  callSeed(): number | undefined {
-    return this.seed === undefined ? undefined : hashSeed(this.seed, 'session-call', String(this.calls.length));
+  /**
+   * The request as this session runs it: the session's `temperature` and `top_p` where the request has none, and
+   * a seed derived from the session's seed and the call's index. (A missing `max_tokens` becomes the session's,
+   * cut to the room the prompt leaves: the routes do that.)
+   */
+  withDefaults(body: JsonObject): JsonObject {
+    const d = this.defaults;
+    const out: Record<string, unknown> = { ...body };
+    const fill = (name: string, value: number | undefined): void => {
+      if (value !== undefined && (out[name] === undefined || out[name] === null)) out[name] = value;
+    };
+    fill('temperature', d.temperature);
+    fill('top_p', d.topP);
+    fill('seed', d.seed === undefined ? undefined : hashSeed(d.seed, 'session-call', String(this.calls.length)));
+    return out;
   }
 
   /**
@@ -222,7 +243,7 @@ export class SessionStore {
    * The session `id`, opened when absent. 400 for a malformed id; 429 when `maxSessions` are open (after freeing
    * idle ones, and the oldest ended one).
    */
-  open(id: string, seed?: number): Session {
+  open(id: string, defaults?: SessionDefaults): Session {
     checkId(id);
     this.sweep();
     const found = this.sessions.get(id);
@@ -237,7 +258,7 @@ export class SessionStore {
       }
       this.sessions.delete(ended.id);
     }
-    const session = new Session(id, seed);
+    const session = new Session(id, defaults);
     this.sessions.set(id, session);
     return session;
   }

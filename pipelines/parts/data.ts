@@ -8,7 +8,11 @@ import { homedir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
+import { readFile } from 'node:fs/promises';
+
+import { gatewayWorker, type AgentFunction, type AgentProgram, type GatewayWorker } from '../../lib/agent/gateway.js';
 import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
+import { createChatTemplate } from '../../lib/chat/template.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { readTaskFile } from '../../lib/data/loader.js';
 import type { Tokenizer } from '../../lib/engine/types.js';
@@ -19,6 +23,7 @@ import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/types.js';
 import { chatWorker, type RolloutWorker } from '../../lib/worker.js';
 import { arithmeticTask } from '../../recipes/arithmetic.js';
+import { calculatorTask, type CalculatorOperator } from '../../recipes/calculator.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
 
 /** A recipe's tasks and what comes with them. */
@@ -44,12 +49,38 @@ export async function loadRollout(
   const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
+  const agent = config.rollout.agent;
   const worker = config.rollout.worker.module
     ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
-    : config.rollout.chatTemplate === 'model' && modelDir !== undefined
-      ? await modelChatWorker(modelDir, tokenizer, config.rollout.system)
-      : undefined;
+    : agent.command !== null || agent.module !== null
+      ? await agentWorker(config, baseDir, modelDir, tokenizer)
+      : config.rollout.chatTemplate === 'model' && modelDir !== undefined
+        ? await modelChatWorker(modelDir, tokenizer, config.rollout.system)
+        : undefined;
   return { data, evaluator, worker, modelDir, tokenizer };
+}
+
+/**
+ * The recipe's agent (`rollout.agent`) as a rollout worker: each sample runs it against a session of a gateway
+ * over the run's engine, rendering chats with the model directory's template (the bundled one without a model).
+ */
+async function agentWorker(config: RxrlConfig, baseDir: string, modelDir: string | undefined, tokenizer: Tokenizer): Promise<GatewayWorker> {
+  const agent = config.rollout.agent;
+  const template = (modelDir === undefined ? undefined : await loadChatTemplate(modelDir, tokenizer)) ?? createChatTemplate(tokenizer);
+  let contextLength = config.model.maxSeqLen;
+  if (modelDir !== undefined) {
+    const hf = JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')) as { max_position_embeddings?: unknown };
+    if (typeof hf.max_position_embeddings === 'number') contextLength = hf.max_position_embeddings;
+  }
+  const maxModelLen = Math.min(contextLength, config.model.maxModelLen ?? Infinity);
+  const program: AgentProgram =
+    agent.module !== null
+      ? { run: await importExport<AgentFunction>({ module: agent.module, export: agent.export }, baseDir, 'rollout.agent') }
+      : { command: agent.command!, cwd: resolve(baseDir, agent.cwd ?? '.'), env: agent.env };
+  if ('run' in program && typeof program.run !== 'function') {
+    throw new ConfigError(`rollout.agent.export: '${agent.export}' of ${agent.module} is not a function`, { context: { key: 'rollout.agent.export' } });
+  }
+  return gatewayWorker(program, { maxModelLen, template });
 }
 
 /** `model.path` resolved against the recipe's directory; a leading `~/` is the home directory (the model cache). */
@@ -95,6 +126,18 @@ export async function loadData(config: RxrlConfig, baseDir: string): Promise<Dat
       validation: task.validation,
       evaluator: task.evaluator,
       maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : 16,
+    };
+  }
+  if (config.data.source === 'calculator') {
+    const { operators, maxOperand, validationSize } = config.data.calculator;
+    const task = calculatorTask({ operators: [...operators] as CalculatorOperator[], maxOperand, validationSize, seed: config.run.seed });
+    return {
+      name: task.name,
+      characters: task.characters,
+      train: task.train,
+      validation: task.validation,
+      evaluator: task.evaluator,
+      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
     };
   }
   if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
