@@ -1,0 +1,54 @@
+import { readFileSync } from 'node:fs';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { describe, expect, it } from 'vitest';
+
+import { loadConfig } from '../../lib/config/schema.js';
+import { runTraining } from '../../pipelines/run.js';
+
+const agent = fileURLToPath(new URL('../../examples/python/calculator_agent.py', import.meta.url));
+
+/**
+ * `rxrl run` with `rollout.agent.command`: the Python calculator agent (PyPI openai, installed by .ci/run) trains
+ * on the calculator task through the session gateway. A wrapper crashes the agent on every task whose expression
+ * starts with 1, 2 or 3, as a broken agent would: those samples fail alone, with the agent's stderr.
+ */
+describe.each([
+  ['sync', 0],
+  ['batch-async', 1],
+] as const)('rxrl run trains an unmodified Python openai-client agent (%s)', (mode, threshold) => {
+  it('runs 10 steps, the staleness bound holds on every step, and a crashing agent fails alone', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agent-run-'));
+    const wrapper = join(dir, 'agent.sh');
+    await writeFile(
+      wrapper,
+      `case "$RXRL_TASK" in *'"prompt":"'[123]'+'*) echo "calculator backend unreachable" >&2; exit 3;; esac\nexec python3 ${JSON.stringify(agent)}\n`,
+    );
+    const config = loadConfig({
+      values: {
+        run: { dir: 'run', steps: 10, backend: 'cpu', seed: 3, errorPolicy: 'continue' },
+        data: { source: 'calculator', calculator: { operators: '+', maxOperand: 9, validationSize: 4 } },
+        model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 48 },
+        rollout: { groupSize: 2, maxTokens: 8, agent: { command: 'sh agent.sh' } },
+        sync: { mode, stalenessThreshold: Math.max(threshold, 1), batchSize: 2 },
+        checkpoint: { every: 5, keepLast: 1 },
+        validation: { beforeTrain: false },
+      },
+      env: {},
+    });
+    const staleness: number[] = [];
+    const summary = await runTraining(config, { baseDir: dir, onStep: (step) => staleness.push(step.metrics['rollout/staleness_max'] ?? 0) });
+    expect(summary.steps).toBe(10);
+    expect(staleness).toHaveLength(10);
+    expect(Math.max(...staleness)).toBeLessThanOrEqual(threshold);
+    expect(summary.failedSamples).toBeGreaterThan(0);
+    const lines = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    expect(lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0)).toBe(summary.failedSamples);
+    // Every trained step is logged.
+    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
+    expect(trained.length).toBeGreaterThan(0);
+  }, 240_000);
+});
