@@ -28,6 +28,7 @@ export {
   DecodeError,
   EngineError,
   EvaluationError,
+  AgentError,
   ForbiddenPathError,
   RxrlError,
   RunLockedError,
@@ -268,16 +269,20 @@ export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from 
 export type { JinjaChatTemplate, JinjaChatTemplateOptions } from './chat/jinjaTemplate.js';
 export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
 export type { ParsedAssistantText } from './chat/toolCalls.js';
-export { chatWorker, singleTurnWorker } from './worker.js';
+export { chatWorker, closeWorker, singleTurnWorker } from './worker.js';
 export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
+export { gatewayWorker } from './agent/gateway.js';
+export type { AgentCommand, AgentContext, AgentFunction, AgentProgram, AgentResult, GatewayWorker, GatewayWorkerOptions } from './agent/gateway.js';
 export { TRAJECTORY_GRANULARITIES, episodeSlots } from './agent/environment.js';
 export type { AgentName, AgentSpec, Episode, EpisodeSlot, EpisodeStep, MultiAgentEnvironment, TrajectoryGranularity } from './agent/environment.js';
 export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, serve } from './serve/server.js';
 export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
 export { RequestError } from './serve/protocol.js';
 export type { OpenAIErrorBody } from './serve/protocol.js';
+export { Session, SessionStore, sessionSamples } from './serve/sessions.js';
+export type { Drift, ExportMode, RecordedCall, RecordedChoice, SessionDefaults, SessionLimits, SessionTrajectory } from './serve/sessions.js';
 export { runServeCommand } from './serve/command.js';
 export type { ServeCommandOptions } from './serve/command.js';
 export { spawnServe } from './serve/spawn.js';

@@ -4,6 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { calculatorAgent } from '../../examples/agents/calculator.js';
+import { aiSdkCalculatorAgent } from '../../examples/agents/calculatorAiSdk.js';
 import { gatewayWorker, type AgentProgram } from '../../lib/agent/gateway.js';
 import { LocalEngine } from '../../lib/engine/local.js';
 import { AgentError } from '../../lib/errors.js';
@@ -63,6 +64,13 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
     expect(sample.logprobs.slice(calcTurn.length, calcTurn.length + 2)).toEqual([0, 0]);
     expect(sample).toMatchObject({ reward: 1, response: '5', finishReason: 'stop', policyVersion: 0, metrics: { 'agent/calls': 2, 'agent/sequences': 1, 'agent/drift': 0 } });
+  });
+
+  it('the same agent on the Vercel AI SDK (streamText, a tool step) gives the same token-exact sample', async () => {
+    const sample = await worker({ run: (t, context) => aiSdkCalculatorAgent(t, context).then(() => undefined) })(input(), new AbortController().signal);
+    expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
+    expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
+    expect(sample).toMatchObject({ response: '5', metrics: { 'agent/calls': 2, 'agent/sequences': 1 } });
   });
 
   it('a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward', async () => {
