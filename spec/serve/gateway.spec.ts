@@ -7,11 +7,13 @@ import { calculatorAgent } from '../../examples/agents/calculator.js';
 import { aiSdkCalculatorAgent } from '../../examples/agents/calculatorAiSdk.js';
 import { gatewayWorker, type AgentProgram } from '../../lib/agent/gateway.js';
 import { LocalEngine } from '../../lib/engine/local.js';
+import { OpenAIEngine } from '../../lib/engine/openai.js';
 import { AgentError } from '../../lib/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import type { Task } from '../../lib/types.js';
+import { serve } from '../../lib/serve/server.js';
 import type { RolloutWorkerInput } from '../../lib/worker.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
 
@@ -71,6 +73,16 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
     expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
     expect(sample).toMatchObject({ response: '5', metrics: { 'agent/calls': 2, 'agent/sequences': 1 } });
+  });
+
+  it('over an upstream OpenAI-compatible server (another rxrl serve), the gateway records the same token ids', async () => {
+    const upstream = await serve({ model, tokenizer });
+    workers.push(upstream);
+    const remote = new OpenAIEngine({ baseURL: upstream.baseURL, model: upstream.modelName, tokenizer });
+    const sample = await worker({ run: (t, context) => calculatorAgent(t, context).then(() => undefined) })({ ...input(), engine: remote }, new AbortController().signal);
+    expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
+    expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
+    expect(sample.logprobs.filter((_, j) => sample.lossMask[j] === 1).every((l) => l <= 0)).toBe(true);
   });
 
   it('a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward', async () => {
