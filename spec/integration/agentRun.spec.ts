@@ -7,7 +7,10 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 import { loadConfig } from '../../lib/config/schema.js';
-import { runTraining } from '../../pipelines/run.js';
+import { ensureTopics } from '../../lib/kafka/client.js';
+import { kafkaTopics } from '../../lib/kafka/types.js';
+import { runTraining, runWorker } from '../../pipelines/run.js';
+import { kafkaClient, uniqueName } from '../kafka/helpers.js';
 
 const agent = fileURLToPath(new URL('../../examples/python/calculator_agent.py', import.meta.url));
 
@@ -51,4 +54,36 @@ describe.each([
     const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
     expect(trained.length).toBeGreaterThan(0);
   }, 240_000);
+});
+
+describe('rxrl worker runs the agent too (a Kafka run)', () => {
+  it('trains from the agent samples rollout workers produced, batch-async, staleness within its bound', async () => {
+    const kafka = kafkaClient('rxrl-agent-kafka-spec');
+    const topics = kafkaTopics(uniqueName('agent'));
+    await ensureTopics(kafka, topics, { tasks: 2, trajectories: 2 });
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-agent-kafka-'));
+    const config = loadConfig({
+      env: {},
+      values: {
+        run: { dir: join(dir, 'run'), seed: 2, steps: 3, backend: 'cpu' },
+        data: { source: 'calculator', calculator: { operators: '+', maxOperand: 9, validationSize: 2 } },
+        model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 48 },
+        sync: { mode: 'batch-async', stalenessThreshold: 1, batchSize: 2 },
+        rollout: { groupSize: 2, maxTokens: 8, agent: { command: `python3 ${JSON.stringify(agent)}` } },
+        kafka: { workerConcurrency: 4 },
+        validation: { beforeTrain: false },
+      },
+    });
+    const worker = runWorker(config, { kafka, topics, workerId: uniqueName('w') });
+    const staleness: number[] = [];
+    const summary = await runTraining(config, {
+      kafka: { kafka, topics, weightsDir: join(dir, 'run', 'weights') },
+      onStep: (step) => staleness.push(step.metrics['rollout/staleness_max'] ?? 0),
+    });
+    const done = await worker;
+    expect(summary.steps).toBe(3);
+    expect(Math.max(...staleness)).toBeLessThanOrEqual(1);
+    expect(done.trajectories).toBeGreaterThanOrEqual(3 * 2 * 2);
+    expect(done.failures).toBe(0);
+  }, 180_000);
 });
