@@ -476,8 +476,11 @@ function requireWhen(c: RxrlConfig): void {
     if (c.data.alphabet === null && c.model.path === null) {
       missing.push("data.alphabet: required when data.source is 'jsonl' and no model.path gives a tokenizer");
     }
-    // A multi-agent environment scores its episodes itself.
-    if (c.rollout.evaluator.module === null && c.agents.environment === 'none') missing.push("rollout.evaluator.module: required when data.source is 'jsonl'");
+    // A multi-agent environment scores its episodes itself; an agent program may give its own rewards.
+    const agentRewards = c.rollout.agent.command !== null || c.rollout.agent.module !== null;
+    if (c.rollout.evaluator.module === null && c.agents.environment === 'none' && !agentRewards) {
+      missing.push("rollout.evaluator.module: required when data.source is 'jsonl' (unless rollout.agent gives the rewards)");
+    }
   }
   if (c.data.source === 'arithmetic' && c.model.path === null) missing.push("model.path: required when data.source is 'arithmetic' (a chat model)");
   if (c.rollout.agent.command !== null && c.rollout.agent.module !== null) missing.push('rollout.agent: give a command or a module, not both');

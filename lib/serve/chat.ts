@@ -125,15 +125,22 @@ function logprobContent(
   }));
 }
 
+/** The assistant's reply of one choice, as the client gets it. */
+interface Reply {
+  readonly content: string;
+  readonly toolCalls: readonly { readonly id: string; readonly type: 'function'; readonly function: { readonly name: string; readonly arguments: string } }[];
+  readonly finishReason: Finished['finishReason'] | 'tool_calls';
+}
+
 /** The assistant's reply of one choice: content and the calls of offered tools. */
-function reply(ctx: ServeContext, done: Finished, tools: readonly ChatTool[], parseTools: boolean, id: string, index: number) {
+function reply(ctx: ServeContext, done: Finished, tools: readonly ChatTool[], parseTools: boolean, id: string, index: number): Reply {
   const parsed = parseTools ? ctx.template.parse(done.text, tools) : { content: done.text, toolCalls: [] };
   const toolCalls = parsed.toolCalls.map((call, i) => ({
     id: `call_${id.slice(-12)}_${index}_${i}`,
     type: 'function' as const,
     function: { name: call.name, arguments: call.arguments },
   }));
-  return { content: parsed.content, toolCalls, finishReason: toolCalls.length > 0 ? ('tool_calls' as const) : done.finishReason };
+  return { content: parsed.content, toolCalls, finishReason: toolCalls.length > 0 ? 'tool_calls' : done.finishReason };
 }
 
 /** A validated chat request. */
@@ -190,7 +197,7 @@ function readChatRequest(server: ServeContext, body: JsonObject, session: Sessio
 }
 
 /** Records a session's call: what each choice's client was given. */
-function recordCall(request: ChatRequest, id: string, version: number, replies: readonly { done: Finished; reply: ReturnType<typeof reply> }[]): void {
+function recordCall(request: ChatRequest, id: string, version: number, replies: readonly { done: Finished; reply: Reply }[]): void {
   request.session?.record({
     id,
     route: 'chat',
@@ -222,7 +229,7 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
   const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal);
   const base = envelope(ctx, 'chatcmpl', 'chat.completion', version);
   let completionTokens = 0;
-  const replies: { done: Finished; reply: ReturnType<typeof reply> }[] = [];
+  const replies: { done: Finished; reply: Reply }[] = [];
   const choices = await mapInTurns(responses, (response, index) => {
     const done = finish(ctx, response, sampling);
     completionTokens += response.tokens.length;
@@ -284,7 +291,7 @@ function streamChat(request: ChatRequest, signal: AbortSignal): EventStream {
     });
     const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
     let completionTokens = 0;
-    const replies: { done: Finished; reply: ReturnType<typeof reply> }[] = [];
+    const replies: { done: Finished; reply: Reply }[] = [];
     responses.forEach((response, index) => {
       const done = finish(ctx, response, sampling);
       completionTokens += response.tokens.length;

@@ -1,14 +1,13 @@
 /**
- * A recipe's data: a bundled task (strings, arithmetic) or JSONL files, the evaluator and rollout worker it names, and the policy's
- * tokenizer.
+ * A recipe's data: a generated task (strings, arithmetic, calculator expressions) or JSONL files, the evaluator and
+ * rollout worker (or agent) it names, and the policy's tokenizer.
  *
  * @packageDocumentation
  */
+import { readFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-
-import { readFile } from 'node:fs/promises';
 
 import { gatewayWorker, type AgentFunction, type AgentProgram, type GatewayWorker } from '../../lib/agent/gateway.js';
 import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
@@ -99,53 +98,50 @@ async function modelChatWorker(modelDir: string, tokenizer: Tokenizer, system: s
   return chatWorker(template, system === null ? {} : { system });
 }
 
+/** What {@link loadData} needs of a generated task. */
+interface GeneratedTask {
+  readonly name: string;
+  readonly characters?: string;
+  readonly train: readonly Task[];
+  readonly validation: readonly Task[];
+  readonly evaluator: Evaluator;
+  readonly randomPolicyReward?: number;
+}
+
 /**
- * The recipe's data: the bundled string task, arithmetic questions, or JSONL files.
+ * The recipe's data: the bundled string task, arithmetic questions, calculator expressions, or JSONL files.
  *
  * @internal
  */
 export async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
+  /** A generated task's data; its responses get `maxTokens` new tokens unless the recipe sets `rollout.maxTokens`. */
+  const generated = (task: GeneratedTask, maxTokens: number): Data => ({
+    name: task.name,
+    characters: task.characters ?? '',
+    train: task.train,
+    validation: task.validation,
+    evaluator: task.evaluator,
+    maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : maxTokens,
+    ...(task.randomPolicyReward === undefined ? {} : { randomPolicyReward: task.randomPolicyReward }),
+  });
   if (config.data.source === 'bundled') {
     const task = stringTransformTask({ ...config.data.task, seed: config.run.seed });
-    return {
-      name: task.name,
-      characters: task.characters,
-      train: task.train,
-      validation: task.validation,
-      evaluator: task.evaluator,
-      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
-      randomPolicyReward: task.randomPolicyReward,
-    };
+    return generated(task, task.maxAnswerLength + 1);
   }
   if (config.data.source === 'arithmetic') {
-    const task = arithmeticTask({ ...config.data.arithmetic, seed: config.run.seed });
-    return {
-      name: task.name,
-      characters: '',
-      train: task.train,
-      validation: task.validation,
-      evaluator: task.evaluator,
-      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : 16,
-    };
+    return generated({ ...arithmeticTask({ ...config.data.arithmetic, seed: config.run.seed }), characters: '' }, 16);
   }
   if (config.data.source === 'calculator') {
     const { operators, maxOperand, validationSize } = config.data.calculator;
     const task = calculatorTask({ operators: [...operators] as CalculatorOperator[], maxOperand, validationSize, seed: config.run.seed });
-    return {
-      name: task.name,
-      characters: task.characters,
-      train: task.train,
-      validation: task.validation,
-      evaluator: task.evaluator,
-      maxTokens: config.rollout.maxTokens > 0 ? config.rollout.maxTokens : task.maxAnswerLength + 1,
-    };
+    return generated(task, task.maxAnswerLength + 1);
   }
   if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
   const trainFile = resolve(baseDir, config.data.trainFile!);
   const validation = config.data.validationFile ? await readTaskFile(resolve(baseDir, config.data.validationFile)) : [];
   const fallback: Evaluator = {
     evaluate: () => {
-      throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data');
+      throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data (or an agent that gives its rewards)');
     },
   };
   return {

@@ -54,6 +54,26 @@ describe('loadConfig', () => {
     expect(rejection(() => loadConfig({ values: { resume: { mode: 'from_path' } }, env: {} })).message).toMatch(/resume\.path: required/);
   });
 
+  it('checks rollout.agent: a command or a module, not both, not beside a custom worker; env is strings; it may stand for the evaluator', () => {
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message).toMatch(
+      /rollout\.agent: give a command or a module, not both/,
+    );
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a' }, worker: { module: './w.js' } } }, env: {} })).message).toMatch(
+      /rollout\.agent: an agent is the rollout worker/,
+    );
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', env: { N: 1 } } } }, env: {} })).message).toMatch(/rollout\.agent\.env: must be an object of strings/);
+    const jsonl = { source: 'jsonl', trainFile: 't.jsonl', alphabet: 'ab' };
+    expect(loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4, agent: { command: 'python3 a.py', env: { K: 'v' } } } }, env: {} }).rollout.agent).toEqual({
+      command: 'python3 a.py',
+      cwd: null,
+      env: { K: 'v' },
+      module: null,
+      export: 'default',
+    });
+    expect(rejection(() => loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4 } }, env: {} })).message).toMatch(/rollout\.evaluator\.module: required/);
+    expect(loadConfig({ values: { data: { source: 'calculator', calculator: { operators: '+-' } } }, env: {} }).data.calculator).toEqual({ operators: '+-', maxOperand: 20, validationSize: 64 });
+  });
+
   it('rejects out-of-range numbers and bad enum values, naming the key', () => {
     expect(rejection(() => loadConfig({ values: { rollout: { topP: 1.5 } }, env: {} })).message).toMatch(/rollout\.topP: must be a number in \(0, 1\]/);
     expect(rejection(() => loadConfig({ set: ['sync.batchSize=0'], env: {} })).message).toMatch(/sync\.batchSize: must be an integer >= 1/);
