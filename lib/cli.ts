@@ -14,8 +14,10 @@ Usage:
   rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
              [--max-batch-size N] [--max-wait-ms N] [--weights-root DIR] [--api-key KEY] [--backend …] [--verbose]
              [--lora-modules NAME=DIR[,NAME=DIR…]] [--max-model-len N]
+             [--max-sessions N] [--max-session-tokens N] [--session-idle-ms N]
                     OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
-                    model's chat template, /v1/models, /health, /update_weights_from_disk) for a Hugging Face
+                    model's chat template, both streaming; /v1/models, /health, /update_weights_from_disk;
+                    /sessions/{id}/v1/… records agents' calls token for token for training) for a Hugging Face
                     model directory (Llama 3, Qwen2, Qwen3, SmolLM2; a run checkpoint is one), or a fresh tiny
                     policy over --alphabet; served model id = the directory's name unless --served-model-name;
                     port 8000 by default, 0 picks a free one; --weights-root confines update_weights_from_disk
@@ -23,7 +25,8 @@ Usage:
                     on every route but /health; --lora-modules serves PEFT LoRA adapters on the shared base,
                     each under its own model name (more load through /v1/load_lora_adapter, as in vLLM);
                     --max-model-len caps the context (a model whose weights and one full-length sequence's
-                    cache exceed the backend's memory is refused before anything is allocated);
+                    cache exceed the backend's memory is refused before anything is allocated); sessions are
+                    bounded: 1024 at once, 1048576 tokens each, freed after 600000 ms idle by default;
                     prints {"event":"listening","url":…} on stdout,
                     stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
@@ -124,7 +127,7 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   checkFlags(
     'serve',
     argv,
-    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules', 'max-model-len'],
+    ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules', 'max-model-len', 'max-sessions', 'max-session-tokens', 'session-idle-ms'],
     ['verbose'],
   );
   const { runServeCommand } = await import('./serve/command.js');
@@ -137,6 +140,9 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
   const maxWaitMs = integer(text('max-wait-ms'), 'max-wait-ms');
   const maxModelLen = integer(text('max-model-len'), 'max-model-len');
   const seed = integer(option(argv, 'seed', 'RXRL_SEED'), 'seed');
+  const maxSessions = integer(text('max-sessions'), 'max-sessions');
+  const maxTokens = integer(text('max-session-tokens'), 'max-session-tokens');
+  const idleMs = integer(text('session-idle-ms'), 'session-idle-ms');
   return runServeCommand({
     model: text('model') ?? text('checkpoint'),
     modelFlag: text('model') === undefined && text('checkpoint') !== undefined ? 'checkpoint' : 'model',
@@ -154,6 +160,11 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
     weightsRoot: text('weights-root'),
     apiKey: text('api-key'),
     loraModules: loraModules(text('lora-modules')),
+    sessions: {
+      ...(maxSessions === undefined ? {} : { maxSessions }),
+      ...(maxTokens === undefined ? {} : { maxTokens }),
+      ...(idleMs === undefined ? {} : { idleMs }),
+    },
     verbose: argv.includes('--verbose'),
     signal: controller.signal,
     out: (line) => process.stdout.write(`${line}\n`),

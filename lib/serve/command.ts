@@ -17,6 +17,7 @@ import { CharTokenizer } from '../model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
 import { POLICY_VERSION_METADATA_KEY } from '../model/modelDir.js';
 import { serve, type RxrlServer } from './server.js';
+import type { SessionLimits } from './sessions.js';
 
 /** Options of {@link runServeCommand}. */
 export interface ServeCommandOptions {
@@ -59,6 +60,8 @@ export interface ServeCommandOptions {
   readonly apiKey?: string;
   /** LoRA adapters to serve, model name → PEFT directory (`--lora-modules`). */
   readonly loraModules?: Readonly<Record<string, string>>;
+  /** Limits of recorded sessions (`--max-sessions`, `--max-session-tokens`, `--session-idle-ms`). */
+  readonly sessions?: SessionLimits;
   /** Log one JSON line per request on stderr. Default false. */
   readonly verbose?: boolean;
   /** Stops the server. */
@@ -126,6 +129,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       ...(options.weightsRoot === undefined ? {} : { weightsRoot: options.weightsRoot }),
       ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
       ...(options.loraModules === undefined ? {} : { loraModules: options.loraModules }),
+      ...(options.sessions === undefined ? {} : { sessions: options.sessions }),
       log: options.verbose ? (record) => options.err(JSON.stringify(record)) : undefined,
     });
     options.out(

@@ -17,6 +17,7 @@
  */
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatMessage, ChatTool } from '../chat/types.js';
+import { ConfigError } from '../errors.js';
 import { hashSeed } from '../random.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
 import { RequestError, excerpt, invalid, quote, type JsonObject } from './protocol.js';
@@ -232,6 +233,9 @@ export class SessionStore {
     this.maxSessions = limits.maxSessions ?? 1024;
     this.maxTokens = limits.maxTokens ?? 1 << 20;
     this.idleMs = limits.idleMs ?? 600_000;
+    for (const [key, value] of [['maxSessions', this.maxSessions], ['maxTokens', this.maxTokens], ['idleMs', this.idleMs]] as const) {
+      if (!Number.isInteger(value) || value < 1) throw new ConfigError(`sessions.${key} must be an integer >= 1, got ${value}`, { context: { key: `sessions.${key}` } });
+    }
   }
 
   /** Sessions held now. */

@@ -29,13 +29,17 @@ afterAll(async () => {
 
 describe('rxrl serve (built CLI, built by pretest)', () => {
   it('serves a fresh policy on a free loopback port and stops on SIGTERM', async () => {
-    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model-name', 'tiny'], { cliPath: cli, stderr: 'ignore' });
+    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model-name', 'tiny', '--max-sessions', '1'], { cliPath: cli, stderr: 'ignore' });
     try {
       expect(server.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY' });
       expect((await client.models.list()).data[0].id).toBe('tiny');
       const out = await client.completions.create({ model: 'tiny', prompt: 'abcd=', n: 3, max_tokens: 5, seed: 1, logprobs: 1 });
       expect(out.choices).toHaveLength(3);
+      // --max-sessions 1: a second session is refused while the first is open.
+      const session = (id: string) => new OpenAI({ baseURL: `${server.url}/sessions/${id}/v1`, apiKey: 'EMPTY', maxRetries: 0 });
+      await session('a').completions.create({ model: 'tiny', prompt: 'ab=', max_tokens: 2 });
+      await expect(session('b').completions.create({ model: 'tiny', prompt: 'ab=', max_tokens: 2 })).rejects.toMatchObject({ status: 429 });
       expect(await (await fetch(`${server.url}/health`)).json()).toMatchObject({ status: 'ok', policy_version: 0 });
     } finally {
       await server.close();
