@@ -15,7 +15,13 @@ export interface SamplingModel {
   /** Samples one response per request in one batched pass; responses are tagged with `version`. */
   generate(
     requests: readonly GenerateRequest[],
-    options: { readonly signal?: AbortSignal; readonly version?: PolicyVersion; readonly stopIds?: readonly number[] },
+    options: {
+      readonly signal?: AbortSignal;
+      readonly version?: PolicyVersion;
+      readonly stopIds?: readonly number[];
+      /** One signal per request: a row whose signal fires may stop early (`finishReason: 'abort'`). */
+      readonly rowSignals?: readonly (AbortSignal | undefined)[];
+    },
   ): Promise<GenerateResponse[]>;
   /** Replaces the weights. */
   setWeights(weights: NamedWeights): void;
@@ -204,7 +210,7 @@ export class LocalEngine implements RolloutEngine {
       try {
         responses = await this.model.generate(
           batch.map((p) => p.request),
-          { signal, version: this.current, stopIds: this.tokenizer.stopIds },
+          { signal, version: this.current, stopIds: this.tokenizer.stopIds, rowSignals: batch.map((p) => p.signal) },
         );
       } catch (error) {
         // Interrupted before the first step: run the same requests again with the new weights.

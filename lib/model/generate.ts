@@ -17,6 +17,11 @@ import { sampleToken } from './sampling.js';
 export interface GenerateOptions {
   /** Cancels between decoding steps: every unfinished row ends with `finishReason: 'abort'`. */
   readonly signal?: AbortSignal;
+  /**
+   * One signal per request (or `undefined`): a row whose signal fires ends with `finishReason: 'abort'` at the next
+   * decoding step and leaves the batch, while the others go on (a client that went away, say).
+   */
+  readonly rowSignals?: readonly (AbortSignal | undefined)[];
   /** Policy version reported in every response. Default 0. */
   readonly version?: PolicyVersion;
   /**
@@ -74,6 +79,7 @@ export const PROMPT_PAD_ID = 0;
 
 interface RowState {
   readonly request: GenerateRequest;
+  readonly signal: AbortSignal | undefined;
   readonly rng: Rng;
   readonly stop: ReadonlySet<number>;
   readonly temperature: number;
@@ -103,7 +109,7 @@ export async function runGeneration(
   try {
     const version = options.version ?? 0;
     const stopIds = options.stopIds ?? [];
-    const states = requests.map((request, index) => initRow(request, index, stopIds, limits));
+    const states = requests.map((request, index) => ({ ...initRow(request, index, stopIds, limits), signal: options.rowSignals?.[index] }));
     if (options.signal?.aborted) {
       throw new AbortError('generate aborted before it started', { cause: options.signal.reason });
     }
@@ -147,6 +153,8 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
         s.finishReason = 'stop';
       } else if (s.tokens.length >= s.request.maxTokens) {
         s.finishReason = 'length';
+      } else if (s.signal?.aborted) {
+        s.finishReason = 'abort';
       } else {
         keep.push(row);
       }
@@ -185,7 +193,7 @@ function initRow(
   index: number,
   stopIds: readonly number[],
   limits: { readonly vocabSize: number; readonly maxSeqLen: number },
-): RowState {
+): Omit<RowState, 'signal'> {
   const invalid = (what: string): ConfigError =>
     new ConfigError(`generate request ${index}: ${what}`, { context: { request: index } });
   const { promptTokens, maxTokens } = request;

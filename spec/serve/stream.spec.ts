@@ -17,9 +17,13 @@ const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 32, nLaye
 const owned: RxrlServer[] = [];
 const models: PolicyModel[] = [];
 
-async function start(model: PolicyModel, log?: (record: Readonly<Record<string, unknown>>) => void): Promise<{ server: RxrlServer; client: OpenAI }> {
+async function start(
+  model: PolicyModel,
+  log?: (record: Readonly<Record<string, unknown>>) => void,
+  maxWaitMs?: number,
+): Promise<{ server: RxrlServer; client: OpenAI }> {
   models.push(model);
-  const server = await serve({ model, tokenizer, port: 0, ...(log ? { log } : {}) });
+  const server = await serve({ model, tokenizer, port: 0, ...(log ? { log } : {}), ...(maxWaitMs === undefined ? {} : { maxWaitMs }) });
   owned.push(server);
   return { server, client: new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 }) };
 }
@@ -131,7 +135,7 @@ describe('rxrl serve streams (server-sent events)', () => {
     expect(stdout).toBe(whole.choices[0].message.content);
   });
 
-  it('cancels the generation when the client disconnects mid-stream: the engine stops early', async () => {
+  it('cancels the generation when the client disconnects mid-stream: its row stops early, the rest of its batch goes on', async () => {
     const long: PolicyConfig = { ...config, maxSeqLen: 256 };
     const model = PolicyModel.create(long, 11);
     const generated: GenerateResponse[][] = [];
@@ -142,13 +146,15 @@ describe('rxrl serve streams (server-sent events)', () => {
       return out;
     };
     const records: Readonly<Record<string, unknown>>[] = [];
-    const { server, client } = await start(model, (r) => records.push(r));
+    // A wait of 200 ms gathers the two requests below into one batch.
+    const { server, client } = await start(model, (r) => records.push(r), 200);
     const request = { model: 'rxrl-policy', prompt: 'ab', max_tokens: 250, temperature: 0 };
     // Precondition: unstreamed, this request runs to its budget (greedy, no end-of-sequence token on the way).
     const whole = await client.completions.create(request);
     expect(whole.choices[0].finish_reason).toBe('length');
     expect(generated[0][0].tokens).toHaveLength(250);
 
+    const other = client.completions.create(request); // shares the batch, and its client stays
     const controller = new AbortController();
     const response = await fetch(`${server.baseURL}/completions`, {
       method: 'POST',
@@ -161,11 +167,14 @@ describe('rxrl serve streams (server-sent events)', () => {
     while (!seen.includes('"text":"') || seen.split('data: ').length < 4) seen += new TextDecoder().decode((await reader.read()).value);
     controller.abort();
     await reader.cancel().catch(() => undefined);
+    expect((await other).choices[0].text).toBe(whole.choices[0].text);
     await server.engine.idle();
     await waitFor(() => records.some((r) => r.event === 'request' && r.status === 499));
     expect(generated).toHaveLength(2);
-    expect(generated[1][0].finishReason).toBe('abort');
-    expect(generated[1][0].tokens.length).toBeLessThan(250);
+    const finishes = generated[1].map((r) => r.finishReason).sort();
+    expect(finishes).toEqual(['abort', 'length']);
+    const aborted = generated[1].find((r) => r.finishReason === 'abort')!;
+    expect(aborted.tokens.length).toBeLessThan(250);
   });
 });
 
