@@ -49,7 +49,12 @@ describe.each([
     expect(Math.max(...staleness)).toBeLessThanOrEqual(threshold);
     expect(summary.failedSamples).toBeGreaterThan(0);
     const lines = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-    expect(lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0)).toBe(summary.failedSamples);
+    const logged = lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0);
+    expect(logged).toBeGreaterThan(0);
+    // In sync mode every admitted sample is in a trained step; ahead-of-training modes may end with samples in
+    // flight (admitted for an 11th step), whose failures are counted by the run but belong to no step's metrics.
+    if (mode === 'sync') expect(logged).toBe(summary.failedSamples);
+    else expect(logged).toBeLessThanOrEqual(summary.failedSamples);
     // Every trained step is logged.
     const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
     expect(trained.length).toBeGreaterThan(0);
