@@ -1,0 +1,334 @@
+/**
+ * rxrl as a Tinker-API service: the official `tinker` SDK (PyPI) trains LoRA adapters on a model directory that
+ * rxrl holds, with rxrl's trainer and engine behind the API.
+ *
+ * | route (`/api/v1/…`) | what |
+ * | --- | --- |
+ * | `client/config`, `create_session`, `session_heartbeat`, `sessions/{id}/finish`, `telemetry` | the SDK's bootstrap |
+ * | `get_server_capabilities`, `healthz` | the served base model |
+ * | `create_model` | a LoRA training client on the base (`lora_config.rank`); id `{session}:train:{seq}` |
+ * | `get_info` | the client's model, rank and tokenizer |
+ * | `forward_backward`, `forward` | protobuf datums; losses `cross_entropy`, `importance_sampling`, `ppo` |
+ * | `optim_step` | Adam with the call's `adam_params` |
+ * | `save_weights`, `load_weights` | the adapter and Adam state, as `tinker://<model>/weights/<name>` |
+ * | `retrieve_future` | long-polls a request's result (protobuf for forward/backward and samples, JSON else) |
+ *
+ * Every call that trains or samples returns a future (`{ request_id, model_id }`) at once; each model runs its
+ * requests one at a time in the order they arrived (the SDK pipelines `forward_backward` and `optim_step`). The
+ * SDK's key header (`X-API-Key`) is checked when the service has a key. Unsupported requests (full fine-tuning,
+ * another loss, another base) get a 4xx with `{ "detail": … }`.
+ *
+ * @packageDocumentation
+ */
+import { randomUUID, timingSafeEqual } from 'node:crypto';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import { ConfigError, RxrlError, ShapeError } from '../errors.js';
+import type { PolicyModel } from '../model/transformer.js';
+import { ProtoError, decodeForwardBackwardRequest, encodeForwardBackwardOutput } from './proto.js';
+import { TinkerTrainer, type AdamParams } from './training.js';
+
+/** Options of {@link tinkerService}. */
+export interface TinkerServiceOptions {
+  /** The base model every training client adapts (not owned: the caller disposes of it after `close`). */
+  readonly model: PolicyModel;
+  /** The name clients ask for as `base_model`. */
+  readonly baseModel: string;
+  /** What `get_info` reports as the tokenizer (a local directory the SDK can load). Default: `baseModel`. */
+  readonly tokenizerId?: string;
+  /** Interface to bind. Default `127.0.0.1`. */
+  readonly host?: string;
+  /** TCP port; 0 picks a free one. Default 0. */
+  readonly port?: number;
+  /** When set, requests need `X-API-Key: <apiKey>`. */
+  readonly apiKey?: string;
+  /** Most training clients at once. Default 8. */
+  readonly maxModels?: number;
+  /** Largest LoRA rank. Default 64. */
+  readonly maxRank?: number;
+  /** Largest request body in bytes. Default 64 MiB. */
+  readonly maxBodyBytes?: number;
+  /** How long `retrieve_future` holds a poll before answering `try_again`, in ms. Default 20 000. */
+  readonly pollMs?: number;
+  /** Seed of adapters' initialization (with the model's index). Default 0. */
+  readonly seed?: number;
+}
+
+/** A running service. */
+export interface TinkerService {
+  /** `http://host:port`: the SDK's `TINKER_BASE_URL`. */
+  readonly url: string;
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+/** A request the service refuses, with its HTTP status. */
+class ServiceError extends RxrlError {
+  override readonly name = 'TinkerServiceError';
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message, { context: { status } });
+  }
+}
+
+/** A future's outcome: a JSON value, protobuf bytes, or an error the SDK raises as `RequestFailedError`. */
+type Outcome = { readonly json: unknown } | { readonly proto: Uint8Array } | { readonly error: string; readonly category: 'user' | 'server' };
+
+interface Model {
+  readonly id: string;
+  readonly trainer: TinkerTrainer;
+  /** The tail of this model's queue: requests run one after another. */
+  queue: Promise<unknown>;
+}
+
+/**
+ * Starts a Tinker-API service over `options.model`.
+ *
+ * @example
+ * ```ts
+ * const { model } = await loadModelDir(dir);
+ * const service = await tinkerService({ model, baseModel: 'tiny-qwen3', tokenizerId: dir });
+ * // TINKER_BASE_URL=service.url TINKER_API_KEY=tml-local python3 train.py
+ * ```
+ * @param options - The base model, its name, address and limits.
+ * @returns The running service.
+ */
+export async function tinkerService(options: TinkerServiceOptions): Promise<TinkerService> {
+  const maxModels = options.maxModels ?? 8;
+  const maxRank = options.maxRank ?? 64;
+  const maxBodyBytes = options.maxBodyBytes ?? 64 * 1024 * 1024;
+  const pollMs = options.pollMs ?? 20_000;
+  for (const [key, value] of [['maxModels', maxModels], ['maxRank', maxRank], ['maxBodyBytes', maxBodyBytes], ['pollMs', pollMs]] as const) {
+    if (!Number.isInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
+  }
+  const models = new Map<string, Model>();
+  const futures = new Map<string, Promise<Outcome>>();
+  const sessions = new Map<string, { models: number }>();
+  let modelSeed = 0;
+
+  /** Runs `work` after every earlier request of `model`; the future settles with its outcome. */
+  const enqueue = (model: Model | undefined, work: () => Outcome | Promise<Outcome>): { request_id: string; model_id?: string } => {
+    const id = `req-${randomUUID()}`;
+    const run = async (): Promise<Outcome> => {
+      try {
+        return await work();
+      } catch (error) {
+        const user = error instanceof ShapeError || error instanceof ConfigError || error instanceof ProtoError || error instanceof ServiceError;
+        return { error: error instanceof Error ? error.message : String(error), category: user ? 'user' : 'server' };
+      }
+    };
+    const outcome = model === undefined ? run() : model.queue.then(run);
+    if (model !== undefined) model.queue = outcome;
+    futures.set(id, outcome);
+    return { request_id: id, ...(model ? { model_id: model.id } : {}) };
+  };
+
+  const modelOf = (id: unknown): Model => {
+    const model = typeof id === 'string' ? models.get(id) : undefined;
+    if (model === undefined) throw new ServiceError(404, `no training client '${String(id)}'`);
+    return model;
+  };
+
+  const createModel = (body: Record<string, unknown>): unknown => {
+    const session = String(body.session_id ?? '');
+    if (!sessions.has(session)) throw new ServiceError(404, `no session '${session}'`);
+    if (body.base_model !== options.baseModel) {
+      throw new ServiceError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
+    }
+    const lora = body.lora_config as { rank?: unknown } | undefined | null;
+    if (lora === undefined || lora === null) throw new ServiceError(400, 'full fine-tuning is not supported: give lora_config');
+    const rank = lora.rank;
+    if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < 1 || rank > maxRank) {
+      throw new ServiceError(400, `lora_config.rank must be an integer in [1, ${maxRank}]`);
+    }
+    if (models.size >= maxModels) throw new ServiceError(429, `${maxModels} training clients are open`);
+    const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
+    if (models.has(id)) throw new ServiceError(409, `training client '${id}' exists`);
+    const model: Model = { id, trainer: new TinkerTrainer(options.model, rank, (options.seed ?? 0) + modelSeed++), queue: Promise.resolve() };
+    models.set(id, model);
+    return enqueue(model, () => ({ json: { model_id: id, type: 'create_model' } }));
+  };
+
+  const getInfo = (body: Record<string, unknown>): unknown => {
+    const model = modelOf(body.model_id);
+    return {
+      model_id: model.id,
+      model_data: { model_name: options.baseModel, tokenizer_id: options.tokenizerId ?? options.baseModel, arch: null },
+      is_lora: true,
+      lora_rank: model.trainer.rank,
+      type: 'get_info',
+    };
+  };
+
+  const forwardBackward = (bytes: Uint8Array, forwardOnly: boolean): unknown => {
+    const request = decodeForwardBackwardRequest(bytes);
+    const model = modelOf(request.modelId);
+    return enqueue(model, () => {
+      const out = model.trainer.forward(request.data, request.lossFn, request.lossFnConfig, !(forwardOnly || request.forwardOnly));
+      return { proto: encodeForwardBackwardOutput({ outputs: out.outputs, metrics: out.metrics }) };
+    });
+  };
+
+  const optimStep = (body: Record<string, unknown>): unknown => {
+    const model = modelOf(body.model_id);
+    const p = (body.adam_params ?? null) as Record<string, unknown> | null;
+    if (p === null) throw new ServiceError(400, 'optim_step needs adam_params (other optimizers are not supported)');
+    const num = (name: string, fallback: number): number => {
+      const v = p[name] ?? fallback;
+      if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new ServiceError(400, `adam_params.${name} must be a finite number >= 0`);
+      return v;
+    };
+    const adam: AdamParams = {
+      learningRate: num('learning_rate', 1e-4),
+      beta1: num('beta1', 0.9),
+      beta2: num('beta2', 0.95),
+      eps: num('eps', 1e-12),
+      weightDecay: num('weight_decay', 0),
+      gradClipNorm: num('grad_clip_norm', 0),
+    };
+    return enqueue(model, () => ({ json: { metrics: model.trainer.optimStep(adam), type: 'optim_step' } }));
+  };
+
+  const retrieve = async (body: Record<string, unknown>, res: ServerResponse): Promise<void> => {
+    const id = String(body.request_id ?? '');
+    const future = futures.get(id);
+    if (future === undefined) return sendJson(res, 404, { detail: `no request '${id}'` });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const waited = await Promise.race([future, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), pollMs)))]);
+    clearTimeout(timer);
+    if (waited === undefined) return sendJson(res, 200, { type: 'try_again', request_id: id, queue_state: 'active' });
+    futures.delete(id);
+    if ('proto' in waited) {
+      res.writeHead(200, { 'content-type': 'application/x-protobuf', 'content-length': waited.proto.length });
+      res.end(Buffer.from(waited.proto.buffer, waited.proto.byteOffset, waited.proto.byteLength));
+      return;
+    }
+    if ('error' in waited) return sendJson(res, 200, { error: waited.error, category: waited.category });
+    sendJson(res, 200, waited.json);
+  };
+
+  const server = createServer((req, res) => {
+    handle(req, res).catch((error: unknown) => {
+      if (res.headersSent) return void res.destroy();
+      const status = error instanceof ServiceError ? error.status : error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError ? 400 : 500;
+      sendJson(res, status, { detail: error instanceof Error ? error.message : String(error) });
+    });
+  });
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0].replace(/\/+$/, '');
+    if (options.apiKey !== undefined && !sameSecret(String(req.headers['x-api-key'] ?? ''), options.apiKey)) {
+      throw new ServiceError(401, 'missing or wrong X-API-Key');
+    }
+    if (req.method === 'GET' && path === '/api/v1/healthz') return sendJson(res, 200, { status: 'ok' });
+    if (req.method === 'GET' && path === '/api/v1/get_server_capabilities') {
+      return sendJson(res, 200, { supported_models: [{ model_name: options.baseModel }] });
+    }
+    if (req.method !== 'POST') throw new ServiceError(405, `${req.method} ${path} is not served`);
+    const raw = await readBody(req, maxBodyBytes);
+    if (path === '/api/v1/forward_backward' || path === '/api/v1/forward') {
+      if (!/application\/x-protobuf/.test(String(req.headers['content-type'] ?? ''))) {
+        throw new ServiceError(415, `${path} takes application/x-protobuf`);
+      }
+      if (req.headers['content-encoding'] !== undefined && req.headers['content-encoding'] !== 'identity') {
+        throw new ServiceError(415, `content-encoding ${String(req.headers['content-encoding'])} is not supported`);
+      }
+      return sendJson(res, 200, forwardBackward(raw, path === '/api/v1/forward'));
+    }
+    let body: Record<string, unknown>;
+    try {
+      const parsed: unknown = raw.length === 0 ? {} : JSON.parse(Buffer.from(raw).toString('utf8'));
+      if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('not an object');
+      body = parsed as Record<string, unknown>;
+    } catch {
+      throw new ServiceError(400, `${path}: the body is not a JSON object`);
+    }
+    const finish = /^\/api\/v1\/sessions\/([^/]+)\/finish$/.exec(path);
+    if (finish !== null) {
+      sessions.delete(decodeURIComponent(finish[1]));
+      return sendJson(res, 200, {});
+    }
+    switch (path) {
+      case '/api/v1/client/config':
+        return sendJson(res, 200, { use_pyqwest_transport: false, parallel_fwdbwd_chunks: false, pjwt_auth_enabled: false });
+      case '/api/v1/create_session': {
+        const id = `sess-${randomUUID()}`;
+        sessions.set(id, { models: 0 });
+        return sendJson(res, 200, { session_id: id, type: 'create_session' });
+      }
+      case '/api/v1/session_heartbeat':
+        return sendJson(res, sessions.has(String(body.session_id)) ? 200 : 410, {});
+      case '/api/v1/telemetry':
+        return sendJson(res, 200, { status: 'accepted' });
+      case '/api/v1/create_model':
+        return sendJson(res, 200, createModel(body));
+      case '/api/v1/get_info':
+        return sendJson(res, 200, getInfo(body));
+      case '/api/v1/optim_step':
+        return sendJson(res, 200, optimStep(body));
+      case '/api/v1/retrieve_future':
+        return retrieve(body, res);
+      default:
+        throw new ServiceError(404, `${path} is not served by rxrl's Tinker service`);
+    }
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  let closed: Promise<void> | undefined;
+  return {
+    url: `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`,
+    port: address.port,
+    close: () => {
+      closed ??= new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }).then(async () => {
+        await Promise.all([...models.values()].map((m) => m.queue.catch(() => undefined)));
+        for (const m of models.values()) m.trainer.dispose();
+        models.clear();
+      });
+      return closed;
+    },
+  };
+}
+
+function sameSecret(given: string, expected: string): boolean {
+  const a = Buffer.from(given);
+  const b = Buffer.from(expected);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  if (res.headersSent || res.destroyed) return;
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+function readBody(req: IncomingMessage, limit: number): Promise<Uint8Array> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        reject(new ServiceError(413, `request body is larger than ${limit} bytes`));
+        req.destroy();
+        return;
+      }
+      chunks.push(chunk);
+    });
+    req.on('end', () => resolve(new Uint8Array(Buffer.concat(chunks))));
+    req.on('error', () => reject(new ServiceError(400, 'the request body was cut off')));
+  });
+}

@@ -1,0 +1,137 @@
+/**
+ * rxrl's Tinker service driven by the official `tinker` SDK (PyPI, pinned in scripts/requirements-tinker.txt and
+ * installed by .ci/run): a LoRA training client on the tiny Qwen3 fixture, cross-entropy steps that lower the loss
+ * on a fixed batch, log-probs equal to rxrl's own, the other two losses, and refusals.
+ */
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import * as tf from '@tensorflow/tfjs-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { initBackend } from '../../lib/model/backend.js';
+import { loadModelDir } from '../../lib/model/modelDir.js';
+import type { PolicyModel } from '../../lib/model/transformer.js';
+import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
+
+const run = promisify(execFile);
+const python = process.env.RXRL_TINKER_PYTHON ?? 'python3';
+const fixture = fileURLToPath(new URL('../fixtures/hf/tiny-qwen3', import.meta.url));
+let model: PolicyModel;
+let service: TinkerService;
+
+/** Runs a Python snippet with the SDK against the service; its last stdout line is JSON. */
+async function sdk<T>(body: string): Promise<T> {
+  const script = [
+    'import json, sys, math',
+    'import tinker',
+    'from tinker import types',
+    'sc = tinker.ServiceClient(base_url=sys.argv[1], api_key="tml-local")',
+    body,
+  ].join('\n');
+  const { stdout } = await run(python, ['-c', script, service.url], {
+    env: { ...process.env, TINKER_TELEMETRY: '0', HF_HUB_OFFLINE: '1' },
+    timeout: 120_000,
+  });
+  return JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as T;
+}
+
+beforeAll(async () => {
+  await initBackend('cpu', { logger: { info: () => undefined } });
+  model = (await loadModelDir(fixture)).model;
+  service = await tinkerService({ model, baseModel: 'tiny-qwen3', tokenizerId: fixture, apiKey: 'tml-local', seed: 1 });
+});
+
+afterAll(async () => {
+  await service?.close();
+  model?.dispose();
+});
+
+describe("rxrl's Tinker service, through the official tinker SDK", () => {
+  it('the SDK imports (pip install tinker==0.38.0; .ci/run does)', async () => {
+    await expect(run(python, ['-c', 'import tinker'])).resolves.toBeDefined();
+  });
+
+  it('trains a LoRA client with cross_entropy + optim_step: the loss falls on a fixed batch; first log-probs are the base model\'s', async () => {
+    const tokens = [5, 17, 42, 8, 99, 3, 250, 61, 7, 12];
+    const out = await sdk<{ losses: number[]; first: number[]; info: { lora_rank: number } }>(
+      [
+        'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=4)',
+        `tokens = ${JSON.stringify(tokens)}`,
+        'datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})',
+        'losses, first = [], None',
+        'for step in range(6):',
+        '    fb = tc.forward_backward([datum], "cross_entropy")',
+        '    opt = tc.optim_step(types.AdamParams(learning_rate=0.02))',
+        '    r = fb.result(); opt.result()',
+        '    losses.append(r.metrics["loss:sum"])',
+        '    if first is None: first = r.loss_fn_outputs[0]["logprobs"].tolist()',
+        'info = tc.get_info()',
+        'print(json.dumps({"losses": losses, "first": first, "info": {"lora_rank": info.lora_rank}}))',
+      ].join('\n'),
+    );
+    expect(out.info.lora_rank).toBe(4);
+    expect(out.losses).toHaveLength(6);
+    expect(out.losses[5]).toBeLessThan(out.losses[0] * 0.8);
+    // A fresh adapter is zero (B = 0): the first step scores with the base model, as rxrl's own log-probs do.
+    const ours = tf.tidy(() => {
+      const ids = tf.tensor2d([tokens], [1, tokens.length], 'int32');
+      const mask = tf.ones([1, tokens.length]) as tf.Tensor2D;
+      const positions = tf.tensor2d([tokens.map((_, i) => i)], [1, tokens.length], 'int32');
+      return Array.from(model.tokenLogprobs(ids, mask, positions).logprobs.dataSync());
+    });
+    expect(out.first).toHaveLength(tokens.length - 1);
+    out.first.forEach((lp, i) => expect(lp).toBeCloseTo(ours[i], 4));
+    expect(out.losses[0]).toBeCloseTo(-ours.reduce((a, b) => a + b, 0), 3);
+  }, 180_000);
+
+  it('computes importance_sampling and ppo from the sampler log-probs and advantages', async () => {
+    const out = await sdk<{ is: number[]; ppo: number[] }>(
+      [
+        'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+        'tokens = [5, 17, 42, 8, 99, 3]',
+        'base = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5})], "cross_entropy").result()',
+        'lp = base.loss_fn_outputs[0]["logprobs"].tolist()',
+        'rl = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": lp, "advantages": [1.0, -1.0, 0.5, 0.0, 2.0]})',
+        'a = tc.forward_backward([rl], "importance_sampling").result().metrics["loss:sum"]',
+        'b = tc.forward_backward([rl], "ppo").result().metrics["loss:sum"]',
+        'print(json.dumps({"is": [a], "ppo": [b]}))',
+      ].join('\n'),
+    );
+    // On-policy (sampler log-probs = the model's): every ratio is 1, so both losses are −Σ advantages.
+    expect(out.is[0]).toBeCloseTo(-2.5, 4);
+    expect(out.ppo[0]).toBeCloseTo(-2.5, 4);
+  }, 180_000);
+
+  it('refuses what it does not do, with errors the SDK raises: another base model, an unknown loss, a wrong key', async () => {
+    const out = await sdk<{ base: string; loss: string }>(
+      [
+        'res = {}',
+        'try:',
+        '    sc.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()',
+        '    res["base"] = "accepted"',
+        'except Exception as e:',
+        '    res["base"] = type(e).__name__ + ": " + str(e)',
+        'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+        'd = types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]})',
+        'try:',
+        '    tc.forward_backward([d], "cispo").result()',
+        '    res["loss"] = "accepted"',
+        'except Exception as e:',
+        '    res["loss"] = type(e).__name__ + ": " + str(e)',
+        'print(json.dumps(res))',
+      ].join('\n'),
+    );
+    expect(out.base).toMatch(/tiny-qwen3/);
+    expect(out.loss).toMatch(/unknown loss_fn 'cispo'/);
+    const wrong = await fetch(`${service.url}/api/v1/create_session`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': 'tml-other' }, body: '{}' });
+    expect(wrong.status).toBe(401);
+    const full = await fetch(`${service.url}/api/v1/create_model`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': 'tml-local' },
+      body: JSON.stringify({ session_id: 'nope', base_model: 'tiny-qwen3' }),
+    });
+    expect(full.status).toBe(404);
+  }, 180_000);
+});
