@@ -24,9 +24,19 @@ import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
+import { mkdir, mkdtemp } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import * as tf from '@tensorflow/tfjs-core';
+
+import type { NamedWeights, Tokenizer } from '../engine/types.js';
 import { ConfigError, RxrlError, ShapeError } from '../errors.js';
-import type { PolicyModel } from '../model/transformer.js';
-import { ProtoError, decodeForwardBackwardRequest, encodeForwardBackwardOutput } from './proto.js';
+import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
+import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
+import { PolicyModel } from '../model/transformer.js';
+import { hashSeed } from '../random.js';
+import { ProtoError, decodeForwardBackwardRequest, encodeForwardBackwardOutput, encodeSampleResponse, type SampledSequenceWire } from './proto.js';
 import { TinkerTrainer, type AdamParams } from './training.js';
 
 /** Options of {@link tinkerService}. */
@@ -53,6 +63,10 @@ export interface TinkerServiceOptions {
   readonly pollMs?: number;
   /** Seed of adapters' initialization (with the model's index). Default 0. */
   readonly seed?: number;
+  /** The base model's tokenizer: its stop ids end samples, and string stop sequences are encoded with it. */
+  readonly tokenizer: Tokenizer;
+  /** Where `save_weights` writes states (`<dir>/<model id>/<name>.safetensors`). Default: a fresh temporary directory. */
+  readonly stateDir?: string;
 }
 
 /** A running service. */
@@ -84,6 +98,14 @@ interface Model {
   queue: Promise<unknown>;
 }
 
+/** A sampling session: frozen adapter weights (none: the base model) and its own view of the base. */
+interface Sampler {
+  readonly id: string;
+  readonly view: PolicyModel;
+  readonly adapter: LoraAdapter | undefined;
+  queue: Promise<unknown>;
+}
+
 /**
  * Starts a Tinker-API service over `options.model`.
  *
@@ -105,6 +127,10 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     if (!Number.isInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
   }
   const models = new Map<string, Model>();
+  const samplers = new Map<string, Sampler>();
+  const stateDir = options.stateDir ?? (await mkdtemp(join(tmpdir(), 'rxrl-tinker-')));
+  /** Named sampler weights (`tinker://<model>/sampler_weights/<name>`): adapter weights and rank. */
+  const samplerWeights = new Map<string, { weights: NamedWeights; rank: number }>();
   const futures = new Map<string, Promise<Outcome>>();
   const sessions = new Map<string, { models: number }>();
   let modelSeed = 0;
@@ -192,6 +218,117 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     return enqueue(model, () => ({ json: { metrics: model.trainer.optimStep(adam), type: 'optim_step' } }));
   };
 
+  /** A sampler over a snapshot of the adapter (or the base model, without one). */
+  const openSampler = (snapshot: { weights: NamedWeights; rank: number } | undefined): string => {
+    const id = `ss-${randomUUID()}`;
+    const adapter = snapshot === undefined ? undefined : LoraAdapter.fromWeights(options.model.config, { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS }, snapshot.weights);
+    const view = adapter === undefined ? options.model : PolicyModel.withAdapter(options.model, adapter);
+    samplers.set(id, { id, view, adapter, queue: Promise.resolve() });
+    return id;
+  };
+
+  const saveForSampler = (body: Record<string, unknown>): unknown => {
+    const model = modelOf(body.model_id);
+    return enqueue(model, () => {
+      const snapshot = { weights: model.trainer.adapter.getWeights(), rank: model.trainer.rank };
+      if (typeof body.path === 'string' && body.path !== '') {
+        const path = `tinker://${model.id}/sampler_weights/${checkName(body.path)}`;
+        samplerWeights.set(path, snapshot);
+        return { json: { path, type: 'save_weights_for_sampler' } };
+      }
+      return { json: { path: null, sampling_session_id: openSampler(snapshot), type: 'save_weights_for_sampler' } };
+    });
+  };
+
+  const createSamplingSession = (body: Record<string, unknown>): unknown => {
+    if (typeof body.model_path === 'string') {
+      const snapshot = samplerWeights.get(body.model_path);
+      if (snapshot === undefined) throw new ServiceError(404, `no sampler weights at '${body.model_path}'`);
+      return { sampling_session_id: openSampler(snapshot), type: 'create_sampling_session' };
+    }
+    if (body.base_model !== options.baseModel) throw new ServiceError(400, `this service samples '${options.baseModel}', not '${String(body.base_model)}'`);
+    return { sampling_session_id: openSampler(undefined), type: 'create_sampling_session' };
+  };
+
+  const sample = (body: Record<string, unknown>): unknown => {
+    const sampler = samplers.get(String(body.sampling_session_id));
+    if (sampler === undefined) throw new ServiceError(404, `no sampling session '${String(body.sampling_session_id)}'`);
+    const chunks = ((body.prompt as { chunks?: unknown } | undefined)?.chunks ?? []) as { type?: unknown; tokens?: unknown }[];
+    if (!Array.isArray(chunks) || chunks.some((c) => c.type !== 'encoded_text' || !Array.isArray(c.tokens))) {
+      throw new ServiceError(400, 'prompt.chunks must be encoded_text chunks (images are not supported)');
+    }
+    const prompt = chunks.flatMap((c) => c.tokens as number[]);
+    const V = options.model.config.vocabSize;
+    if (prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0 && t < V)) throw new ServiceError(400, `prompt must be token ids in [0, ${V})`);
+    const n = body.num_samples ?? 1;
+    if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 128) throw new ServiceError(400, 'num_samples must be an integer in [1, 128]');
+    const params = (body.sampling_params ?? {}) as Record<string, unknown>;
+    const maxTokens = params.max_tokens ?? 16;
+    if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1) throw new ServiceError(400, 'sampling_params.max_tokens must be an integer >= 1');
+    const topK = params.top_k ?? -1;
+    if (topK !== -1 && topK !== 0) throw new ServiceError(400, 'sampling_params.top_k is not supported (give -1)');
+    const temperature = typeof params.temperature === 'number' ? params.temperature : 1;
+    const topP = typeof params.top_p === 'number' ? params.top_p : 1;
+    const seed = typeof params.seed === 'number' ? params.seed : typeof body.seed === 'number' ? body.seed : undefined;
+    const stopTokens = stopIds(params.stop, options.tokenizer);
+    const wantPromptLogprobs = body.prompt_logprobs === true;
+    const ids = Array.from({ length: n }, (_, i) => `${sampler.id}:${String(body.seq_id ?? 0)}:${i}`);
+    const future = enqueue(undefined, async () => {
+      const run = sampler.queue.then(async () => {
+        const responses = await sampler.view.generate(
+          Array.from({ length: n }, (_, i) => ({
+            promptTokens: prompt,
+            maxTokens,
+            temperature,
+            topP,
+            stopTokens,
+            ...(seed === undefined ? {} : { seed: i === 0 ? seed : hashSeed(seed, 'choice', String(i)) }),
+          })),
+          { stopIds: options.tokenizer.stopIds },
+        );
+        const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
+        const promptLogprobs = wantPromptLogprobs ? scorePrompt(sampler.view, prompt) : undefined;
+        return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) } as Outcome;
+      });
+      sampler.queue = run.catch(() => undefined);
+      return run;
+    });
+    return { ...future, sample_sequence_ids: ids };
+  };
+
+  const saveState = (body: Record<string, unknown>): unknown => {
+    const model = modelOf(body.model_id);
+    const name = checkName(body.path);
+    return enqueue(model, async () => {
+      const path = `tinker://${model.id}/weights/${name}`;
+      const dir = join(stateDir, encodeURIComponent(model.id));
+      await mkdir(dir, { recursive: true });
+      const state = model.trainer.state(true);
+      await saveSafetensors(join(dir, `${encodeURIComponent(name)}.safetensors`), state, { rank: String(model.trainer.rank), model_id: model.id });
+      return { json: { path, type: 'save_weights' } };
+    });
+  };
+
+  const loadState = (body: Record<string, unknown>): unknown => {
+    const model = modelOf(body.model_id);
+    const match = /^tinker:\/\/([^/]+)\/weights\/([^/]+)$/.exec(String(body.path ?? ''));
+    if (match === null) throw new ServiceError(400, `path must be tinker://<model>/weights/<name>, got '${String(body.path)}'`);
+    const file = join(stateDir, encodeURIComponent(match[1]), `${encodeURIComponent(match[2])}.safetensors`);
+    return enqueue(model, async () => {
+      let contents;
+      try {
+        contents = await loadSafetensors(file);
+      } catch (cause) {
+        throw new ServiceError(404, `no saved state at '${String(body.path)}'${cause instanceof Error ? ` (${cause.message})` : ''}`);
+      }
+      if (Number(contents.metadata.rank) !== model.trainer.rank) {
+        throw new ServiceError(400, `the state at '${String(body.path)}' has rank ${contents.metadata.rank}, this client ${model.trainer.rank}`);
+      }
+      model.trainer.restore(contents.weights as ReadonlyMap<string, { shape: number[]; data: Float32Array }>, body.optimizer === true);
+      return { json: { path: body.path, type: 'load_weights' } };
+    });
+  };
+
   const retrieve = async (body: Record<string, unknown>, res: ServerResponse): Promise<void> => {
     const id = String(body.request_id ?? '');
     const future = futures.get(id);
@@ -269,6 +406,17 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
         return sendJson(res, 200, getInfo(body));
       case '/api/v1/optim_step':
         return sendJson(res, 200, optimStep(body));
+      case '/api/v1/save_weights_for_sampler':
+        return sendJson(res, 200, saveForSampler(body));
+      case '/api/v1/create_sampling_session':
+        return sendJson(res, 200, createSamplingSession(body));
+      case '/api/v1/asample':
+        return sendJson(res, 200, sample(body));
+      case '/api/v1/save_weights':
+        return sendJson(res, 200, saveState(body));
+      case '/api/v1/load_weights':
+        if (body.model_id === undefined) throw new ServiceError(400, 'creating a training client from a state is not supported yet: create one, then load_state');
+        return sendJson(res, 200, loadState(body));
       case '/api/v1/retrieve_future':
         return retrieve(body, res);
       default:
@@ -293,9 +441,16 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
         server.close(() => resolve());
         server.closeAllConnections();
       }).then(async () => {
-        await Promise.all([...models.values()].map((m) => m.queue.catch(() => undefined)));
+        await Promise.all([...models.values(), ...samplers.values()].map((m) => m.queue.catch(() => undefined)));
         for (const m of models.values()) m.trainer.dispose();
         models.clear();
+        for (const sampler of samplers.values()) {
+          if (sampler.adapter !== undefined) {
+            sampler.view.dispose();
+            sampler.adapter.dispose();
+          }
+        }
+        samplers.clear();
       });
       return closed;
     },
@@ -331,4 +486,39 @@ function readBody(req: IncomingMessage, limit: number): Promise<Uint8Array> {
     req.on('end', () => resolve(new Uint8Array(Buffer.concat(chunks))));
     req.on('error', () => reject(new ServiceError(400, 'the request body was cut off')));
   });
+}
+
+/** A checkpoint name: non-empty, no `/`. */
+function checkName(value: unknown): string {
+  if (typeof value !== 'string' || value === '' || value.includes('/') || value.length > 200) {
+    throw new ServiceError(400, `a checkpoint name must be a non-empty string without '/', got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+/** `sampling_params.stop`: absent (the model's stop ids), token ids, or strings of one token each. */
+function stopIds(stop: unknown, tokenizer: Tokenizer): number[] {
+  if (stop === undefined || stop === null) return [...tokenizer.stopIds];
+  const list = Array.isArray(stop) ? stop : [stop];
+  return list.map((s) => {
+    if (typeof s === 'number' && Number.isInteger(s)) return s;
+    if (typeof s === 'string') {
+      const ids = tokenizer.encode(s);
+      if (ids.length === 1) return ids[0];
+    }
+    throw new ServiceError(400, `sampling_params.stop: ${JSON.stringify(s)} is not a token id or a one-token string`);
+  });
+}
+
+/** Log-prob of each prompt token given its prefix; NaN for the first. */
+function scorePrompt(view: PolicyModel, prompt: readonly number[]): number[] {
+  if (prompt.length < 2) return [Number.NaN];
+  const values = tf.tidy(() => {
+    const T = prompt.length;
+    const ids = tf.tensor2d([...prompt], [1, T], 'int32');
+    const mask = tf.ones([1, T]) as tf.Tensor2D;
+    const positions = tf.tensor2d([prompt.map((_, i) => i)], [1, T], 'int32');
+    return view.tokenLogprobs(ids, mask, positions).logprobs.dataSync();
+  });
+  return [Number.NaN, ...Array.from(values)];
 }

@@ -11,6 +11,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { initBackend } from '../../lib/model/backend.js';
+import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
@@ -40,7 +41,7 @@ async function sdk<T>(body: string): Promise<T> {
 beforeAll(async () => {
   await initBackend('cpu', { logger: { info: () => undefined } });
   model = (await loadModelDir(fixture)).model;
-  service = await tinkerService({ model, baseModel: 'tiny-qwen3', tokenizerId: fixture, apiKey: 'tml-local', seed: 1 });
+  service = await tinkerService({ model, tokenizer: await loadTokenizer(fixture), baseModel: 'tiny-qwen3', tokenizerId: fixture, apiKey: 'tml-local', seed: 1 });
 });
 
 afterAll(async () => {
@@ -102,6 +103,49 @@ describe("rxrl's Tinker service, through the official tinker SDK", () => {
     // On-policy (sampler log-probs = the model's): every ratio is 1, so both losses are −Σ advantages.
     expect(out.is[0]).toBeCloseTo(-2.5, 4);
     expect(out.ppo[0]).toBeCloseTo(-2.5, 4);
+  }, 180_000);
+
+  it('samples with log-probs equal to rxrl\'s own for the same weights and seed; save_state / load_state round-trip', async () => {
+    const prompt = [5, 17, 42, 8];
+    const out = await sdk<{ base: { tokens: number[]; logprobs: number[]; stop: string }[]; prompt: (number | null)[]; trained: number[]; restored: number[]; before: number[]; n: number }>(
+      [
+        `prompt = types.ModelInput.from_ints(${JSON.stringify(prompt)})`,
+        'params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)',
+        'base = sc.create_sampling_client(base_model="tiny-qwen3")',
+        'r = base.sample(prompt, num_samples=1, sampling_params=params).result()',
+        'two = base.sample(prompt, num_samples=2, sampling_params=params).result()',
+        'lp = base.compute_logprobs(prompt).result()',
+        'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+        'tokens = [5, 17, 42, 8, 99, 3]',
+        'd = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5})',
+        'before = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()',
+        'tc.forward_backward([d], "cross_entropy").result(); tc.optim_step(types.AdamParams(learning_rate=0.05)).result()',
+        'saved = tc.save_state("ckpt-1").result().path',
+        'trained = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()',
+        'for _ in range(3):',
+        '    tc.forward_backward([d], "cross_entropy").result(); tc.optim_step(types.AdamParams(learning_rate=0.05)).result()',
+        'tc.load_state(saved).result()',
+        'restored = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()',
+        'sampler = tc.save_weights_and_get_sampling_client()',
+        'ts = sampler.sample(prompt, num_samples=1, sampling_params=params).result()',
+        'print(json.dumps({"base": [{"tokens": list(s.tokens), "logprobs": list(s.logprobs), "stop": s.stop_reason} for s in r.sequences], "prompt": [None if x is None else x for x in lp], "trained": trained, "restored": restored, "before": before, "n": len(two.sequences), "saved": saved}))',
+      ].join('\n'),
+    );
+    expect(out.n).toBe(2);
+    // rxrl's own sampling of the base model with the same seed gives the same tokens and log-probs.
+    const [ours] = await model.generate([{ promptTokens: prompt, maxTokens: 6, temperature: 1, seed: 7 }], { stopIds: (await loadTokenizer(fixture)).stopIds });
+    expect(out.base[0].tokens).toEqual(ours.tokens);
+    out.base[0].logprobs.forEach((lp, i) => expect(lp).toBeCloseTo(ours.logprobs[i], 4));
+    expect(out.base[0].stop).toBe(ours.finishReason === 'stop' ? 'stop' : 'length');
+    // compute_logprobs: None for the first prompt token, then log p(token | prefix).
+    expect(out.prompt[0]).toBeNull();
+    const scored = tf.tidy(() =>
+      Array.from(model.tokenLogprobs(tf.tensor2d([prompt], [1, 4], 'int32'), tf.ones([1, 4]) as tf.Tensor2D, tf.tensor2d([[0, 1, 2, 3]], [1, 4], 'int32')).logprobs.dataSync()),
+    );
+    out.prompt.slice(1).forEach((lp, i) => expect(lp).toBeCloseTo(scored[i], 4));
+    // Training moved the log-probs; loading the saved state brings back exactly the saved adapter.
+    expect(out.trained).not.toEqual(out.before);
+    out.restored.forEach((lp, i) => expect(lp).toBeCloseTo(out.trained[i], 5));
   }, 180_000);
 
   it('refuses what it does not do, with errors the SDK raises: another base model, an unknown loss, a wrong key', async () => {
