@@ -29,6 +29,13 @@ Usage:
                     bounded: 1024 at once, 1048576 tokens each, freed after 600000 ms idle by default;
                     prints {"event":"listening","url":…} on stdout,
                     stops on SIGINT/SIGTERM
+  rxrl tinker --model DIR [--served-model-name NAME] [--port N] [--host H] [--api-key KEY] [--state-dir DIR]
+             [--max-models N] [--max-rank N] [--backend …]
+                    a Tinker-API service for the official tinker SDK (TINKER_BASE_URL=<url>): LoRA training
+                    clients on the model directory (forward_backward with cross_entropy, importance_sampling
+                    or ppo; optim_step with Adam; save_state/load_state under --state-dir), sampling clients;
+                    --api-key (or RXRL_TINKER_API_KEY) is checked against the SDK's X-API-Key header;
+                    prints {"event":"listening","url":…}, stops on SIGINT/SIGTERM
   rxrl run <recipe.json|yaml> [--set key=value]…
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>); a multi-agent
@@ -169,6 +176,28 @@ async function serveCommand(argv: readonly string[]): Promise<number> {
     signal: controller.signal,
     out: (line) => process.stdout.write(`${line}\n`),
     err: (line) => process.stderr.write(`${line}\n`),
+  });
+}
+
+async function tinkerCommand(argv: readonly string[]): Promise<number> {
+  checkFlags('tinker', argv, ['model', 'served-model-name', 'port', 'host', 'api-key', 'state-dir', 'max-models', 'max-rank', 'backend'], []);
+  const { runTinkerCommand } = await import('./tinker/command.js');
+  const text = (name: string): string | undefined => option(argv, name, `RXRL_TINKER_${name.toUpperCase().replaceAll('-', '_')}`);
+  const port = integer(text('port'), 'port');
+  const maxModels = integer(text('max-models'), 'max-models');
+  const maxRank = integer(text('max-rank'), 'max-rank');
+  return runTinkerCommand({
+    model: text('model'),
+    modelName: text('served-model-name'),
+    host: text('host'),
+    ...(port === undefined ? {} : { port }),
+    apiKey: text('api-key'),
+    stateDir: text('state-dir'),
+    ...(maxModels === undefined ? {} : { maxModels }),
+    ...(maxRank === undefined ? {} : { maxRank }),
+    backend: option(argv, 'backend', 'RXRL_BACKEND') as never,
+    signal: stopOnSignals().signal,
+    out: (line) => process.stdout.write(`${line}\n`),
   });
 }
 
@@ -355,6 +384,12 @@ async function main(argv: readonly string[]): Promise<number> {
         return 0;
       }
       return serveCommand(rest);
+    case 'tinker':
+      if (rest.includes('--help')) {
+        process.stdout.write(usage);
+        return 0;
+      }
+      return tinkerCommand(rest);
     case 'report':
       if (rest.includes('--help')) {
         process.stdout.write(usage);

@@ -3,7 +3,9 @@
  * installed by .ci/run): a LoRA training client on the tiny Qwen3 fixture, cross-entropy steps that lower the loss
  * on a fixed batch, log-probs equal to rxrl's own, the other two losses, and refusals.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
@@ -177,5 +179,33 @@ describe("rxrl's Tinker service, through the official tinker SDK", () => {
       body: JSON.stringify({ session_id: 'nope', base_model: 'tiny-qwen3' }),
     });
     expect(full.status).toBe(404);
+  }, 180_000);
+
+  it('runs as `rxrl tinker --model DIR` (built CLI), serves the SDK, and stops on SIGTERM', async () => {
+    const cli = fileURLToPath(new URL('../../dist/lib/cli.js', import.meta.url));
+    const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--backend', 'cpu', '--api-key', 'tml-cli'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    try {
+      const lines = createInterface({ input: child.stdout });
+      const [first] = (await once(lines, 'line')) as [string];
+      const listening = JSON.parse(first) as { event: string; url: string; base_model: string };
+      expect(listening).toMatchObject({ event: 'listening', base_model: 'tiny-qwen3' });
+      const script = [
+        'import json, sys, tinker',
+        'sc = tinker.ServiceClient(base_url=sys.argv[1], api_key="tml-cli")',
+        'caps = sc.get_server_capabilities()',
+        'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+        'd = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})',
+        'print(json.dumps({"models": [m.model_name for m in caps.supported_models], "loss": tc.forward([d], "cross_entropy").result().metrics["loss:sum"]}))',
+      ].join('\n');
+      const { stdout } = await run(python, ['-c', script, listening.url], { env: { ...process.env, TINKER_TELEMETRY: '0' }, timeout: 120_000 });
+      const out = JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as { models: string[]; loss: number };
+      expect(out.models).toEqual(['tiny-qwen3']);
+      expect(out.loss).toBeGreaterThan(0);
+      child.kill('SIGTERM');
+      const [code] = (await once(child, 'exit')) as [number];
+      expect(code).toBe(0);
+    } finally {
+      child.kill('SIGKILL');
+    }
   }, 180_000);
 });
