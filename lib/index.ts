@@ -285,6 +285,8 @@ export { Session, SessionStore, sessionSamples } from './serve/sessions.js';
 export { tinkerService } from './tinker/service.js';
 export type { TinkerService, TinkerServiceOptions } from './tinker/service.js';
 export { TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
+export { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError } from './tinker/client.js';
+export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/client.js';
 export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
 export type { Drift, ExportMode, RecordedCall, RecordedChoice, SessionDefaults, SessionLimits, SessionTrajectory } from './serve/sessions.js';
 export { runServeCommand } from './serve/command.js';

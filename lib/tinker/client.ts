@@ -1,0 +1,357 @@
+/**
+ * rxrl as a Tinker-API client: a {@link Trainer} whose steps run on a Tinker service (rxrl's own `rxrl tinker`, or
+ * any service speaking the API) and a {@link RolloutEngine} that samples through the service's sampling sessions.
+ *
+ * A GRPO step becomes one `forward_backward` with the `ppo` loss and one `optim_step`: each row of the prepared
+ * batch is a datum (its prompt and response tokens; position `i` predicts token `i + 1`), the sampler's log-probs
+ * and the advantages sit on the response positions (0 elsewhere), and the advantages are divided by the batch's
+ * loss tokens, so the service's summed loss is the token-mean loss `GrpoTrainer` minimizes. After the step,
+ * `save_weights_for_sampler` makes a sampling session of the new weights; weight sync points the engine at it.
+ *
+ * @packageDocumentation
+ */
+import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../engine/types.js';
+import { EngineError, RxrlError } from '../errors.js';
+import { stalenessMetrics } from '../train/grpoTrainer.js';
+import type { StepResult, Trainer } from '../train/types.js';
+import type { Batch, ModelTag, PolicyVersion } from '../types.js';
+import {
+  decodeForwardBackwardOutput,
+  decodeSampleResponse,
+  encodeForwardBackwardRequest,
+  type ForwardBackwardOutputWire,
+  type SampleResponseWire,
+  type WireDatum,
+} from './proto.js';
+
+/** A call the Tinker service refused or failed (its HTTP status, or the future's error). */
+export class TinkerError extends RxrlError {
+  override readonly name = 'TinkerError';
+}
+
+/** How to reach a Tinker service. */
+export interface TinkerClientOptions {
+  /** The service's base URL (the SDK's `TINKER_BASE_URL`), e.g. `http://127.0.0.1:8000`. */
+  readonly baseURL: string;
+  /** Its API key (`TINKER_API_KEY`). */
+  readonly apiKey: string;
+}
+
+/** A session on a Tinker service: training clients, sampling sessions, futures. */
+export class TinkerClient {
+  private readonly seqs = new Map<string, number>();
+  private samplerSeq = 0;
+
+  private constructor(
+    private readonly options: TinkerClientOptions,
+    /** The service's session id. */
+    readonly sessionId: string,
+  ) {}
+
+  /** Opens a session (`client/config`, `create_session`). */
+  static async connect(options: TinkerClientOptions): Promise<TinkerClient> {
+    const probe = new TinkerClient(options, '');
+    await probe.post('/api/v1/client/config', { sdk_version: 'rxrl' });
+    const { session_id } = (await probe.post('/api/v1/create_session', { tags: [], user_metadata: {}, sdk_version: 'rxrl', type: 'create_session' })) as {
+      session_id: string;
+    };
+    return new TinkerClient(options, session_id);
+  }
+
+  /** A LoRA training client of `rank` on `baseModel`; resolves with its model id. */
+  async createLoraModel(baseModel: string, rank: number): Promise<string> {
+    const future = await this.post('/api/v1/create_model', {
+      session_id: this.sessionId,
+      model_seq_id: this.seqs.size,
+      base_model: baseModel,
+      lora_config: { rank, train_unembed: true, train_mlp: true, train_attn: true },
+      type: 'create_model',
+    });
+    const { model_id } = (await this.result(future)) as { model_id: string };
+    this.seqs.set(model_id, 0);
+    return model_id;
+  }
+
+  /** `forward_backward` (or `forward` with `forwardOnly`) of datums under `lossFn`. */
+  async forwardBackward(
+    modelId: string,
+    data: readonly WireDatum[],
+    lossFn: string,
+    lossFnConfig: Readonly<Record<string, number>>,
+    forwardOnly = false,
+  ): Promise<ForwardBackwardOutputWire> {
+    const body = encodeForwardBackwardRequest({ modelId, seqId: this.nextSeq(modelId), data: [...data], lossFn, lossFnConfig, forwardOnly });
+    const future = await this.post('/api/v1/forward_backward', body);
+    return decodeForwardBackwardOutput(this.bytes(await this.result(future, true)));
+  }
+
+  /** `optim_step` with Adam's parameters; resolves with the service's metrics. */
+  async optimStep(
+    modelId: string,
+    adam: { learningRate: number; beta1: number; beta2: number; eps: number; weightDecay: number; gradClipNorm: number },
+  ): Promise<Record<string, number>> {
+    const future = await this.post('/api/v1/optim_step', {
+      model_id: modelId,
+      seq_id: this.nextSeq(modelId),
+      adam_params: {
+        learning_rate: adam.learningRate,
+        beta1: adam.beta1,
+        beta2: adam.beta2,
+        eps: adam.eps,
+        weight_decay: adam.weightDecay,
+        grad_clip_norm: adam.gradClipNorm,
+      },
+      type: 'optim_step',
+    });
+    return ((await this.result(future)) as { metrics?: Record<string, number> }).metrics ?? {};
+  }
+
+  /** A sampling session of the model's current weights (`save_weights_for_sampler`). */
+  async samplerOf(modelId: string): Promise<string> {
+    const future = await this.post('/api/v1/save_weights_for_sampler', {
+      model_id: modelId,
+      sampling_session_seq_id: this.samplerSeq++,
+      kind: 'snapshot',
+      seq_id: this.nextSeq(modelId),
+      type: 'save_weights_for_sampler',
+    });
+    return ((await this.result(future)) as { sampling_session_id: string }).sampling_session_id;
+  }
+
+  /** Samples `n` continuations of `prompt` in a sampling session. */
+  async sample(
+    samplingSessionId: string,
+    prompt: readonly number[],
+    n: number,
+    params: { maxTokens: number; temperature: number; topP: number; seed?: number; stop: readonly number[] },
+    signal?: AbortSignal,
+  ): Promise<SampleResponseWire> {
+    const future = await this.post(
+      '/api/v1/asample',
+      {
+        sampling_session_id: samplingSessionId,
+        seq_id: 0,
+        num_samples: n,
+        prompt: { chunks: [{ type: 'encoded_text', tokens: prompt }] },
+        sampling_params: { max_tokens: params.maxTokens, temperature: params.temperature, top_p: params.topP, top_k: -1, stop: params.stop, ...(params.seed === undefined ? {} : { seed: params.seed }) },
+        type: 'sample',
+      },
+      signal,
+    );
+    return decodeSampleResponse(this.bytes(await this.result(future, true, signal)));
+  }
+
+  private nextSeq(modelId: string): number {
+    const next = (this.seqs.get(modelId) ?? 0) + 1;
+    this.seqs.set(modelId, next);
+    return next;
+  }
+
+  /** Polls a future until it completes; an `error` result or a failing poll is a {@link TinkerError}. */
+  private async result(future: unknown, proto = false, signal?: AbortSignal): Promise<unknown> {
+    const id = (future as { request_id?: unknown }).request_id;
+    if (typeof id !== 'string') throw new TinkerError('the service answered without a request_id');
+    for (;;) {
+      const answer = await this.post('/api/v1/retrieve_future', { request_id: id, allow_metadata_only: false }, signal, proto);
+      if (answer instanceof Uint8Array) return answer;
+      const record = answer as Record<string, unknown>;
+      if (record.type === 'try_again') continue;
+      if ('error' in record) throw new TinkerError(`the service failed request ${id}: ${String(record.error)}`, { context: { category: record.category } });
+      return record;
+    }
+  }
+
+  private bytes(value: unknown): Uint8Array {
+    if (!(value instanceof Uint8Array)) throw new TinkerError('the service answered JSON where protobuf was expected');
+    return value;
+  }
+
+  private async post(path: string, body: unknown, signal?: AbortSignal, proto = false): Promise<unknown> {
+    const binary = body instanceof Uint8Array;
+    let response: Response;
+    try {
+      response = await fetch(`${this.options.baseURL.replace(/\/+$/, '')}${path}`, {
+        method: 'POST',
+        headers: {
+          'content-type': binary ? 'application/x-protobuf' : 'application/json',
+          accept: proto ? 'application/x-protobuf' : 'application/json',
+          'x-api-key': this.options.apiKey,
+        },
+        body: binary ? body : JSON.stringify(body),
+        ...(signal ? { signal } : {}),
+      });
+    } catch (cause) {
+      if (signal?.aborted) throw cause;
+      throw new EngineError(`cannot reach the Tinker service at ${this.options.baseURL}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, retriable: true });
+    }
+    if (!response.ok) {
+      const text = await response.text().catch(() => '');
+      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: response.status >= 500, context: { status: response.status } });
+    }
+    if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf')) return new Uint8Array(await response.arrayBuffer());
+    return (await response.json()) as unknown;
+  }
+}
+
+/** Options of {@link TinkerClientTrainer}. */
+export interface TinkerClientTrainerOptions {
+  readonly learningRate?: number;
+  readonly adamBeta1?: number;
+  readonly adamBeta2?: number;
+  readonly adamEpsilon?: number;
+  /** Clip the gradient's global norm to this. Default 1 (as `GrpoTrainer`). */
+  readonly maxGradNorm?: number;
+  /** PPO clip range `[1 − clipLow, 1 + clipHigh]`. Defaults 0.2 and `clipLow`. */
+  readonly clipLow?: number;
+  readonly clipHigh?: number;
+  readonly modelTag?: ModelTag;
+}
+
+/**
+ * A {@link Trainer} whose GRPO steps run on a Tinker service (see the module comment); each step's sampler is
+ * what {@link TinkerEngine} samples from once the step's version is synced.
+ */
+export class TinkerClientTrainer implements Trainer {
+  readonly modelTag: ModelTag;
+  step = 0;
+  /** Sampling session of each version (0: the weights the client started with). */
+  private readonly samplers = new Map<PolicyVersion, string>();
+
+  private constructor(
+    readonly client: TinkerClient,
+    readonly modelId: string,
+    private readonly options: TinkerClientTrainerOptions,
+    initialSampler: string,
+  ) {
+    this.modelTag = options.modelTag ?? 'policy';
+    this.samplers.set(0, initialSampler);
+  }
+
+  /** A LoRA training client of `rank` on `baseModel`, and its first sampling session. */
+  static async create(client: TinkerClient, baseModel: string, rank: number, options: TinkerClientTrainerOptions = {}): Promise<TinkerClientTrainer> {
+    const modelId = await client.createLoraModel(baseModel, rank);
+    return new TinkerClientTrainer(client, modelId, options, await client.samplerOf(modelId));
+  }
+
+  /** The sampling session of `version`. */
+  samplerFor(version: PolicyVersion): string {
+    const id = this.samplers.get(version);
+    if (id === undefined) throw new TinkerError(`no sampling session for version ${version}`);
+    return id;
+  }
+
+  async trainStep(batch: Batch): Promise<StepResult> {
+    const started = performance.now();
+    const clipLow = this.options.clipLow ?? 0.2;
+    const clipHigh = this.options.clipHigh ?? clipLow;
+    const { data, tokens } = datumsOf(batch);
+    const out = await this.client.forwardBackward(this.modelId, data, 'ppo', { clip_low_threshold: 1 - clipLow, clip_high_threshold: 1 + clipHigh });
+    const optim = await this.client.optimStep(this.modelId, {
+      learningRate: this.options.learningRate ?? 1e-3,
+      beta1: this.options.adamBeta1 ?? 0.9,
+      beta2: this.options.adamBeta2 ?? 0.999,
+      eps: this.options.adamEpsilon ?? 1e-8,
+      weightDecay: 0,
+      gradClipNorm: this.options.maxGradNorm ?? 1,
+    });
+    const step = this.step++;
+    this.samplers.set(step + 1, await this.client.samplerOf(this.modelId));
+    const loss = out.metrics['loss:sum'] ?? Number.NaN;
+    return {
+      step,
+      version: step + 1,
+      metrics: {
+        ...stalenessMetrics(batch, step),
+        'actor/pg_loss': loss,
+        'actor/grad_norm': optim['grad_norm:mean'] ?? Number.NaN,
+        'actor/loss_tokens': tokens,
+        'timing/step_s': (performance.now() - started) / 1000,
+      },
+      skipped: !Number.isFinite(loss),
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: (): NamedWeights => new Map(),
+    };
+  }
+}
+
+/** The batch's rows as `ppo` datums, advantages scaled so the summed loss is the token mean. */
+function datumsOf(batch: Batch): { data: WireDatum[]; tokens: number } {
+  const P = batch.promptLength;
+  const R = batch.responseLength;
+  const T = P + R;
+  let tokens = 0;
+  for (let i = 0; i < batch.size * R; i++) tokens += batch.lossMask[i];
+  const scale = tokens > 0 ? 1 / tokens : 0;
+  const data: WireDatum[] = [];
+  for (let b = 0; b < batch.size; b++) {
+    let first = 0;
+    while (first < P && batch.attentionMask[b * T + first] === 0) first++;
+    let length = 0;
+    while (length < R && batch.responseMask[b * R + length] === 1) length++;
+    const ids = Array.from(batch.inputIds.subarray(b * T + first, b * T + P + length));
+    const n = ids.length - 1;
+    const logprobs = new Float32Array(n);
+    const advantages = new Float32Array(n);
+    for (let i = 0; i < length; i++) {
+      const k = P - first + i - 1; // input position predicting response token i
+      logprobs[k] = batch.oldLogprobs[b * R + i];
+      advantages[k] = batch.advantages[b * R + i] * batch.lossMask[b * R + i] * scale;
+    }
+    data.push({
+      tokens: ids.slice(0, n),
+      lossFnInputs: {
+        target_tokens: { dtype: 'int64', data: ids.slice(1), shape: [n] },
+        logprobs: { dtype: 'float32', data: logprobs, shape: [n] },
+        advantages: { dtype: 'float32', data: advantages, shape: [n] },
+      },
+    });
+  }
+  return { data, tokens };
+}
+
+/** A {@link RolloutEngine} that samples through a Tinker service, from the session of the synced version. */
+export class TinkerEngine implements RolloutEngine {
+  readonly modelTag: ModelTag;
+  private current: PolicyVersion = 0;
+
+  constructor(
+    private readonly trainer: TinkerClientTrainer,
+    readonly tokenizer: Tokenizer,
+  ) {
+    this.modelTag = trainer.modelTag;
+  }
+
+  get version(): PolicyVersion {
+    return this.current;
+  }
+
+  async generate(requests: readonly GenerateRequest[], signal?: AbortSignal): Promise<GenerateResponse[]> {
+    const version = this.current;
+    const session = this.trainer.samplerFor(version);
+    return Promise.all(
+      requests.map(async (request) => {
+        const out = await this.trainer.client.sample(
+          session,
+          request.promptTokens,
+          1,
+          {
+            maxTokens: request.maxTokens,
+            temperature: request.temperature ?? 1,
+            topP: request.topP ?? 1,
+            stop: request.stopTokens ?? this.tokenizer.stopIds,
+            ...(request.seed === undefined ? {} : { seed: request.seed }),
+          },
+          signal,
+        );
+        const [sequence] = out.sequences;
+        return { tokens: [...sequence.tokens], logprobs: [...sequence.logprobs], finishReason: sequence.stopReason, policyVersion: version };
+      }),
+    );
+  }
+
+  /** Samples from the session the trainer made for `version` (the weights travel on the service). */
+  async loadWeights(version: PolicyVersion): Promise<void> {
+    this.trainer.samplerFor(version);
+    this.current = version;
+  }
+}
