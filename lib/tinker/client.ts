@@ -12,6 +12,7 @@
  */
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../engine/types.js';
 import { EngineError, RxrlError } from '../errors.js';
+import { retry, type RetryOptions } from '../retry.js';
 import { stalenessMetrics } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
 import type { Batch, ModelTag, PolicyVersion } from '../types.js';
@@ -35,7 +36,17 @@ export interface TinkerClientOptions {
   readonly baseURL: string;
   /** Its API key (`TINKER_API_KEY`). */
   readonly apiKey: string;
+  /**
+   * Backoff of calls that failed transiently. Reads (bootstrap, `retrieve_future`) are retried on connection errors
+   * and 5xx/408/429 answers; calls that change state (`forward_backward`, `optim_step`, saves, samples) only when the
+   * connection was refused, i.e. the request never reached the service, so nothing is trained twice. Default: the
+   * project's retry defaults.
+   */
+  readonly retry?: Omit<RetryOptions, 'signal' | 'isRetriable'>;
 }
+
+/** Calls that may be repeated whatever happened to the first attempt. */
+const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', '/api/v1/retrieve_future', '/api/v1/get_info']);
 
 /** A session on a Tinker service: training clients, sampling sessions, futures. */
 export class TinkerClient {
@@ -166,7 +177,16 @@ export class TinkerClient {
     return value;
   }
 
-  private async post(path: string, body: unknown, signal?: AbortSignal, proto = false): Promise<unknown> {
+  private post(path: string, body: unknown, signal?: AbortSignal, proto = false): Promise<unknown> {
+    const idempotent = IDEMPOTENT.has(path);
+    const isRetriable = (error: unknown): boolean => {
+      if (error instanceof EngineError) return idempotent || error.context.refused === true;
+      return idempotent && error instanceof TinkerError && error.retriable;
+    };
+    return retry(() => this.postOnce(path, body, signal, proto), { ...this.options.retry, isRetriable, ...(signal ? { signal } : {}) });
+  }
+
+  private async postOnce(path: string, body: unknown, signal: AbortSignal | undefined, proto: boolean): Promise<unknown> {
     const binary = body instanceof Uint8Array;
     let response: Response;
     try {
@@ -182,11 +202,17 @@ export class TinkerClient {
       });
     } catch (cause) {
       if (signal?.aborted) throw cause;
-      throw new EngineError(`cannot reach the Tinker service at ${this.options.baseURL}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, retriable: true });
+      const code = (cause as { cause?: { code?: unknown } } | undefined)?.cause?.code;
+      throw new EngineError(`cannot reach the Tinker service at ${this.options.baseURL} (${path}): ${String(code ?? (cause instanceof Error ? cause.message : cause))}`, {
+        cause,
+        retriable: true,
+        context: { refused: code === 'ECONNREFUSED' },
+      });
     }
     if (!response.ok) {
       const text = await response.text().catch(() => '');
-      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: response.status >= 500, context: { status: response.status } });
+      const transient = response.status >= 500 || response.status === 408 || response.status === 429;
+      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: transient, context: { status: response.status } });
     }
     if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf')) return new Uint8Array(await response.arrayBuffer());
     return (await response.json()) as unknown;

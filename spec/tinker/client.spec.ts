@@ -12,7 +12,8 @@ import { initBackend } from '../../lib/model/backend.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
-import { TinkerClient, TinkerClientTrainer, TinkerEngine } from '../../lib/tinker/client.js';
+import { EngineError, RetriesExhaustedError } from '../../lib/errors.js';
+import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError } from '../../lib/tinker/client.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
@@ -123,4 +124,22 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     engineAdapter.dispose();
     await service.close();
   }, 120_000);
+
+  it('fails with typed errors: a service that is gone is retried then given up; a refusal is not retried', async () => {
+    const gone = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
+    const client = await TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 2, initialDelayMs: 1, maxDelayMs: 2 } });
+    const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
+    const datum = { tokens: [1, 2, 3], lossFnInputs: { target_tokens: { dtype: 'int64' as const, data: [2, 3, 4], shape: [3] }, weights: { dtype: 'float32' as const, data: new Float32Array([1, 1, 1]), shape: [3] } } };
+    // Another model id is refused (404): a TinkerError at once, no retry.
+    await expect(client.forwardBackward('nobody:train:9', [datum], 'cross_entropy', {})).rejects.toBeInstanceOf(TinkerError);
+    await gone.close();
+    // The service is gone. A training call is retried only when the connection was refused (nothing was sent);
+    // on a connection that broke mid-request it is not (it may have trained): a typed error either way.
+    const failure = await client.forwardBackward(trainer.modelId, [datum], 'cross_entropy', {}).catch((e: unknown) => e);
+    expect(failure instanceof EngineError || failure instanceof RetriesExhaustedError).toBe(true);
+    expect(String((failure as Error).message)).toMatch(/cannot reach the Tinker service/);
+    const again = await client.forwardBackward(trainer.modelId, [datum], 'cross_entropy', {}).catch((e: unknown) => e);
+    expect(again).toBeInstanceOf(RetriesExhaustedError); // refused now: retried twice, then given up
+    await expect(TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 1, initialDelayMs: 1 } })).rejects.toBeInstanceOf(RetriesExhaustedError);
+  }, 60_000);
 });
