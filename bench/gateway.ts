@@ -21,6 +21,7 @@ import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { serve } from '../lib/serve/server.js';
+import { median } from './_stats.js';
 
 function flag(args: readonly string[], name: string, fallback: string): string {
   const i = args.indexOf(`--${name}`);
@@ -29,11 +30,6 @@ function flag(args: readonly string[], name: string, fallback: string): string {
 
 const TURNS = 3;
 const MAX_TOKENS = 8;
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 === 1 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}
 
 function mean(xs: readonly number[]): number {
   return xs.reduce((a, b) => a + b, 0) / xs.length;

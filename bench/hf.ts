@@ -25,6 +25,7 @@ import { initBackend, nativeBackendInstalled, type BackendName } from '../lib/mo
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { ratio, runTorchHf } from './_torch.js';
+import { median } from './_stats.js';
 
 /** SmolLM2-135M's architecture (its config.json). */
 export const SMOLLM2_135M: PolicyConfig = {
@@ -73,11 +74,6 @@ function parse(args: readonly string[]): Options {
     modelDir,
     torch: !args.includes('--no-torch'),
   };
-}
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
 }
 
 /** Median seconds of `reps` runs after one warm-up run. */

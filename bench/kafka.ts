@@ -23,6 +23,7 @@ import type { KafkaEvent, TrajectoryMessage } from '../lib/kafka/types.js';
 import type { Trajectory } from '../lib/types.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { toKafka } from '../operators/toKafka.js';
+import { median } from './_stats.js';
 
 /** Messages per produce request, for both paths. */
 const BATCH = 500;
@@ -116,11 +117,6 @@ async function rawRound(kafka: Kafka, producer: Producer, messages: readonly Mes
   const seconds = (performance.now() - started) / 1000;
   await consumer.disconnect();
   return seconds;
-}
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** Runs the benchmark; see the module comment for arguments. */

@@ -38,6 +38,7 @@ import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.j
 import { writeReport } from '../lib/observe/report.js';
 import type { Task } from '../lib/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
+import { median } from './_stats.js';
 
 /** One step of either side. */
 interface StepRow {
@@ -72,12 +73,6 @@ function option(args: readonly string[], name: string, fallback: string): string
 }
 
 const round = (x: number, digits = 3): number => Number(x.toFixed(digits));
-
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = sorted.length >> 1;
-  return sorted.length === 0 ? Number.NaN : sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
-}
 
 /** Runs a command to its end, stderr passed through, stdout lines handed to `onLine`; rejects on a non-zero exit. */
 function runProcess(command: string, args: readonly string[], onLine: (line: string) => void): Promise<void> {

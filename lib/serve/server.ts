@@ -33,7 +33,6 @@
  *
  * @packageDocumentation
  */
-import { timingSafeEqual } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -47,10 +46,11 @@ import type { PolicyVersion } from '../types.js';
 import { chatCompletions } from './chat.js';
 import { completions } from './completions.js';
 import type { ServeContext, ServeLogger } from './context.js';
-import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject } from './protocol.js';
+import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject, type JsonObject } from './protocol.js';
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
 import { Session, SessionStore, postReward, sessionJson, type SessionLimits } from './sessions.js';
+import { readBody, sameSecret, sendEncoded, sendJson } from './http.js';
 import { EventStream } from './stream.js';
 import { updateWeights } from './weights.js';
 
@@ -398,7 +398,7 @@ async function sessionRoute(
   }
   if (rest === '/reward') {
     expectMethod(method, path, 'POST');
-    return postReward(ctx.sessions.get(id), parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+    return postReward(ctx.sessions.get(id), await readJson(req, ctx.maxBodyBytes));
   }
   if (rest === '/end') {
     expectMethod(method, path, 'POST');
@@ -430,26 +430,31 @@ async function v1Route(
   }
   if (path === '/v1/completions') {
     expect('POST');
-    return completions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal, session);
+    return completions(ctx, await readJson(req, ctx.maxBodyBytes), signal, session);
   }
   if (path === '/v1/chat/completions') {
     expect('POST');
-    return chatCompletions(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)), signal, session);
+    return chatCompletions(ctx, await readJson(req, ctx.maxBodyBytes), signal, session);
   }
   if (session !== undefined) throw new RequestError(404, `no route ${method} ${excerpt(path)} in a session`, { code: 'not_found' });
   if (path === '/update_weights_from_disk') {
     expect('POST');
-    return updateWeights(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+    return updateWeights(ctx, await readJson(req, ctx.maxBodyBytes));
   }
   if (path === '/v1/load_lora_adapter') {
     expect('POST');
-    return loadLoraAdapter(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+    return loadLoraAdapter(ctx, await readJson(req, ctx.maxBodyBytes));
   }
   if (path === '/v1/unload_lora_adapter') {
     expect('POST');
-    return unloadLoraAdapter(ctx, parseJsonObject(await readBody(req, ctx.maxBodyBytes)));
+    return unloadLoraAdapter(ctx, await readJson(req, ctx.maxBodyBytes));
   }
   throw new RequestError(404, `no route ${method} ${excerpt(path)}`, { code: 'not_found' });
+}
+
+/** The request body as a JSON object (413 past `limit`, 400 when it is not one). */
+async function readJson(req: IncomingMessage, limit: number): Promise<JsonObject> {
+  return parseJsonObject((await readBody(req, limit)).toString('utf8'));
 }
 
 /** A percent-encoded path segment, decoded; 400 when its escapes are not UTF-8 (`decodeURIComponent` throws). */
@@ -459,13 +464,6 @@ function decodePathSegment(segment: string): string {
   } catch (cause) {
     throw new RequestError(400, `the path segment '${excerpt(segment)}' is not valid percent-encoded UTF-8`, { code: 'invalid_path' }, { cause });
   }
-}
-
-/** Compares two strings in time independent of where they differ. */
-function sameSecret(given: string, expected: string): boolean {
-  const a = Buffer.from(given);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
 }
 
 /** The `/v1/models` card of the base model or of an adapter (with vLLM's `root` and `parent`); 404 for others. */
@@ -482,46 +480,6 @@ function modelCard(ctx: ServeContext, id: string): Record<string, unknown> {
     max_model_len: ctx.maxSeqLen,
     policy_version: served.engine.version,
   };
-}
-
-function readBody(req: IncomingMessage, limit: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let over = false;
-    req.on('data', (chunk: Buffer) => {
-      if (over) return;
-      size += chunk.length;
-      if (size > limit) {
-        over = true;
-        chunks.length = 0;
-        reject(new RequestError(413, `request body is larger than ${limit} bytes`, { code: 'request_too_large' }));
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on('end', () => {
-      if (!over) resolve(Buffer.concat(chunks).toString('utf8'));
-    });
-    // The client went away mid-body ('aborted'): a client error, not a server one (nobody is left to read it).
-    req.on('error', (cause) => {
-      chunks.length = 0;
-      reject(new RequestError(400, 'the request body was cut off', { code: 'incomplete_body' }, { cause }));
-    });
-  });
-}
-
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  sendEncoded(res, status, [Buffer.from(JSON.stringify(body))], headers);
-}
-
-/** Sends JSON already encoded (by {@link encodeJson}), chunk by chunk. */
-function sendEncoded(res: ServerResponse, status: number, chunks: readonly Buffer[], headers: Record<string, string> = {}): void {
-  if (res.headersSent || res.destroyed) return;
-  const length = chunks.reduce((sum, chunk) => sum + chunk.length, 0);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': length, ...headers });
-  for (const chunk of chunks) res.write(chunk);
-  res.end();
 }
 
 /**

@@ -61,7 +61,8 @@ export class LiveChoice {
   /** Settled text: every token's but the newest. */
   private text = '';
   private readonly ends: number[] = [];
-  private pending: { piece: string } | undefined;
+  /** The newest token's text, not settled until another token follows. */
+  private pending: string | undefined;
   private sent = 0;
   private stopSeen = false;
   private readonly longestStop: number;
@@ -83,12 +84,12 @@ export class LiveChoice {
   /** A newly sampled token. */
   push(token: number, logprob: number): void {
     if (this.pending !== undefined) {
-      this.text += this.pending.piece;
+      this.text += this.pending;
       this.ends.push(this.text.length);
     }
     this.tokens.push(token);
     this.logprobs.push(logprob);
-    this.pending = { piece: this.pieces.push(token, false) };
+    this.pending = this.pieces.push(token, false);
     if (this.stopSeen) return;
     if (this.stops.some((s) => this.text.includes(s))) {
       this.stopSeen = true; // what follows is decided by the finished response

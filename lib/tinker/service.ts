@@ -20,7 +20,7 @@
  *
  * @packageDocumentation
  */
-import { randomUUID, timingSafeEqual } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
@@ -31,11 +31,13 @@ import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
-import { ConfigError, RxrlError, ShapeError } from '../errors.js';
+import { ConfigError, ShapeError } from '../errors.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
 import { PolicyModel } from '../model/transformer.js';
 import { hashSeed } from '../random.js';
+import { readBody, sameSecret, sendJson } from '../serve/http.js';
+import { RequestError } from '../serve/protocol.js';
 import { ProtoError, decodeForwardBackwardRequest, encodeForwardBackwardOutput, encodeSampleResponse, type SampledSequenceWire } from './proto.js';
 import { TinkerTrainer, type AdamParams } from './training.js';
 
@@ -75,17 +77,6 @@ export interface TinkerService {
   readonly url: string;
   readonly port: number;
   close(): Promise<void>;
-}
-
-/** A request the service refuses, with its HTTP status. */
-class ServiceError extends RxrlError {
-  override readonly name = 'TinkerServiceError';
-  constructor(
-    readonly status: number,
-    message: string,
-  ) {
-    super(message, { context: { status } });
-  }
 }
 
 /** A future's outcome: a JSON value, protobuf bytes, or an error the SDK raises as `RequestFailedError`. */
@@ -132,7 +123,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   /** Named sampler weights (`tinker://<model>/sampler_weights/<name>`): adapter weights and rank. */
   const samplerWeights = new Map<string, { weights: NamedWeights; rank: number }>();
   const futures = new Map<string, Promise<Outcome>>();
-  const sessions = new Map<string, { models: number }>();
+  const sessions = new Set<string>();
   let modelSeed = 0;
 
   /** Runs `work` after every earlier request of `model`; the future settles with its outcome. */
@@ -142,7 +133,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
       try {
         return await work();
       } catch (error) {
-        const user = error instanceof ShapeError || error instanceof ConfigError || error instanceof ProtoError || error instanceof ServiceError;
+        const user = error instanceof ShapeError || error instanceof ConfigError || error instanceof ProtoError || error instanceof RequestError;
         return { error: error instanceof Error ? error.message : String(error), category: user ? 'user' : 'server' };
       }
     };
@@ -154,25 +145,25 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
 
   const modelOf = (id: unknown): Model => {
     const model = typeof id === 'string' ? models.get(id) : undefined;
-    if (model === undefined) throw new ServiceError(404, `no training client '${String(id)}'`);
+    if (model === undefined) throw new RequestError(404, `no training client '${String(id)}'`);
     return model;
   };
 
   const createModel = (body: Record<string, unknown>): unknown => {
     const session = String(body.session_id ?? '');
-    if (!sessions.has(session)) throw new ServiceError(404, `no session '${session}'`);
+    if (!sessions.has(session)) throw new RequestError(404, `no session '${session}'`);
     if (body.base_model !== options.baseModel) {
-      throw new ServiceError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
+      throw new RequestError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
     }
     const lora = body.lora_config as { rank?: unknown } | undefined | null;
-    if (lora === undefined || lora === null) throw new ServiceError(400, 'full fine-tuning is not supported: give lora_config');
+    if (lora === undefined || lora === null) throw new RequestError(400, 'full fine-tuning is not supported: give lora_config');
     const rank = lora.rank;
     if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < 1 || rank > maxRank) {
-      throw new ServiceError(400, `lora_config.rank must be an integer in [1, ${maxRank}]`);
+      throw new RequestError(400, `lora_config.rank must be an integer in [1, ${maxRank}]`);
     }
-    if (models.size >= maxModels) throw new ServiceError(429, `${maxModels} training clients are open`);
+    if (models.size >= maxModels) throw new RequestError(429, `${maxModels} training clients are open`);
     const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
-    if (models.has(id)) throw new ServiceError(409, `training client '${id}' exists`);
+    if (models.has(id)) throw new RequestError(409, `training client '${id}' exists`);
     const model: Model = { id, trainer: new TinkerTrainer(options.model, rank, (options.seed ?? 0) + modelSeed++), queue: Promise.resolve() };
     models.set(id, model);
     return enqueue(model, () => ({ json: { model_id: id, type: 'create_model' } }));
@@ -201,10 +192,10 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const optimStep = (body: Record<string, unknown>): unknown => {
     const model = modelOf(body.model_id);
     const p = (body.adam_params ?? null) as Record<string, unknown> | null;
-    if (p === null) throw new ServiceError(400, 'optim_step needs adam_params (other optimizers are not supported)');
+    if (p === null) throw new RequestError(400, 'optim_step needs adam_params (other optimizers are not supported)');
     const num = (name: string, fallback: number): number => {
       const v = p[name] ?? fallback;
-      if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new ServiceError(400, `adam_params.${name} must be a finite number >= 0`);
+      if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new RequestError(400, `adam_params.${name} must be a finite number >= 0`);
       return v;
     };
     const adam: AdamParams = {
@@ -243,30 +234,30 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const createSamplingSession = (body: Record<string, unknown>): unknown => {
     if (typeof body.model_path === 'string') {
       const snapshot = samplerWeights.get(body.model_path);
-      if (snapshot === undefined) throw new ServiceError(404, `no sampler weights at '${body.model_path}'`);
+      if (snapshot === undefined) throw new RequestError(404, `no sampler weights at '${body.model_path}'`);
       return { sampling_session_id: openSampler(snapshot), type: 'create_sampling_session' };
     }
-    if (body.base_model !== options.baseModel) throw new ServiceError(400, `this service samples '${options.baseModel}', not '${String(body.base_model)}'`);
+    if (body.base_model !== options.baseModel) throw new RequestError(400, `this service samples '${options.baseModel}', not '${String(body.base_model)}'`);
     return { sampling_session_id: openSampler(undefined), type: 'create_sampling_session' };
   };
 
   const sample = (body: Record<string, unknown>): unknown => {
     const sampler = samplers.get(String(body.sampling_session_id));
-    if (sampler === undefined) throw new ServiceError(404, `no sampling session '${String(body.sampling_session_id)}'`);
+    if (sampler === undefined) throw new RequestError(404, `no sampling session '${String(body.sampling_session_id)}'`);
     const chunks = ((body.prompt as { chunks?: unknown } | undefined)?.chunks ?? []) as { type?: unknown; tokens?: unknown }[];
     if (!Array.isArray(chunks) || chunks.some((c) => c.type !== 'encoded_text' || !Array.isArray(c.tokens))) {
-      throw new ServiceError(400, 'prompt.chunks must be encoded_text chunks (images are not supported)');
+      throw new RequestError(400, 'prompt.chunks must be encoded_text chunks (images are not supported)');
     }
     const prompt = chunks.flatMap((c) => c.tokens as number[]);
     const V = options.model.config.vocabSize;
-    if (prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0 && t < V)) throw new ServiceError(400, `prompt must be token ids in [0, ${V})`);
+    if (prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0 && t < V)) throw new RequestError(400, `prompt must be token ids in [0, ${V})`);
     const n = body.num_samples ?? 1;
-    if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 128) throw new ServiceError(400, 'num_samples must be an integer in [1, 128]');
+    if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 128) throw new RequestError(400, 'num_samples must be an integer in [1, 128]');
     const params = (body.sampling_params ?? {}) as Record<string, unknown>;
     const maxTokens = params.max_tokens ?? 16;
-    if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1) throw new ServiceError(400, 'sampling_params.max_tokens must be an integer >= 1');
+    if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1) throw new RequestError(400, 'sampling_params.max_tokens must be an integer >= 1');
     const topK = params.top_k ?? -1;
-    if (topK !== -1 && topK !== 0) throw new ServiceError(400, 'sampling_params.top_k is not supported (give -1)');
+    if (topK !== -1 && topK !== 0) throw new RequestError(400, 'sampling_params.top_k is not supported (give -1)');
     const temperature = typeof params.temperature === 'number' ? params.temperature : 1;
     const topP = typeof params.top_p === 'number' ? params.top_p : 1;
     const seed = typeof params.seed === 'number' ? params.seed : typeof body.seed === 'number' ? body.seed : undefined;
@@ -312,17 +303,17 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const loadState = (body: Record<string, unknown>): unknown => {
     const model = modelOf(body.model_id);
     const match = /^tinker:\/\/([^/]+)\/weights\/([^/]+)$/.exec(String(body.path ?? ''));
-    if (match === null) throw new ServiceError(400, `path must be tinker://<model>/weights/<name>, got '${String(body.path)}'`);
+    if (match === null) throw new RequestError(400, `path must be tinker://<model>/weights/<name>, got '${String(body.path)}'`);
     const file = join(stateDir, encodeURIComponent(match[1]), `${encodeURIComponent(match[2])}.safetensors`);
     return enqueue(model, async () => {
       let contents;
       try {
         contents = await loadSafetensors(file);
       } catch (cause) {
-        throw new ServiceError(404, `no saved state at '${String(body.path)}'${cause instanceof Error ? ` (${cause.message})` : ''}`);
+        throw new RequestError(404, `no saved state at '${String(body.path)}'${cause instanceof Error ? ` (${cause.message})` : ''}`);
       }
       if (Number(contents.metadata.rank) !== model.trainer.rank) {
-        throw new ServiceError(400, `the state at '${String(body.path)}' has rank ${contents.metadata.rank}, this client ${model.trainer.rank}`);
+        throw new RequestError(400, `the state at '${String(body.path)}' has rank ${contents.metadata.rank}, this client ${model.trainer.rank}`);
       }
       model.trainer.restore(contents.weights as ReadonlyMap<string, { shape: number[]; data: Float32Array }>, body.optimizer === true);
       return { json: { path: body.path, type: 'load_weights' } };
@@ -350,7 +341,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const server = createServer((req, res) => {
     handle(req, res).catch((error: unknown) => {
       if (res.headersSent) return void res.destroy();
-      const status = error instanceof ServiceError ? error.status : error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError ? 400 : 500;
+      const status = error instanceof RequestError ? error.status : error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError ? 400 : 500;
       sendJson(res, status, { detail: error instanceof Error ? error.message : String(error) });
     });
   });
@@ -358,20 +349,20 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = (req.url ?? '/').split('?')[0].replace(/\/+$/, '');
     if (options.apiKey !== undefined && !sameSecret(String(req.headers['x-api-key'] ?? ''), options.apiKey)) {
-      throw new ServiceError(401, 'missing or wrong X-API-Key');
+      throw new RequestError(401, 'missing or wrong X-API-Key');
     }
     if (req.method === 'GET' && path === '/api/v1/healthz') return sendJson(res, 200, { status: 'ok' });
     if (req.method === 'GET' && path === '/api/v1/get_server_capabilities') {
       return sendJson(res, 200, { supported_models: [{ model_name: options.baseModel }] });
     }
-    if (req.method !== 'POST') throw new ServiceError(405, `${req.method} ${path} is not served`);
+    if (req.method !== 'POST') throw new RequestError(405, `${req.method} ${path} is not served`);
     const raw = await readBody(req, maxBodyBytes);
     if (path === '/api/v1/forward_backward' || path === '/api/v1/forward') {
       if (!/application\/x-protobuf/.test(String(req.headers['content-type'] ?? ''))) {
-        throw new ServiceError(415, `${path} takes application/x-protobuf`);
+        throw new RequestError(415, `${path} takes application/x-protobuf`);
       }
       if (req.headers['content-encoding'] !== undefined && req.headers['content-encoding'] !== 'identity') {
-        throw new ServiceError(415, `content-encoding ${String(req.headers['content-encoding'])} is not supported`);
+        throw new RequestError(415, `content-encoding ${String(req.headers['content-encoding'])} is not supported`);
       }
       return sendJson(res, 200, forwardBackward(raw, path === '/api/v1/forward'));
     }
@@ -381,7 +372,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
       if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('not an object');
       body = parsed as Record<string, unknown>;
     } catch {
-      throw new ServiceError(400, `${path}: the body is not a JSON object`);
+      throw new RequestError(400, `${path}: the body is not a JSON object`);
     }
     const finish = /^\/api\/v1\/sessions\/([^/]+)\/finish$/.exec(path);
     if (finish !== null) {
@@ -393,7 +384,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
         return sendJson(res, 200, { use_pyqwest_transport: false, parallel_fwdbwd_chunks: false, pjwt_auth_enabled: false });
       case '/api/v1/create_session': {
         const id = `sess-${randomUUID()}`;
-        sessions.set(id, { models: 0 });
+        sessions.add(id);
         return sendJson(res, 200, { session_id: id, type: 'create_session' });
       }
       case '/api/v1/session_heartbeat':
@@ -415,12 +406,12 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
       case '/api/v1/save_weights':
         return sendJson(res, 200, saveState(body));
       case '/api/v1/load_weights':
-        if (body.model_id === undefined) throw new ServiceError(400, 'creating a training client from a state is not supported yet: create one, then load_state');
+        if (body.model_id === undefined) throw new RequestError(400, 'creating a training client from a state is not supported yet: create one, then load_state');
         return sendJson(res, 200, loadState(body));
       case '/api/v1/retrieve_future':
         return retrieve(body, res);
       default:
-        throw new ServiceError(404, `${path} is not served by rxrl's Tinker service`);
+        throw new RequestError(404, `${path} is not served by rxrl's Tinker service`);
     }
   }
 
@@ -457,41 +448,10 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   };
 }
 
-function sameSecret(given: string, expected: string): boolean {
-  const a = Buffer.from(given);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
-}
-
-function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  if (res.headersSent || res.destroyed) return;
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-function readBody(req: IncomingMessage, limit: number): Promise<Uint8Array> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) {
-        reject(new ServiceError(413, `request body is larger than ${limit} bytes`));
-        req.destroy();
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on('end', () => resolve(new Uint8Array(Buffer.concat(chunks))));
-    req.on('error', () => reject(new ServiceError(400, 'the request body was cut off')));
-  });
-}
-
 /** A checkpoint name: non-empty, no `/`. */
 function checkName(value: unknown): string {
   if (typeof value !== 'string' || value === '' || value.includes('/') || value.length > 200) {
-    throw new ServiceError(400, `a checkpoint name must be a non-empty string without '/', got ${JSON.stringify(value)}`);
+    throw new RequestError(400, `a checkpoint name must be a non-empty string without '/', got ${JSON.stringify(value)}`);
   }
   return value;
 }
@@ -506,7 +466,7 @@ function stopIds(stop: unknown, tokenizer: Tokenizer): number[] {
       const ids = tokenizer.encode(s);
       if (ids.length === 1) return ids[0];
     }
-    throw new ServiceError(400, `sampling_params.stop: ${JSON.stringify(s)} is not a token id or a one-token string`);
+    throw new RequestError(400, `sampling_params.stop: ${JSON.stringify(s)} is not a token id or a one-token string`);
   });
 }
 
