@@ -7,10 +7,10 @@ import { withRunLock } from '../lib/checkpoint/runLock.js';
 import { configWarnings } from '../lib/config/configWarnings.js';
 import type { RxrlConfig } from '../lib/config/schema.js';
 import { checkPrompts } from '../lib/data/checkPrompts.js';
-import { loadTasks } from '../lib/data/loader.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
 import { ConfigError, asStorageError } from '../lib/errors.js';
+import { tinkerServiceLost } from '../lib/tinker/client.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import type { Evaluator } from '../lib/evaluator.js';
@@ -20,7 +20,7 @@ import { PolicyModel } from '../lib/model/transformer.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { StepResult } from '../lib/train/types.js';
+import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Metrics, PolicyVersion, Task } from '../lib/types.js';
 import { closeWorker, singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { grpoPipeline } from './grpoPipeline.js';
@@ -28,8 +28,9 @@ import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { loadAgentsRecipe } from './parts/agentsRecipe.js';
 import { loadRollout, type Data } from './parts/data.js';
-import { RunLedger, type SaveCheckpoint } from './parts/ledger.js';
-import { SINGLE_POLICY, initialModel, policyModels } from './parts/policy.js';
+import { openLedger, type RunLedger, type SaveCheckpoint } from './parts/ledger.js';
+import { SINGLE_POLICY, initialModel, policyModels, remoteContextLength } from './parts/policy.js';
+import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, type KafkaTransport } from './parts/settings.js';
 import { validate } from './validate.js';
@@ -104,6 +105,8 @@ export interface RunSummary {
   readonly failedSamples: number;
   /** Why the run stopped early (`stop_on_error`, or the caller's signal). */
   readonly stoppedBy?: string;
+  /** Times a Tinker-backed run under `continue` restarted from its last checkpoint after the service was lost. */
+  readonly recoveries?: number;
 }
 
 
@@ -132,13 +135,57 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
     logger: moduleLogger(options.logger ?? silentLogger, 'rollout'),
     ...(options.signal ? { parentSignal: options.signal } : {}),
   });
+  const memo: RunMemo = { recoveries: 0 };
+  let attempt = config;
+  let inARow = 0;
+  for (;;) {
+    const savedBefore = memo.saved;
+    try {
+      const summary = await trainOnce(attempt, options, baseDir, runDir, reporter, memo);
+      return memo.recoveries > 0 ? { ...summary, recoveries: memo.recoveries } : summary;
+    } catch (error) {
+      // A Tinker-backed run under `continue` outlives its service: it waits for the service to answer again and
+      // restarts from its last checkpoint (the service's saved state), so no step is trained twice on the policy.
+      const recoverable =
+        config.trainer.backend === 'tinker' &&
+        config.run.errorPolicy === 'continue' &&
+        runDir !== undefined &&
+        config.checkpoint.every > 0 &&
+        !reporter.signal.aborted &&
+        tinkerServiceLost(error);
+      inARow = memo.saved === savedBefore ? inARow + 1 : 1;
+      if (!recoverable || inARow > config.tinker.maxRecoveries) throw error;
+      const log = moduleLogger(options.logger ?? silentLogger, 'tinker');
+      log.warn({ err: error, from: memo.saved ?? 'the start', attempt: inARow }, 'the Tinker service was lost; restarting from the last checkpoint once it answers');
+      options.log?.(`tinker service lost (${(error as Error).message}); restarting from ${memo.saved ?? 'the start'} once it answers`);
+      await waitForTinker(config, reporter.signal, error);
+      memo.recoveries++;
+      attempt = memo.saved === undefined ? config : { ...config, resume: { mode: 'from_path', path: memo.saved } };
+    }
+  }
+}
+
+/** What outlives one attempt of a run (a Tinker-backed run restarts after its service was lost). */
+interface RunMemo {
+  /** The checkpoint this process saved last. */
+  saved?: string;
+  /** Validation before training (the first attempt's). */
+  before?: Metrics;
+  /** The checkpoint the first attempt resumed from. */
+  resumedFrom?: string;
+  recoveries: number;
+}
+
+/** One attempt: set up, build the parts, train, release. */
+async function trainOnce(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined, reporter: ErrorReporter, memo: RunMemo): Promise<RunSummary> {
   const setup = await setUp(config, options, baseDir, runDir, reporter.signal);
-  const parts = await buildParts(config, options, setup, runDir).catch(async (error: unknown) => {
+  if (memo.recoveries === 0) memo.resumedFrom = setup.checkpoint?.path;
+  const parts = await buildParts(config, options, setup, runDir, memo).catch(async (error: unknown) => {
     await closeWorker(setup.worker);
     throw error;
   });
   try {
-    return await trainLoop(config, options, setup, parts, reporter);
+    return await trainLoop(config, options, setup, parts, reporter, memo);
   } finally {
     await closeWorker(setup.worker);
     await parts.dispose();
@@ -146,15 +193,15 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
 }
 
 /** What a single-agent run reads before it builds anything: the recipe's parts, the checkpoint, the initial model. */
-interface RunSetup {
+export interface RunSetup {
   readonly backend: BackendName;
   readonly data: Data;
   readonly evaluator: Evaluator;
   readonly worker: RolloutWorker | undefined;
   readonly tokenizer: Tokenizer;
   readonly checkpoint: Checkpoint | undefined;
-  /** The model the run starts from (owned by the parts built from it). */
-  readonly initial: PolicyModel;
+  /** The model the run starts from (owned by the parts built from it); none when it trains on a Tinker service. */
+  readonly initial: PolicyModel | undefined;
   /** The run directory, resolved. */
   readonly runDir: string | undefined;
 }
@@ -172,10 +219,14 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
     moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
-  const { model: initial, contextLength } = await initialModel(config.model, modelDir, tokenizer.vocabSize, config.run.seed);
+  // A Tinker-backed run's policy lives on the service: only its context length is needed here.
+  const { model: initial, contextLength } =
+    config.trainer.backend === 'tinker'
+      ? { model: undefined, contextLength: await remoteContextLength(config.model, modelDir, tokenizer.vocabSize) }
+      : await initialModel(config.model, modelDir, tokenizer.vocabSize, config.run.seed);
   let trainTasks: number | undefined;
   try {
-    if (tokenizer.vocabSize > initial.config.vocabSize) {
+    if (initial && tokenizer.vocabSize > initial.config.vocabSize) {
       throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
     }
     // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
@@ -187,7 +238,7 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
       await checkPrompts(validationSource, { ...budget, source: 'validation' });
     }
   } catch (error) {
-    initial.dispose();
+    initial?.dispose();
     throw error;
   }
   for (const warning of configWarnings(config, trainTasks === undefined ? {} : { trainTasks })) {
@@ -197,16 +248,21 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
   return { backend, data, evaluator, worker, tokenizer, checkpoint, initial, runDir };
 }
 
+/** Told of each checkpoint saved: its path, step and pending tasks. */
+export type SavedCheckpoint = (path: string, step: number, pending: number) => void;
+
 /** What a single-agent run trains with: its policy's models, engine, trainer and ledger. */
-interface RunParts {
-  /** The model the trainer updates: the policy, or an adapter view on the frozen base. */
-  readonly policy: PolicyModel;
+export interface RunParts {
+  /** The model the trainer updates: the policy, or an adapter view on the frozen base; none on a Tinker service. */
+  readonly policy: PolicyModel | undefined;
   /** A LoRA policy's adapter and frozen base. */
   readonly lora: { readonly adapter: LoraAdapter; readonly base: PolicyModel } | undefined;
   readonly reference: PolicyModel | undefined;
   readonly engine: RolloutEngine;
-  readonly trainer: GrpoTrainer;
+  readonly trainer: Trainer;
   readonly ledger: RunLedger;
+  /** Whether an error means the trainer's service lost the policy (a Tinker-backed run): the attempt ends. */
+  readonly serviceLost?: (error: unknown) => boolean;
   dispose(): Promise<void>;
 }
 
@@ -215,8 +271,14 @@ interface RunParts {
  * checkpoint; its engine (the in-process one, or the caller's); its trainer; and the ledger that checkpoints it.
  * Whatever is built is released if a later part fails.
  */
-async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, runDir: string | undefined): Promise<RunParts> {
-  const { initial, checkpoint, tokenizer } = setup;
+async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, runDir: string | undefined, memo: RunMemo): Promise<RunParts> {
+  const onSaved = (path: string, step: number, pending: number): void => {
+    memo.saved = path;
+    logSaved(options, path, step, pending);
+  };
+  if (config.trainer.backend === 'tinker') return tinkerParts(config, options, setup, runDir, onSaved);
+  const { checkpoint, tokenizer } = setup;
+  const initial = setup.initial as PolicyModel;
   const entry = config.policies[0] ?? SINGLE_POLICY;
   const owned: { dispose(): unknown }[] = [initial];
   const release = async (engine?: RolloutEngine): Promise<void> => {
@@ -252,14 +314,8 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
     owned.push(trainer);
     if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
     const loraParts = models.adapter ? { adapter: models.adapter, base: initial } : undefined;
-    const save = await checkpointWriter(config, options, { runDir, policy, lora: loraParts, trainer, tokenizer });
-    const loader = loadTasks(setup.data.train, {
-      epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
-      shuffle: config.data.shuffle,
-      seed: config.run.seed,
-      ...(checkpoint ? { start: checkpoint.state.loader } : {}),
-    });
-    const ledger = await RunLedger.open({ runDir, loader, checkpoint, every: config.checkpoint.every, steps: config.run.steps, save });
+    const save = await checkpointWriter(config, { runDir, policy, lora: loraParts, trainer, tokenizer, onSaved });
+    const ledger = await openLedger(config, setup, save);
     const built = engine;
     return {
       policy,
@@ -279,8 +335,19 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
   }
 }
 
-/** A checkpoint of a full model cannot resume a LoRA policy, nor the other way round. */
+/** Logs a saved checkpoint. */
+function logSaved(options: RunTrainingOptions, path: string, step: number, pending: number): void {
+  moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path, step, pending }, 'checkpoint saved');
+  options.log?.(`checkpoint ${path}`);
+}
+
+/** A checkpoint of a full model cannot resume a LoRA policy, nor the other way round; a Tinker one neither. */
 function checkCheckpointKind(checkpoint: Checkpoint | undefined, lora: boolean): void {
+  if (checkpoint?.tinker !== undefined) {
+    throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds a state on a Tinker service; resume it with trainer.backend 'tinker'`, {
+      context: { key: 'trainer.backend', path: checkpoint.path },
+    });
+  }
   if (checkpoint === undefined || (checkpoint.lora !== undefined) === lora) return;
   const holds = checkpoint.lora ? 'a LoRA adapter' : 'a full model';
   throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds ${holds}, but policies[0] is ${lora ? "a 'lora' policy" : 'a full model'}`, {
@@ -311,8 +378,7 @@ async function buildEngine(config: RxrlConfig, options: RunTrainingOptions, setu
  */
 async function checkpointWriter(
   config: RxrlConfig,
-  options: RunTrainingOptions,
-  parts: { runDir: string | undefined; policy: PolicyModel; lora: RunParts['lora']; trainer: GrpoTrainer; tokenizer: Tokenizer },
+  parts: { runDir: string | undefined; policy: PolicyModel; lora: RunParts['lora']; trainer: GrpoTrainer; tokenizer: Tokenizer; onSaved: SavedCheckpoint },
 ): Promise<SaveCheckpoint> {
   const { runDir, policy, lora, trainer, tokenizer } = parts;
   const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
@@ -331,8 +397,7 @@ async function checkpointWriter(
       optimizer: await trainer.optimizerState(),
     });
     await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path, step: trainer.step, pending: pendingTasks.length }, 'checkpoint saved');
-    options.log?.(`checkpoint ${path}`);
+    parts.onSaved(path, trainer.step, pendingTasks.length);
   };
 }
 
@@ -340,17 +405,28 @@ async function checkpointWriter(
  * The loop: validates before, trains `run.steps` steps (the embedded pipeline, or the Kafka trainer), validates
  * every `validation.every` versions and after, and reports.
  */
-async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, parts: RunParts, reporter: ErrorReporter): Promise<RunSummary> {
+async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, parts: RunParts, reporter: ErrorReporter, memo: RunMemo): Promise<RunSummary> {
   const { data, evaluator } = setup;
   const { engine, trainer, ledger } = parts;
-  const signal = reporter.signal;
+  // The attempt ends when the reporter stops the run, or when the trainer's service is lost (a Tinker-backed run).
+  const lostService = new AbortController();
+  const signal = AbortSignal.any([reporter.signal, lostService.signal]);
+  const lost: { error?: unknown } = {};
+  const noticeLost = (error: unknown): boolean => {
+    if (!parts.serviceLost?.(error)) return false;
+    lost.error ??= error;
+    lostService.abort(error);
+    return true;
+  };
   const seed = config.run.seed;
   const baseWorker = setup.worker ?? singleTurnWorker;
   const score = (): Promise<Metrics> =>
     validate(engine, data.validation, evaluator, { maxTokens: data.maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
-  const before = config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
+  // A restarted attempt keeps the first attempt's validation before training.
+  const before = memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
   // Validation lines carry the step they follow (−1 before the first).
-  if (before) ledger.writeMetrics(trainer.step - 1, trainer.step, before);
+  if (before && memo.recoveries === 0) ledger.writeMetrics(trainer.step - 1, trainer.step, before);
+  memo.before = before;
   const started = performance.now();
   let last: StepResult | undefined;
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
@@ -358,24 +434,31 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
   if (remaining === 0) options.log?.(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
   else {
-    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter });
-    await lastValueFrom(
-      steps$.pipe(
-        tap((step) => {
-          last = step;
-          options.onStep?.(step, (performance.now() - started) / 1000);
-        }),
-      ),
-      { defaultValue: undefined },
-    );
+    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter, signal, noticeLost });
+    try {
+      await lastValueFrom(
+        steps$.pipe(
+          tap((step) => {
+            last = step;
+            options.onStep?.(step, (performance.now() - started) / 1000);
+          }),
+        ),
+        { defaultValue: undefined },
+      );
+    } catch (error) {
+      if (lost.error === undefined) noticeLost(error);
+      throw lost.error ?? error;
+    }
   }
+  // A lost service ends the attempt with its error: nothing more can be saved there.
+  if (lost.error !== undefined) throw lost.error;
   // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
   // early with checkpoint.onStop off.
   await ledger.finish(trainer.step, !signal.aborted || config.checkpoint.onStop);
   const seconds = (performance.now() - started) / 1000;
   const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
   if (after) ledger.writeMetrics(trainer.step - 1, trainer.step, after);
-  return summary(config, setup, { steps: trainer.step, seconds, before, after, last, reporter });
+  return summary(config, setup, { steps: trainer.step, seconds, before, after, last, reporter, resumedFrom: memo.resumedFrom });
 }
 
 /** The steps of the run: the embedded GRPO pipeline, or the Kafka trainer when the run has a transport. */
@@ -384,7 +467,15 @@ function stepsOf(
   options: RunTrainingOptions,
   setup: RunSetup,
   parts: RunParts,
-  loop: { remaining: number | undefined; score: () => Promise<Metrics>; worker: RolloutWorker; reporter: ErrorReporter },
+  loop: {
+    remaining: number | undefined;
+    score: () => Promise<Metrics>;
+    worker: RolloutWorker;
+    reporter: ErrorReporter;
+    signal: AbortSignal;
+    /** Ends the attempt when a sample's error says the trainer's service is lost (then it is no sample's failure). */
+    noticeLost: (error: unknown) => boolean;
+  },
 ): Observable<StepResult> {
   const { trainer, ledger, policy, reference } = parts;
   // What the embedded and the Kafka loops share: the data, the trainer, the staleness mode, the algorithm.
@@ -406,10 +497,11 @@ function stepsOf(
       if (Object.keys(after).length > 0) ledger.writeMetrics(step.step, step.version, after);
       return val;
     },
-    signal: loop.reporter.signal,
+    signal: loop.signal,
   };
   const transport = options.kafka;
   if (transport) {
+    if (policy === undefined) throw new ConfigError("kafka: a run trained on a Tinker service samples through it, not through Kafka workers", { context: { key: 'trainer.backend' } });
     const checkpointed = config.run.dir !== null && config.checkpoint.every > 0;
     return kafkaTrainer({
       ...common,
@@ -427,6 +519,7 @@ function stepsOf(
     ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
     ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
     onSampleFailure: (failure) => {
+      if (loop.noticeLost(failure.error)) return;
       loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
     },
   });
@@ -436,9 +529,17 @@ function stepsOf(
 function summary(
   config: RxrlConfig,
   setup: RunSetup,
-  run: { steps: number; seconds: number; before: Metrics | undefined; after: Metrics | undefined; last: StepResult | undefined; reporter: ErrorReporter },
+  run: {
+    steps: number;
+    seconds: number;
+    before: Metrics | undefined;
+    after: Metrics | undefined;
+    last: StepResult | undefined;
+    reporter: ErrorReporter;
+    resumedFrom: string | undefined;
+  },
 ): RunSummary {
-  const { data, checkpoint } = setup;
+  const { data } = setup;
   const { before, after, reporter } = run;
   const runDir = setup.runDir;
   return {
@@ -449,7 +550,7 @@ function summary(
     seconds: round(run.seconds, 1),
     seed: config.run.seed,
     ...(runDir ? { runDir } : {}),
-    ...(checkpoint ? { resumedFrom: checkpoint.path } : {}),
+    ...(run.resumedFrom ? { resumedFrom: run.resumedFrom } : {}),
     ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
     ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
     valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,

@@ -1,7 +1,8 @@
 /**
  * Checkpoints in `<run-dir>/global_step_<N>/`: the policy as a complete Hugging Face model directory
  * (`config.json`, `model.safetensors`, `generation_config.json`, tokenizer files — `from_pretrained` loads the
- * checkpoint directory itself), the optimizer state (`optimizer.safetensors`, Adam moments by weight name in
+ * checkpoint directory itself; a LoRA policy as a PEFT adapter; a policy trained on a Tinker-API service as
+ * `tinker.json`, which names its state on the service), the optimizer state (`optimizer.safetensors`, Adam moments by weight name in
  * the model's internal `[in, out]` layout) and `state.json` (step, version, seed, loader position, tasks
  * admitted but not yet trained, and the size and sha256 of every other file). A checkpoint is
  * written to a temporary directory, every file and directory flushed to the disk, and renamed into place, so a
@@ -71,10 +72,30 @@ export interface Checkpoint {
   readonly config?: ResolvedPolicyConfig;
   /** The adapter of a LoRA policy (the checkpoint's `adapter_config.json`); `weights` are then the adapter's. */
   readonly lora?: ResolvedLoraConfig;
+  /** A Tinker-trained policy's state on the service (the checkpoint's `tinker.json`); `weights` are then empty. */
+  readonly tinker?: TinkerStateRef;
   readonly weights: NamedWeights;
   readonly optimizer: NamedWeights;
   readonly metadata: Readonly<Record<string, string>>;
 }
+
+/** Where a Tinker-API service keeps a run's state (`save_state`), recorded in the checkpoint's `tinker.json`. */
+export interface TinkerStateRef {
+  /** The state's `tinker://` path (adapter and optimizer state). */
+  readonly path: string;
+  /** The service's base model. */
+  readonly baseModel: string;
+  /** The adapter's LoRA rank. */
+  readonly rank: number;
+}
+
+/** A policy trained on a Tinker-API service: the checkpoint records where its state is; the service holds it. */
+export interface CheckpointTinker {
+  readonly tinker: TinkerStateRef;
+}
+
+/** File of a checkpoint that records a Tinker-API service's state. */
+export const TINKER_STATE_FILE = 'tinker.json';
 
 /** The policy a checkpoint holds, written as a Hugging Face model directory. */
 export interface CheckpointModel {
@@ -112,8 +133,9 @@ export async function saveCheckpoint(
   runDir: string,
   contents: {
     state: Omit<CheckpointState, 'format' | 'savedAt' | 'bufferedSamples' | 'files'>;
-    model: CheckpointModel | CheckpointAdapter;
-    optimizer: NamedWeights;
+    model: CheckpointModel | CheckpointAdapter | CheckpointTinker;
+    /** The optimizer's state (a Tinker policy's is on the service: none here). */
+    optimizer?: NamedWeights;
     buffered?: readonly BufferedSample[];
     metadata?: Record<string, string>;
   },
@@ -121,12 +143,13 @@ export async function saveCheckpoint(
   return writeCheckpointDir(runDir, contents.state.step, async (tmp) => {
     const metadata = { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) };
     const model = contents.model;
-    if ('lora' in model) await savePeftWeights(tmp, model.lora, model.weights, model.baseDir, metadata);
+    if ('tinker' in model) await writeFileAtomic(join(tmp, TINKER_STATE_FILE), `${JSON.stringify({ ...model.tinker, metadata }, null, 2)}\n`);
+    else if ('lora' in model) await savePeftWeights(tmp, model.lora, model.weights, model.baseDir, metadata);
     else {
       const { config, weights, tokenizerFiles, special } = model;
       await saveModelDir(tmp, { config, weights }, { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata });
     }
-  await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
+  if (contents.optimizer !== undefined) await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
   const buffered = contents.buffered ?? [];
   await writeFileAtomic(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
   const state: CheckpointState = {
@@ -331,6 +354,10 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     Array.isArray(state.pendingTasks);
   if (!ok) throw new DecodeError(`checkpoint ${path}: state.json does not match format ${CHECKPOINT_FORMAT}`, { context: { path } });
   const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
+  if (await entryExists(join(path, TINKER_STATE_FILE))) {
+    const buffered = await readBuffered(join(path, 'buffered.jsonl'));
+    return { path, state: { ...state, pendingTasks }, buffered, tinker: await readTinkerState(path), weights: new Map(), optimizer: new Map(), metadata: {} };
+  }
   const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
   const buffered = await readBuffered(join(path, 'buffered.jsonl'));
   const common = { path, state: { ...state, pendingTasks }, buffered, optimizer: optimizer.weights };
@@ -341,6 +368,21 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
   }
   const model = await readModelDir(path);
   return { ...common, config: model.config, weights: model.weights, metadata: model.metadata };
+}
+
+async function readTinkerState(path: string): Promise<TinkerStateRef> {
+  const file = join(path, TINKER_STATE_FILE);
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(file, 'utf8'));
+  } catch (cause) {
+    throw new DecodeError(`${file}: unreadable or not JSON`, { cause, context: { path: file } });
+  }
+  const r = raw as Partial<TinkerStateRef> | null;
+  if (typeof r?.path !== 'string' || typeof r.baseModel !== 'string' || !Number.isInteger(r.rank)) {
+    throw new DecodeError(`${file}: needs path, baseModel and rank`, { context: { path: file } });
+  }
+  return { path: r.path, baseModel: r.baseModel, rank: r.rank as number };
 }
 
 async function readBuffered(file: string): Promise<BufferedSample[]> {

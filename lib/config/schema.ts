@@ -65,6 +65,7 @@ export interface RxrlConfig {
     klInReward: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
   };
   trainer: {
+    backend: 'local' | 'tinker';
     learningRate: number;
     clipLow: number;
     clipHigh: number;
@@ -82,6 +83,7 @@ export interface RxrlConfig {
   sync: { mode: 'sync' | 'batch-async' | 'fully-async'; stalenessThreshold: number; capacity: number; batchSize: number };
   kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; weightsRoot: string | null; keepVersions: number; workerConcurrency: number; rolloutDelayMs: number };
   openai: { baseUrl: string | null; apiKey: string; model: string };
+  tinker: { baseUrl: string | null; apiKey: string; baseModel: string | null; rank: number; futureTimeoutMs: number; recoverTimeoutMs: number; maxRecoveries: number };
   checkpoint: { every: number; keepLast: number; onStop: boolean };
   resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
   validation: { beforeTrain: boolean; every: number; temperature: number };
@@ -320,6 +322,11 @@ export const SCHEMA = {
     },
   },
   trainer: {
+    backend: {
+      doc: "Where the policy trains: 'local' (TF.js in this process) or 'tinker' (a LoRA adapter on a Tinker-API service, tinker.*; rollouts sample through it).",
+      format: ['local', 'tinker'],
+      default: 'local',
+    },
     learningRate: { doc: 'Adam learning rate.', format: 'positive-number', default: 1e-3 },
     clipLow: { doc: 'PPO lower clip range.', format: 'clip-range', default: 0.2 },
     clipHigh: { doc: 'PPO upper clip range (DAPO clip-higher).', format: 'non-negative-number', default: 0.28 },
@@ -365,6 +372,23 @@ export const SCHEMA = {
     baseUrl: { doc: 'OpenAI-compatible server URL (null = the embedded policy).', format: 'optional-string', default: null, env: 'OPENAI_BASE_URL' },
     apiKey: { doc: 'API key of the server.', format: String, default: 'EMPTY', env: 'OPENAI_API_KEY', sensitive: true },
     model: { doc: 'Model name on the server.', format: 'non-empty-string', default: 'rxrl-policy' },
+  },
+  tinker: {
+    baseUrl: { doc: "trainer.backend 'tinker': the service's URL (the SDK's TINKER_BASE_URL).", format: 'optional-string', default: null, env: 'TINKER_BASE_URL' },
+    apiKey: { doc: "trainer.backend 'tinker': the service's API key.", format: String, default: '', env: 'TINKER_API_KEY', sensitive: true },
+    baseModel: { doc: "trainer.backend 'tinker': the base model the service adapts (its base_model name).", format: 'optional-string', default: null },
+    rank: { doc: "trainer.backend 'tinker': LoRA rank of the adapter (a resumed run keeps its checkpoint's).", format: 'positive-int', default: 32 },
+    futureTimeoutMs: { doc: "trainer.backend 'tinker': a request unfinished after this long fails (the service is lost).", format: 'positive-int', default: 600_000 },
+    recoverTimeoutMs: {
+      doc: "trainer.backend 'tinker', run.errorPolicy 'continue': how long a run waits for a lost service to answer again before it fails.",
+      format: 'non-negative-int',
+      default: 300_000,
+    },
+    maxRecoveries: {
+      doc: "trainer.backend 'tinker', run.errorPolicy 'continue': restarts from the last checkpoint in a row, without a new checkpoint between, before the run fails (0 = never).",
+      format: 'non-negative-int',
+      default: 3,
+    },
   },
   checkpoint: {
     every: { doc: 'Save a checkpoint every K steps (0 = never).', format: 'non-negative-int', default: 50 },
@@ -491,10 +515,36 @@ function requireWhen(c: RxrlConfig): void {
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
-  missing.push(...agentProblems(c));
+  missing.push(...agentProblems(c), ...tinkerProblems(c));
   if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
   if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
   if (missing.length > 0) throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
+}
+
+/** What a Tinker-backed run needs, and the trainer settings it cannot honour (the service computes the loss). */
+function tinkerProblems(c: RxrlConfig): string[] {
+  if (c.trainer.backend !== 'tinker') return [];
+  const problems: string[] = [];
+  const why = "with trainer.backend 'tinker'";
+  if (c.tinker.baseUrl === null) problems.push(`tinker.baseUrl: required ${why} (or TINKER_BASE_URL)`);
+  if (c.tinker.baseModel === null) problems.push(`tinker.baseModel: required ${why}`);
+  if (c.agents.environment !== 'none') problems.push(`agents.environment: multi-agent runs train locally; not ${why}`);
+  if (c.policies.length > 0) problems.push(`policies: the service trains one LoRA adapter of tinker.rank; leave policies empty ${why}`);
+  if (c.openai.baseUrl !== null) problems.push(`openai.baseUrl: rollouts sample through the Tinker service ${why}`);
+  const t = c.trainer;
+  const unsupported: [boolean, string][] = [
+    [t.klLoss.coef > 0, 'trainer.klLoss.coef: must be 0'],
+    [c.algorithm.klInReward.coef > 0, 'algorithm.klInReward.coef: must be 0'],
+    [t.lossAggregation !== 'token-mean', "trainer.lossAggregation: must be 'token-mean'"],
+    [t.ppoEpochs !== 1, 'trainer.ppoEpochs: must be 1'],
+    [t.miniBatches !== 1, 'trainer.miniBatches: must be 1'],
+    [t.entropyCoef !== 0, 'trainer.entropyCoef: must be 0'],
+    [t.clipRatioC !== null, 'trainer.clipRatioC: must be null'],
+    [t.importanceCap !== null, 'trainer.importanceCap: must be null'],
+    [t.maxStaleness !== null, 'trainer.maxStaleness: must be null'],
+  ];
+  for (const [bad, message] of unsupported) if (bad) problems.push(`${message} ${why} (the service's ppo loss has no such term)`);
+  return problems;
 }
 
 /** Cross-field checks of `agents` and `policies`, each naming its key. */
@@ -557,5 +607,6 @@ function leafKeys(schema: object, prefix = ''): Set<string> {
 
 /** The configuration as JSON, secrets masked. */
 export function describeConfig(config: RxrlConfig): string {
-  return JSON.stringify({ ...config, openai: { ...config.openai, apiKey: config.openai.apiKey ? '[redacted]' : '' } }, null, 2);
+  const redact = (key: string): string => (key ? '[redacted]' : '');
+  return JSON.stringify({ ...config, openai: { ...config.openai, apiKey: redact(config.openai.apiKey) }, tinker: { ...config.tinker, apiKey: redact(config.tinker.apiKey) } }, null, 2);
 }

@@ -11,7 +11,7 @@
  * @packageDocumentation
  */
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../engine/types.js';
-import { EngineError, RxrlError } from '../errors.js';
+import { EngineError, RetriesExhaustedError, RxrlError } from '../errors.js';
 import { retry, type RetryOptions } from '../retry.js';
 import { stalenessMetrics } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
@@ -43,6 +43,21 @@ export interface TinkerClientOptions {
    * project's retry defaults.
    */
   readonly retry?: Omit<RetryOptions, 'signal' | 'isRetriable'>;
+  /**
+   * How long a future may stay unfinished before the call fails with a {@link TinkerError} (`context.lost`: the
+   * service is not making progress). Default 600 000 ms.
+   */
+  readonly futureTimeoutMs?: number;
+}
+
+/**
+ * Whether `error` says the Tinker service lost what this client had on it — it cannot be reached, it answered
+ * 5xx or "no such model / session / request" (a restarted service), or a future never finished — rather than
+ * refusing one request. A run under `continue` then restarts from its last saved state.
+ */
+export function tinkerServiceLost(error: unknown): boolean {
+  if (error instanceof RetriesExhaustedError) return tinkerServiceLost(error.cause);
+  return (error instanceof EngineError || error instanceof TinkerError) && error.context.lost === true;
 }
 
 /** Calls that may be repeated whatever happened to the first attempt. */
@@ -81,6 +96,39 @@ export class TinkerClient {
     const { model_id } = (await this.result(future)) as { model_id: string };
     this.seqs.set(model_id, 0);
     return model_id;
+  }
+
+  /**
+   * A training client made from a saved state (`load_weights` addressed by session: the rank comes from the
+   * state), with the optimizer's state when `withOptimizer`; resolves with its model id.
+   */
+  async createModelFromState(path: string, withOptimizer: boolean, baseModel?: string): Promise<string> {
+    const modelSeqId = this.seqs.size;
+    const modelId = `${this.sessionId}:train:${modelSeqId}`;
+    const future = await this.post('/api/v1/load_weights', {
+      session_id: this.sessionId,
+      model_seq_id: modelSeqId,
+      path,
+      optimizer: withOptimizer,
+      ...(baseModel === undefined ? {} : { base_model: baseModel }),
+      type: 'load_weights',
+    });
+    await this.result(future);
+    this.seqs.set(modelId, 0);
+    return modelId;
+  }
+
+  /** `save_state`: the adapter and the optimizer's state under `name`; resolves with its `tinker://` path. */
+  async saveState(modelId: string, name: string): Promise<string> {
+    const future = await this.post('/api/v1/save_weights', { model_id: modelId, path: name, seq_id: this.nextSeq(modelId), type: 'save_weights' });
+    const { path } = (await this.result(future)) as { path?: unknown };
+    if (typeof path !== 'string') throw new TinkerError('save_weights answered without a path');
+    return path;
+  }
+
+  /** Whether the service answers its health check now (`GET /api/v1/healthz`, 5 s at most). */
+  async healthy(signal?: AbortSignal): Promise<boolean> {
+    return tinkerHealthy(this.options, signal);
   }
 
   /** `forward_backward` (or `forward` with `forwardOnly`) of datums under `lossFn`. */
@@ -158,11 +206,19 @@ export class TinkerClient {
     return next;
   }
 
-  /** Polls a future until it completes; an `error` result or a failing poll is a {@link TinkerError}. */
+  /**
+   * Polls a future until it completes; an `error` result, a failing poll or a future unfinished after
+   * `futureTimeoutMs` is a {@link TinkerError}.
+   */
   private async result(future: unknown, proto = false, signal?: AbortSignal): Promise<unknown> {
     const id = (future as { request_id?: unknown }).request_id;
     if (typeof id !== 'string') throw new TinkerError('the service answered without a request_id');
+    const timeoutMs = this.options.futureTimeoutMs ?? 600_000;
+    const deadline = performance.now() + timeoutMs;
     for (;;) {
+      if (performance.now() > deadline) {
+        throw new TinkerError(`request ${id} did not finish within ${timeoutMs} ms`, { context: { lost: true, requestId: id, timeoutMs } });
+      }
       const answer = await this.post('/api/v1/retrieve_future', { request_id: id, allow_metadata_only: false }, signal, proto);
       if (answer instanceof Uint8Array) return answer;
       const record = answer as Record<string, unknown>;
@@ -206,16 +262,38 @@ export class TinkerClient {
       throw new EngineError(`cannot reach the Tinker service at ${this.options.baseURL} (${path}): ${String(code ?? (cause instanceof Error ? cause.message : cause))}`, {
         cause,
         retriable: true,
-        context: { refused: code === 'ECONNREFUSED' },
+        context: { refused: code === 'ECONNREFUSED', lost: true },
       });
     }
     if (!response.ok) {
       const text = await response.text().catch(() => '');
       const transient = response.status >= 500 || response.status === 408 || response.status === 429;
-      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: transient, context: { status: response.status } });
+      // A 404 of a known route means the service no longer has the model, session, sampler or request.
+      const lost = response.status >= 500 || response.status === 404 || response.status === 410;
+      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: transient, context: { status: response.status, lost } });
     }
     if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf')) return new Uint8Array(await response.arrayBuffer());
     return (await response.json()) as unknown;
+  }
+}
+
+/**
+ * Whether the Tinker service at `options.baseURL` answers its health check (`GET /api/v1/healthz`) within 5 s.
+ *
+ * @param options - Its address and key.
+ * @param signal - Cancels the probe.
+ */
+export async function tinkerHealthy(options: Pick<TinkerClientOptions, 'baseURL' | 'apiKey'>, signal?: AbortSignal): Promise<boolean> {
+  const timeout = AbortSignal.timeout(5_000);
+  try {
+    const response = await fetch(`${options.baseURL.replace(/\/+$/, '')}/api/v1/healthz`, {
+      headers: { 'x-api-key': options.apiKey },
+      signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+    });
+    await response.body?.cancel();
+    return response.ok;
+  } catch {
+    return false;
   }
 }
 
@@ -240,23 +318,40 @@ export interface TinkerClientTrainerOptions {
 export class TinkerClientTrainer implements Trainer {
   readonly modelTag: ModelTag;
   step = 0;
-  /** Sampling session of each version (0: the weights the client started with). */
+  /** Sampling session of each version since the client started (the first: the weights it started with). */
   private readonly samplers = new Map<PolicyVersion, string>();
 
   private constructor(
     readonly client: TinkerClient,
     readonly modelId: string,
     private readonly options: TinkerClientTrainerOptions,
-    initialSampler: string,
+    step: number,
+    sampler: string,
   ) {
     this.modelTag = options.modelTag ?? 'policy';
-    this.samplers.set(0, initialSampler);
+    this.step = step;
+    this.samplers.set(step, sampler);
   }
 
-  /** A LoRA training client of `rank` on `baseModel`, and its first sampling session. */
-  static async create(client: TinkerClient, baseModel: string, rank: number, options: TinkerClientTrainerOptions = {}): Promise<TinkerClientTrainer> {
-    const modelId = await client.createLoraModel(baseModel, rank);
-    return new TinkerClientTrainer(client, modelId, options, await client.samplerOf(modelId));
+  /**
+   * A LoRA training client of `rank` on `baseModel`, and its first sampling session; with `from`, the client is
+   * made from that saved state (its rank, adapter and optimizer state) and starts at its step.
+   */
+  static async create(
+    client: TinkerClient,
+    baseModel: string,
+    rank: number,
+    options: TinkerClientTrainerOptions = {},
+    from?: { readonly path: string; readonly step: number },
+  ): Promise<TinkerClientTrainer> {
+    const modelId = from === undefined ? await client.createLoraModel(baseModel, rank) : await client.createModelFromState(from.path, true, baseModel);
+    const trainer = new TinkerClientTrainer(client, modelId, options, from?.step ?? 0, await client.samplerOf(modelId));
+    return trainer;
+  }
+
+  /** Saves the adapter and the optimizer's state on the service as `name`; resolves with the state's path. */
+  saveState(name: string): Promise<string> {
+    return this.client.saveState(this.modelId, name);
   }
 
   /** The sampling session of `version`. */
@@ -338,13 +433,14 @@ function datumsOf(batch: Batch): { data: WireDatum[]; tokens: number } {
 /** A {@link RolloutEngine} that samples through a Tinker service, from the session of the synced version. */
 export class TinkerEngine implements RolloutEngine {
   readonly modelTag: ModelTag;
-  private current: PolicyVersion = 0;
+  private current: PolicyVersion;
 
   constructor(
     private readonly trainer: TinkerClientTrainer,
     readonly tokenizer: Tokenizer,
   ) {
     this.modelTag = trainer.modelTag;
+    this.current = trainer.step;
   }
 
   get version(): PolicyVersion {

@@ -10,7 +10,7 @@
  * | `get_info` | the client's model, rank and tokenizer |
  * | `forward_backward`, `forward` | protobuf datums; losses `cross_entropy`, `importance_sampling`, `ppo` |
  * | `optim_step` | Adam with the call's `adam_params` |
- * | `save_weights`, `load_weights` | the adapter and Adam state, as `tinker://<model>/weights/<name>` |
+ * | `save_weights`, `load_weights` | the adapter and Adam state, as `tinker://<model>/weights/<name>`; a `load_weights` addressed by `session_id` creates the client from the state |
  * | `retrieve_future` | long-polls a request's result (protobuf for forward/backward and samples, JSON else) |
  *
  * Every call that trains or samples returns a future (`{ request_id, model_id }`) at once; each model runs its
@@ -300,24 +300,60 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     });
   };
 
+  /** The file of the state at `tinker://<model>/weights/<name>` (in `stateDir`, whichever process wrote it). */
+  const stateFile = (path: unknown): string => {
+    const match = /^tinker:\/\/([^/]+)\/weights\/([^/]+)$/.exec(String(path ?? ''));
+    if (match === null) throw new RequestError(400, `path must be tinker://<model>/weights/<name>, got '${String(path)}'`);
+    return join(stateDir, encodeURIComponent(match[1]), `${encodeURIComponent(match[2])}.safetensors`);
+  };
+
+  const readState = async (path: unknown): Promise<{ weights: ReadonlyMap<string, { shape: number[]; data: Float32Array }>; rank: number }> => {
+    const file = stateFile(path);
+    let contents;
+    try {
+      contents = await loadSafetensors(file);
+    } catch (cause) {
+      throw new RequestError(404, `no saved state at '${String(path)}'${cause instanceof Error ? ` (${cause.message})` : ''}`);
+    }
+    return { weights: contents.weights as ReadonlyMap<string, { shape: number[]; data: Float32Array }>, rank: Number(contents.metadata.rank) };
+  };
+
   const loadState = (body: Record<string, unknown>): unknown => {
     const model = modelOf(body.model_id);
-    const match = /^tinker:\/\/([^/]+)\/weights\/([^/]+)$/.exec(String(body.path ?? ''));
-    if (match === null) throw new RequestError(400, `path must be tinker://<model>/weights/<name>, got '${String(body.path)}'`);
-    const file = join(stateDir, encodeURIComponent(match[1]), `${encodeURIComponent(match[2])}.safetensors`);
+    stateFile(body.path);
     return enqueue(model, async () => {
-      let contents;
-      try {
-        contents = await loadSafetensors(file);
-      } catch (cause) {
-        throw new RequestError(404, `no saved state at '${String(body.path)}'${cause instanceof Error ? ` (${cause.message})` : ''}`);
+      const state = await readState(body.path);
+      if (state.rank !== model.trainer.rank) {
+        throw new RequestError(400, `the state at '${String(body.path)}' has rank ${state.rank}, this client ${model.trainer.rank}`);
       }
-      if (Number(contents.metadata.rank) !== model.trainer.rank) {
-        throw new RequestError(400, `the state at '${String(body.path)}' has rank ${contents.metadata.rank}, this client ${model.trainer.rank}`);
-      }
-      model.trainer.restore(contents.weights as ReadonlyMap<string, { shape: number[]; data: Float32Array }>, body.optimizer === true);
+      model.trainer.restore(state.weights, body.optimizer === true);
       return { json: { path: body.path, type: 'load_weights' } };
     });
+  };
+
+  /** `load_weights` addressed by session: a new training client whose rank and weights come from the state. */
+  const createFromState = async (body: Record<string, unknown>): Promise<unknown> => {
+    const session = String(body.session_id ?? '');
+    if (!sessions.has(session)) throw new RequestError(404, `no session '${session}'`);
+    if (body.base_model !== undefined && body.base_model !== null && body.base_model !== options.baseModel) {
+      throw new RequestError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
+    }
+    if (models.size >= maxModels) throw new RequestError(429, `${maxModels} training clients are open`);
+    const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
+    if (models.has(id)) throw new RequestError(409, `training client '${id}' exists`);
+    const state = await readState(body.path);
+    if (!Number.isInteger(state.rank) || state.rank < 1 || state.rank > maxRank) throw new RequestError(400, `the state at '${String(body.path)}' has no valid rank`);
+    if (models.size >= maxModels || models.has(id)) throw new RequestError(409, `training client '${id}' exists or ${maxModels} are open`);
+    const trainer = new TinkerTrainer(options.model, state.rank, (options.seed ?? 0) + modelSeed++);
+    try {
+      trainer.restore(state.weights, body.optimizer === true);
+    } catch (error) {
+      trainer.dispose();
+      throw error;
+    }
+    const model: Model = { id, trainer, queue: Promise.resolve() };
+    models.set(id, model);
+    return enqueue(model, () => ({ json: { path: body.path, type: 'load_weights' } }));
   };
 
   const retrieve = async (body: Record<string, unknown>, res: ServerResponse): Promise<void> => {
@@ -406,8 +442,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
       case '/api/v1/save_weights':
         return sendJson(res, 200, saveState(body));
       case '/api/v1/load_weights':
-        if (body.model_id === undefined) throw new RequestError(400, 'creating a training client from a state is not supported yet: create one, then load_state');
-        return sendJson(res, 200, loadState(body));
+        return sendJson(res, 200, body.model_id === undefined || body.model_id === null ? await createFromState(body) : loadState(body));
       case '/api/v1/retrieve_future':
         return retrieve(body, res);
       default:

@@ -9,7 +9,8 @@ import { appendFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 
 import type { BufferedSample, Checkpoint } from '../../lib/checkpoint/checkpoint.js';
-import type { LoaderPosition, TaskLoader } from '../../lib/data/loader.js';
+import type { RxrlConfig } from '../../lib/config/schema.js';
+import { loadTasks, type LoaderPosition, type TaskLoader } from '../../lib/data/loader.js';
 import { asStorageError } from '../../lib/errors.js';
 import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
@@ -34,6 +35,22 @@ export interface RunLedgerOptions {
   readonly steps: number;
   /** Writes a checkpoint (called only with a run directory). */
   readonly save: SaveCheckpoint;
+}
+
+/** The run's ledger over the recipe's training tasks, from the checkpoint's loader position. */
+export function openLedger(
+  config: RxrlConfig,
+  run: { readonly data: { readonly train: Parameters<typeof loadTasks>[0] }; readonly checkpoint: Checkpoint | undefined; readonly runDir: string | undefined },
+  save: SaveCheckpoint,
+): Promise<RunLedger> {
+  const { checkpoint } = run;
+  const loader = loadTasks(run.data.train, {
+    epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
+    shuffle: config.data.shuffle,
+    seed: config.run.seed,
+    ...(checkpoint ? { start: checkpoint.state.loader } : {}),
+  });
+  return RunLedger.open({ runDir: run.runDir, loader, checkpoint, every: config.checkpoint.every, steps: config.run.steps, save });
 }
 
 /** See the module comment. One per run; {@link RunLedger.close} when the run ends. */

@@ -8,7 +8,10 @@ import { resolvedLora, type PolicyEntryConfig, type RxrlConfig } from '../../lib
 import type { LocalEngine } from '../../lib/engine/local.js';
 import { checkModelFits } from '../../lib/model/capacity.js';
 import { LoraAdapter, validateLoraConfig } from '../../lib/model/lora.js';
-import { loadModelDir } from '../../lib/model/modelDir.js';
+import { join } from 'node:path';
+
+import { readJsonObject } from '../../lib/model/files.js';
+import { MODEL_FILES, loadModelDir, policyConfigFromHf } from '../../lib/model/modelDir.js';
 import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
 import type { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 
@@ -51,6 +54,19 @@ export async function initialModel(
   const config = validatePolicyConfig({ ...tinyModelConfig(model), vocabSize });
   const contextLength = checkModelFits(config, { ...cap, keyOf: (field) => `model.${field}`, capHint: 'model.maxModelLen' });
   return { model: PolicyModel.create(config, seed), contextLength };
+}
+
+/**
+ * The context length of a policy that lives elsewhere (on a Tinker-API service): what the recipe's model directory
+ * or `model` keys declare, capped by `model.maxModelLen`, without loading weights or checking this process's memory.
+ */
+export async function remoteContextLength(model: RxrlConfig['model'], modelDir: string | undefined, vocabSize: number): Promise<number> {
+  const cap = model.maxModelLen ?? Infinity;
+  if (modelDir !== undefined) {
+    const path = join(modelDir, MODEL_FILES.config);
+    return Math.min(policyConfigFromHf(await readJsonObject(path), path, { memoryBytes: Infinity }).maxSeqLen, cap);
+  }
+  return Math.min(validatePolicyConfig({ ...tinyModelConfig(model), vocabSize }).maxSeqLen, cap);
 }
 
 /** One policy of a run, as built for training. */
