@@ -59,6 +59,11 @@ export interface TinkerServiceOptions {
   readonly maxModels?: number;
   /** Largest LoRA rank. Default 64. */
   readonly maxRank?: number;
+  /**
+   * Sampling sessions kept at once; opening one more closes the oldest (a run opens one per trained version and
+   * samples from the newest). Default 64.
+   */
+  readonly maxSamplers?: number;
   /** Largest request body in bytes. Default 64 MiB. */
   readonly maxBodyBytes?: number;
   /** How long `retrieve_future` holds a poll before answering `try_again`, in ms. Default 20 000. */
@@ -114,7 +119,8 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const maxRank = options.maxRank ?? 64;
   const maxBodyBytes = options.maxBodyBytes ?? 64 * 1024 * 1024;
   const pollMs = options.pollMs ?? 20_000;
-  for (const [key, value] of [['maxModels', maxModels], ['maxRank', maxRank], ['maxBodyBytes', maxBodyBytes], ['pollMs', pollMs]] as const) {
+  const maxSamplers = options.maxSamplers ?? 64;
+  for (const [key, value] of [['maxModels', maxModels], ['maxRank', maxRank], ['maxBodyBytes', maxBodyBytes], ['pollMs', pollMs], ['maxSamplers', maxSamplers]] as const) {
     if (!Number.isInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
   }
   const models = new Map<string, Model>();
@@ -215,6 +221,11 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     const adapter = snapshot === undefined ? undefined : LoraAdapter.fromWeights(options.model.config, { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS }, snapshot.weights);
     const view = adapter === undefined ? options.model : PolicyModel.withAdapter(options.model, adapter);
     samplers.set(id, { id, view, adapter, queue: Promise.resolve() });
+    if (samplers.size > maxSamplers) {
+      const [oldest] = samplers.values();
+      samplers.delete(oldest.id);
+      void oldest.queue.then(() => releaseSampler(oldest));
+    }
     return id;
   };
 
@@ -470,17 +481,19 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
         await Promise.all([...models.values(), ...samplers.values()].map((m) => m.queue.catch(() => undefined)));
         for (const m of models.values()) m.trainer.dispose();
         models.clear();
-        for (const sampler of samplers.values()) {
-          if (sampler.adapter !== undefined) {
-            sampler.view.dispose();
-            sampler.adapter.dispose();
-          }
-        }
+        for (const sampler of samplers.values()) releaseSampler(sampler);
         samplers.clear();
       });
       return closed;
     },
   };
+}
+
+/** Frees a sampler's adapter copy and its view (a base-model sampler holds nothing of its own). */
+function releaseSampler(sampler: Sampler): void {
+  if (sampler.adapter === undefined) return;
+  sampler.view.dispose();
+  sampler.adapter.dispose();
 }
 
 /** A checkpoint name: non-empty, no `/`. */

@@ -125,6 +125,25 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     await service.close();
   }, 120_000);
 
+  it('keeps maxSamplers sampling sessions: the oldest is closed when another opens', async () => {
+    const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxSamplers: 2 });
+    try {
+      const client = await TinkerClient.connect({ baseURL: svc.url, apiKey: 'unused' });
+      const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
+      const first = trainer.samplerFor(0);
+      const params = { maxTokens: 2, temperature: 1, topP: 1, seed: 1, stop: [] };
+      expect((await client.sample(first, [1, 2], 1, params)).sequences).toHaveLength(1);
+      const second = await client.samplerOf(trainer.modelId);
+      await client.samplerOf(trainer.modelId); // the third: the first is closed
+      expect((await client.sample(second, [1, 2], 1, params)).sequences).toHaveLength(1);
+      const gone = await client.sample(first, [1, 2], 1, params).catch((e: unknown) => e);
+      expect(gone).toBeInstanceOf(TinkerError);
+      expect(String(gone)).toMatch(/HTTP 404 .*no sampling session/);
+    } finally {
+      await svc.close();
+    }
+  }, 60_000);
+
   it('fails with typed errors: a service that is gone is retried then given up; a refusal is not retried', async () => {
     const gone = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
     const client = await TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 2, initialDelayMs: 1, maxDelayMs: 2 } });

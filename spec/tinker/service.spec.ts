@@ -107,9 +107,9 @@ describe("rxrl's Tinker service, through the official tinker SDK", () => {
     expect(out.ppo[0]).toBeCloseTo(-2.5, 4);
   }, 180_000);
 
-  it('samples with log-probs equal to rxrl\'s own for the same weights and seed; save_state / load_state round-trip', async () => {
+  it('samples with log-probs equal to rxrl\'s own for the same weights and seed; save_state / load_state round-trip; a client from the state', async () => {
     const prompt = [5, 17, 42, 8];
-    const out = await sdk<{ base: { tokens: number[]; logprobs: number[]; stop: string }[]; prompt: (number | null)[]; trained: number[]; restored: number[]; before: number[]; n: number }>(
+    const out = await sdk<{ base: { tokens: number[]; logprobs: number[]; stop: string }[]; prompt: (number | null)[]; trained: number[]; restored: number[]; before: number[]; n: number; from_state: number[]; rank2: number }>(
       [
         `prompt = types.ModelInput.from_ints(${JSON.stringify(prompt)})`,
         'params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)',
@@ -128,9 +128,12 @@ describe("rxrl's Tinker service, through the official tinker SDK", () => {
         '    tc.forward_backward([d], "cross_entropy").result(); tc.optim_step(types.AdamParams(learning_rate=0.05)).result()',
         'tc.load_state(saved).result()',
         'restored = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()',
+        'tc2 = sc.create_training_client_from_state_with_optimizer(saved).result()',
+        'from_state = tc2.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()',
+        'rank2 = tc2.get_info().lora_rank',
         'sampler = tc.save_weights_and_get_sampling_client()',
         'ts = sampler.sample(prompt, num_samples=1, sampling_params=params).result()',
-        'print(json.dumps({"base": [{"tokens": list(s.tokens), "logprobs": list(s.logprobs), "stop": s.stop_reason} for s in r.sequences], "prompt": [None if x is None else x for x in lp], "trained": trained, "restored": restored, "before": before, "n": len(two.sequences), "saved": saved}))',
+        'print(json.dumps({"base": [{"tokens": list(s.tokens), "logprobs": list(s.logprobs), "stop": s.stop_reason} for s in r.sequences], "prompt": [None if x is None else x for x in lp], "trained": trained, "restored": restored, "before": before, "n": len(two.sequences), "saved": saved, "from_state": from_state, "rank2": rank2}))',
       ].join('\n'),
     );
     expect(out.n).toBe(2);
@@ -148,6 +151,9 @@ describe("rxrl's Tinker service, through the official tinker SDK", () => {
     // Training moved the log-probs; loading the saved state brings back exactly the saved adapter.
     expect(out.trained).not.toEqual(out.before);
     out.restored.forEach((lp, i) => expect(lp).toBeCloseTo(out.trained[i], 5));
+    // A new training client made from the saved state (create_training_client_from_state_with_optimizer) has it too.
+    expect(out.rank2).toBe(2);
+    out.from_state.forEach((lp, i) => expect(lp).toBeCloseTo(out.trained[i], 5));
   }, 180_000);
 
   it('refuses what it does not do, with errors the SDK raises: another base model, an unknown loss, a wrong key', async () => {
