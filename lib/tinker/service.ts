@@ -30,7 +30,7 @@ import { join } from 'node:path';
 
 import * as tf from '@tensorflow/tfjs-core';
 
-import type { NamedWeights, Tokenizer } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../engine/types.js';
 import { ConfigError, ShapeError } from '../errors.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { loadSafetensors, saveSafetensors } from '../model/safetensors.js';
@@ -99,8 +99,21 @@ interface Sampler {
   readonly id: string;
   readonly view: PolicyModel;
   readonly adapter: LoraAdapter | undefined;
+  /** The tail of its generation turns. */
   queue: Promise<unknown>;
+  /** Sample requests waiting for the next turn: each turn decodes all of them as one batch. */
+  readonly waiting: SampleJob[];
 }
+
+/** One `asample` call's sequences, waiting for a sampler's turn. */
+interface SampleJob {
+  readonly requests: readonly GenerateRequest[];
+  resolve(responses: GenerateResponse[]): void;
+  reject(error: unknown): void;
+}
+
+/** Most sequences one generation turn of a sampler decodes together. */
+const MAX_SAMPLE_BATCH = 256;
 
 /**
  * Starts a Tinker-API service over `options.model`.
@@ -220,7 +233,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     const id = `ss-${randomUUID()}`;
     const adapter = snapshot === undefined ? undefined : LoraAdapter.fromWeights(options.model.config, { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS }, snapshot.weights);
     const view = adapter === undefined ? options.model : PolicyModel.withAdapter(options.model, adapter);
-    samplers.set(id, { id, view, adapter, queue: Promise.resolve() });
+    samplers.set(id, { id, view, adapter, queue: Promise.resolve(), waiting: [] });
     if (samplers.size > maxSamplers) {
       const [oldest] = samplers.values();
       samplers.delete(oldest.id);
@@ -276,26 +289,59 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     const wantPromptLogprobs = body.prompt_logprobs === true;
     const ids = Array.from({ length: n }, (_, i) => `${sampler.id}:${String(body.seq_id ?? 0)}:${i}`);
     const future = enqueue(undefined, async () => {
-      const run = sampler.queue.then(async () => {
-        const responses = await sampler.view.generate(
-          Array.from({ length: n }, (_, i) => ({
-            promptTokens: prompt,
-            maxTokens,
-            temperature,
-            topP,
-            stopTokens,
-            ...(seed === undefined ? {} : { seed: i === 0 ? seed : hashSeed(seed, 'choice', String(i)) }),
-          })),
-          { stopIds: options.tokenizer.stopIds },
-        );
-        const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
-        const promptLogprobs = wantPromptLogprobs ? scorePrompt(sampler.view, prompt) : undefined;
-        return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) } as Outcome;
-      });
-      sampler.queue = run.catch(() => undefined);
-      return run;
+      const responses = await generateOn(
+        sampler,
+        Array.from({ length: n }, (_, i) => ({
+          promptTokens: prompt,
+          maxTokens,
+          temperature,
+          topP,
+          stopTokens,
+          ...(seed === undefined ? {} : { seed: i === 0 ? seed : hashSeed(seed, 'choice', String(i)) }),
+        })),
+      );
+      const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
+      const promptLogprobs = wantPromptLogprobs ? scorePrompt(sampler.view, prompt) : undefined;
+      return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) };
     });
     return { ...future, sample_sequence_ids: ids };
+  };
+
+  /**
+   * Samples `requests` on `sampler` in its next generation turn, batched with every other call waiting then (the
+   * samples of a GRPO group, or of several clients, decode together; seeded samples do not depend on the batch).
+   */
+  const generateOn = (sampler: Sampler, requests: readonly GenerateRequest[]): Promise<GenerateResponse[]> =>
+    new Promise((resolve, reject) => {
+      sampler.waiting.push({ requests, resolve, reject });
+      if (sampler.waiting.length === 1) scheduleTurn(sampler);
+    });
+
+  /** Queues one generation turn of `sampler` over the calls waiting when it starts (up to a batch's worth). */
+  const scheduleTurn = (sampler: Sampler): void => {
+    sampler.queue = sampler.queue.then(async () => {
+      const jobs: SampleJob[] = [];
+      let size = 0;
+      while (sampler.waiting.length > 0 && (jobs.length === 0 || size + sampler.waiting[0].requests.length <= MAX_SAMPLE_BATCH)) {
+        const job = sampler.waiting.shift() as SampleJob;
+        jobs.push(job);
+        size += job.requests.length;
+      }
+      if (sampler.waiting.length > 0) scheduleTurn(sampler);
+      try {
+        const out = await sampler.view.generate(
+          jobs.flatMap((job) => job.requests),
+          { stopIds: options.tokenizer.stopIds },
+        );
+        let at = 0;
+        for (const job of jobs) {
+          job.resolve(out.slice(at, at + job.requests.length));
+          at += job.requests.length;
+        }
+      } catch (error) {
+        for (const job of jobs) job.reject(error);
+      }
+    });
   };
 
   const saveState = (body: Record<string, unknown>): unknown => {

@@ -75,23 +75,40 @@ export class TinkerTrainer {
     if (!(TINKER_LOSSES as readonly string[]).includes(loss)) {
       throw new ConfigError(`unknown loss_fn '${loss}'; this service computes ${TINKER_LOSSES.join(', ')}`, { context: { key: 'loss_fn' } });
     }
+    const inputs = data.map((datum, index) => datumInputs(datum, loss as TinkerLoss, index, this.base.config.vocabSize));
     const outputs: ForwardResult['outputs'] = [];
     let total = 0;
-    data.forEach((datum, index) => {
-      const inputs = datumInputs(datum, loss as TinkerLoss, index, this.base.config.vocabSize);
-      const T = datum.tokens.length;
+    for (const chunk of chunksOf(data, this.base.config.vocabSize)) {
+      const rows = chunk.map((index) => ({ datum: data[index], inputs: inputs[index] }));
+      const B = rows.length;
+      const T = Math.max(...rows.map((r) => r.datum.tokens.length));
+      // Right-padded: a causal model's real positions never see the padding, and padded positions weigh 0.
+      const ids = new Int32Array(B * T);
+      const mask = new Float32Array(B * T);
+      const targets = new Int32Array(B * T);
+      const a = new Float32Array(B * T); // weights (cross_entropy) or advantages
+      const old = new Float32Array(B * T); // sampler log-probs (importance_sampling, ppo)
+      rows.forEach(({ datum, inputs: x }, b) => {
+        datum.tokens.forEach((token, t) => {
+          ids[b * T + t] = token;
+          mask[b * T + t] = 1;
+          targets[b * T + t] = x.targets[t];
+          a[b * T + t] = (x.weights ?? x.advantages)![t];
+          if (x.logprobs) old[b * T + t] = x.logprobs[t];
+        });
+      });
       const compute = (): { loss: tf.Scalar; logp: tf.Tensor1D; elementwise: tf.Tensor1D } => {
-        const ids = tf.tensor2d(Int32Array.from(datum.tokens), [1, T], 'int32');
-        const mask = tf.ones([1, T]) as tf.Tensor2D;
-        const positions = tf.tensor2d(Int32Array.from({ length: T }, (_, i) => i), [1, T], 'int32');
-        const logits = this.view.logits(ids, mask, positions); // [1, T, V]
+        const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+        const logits = this.view.logits(tf.tensor2d(ids, [B, T], 'int32'), tf.tensor2d(mask, [B, T]), positions); // [B, T, V]
         const V = logits.shape[2];
-        const logSoft = tf.logSoftmax(tf.reshape(logits, [T, V])); // [T, V]
-        const oneHot = tf.cast(tf.oneHot(tf.tensor1d(Int32Array.from(inputs.targets), 'int32'), V), 'float32'); // [T, V]
-        const logp = tf.sum(tf.mul(logSoft, oneHot), -1) as tf.Tensor1D; // [T]
-        const elementwise = elementwiseLoss(loss as TinkerLoss, logp, inputs, config);
+        const logSoft = tf.logSoftmax(tf.reshape(logits, [B * T, V]));
+        const oneHot = tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32');
+        const logp = tf.sum(tf.mul(logSoft, oneHot), -1) as tf.Tensor1D; // [B*T]
+        const elementwise = tf.mul(elementwiseLoss(loss as TinkerLoss, logp, tf.tensor1d(a), tf.tensor1d(old), config), tf.tensor1d(mask)) as tf.Tensor1D;
         return { loss: tf.sum(elementwise) as tf.Scalar, logp, elementwise };
       };
+      let logp: Float32Array;
+      let elementwise: Float32Array;
       if (backward) {
         let kept: { logp: tf.Tensor1D; elementwise: tf.Tensor1D } | undefined;
         const { value, grads } = tf.variableGrads(() => {
@@ -102,7 +119,8 @@ export class TinkerTrainer {
         total += value.dataSync()[0];
         value.dispose();
         this.addGrads(grads);
-        outputs.push({ logprobs: kept!.logp.dataSync() as Float32Array, elementwise_loss: kept!.elementwise.dataSync() as Float32Array });
+        logp = kept!.logp.dataSync() as Float32Array;
+        elementwise = kept!.elementwise.dataSync() as Float32Array;
         tf.dispose([kept!.logp, kept!.elementwise]);
       } else {
         const out = tf.tidy(() => {
@@ -110,10 +128,15 @@ export class TinkerTrainer {
           return [r.loss, r.logp, r.elementwise] as const;
         });
         total += out[0].dataSync()[0];
-        outputs.push({ logprobs: out[1].dataSync() as Float32Array, elementwise_loss: out[2].dataSync() as Float32Array });
+        logp = out[1].dataSync() as Float32Array;
+        elementwise = out[2].dataSync() as Float32Array;
         tf.dispose([...out]);
       }
-    });
+      rows.forEach(({ datum }, b) => {
+        const n = datum.tokens.length;
+        outputs[chunk[b]] = { logprobs: logp.slice(b * T, b * T + n), elementwise_loss: elementwise.slice(b * T, b * T + n) };
+      });
+    }
     return { outputs, metrics: { 'loss:sum': total } };
   }
 
@@ -248,10 +271,34 @@ function datumInputs(datum: WireDatum, loss: TinkerLoss, index: number, vocabSiz
   return { targets, logprobs: floats('logprobs'), advantages: floats('advantages') };
 }
 
-function elementwiseLoss(loss: TinkerLoss, logp: tf.Tensor1D, inputs: DatumInputs, config: Readonly<Record<string, number | string>>): tf.Tensor1D {
-  if (loss === 'cross_entropy') return tf.neg(tf.mul(logp, tf.tensor1d(inputs.weights!))) as tf.Tensor1D;
-  const advantages = tf.tensor1d(inputs.advantages!);
-  const ratio = tf.exp(tf.sub(logp, tf.tensor1d(inputs.logprobs!)));
+/** Datums decoded together: at most 64, and their padded positions times the vocabulary within 2^25 floats. */
+function chunksOf(data: readonly WireDatum[], vocabSize: number): number[][] {
+  const budget = 2 ** 25;
+  const chunks: number[][] = [];
+  let chunk: number[] = [];
+  let longest = 0;
+  data.forEach((datum, index) => {
+    const T = Math.max(longest, datum.tokens.length);
+    if (chunk.length > 0 && (chunk.length >= 64 || (chunk.length + 1) * T * vocabSize > budget)) {
+      chunks.push(chunk);
+      chunk = [];
+      longest = 0;
+    }
+    chunk.push(index);
+    longest = Math.max(longest, datum.tokens.length);
+  });
+  if (chunk.length > 0) chunks.push(chunk);
+  return chunks;
+}
+
+/**
+ * The loss at each position: `a` holds the weights (`cross_entropy`) or the advantages, `old` the sampler's
+ * log-probs.
+ */
+function elementwiseLoss(loss: TinkerLoss, logp: tf.Tensor1D, a: tf.Tensor1D, old: tf.Tensor1D, config: Readonly<Record<string, number | string>>): tf.Tensor1D {
+  if (loss === 'cross_entropy') return tf.neg(tf.mul(logp, a)) as tf.Tensor1D;
+  const advantages = a;
+  const ratio = tf.exp(tf.sub(logp, old));
   if (loss === 'importance_sampling') return tf.neg(tf.mul(ratio, advantages)) as tf.Tensor1D;
   const low = typeof config.clip_low_threshold === 'number' ? config.clip_low_threshold : 0.8;
   const high = typeof config.clip_high_threshold === 'number' ? config.clip_high_threshold : 1.2;
