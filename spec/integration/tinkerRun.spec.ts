@@ -5,12 +5,13 @@
  * a run that waits for the restarted service and goes on from its last checkpoint, training exactly what an
  * uninterrupted run trains.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
@@ -25,6 +26,7 @@ import { loadRollout } from '../../pipelines/parts/data.js';
 import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from '../checkpoint/tinyRun.js';
 
+const execFileAsync = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const cli = join(root, 'dist', 'lib', 'cli.js');
 let tokenizer: Tokenizer;
@@ -146,6 +148,30 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
     expect(all.map((l) => l.version)).toEqual([1, 2, 3, 4, 5]);
     const trajectories = all.flatMap((l) => l.trajectoryIds);
     expect(new Set(trajectories).size).toBe(trajectories.length);
+    await service.close();
+  }, 120_000);
+
+  it('runs from the CLI: rxrl run with the service from TINKER_BASE_URL and its key from TINKER_API_KEY', async () => {
+    service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', apiKey: 'tml-secret' });
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-cli-'));
+    const file = join(dir, 'recipe.json');
+    const values = {
+      run: { dir: join(dir, 'run'), seed: 3, steps: 2, backend: 'cpu' },
+      data: { source: 'bundled', task: { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 2 } },
+      model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
+      rollout: { groupSize: 2 },
+      sync: { batchSize: 2 },
+      trainer: { backend: 'tinker' },
+      tinker: { baseModel: 'tiny', rank: 2 },
+    };
+    await writeFile(file, JSON.stringify(values));
+    const env = { ...process.env, TINKER_BASE_URL: service.url, TINKER_API_KEY: 'tml-secret', RXRL_LOG_LEVEL: 'silent' };
+    const { stdout } = await execFileAsync(process.execPath, [cli, 'run', file], { env, timeout: 60_000 });
+    expect(JSON.parse(stdout.trim().split('\n').at(-1) ?? '')).toMatchObject({ steps: 2, failedSamples: 0 });
+    // A wrong key is the service's 401: a typed error, exit code 1.
+    const refused = await execFileAsync(process.execPath, [cli, 'run', file, '--set', 'resume.mode=disable'], { env: { ...env, TINKER_API_KEY: 'tml-wrong' }, timeout: 60_000 }).catch((e: unknown) => e);
+    expect((refused as { code?: number }).code).toBe(1);
+    expect(String((refused as { stderr?: string }).stderr)).toMatch(/TinkerError.*401/);
     await service.close();
   }, 120_000);
 
