@@ -64,6 +64,10 @@ export interface TinkerServiceOptions {
    * samples from the newest). Default 64.
    */
   readonly maxSamplers?: number;
+  /** Requests queued or running at once, over every client; one more is refused with 429. Default 1024. */
+  readonly maxInFlight?: number;
+  /** Finished requests whose results are kept until polled; past this the oldest is dropped. Default 4096. */
+  readonly maxFinished?: number;
   /** Largest request body in bytes. Default 64 MiB. */
   readonly maxBodyBytes?: number;
   /** How long `retrieve_future` holds a poll before answering `try_again`, in ms. Default 20 000. */
@@ -133,7 +137,9 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   const maxBodyBytes = options.maxBodyBytes ?? 64 * 1024 * 1024;
   const pollMs = options.pollMs ?? 20_000;
   const maxSamplers = options.maxSamplers ?? 64;
-  for (const [key, value] of [['maxModels', maxModels], ['maxRank', maxRank], ['maxBodyBytes', maxBodyBytes], ['pollMs', pollMs], ['maxSamplers', maxSamplers]] as const) {
+  const maxInFlight = options.maxInFlight ?? 1024;
+  const maxFinished = options.maxFinished ?? 4096;
+  for (const [key, value] of [['maxModels', maxModels], ['maxRank', maxRank], ['maxBodyBytes', maxBodyBytes], ['pollMs', pollMs], ['maxSamplers', maxSamplers], ['maxInFlight', maxInFlight], ['maxFinished', maxFinished]] as const) {
     if (!Number.isInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
   }
   const models = new Map<string, Model>();
@@ -142,6 +148,9 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
   /** Named sampler weights (`tinker://<model>/sampler_weights/<name>`): adapter weights and rank. */
   const samplerWeights = new Map<string, { weights: NamedWeights; rank: number }>();
   const futures = new Map<string, Promise<Outcome>>();
+  /** Requests whose future settled, oldest first (their results wait for a poll). */
+  const finished: string[] = [];
+  let inFlight = 0;
   const sessions = new Set<string>();
   let modelSeed = 0;
 
@@ -156,7 +165,14 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
         return { error: error instanceof Error ? error.message : String(error), category: user ? 'user' : 'server' };
       }
     };
-    const outcome = model === undefined ? run() : model.queue.then(run);
+    if (inFlight >= maxInFlight) throw new RequestError(429, `${maxInFlight} requests are in flight; retry later`);
+    inFlight++;
+    const outcome = (model === undefined ? run() : model.queue.then(run)).finally(() => {
+      inFlight--;
+      // Results nobody polls for are kept for the newest maxFinished requests only.
+      finished.push(id);
+      while (finished.length > maxFinished) futures.delete(finished.shift() as string);
+    });
     if (model !== undefined) model.queue = outcome;
     futures.set(id, outcome);
     return { request_id: id, ...(model ? { model_id: model.id } : {}) };

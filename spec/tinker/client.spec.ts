@@ -3,6 +3,9 @@
  * pointed at rxrl's Tinker service matches the same pipeline with the embedded `GrpoTrainer` and `LocalEngine` on
  * the same LoRA adapter (same initialization, same seeds): losses and rollout log-probs within float32 tolerance.
  */
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
 import { lastValueFrom, toArray } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
@@ -13,7 +16,7 @@ import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { EngineError, RetriesExhaustedError } from '../../lib/errors.js';
-import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError } from '../../lib/tinker/client.js';
+import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerServiceLost } from '../../lib/tinker/client.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
@@ -143,6 +146,54 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
       await svc.close();
     }
   }, 60_000);
+
+  it('bounds the requests in flight: one more is a 429, not retried (it changes state)', async () => {
+    const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxInFlight: 1 });
+    try {
+      const client = await TinkerClient.connect({ baseURL: svc.url, apiKey: 'unused' });
+      const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
+      const params = { maxTokens: 12, temperature: 1, topP: 1, seed: 1, stop: [] };
+      const both = await Promise.all([0, 1].map(() => client.sample(trainer.samplerFor(0), [1, 2], 8, params).catch((e: unknown) => e)));
+      const refused = both.filter((r) => r instanceof TinkerError);
+      expect(refused).toHaveLength(1);
+      expect(String(refused[0])).toMatch(/HTTP 429 .*1 requests are in flight/);
+      expect(both.filter((r) => !(r instanceof Error))).toHaveLength(1);
+    } finally {
+      await svc.close();
+    }
+  }, 60_000);
+
+  it('a future that never finishes fails after futureTimeoutMs; a 503 on a read is retried', async () => {
+    // A service that hangs cannot be had from rxrl's own on demand: this one accepts requests and never finishes
+    // them (every poll is try_again), and answers its first create_session with a 503.
+    let sessions = 0;
+    const server = createServer((req, res) => {
+      const send = (status: number, body: unknown): void => {
+        res.writeHead(status, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(body));
+      };
+      req.resume();
+      req.on('end', () => {
+        if (req.url === '/api/v1/create_session' && sessions++ === 0) return send(503, { detail: 'warming up' });
+        if (req.url === '/api/v1/create_session') return send(200, { session_id: 'stuck' });
+        if (req.url === '/api/v1/retrieve_future') return send(200, { type: 'try_again' });
+        if (req.url === '/api/v1/create_model') return send(200, { request_id: 'never' });
+        send(200, {});
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    try {
+      const client = await TinkerClient.connect({ baseURL: url, apiKey: 'unused', futureTimeoutMs: 300, retry: { retries: 2, initialDelayMs: 1 } });
+      expect(sessions).toBe(2);
+      const stuck = await client.createLoraModel('tiny', RANK).catch((e: unknown) => e);
+      expect(stuck).toBeInstanceOf(TinkerError);
+      expect(String(stuck)).toMatch(/request never did not finish within 300 ms/);
+      expect(tinkerServiceLost(stuck)).toBe(true);
+    } finally {
+      server.close();
+    }
+  });
 
   it('fails with typed errors: a service that is gone is retried then given up; a refusal is not retried', async () => {
     const gone = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
