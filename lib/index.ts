@@ -285,7 +285,7 @@ export { Session, SessionStore, sessionSamples } from './serve/sessions.js';
 export { tinkerService } from './tinker/service.js';
 export type { TinkerService, TinkerServiceOptions } from './tinker/service.js';
 export { TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
-export { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError } from './tinker/client.js';
+export { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from './tinker/client.js';
 export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/client.js';
 export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
 export type { Drift, ExportMode, RecordedCall, RecordedChoice, SessionDefaults, SessionLimits, SessionTrajectory } from './serve/sessions.js';
@@ -377,8 +377,9 @@ export {
   removeUnfinishedCheckpoints,
   resumeCheckpoint,
   saveCheckpoint,
+  TINKER_STATE_FILE,
   verifyCheckpoint,
 } from './checkpoint/checkpoint.js';
-export type { BufferedSample, Checkpoint, CheckpointFiles, CheckpointState } from './checkpoint/checkpoint.js';
+export type { BufferedSample, Checkpoint, CheckpointFiles, CheckpointState, CheckpointTinker, TinkerStateRef } from './checkpoint/checkpoint.js';
 export { RUN_LOCK_FILE, acquireRunLock, withRunLock } from './checkpoint/runLock.js';
 export type { RunLock, RunLockHolder, RunLockOptions } from './checkpoint/runLock.js';
