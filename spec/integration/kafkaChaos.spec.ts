@@ -6,7 +6,7 @@
  * every step, and the step and metric records continue where the checkpoint left off.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -19,6 +19,7 @@ import type { StalenessMode } from '../../lib/sync/gate.js';
 import { groupIdOf } from '../../operators/rollout.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
 import { brokers, uniqueName } from '../kafka/helpers.js';
+import { jsonLines, type TrainedLine } from '../helpers/runDir.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const cli = join(root, 'dist/lib/cli.js');
@@ -27,21 +28,6 @@ const BATCH = 2;
 const SEED = 11;
 const TASK = { transform: 'reverse', alphabet: 'abcd', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
-interface TrainedLine {
-  step: number;
-  version: number;
-  groups: string[];
-  trajectoryIds: string[];
-  policyVersions: number[];
-}
-
-function jsonLines<T>(file: string): T[] {
-  if (!existsSync(file)) return [];
-  return readFileSync(file, 'utf8')
-    .split('\n')
-    .filter((line) => line.trim() !== '')
-    .map((line) => JSON.parse(line) as T);
-}
 
 interface Proc {
   readonly child: ChildProcess;

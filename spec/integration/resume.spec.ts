@@ -1,32 +1,17 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { readFileSync, readdirSync, rmSync } from 'node:fs';
 import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
+import { trainedLines } from '../helpers/runDir.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const cli = join(root, 'dist', 'lib', 'cli.js');
 const TASK = { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
-interface TrainedLine {
-  step: number;
-  version: number;
-  taskIds: string[];
-  trajectoryIds: string[];
-  policyVersions: number[];
-}
-
-function trainedLines(runDir: string): TrainedLine[] {
-  const file = join(runDir, 'trained.jsonl');
-  if (!existsSync(file)) return [];
-  return readFileSync(file, 'utf8')
-    .split('\n')
-    .filter((line) => line.trim() !== '')
-    .map((line) => JSON.parse(line) as TrainedLine);
-}
 
 function start(recipe: string): { child: ChildProcess; done: Promise<{ code: number | null; stdout: string; stderr: string }> } {
   const child = spawn(process.execPath, [cli, 'run', recipe], { stdio: ['ignore', 'pipe', 'pipe'] });

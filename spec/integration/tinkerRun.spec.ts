@@ -25,6 +25,7 @@ import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { loadRollout } from '../../pipelines/parts/data.js';
 import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from '../checkpoint/tinyRun.js';
+import { trainedLines } from '../helpers/runDir.js';
 
 const execFileAsync = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -33,20 +34,6 @@ let tokenizer: Tokenizer;
 let base: PolicyModel;
 let modelDir: string;
 
-interface TrainedLine {
-  step: number;
-  version: number;
-  taskIds: string[];
-  trajectoryIds: string[];
-  policyVersions: number[];
-}
-
-function trainedLines(runDir: string): TrainedLine[] {
-  return readFileSync(join(runDir, 'trained.jsonl'), 'utf8')
-    .split('\n')
-    .filter((line) => line.trim() !== '')
-    .map((line) => JSON.parse(line) as TrainedLine);
-}
 
 /** Each step's policy loss from metrics.jsonl (the lines of trained steps). */
 function losses(runDir: string): number[] {
