@@ -4,18 +4,19 @@
  * `runTraining` with `trainer.backend: local` (GrpoTrainer + LocalEngine on the adapter) and with
  * `trainer.backend: tinker` against rxrl's Tinker service in this process (the same TF.js backend; HTTP, protobuf,
  * futures and sampling sessions between them). Runs alternate, `--rounds` of each, so the machine's noise falls on
- * both alike. Prints one JSON line per run and a summary (`bench: "tinker-summary"`) with the median seconds per step
- * and the ratio.
+ * both alike; round r uses seed r + 1 on both sides (same base, same adapter initialization, same sampling seeds).
+ * Prints one JSON line per run (seconds per step, held-out reward before and after) and a summary
+ * (`bench: "tinker-summary"`) with the median seconds per step, the ratio and each seed's held-out rewards.
  *
- * Run: `npm run bench -- tinker [--steps 10] [--rounds 3] [--rank 8] [--backend auto]`.
+ * Run: `npm run bench -- tinker [--steps 10] [--rounds 3] [--rank 8] [--lr 0.02] [--backend auto]`.
  *
  * @packageDocumentation
  */
 import { loadConfig } from '../lib/config/schema.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
-import { PolicyModel } from '../lib/model/transformer.js';
 import { tinkerService } from '../lib/tinker/service.js';
+import { initialModel } from '../pipelines/parts/policy.js';
 import { runTraining } from '../pipelines/run.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { median } from './_stats.js';
@@ -33,40 +34,72 @@ export async function main(args: readonly string[]): Promise<void> {
   const steps = Number(flag(args, 'steps', '10'));
   const rounds = Number(flag(args, 'rounds', '3'));
   const rank = Number(flag(args, 'rank', '8'));
+  const learningRate = Number(flag(args, 'lr', '0.02'));
   const backend = await initBackend(flag(args, 'backend', 'auto') as BackendName, { logger: { info: () => undefined } });
-  const seed = 1;
-  const tokenizer = new CharTokenizer(stringTransformTask({ ...TASK, seed }).characters);
-  const base = PolicyModel.create({ vocabSize: tokenizer.vocabSize, ...MODEL }, seed);
-  const service = await tinkerService({ model: base, tokenizer, baseModel: 'reverse-base' });
-  const common = {
-    run: { dir: null, seed, steps, backend },
-    data: { source: 'bundled', task: TASK },
-    model: MODEL,
-    rollout: { groupSize: 8 },
-    sync: { mode: 'sync', batchSize: 8 },
-    validation: { beforeTrain: false },
-    checkpoint: { every: 0 },
-  };
-  const recipes = {
-    local: { ...common, trainer: { learningRate: 0.02 }, policies: [{ name: 'policy', specialization: 'lora', lora: { rank, alpha: rank } }] },
-    tinker: { ...common, trainer: { backend: 'tinker', learningRate: 0.02 }, tinker: { baseUrl: service.url, baseModel: 'reverse-base', rank } },
-  } as const;
-  const perStep: Record<keyof typeof recipes, number[]> = { local: [], tinker: [] };
-  try {
-    for (let round = 0; round < rounds; round++) {
+  const perStep = { local: [] as number[], tinker: [] as number[] };
+  const rewards: { seed: number; local: [number, number | null]; tinker: [number, number | null] }[] = [];
+  for (let round = 0; round < rounds; round++) {
+    // Round r is seed r + 1 on both sides: the same base model, the same adapter initialization (the service
+    // seeds its first client's adapter as a run seeds its LoRA policy's), the same sampling seeds.
+    const seed = round + 1;
+    const tokenizer = new CharTokenizer(stringTransformTask({ ...TASK, seed }).characters);
+    const common = {
+      run: { dir: null, seed, steps, backend },
+      data: { source: 'bundled', task: TASK },
+      model: MODEL,
+      rollout: { groupSize: 8 },
+      sync: { mode: 'sync', batchSize: 8 },
+      checkpoint: { every: 0 },
+    };
+    const { model: base } = await initialModel(loadConfig({ env: {}, values: common }).model, undefined, tokenizer.vocabSize, seed);
+    const service = await tinkerService({ model: base, tokenizer, baseModel: 'reverse-base', seed: seed + 1 });
+    const recipes = {
+      local: { ...common, trainer: { learningRate }, policies: [{ name: 'policy', specialization: 'lora', lora: { rank, alpha: rank } }] },
+      tinker: { ...common, trainer: { backend: 'tinker', learningRate }, tinker: { baseUrl: service.url, baseModel: 'reverse-base', rank } },
+    };
+    const row = { seed, local: [0, null] as [number, number | null], tinker: [0, null] as [number, number | null] };
+    try {
       for (const kind of ['local', 'tinker'] as const) {
-        // summary.seconds is the training loop's alone (the validation after it is not counted).
+        // summary.seconds is the training loop's alone (validation before and after is not counted).
         const summary = await runTraining(loadConfig({ env: {}, values: recipes[kind] }));
         const secondsPerStep = summary.seconds / summary.steps;
         perStep[kind].push(secondsPerStep);
-        console.log(JSON.stringify({ bench: 'tinker', round, trainer: kind, backend, steps: summary.steps, seconds: summary.seconds, secondsPerStep: Number(secondsPerStep.toFixed(4)), reward: summary.lastStep['rollout/reward_mean'] }));
+        row[kind] = [summary.valRewardInitial ?? Number.NaN, summary.valRewardFinal];
+        console.log(
+          JSON.stringify({
+            bench: 'tinker',
+            seed,
+            trainer: kind,
+            backend,
+            steps: summary.steps,
+            seconds: summary.seconds,
+            secondsPerStep: Number(secondsPerStep.toFixed(4)),
+            valRewardInitial: summary.valRewardInitial,
+            valRewardFinal: summary.valRewardFinal,
+          }),
+        );
       }
+    } finally {
+      await service.close();
+      base.dispose();
     }
-    const local = median(perStep.local);
-    const tinker = median(perStep.tinker);
-    console.log(JSON.stringify({ bench: 'tinker-summary', backend, steps, rounds, rank, samplesPerStep: 64, localSecondsPerStep: Number(local.toFixed(4)), tinkerSecondsPerStep: Number(tinker.toFixed(4)), tinkerOverLocal: Number((tinker / local).toFixed(3)) }));
-  } finally {
-    await service.close();
-    base.dispose();
+    rewards.push(row);
   }
+  const local = median(perStep.local);
+  const tinker = median(perStep.tinker);
+  console.log(
+    JSON.stringify({
+      bench: 'tinker-summary',
+      backend,
+      steps,
+      rounds,
+      rank,
+      learningRate,
+      samplesPerStep: 64,
+      localSecondsPerStep: Number(local.toFixed(4)),
+      tinkerSecondsPerStep: Number(tinker.toFixed(4)),
+      tinkerOverLocal: Number((tinker / local).toFixed(3)),
+      valReward: rewards,
+    }),
+  );
 }
