@@ -336,7 +336,12 @@ class TrainerRun {
     return {
       run: this.run,
       index,
-      minVersion: this.ordered ? Math.max(0, this.startVersion + Math.floor(index / config.batchSize) - this.eta) : this.startVersion,
+      // Ordered modes: the version the task's admission batch may be η behind. Fully-async: the version published
+      // when the task was admitted, as an in-process engine would sample it — a worker still loading older weights
+      // waits rather than widening the staleness by its own lag.
+      minVersion: this.ordered
+        ? Math.max(0, this.startVersion + Math.floor(index / config.batchSize) - this.eta)
+        : Math.min(...this.lanes.map((lane) => lane.version)),
       samples: config.groupSize,
       sampling: { maxTokens: config.maxTokens, temperature: config.temperature ?? 1, topP: config.topP ?? 1, seed: config.seed ?? 0 },
       task,
