@@ -61,6 +61,26 @@ export interface FromKafkaOptions<T> {
 /** Consecutive failed commits (each retried by kafkajs) after which the stream errors. */
 const MAX_COMMIT_FAILURES = 5;
 
+/** kafkajs's messages (its non-retriable wrapper keeps only the message) for a member the group has moved past. */
+const REBALANCE_MESSAGE = /coordinator is not aware of this member|group is rebalancing|generation id is not valid/i;
+const REBALANCE_TYPES = new Set(['UNKNOWN_MEMBER_ID', 'REBALANCE_IN_PROGRESS', 'ILLEGAL_GENERATION']);
+
+/**
+ * Whether a failed commit failed because the group rebalanced past this member (a stall longer than its session,
+ * say): kafkajs rejoins by itself, and the offsets not committed are delivered again to the partitions' owners —
+ * at-least-once, as designed — so such failures do not count towards giving up.
+ *
+ * @internal
+ */
+export function isRebalanceCommitError(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e !== undefined && e !== null && depth < 4; e = (e as { cause?: unknown }).cause, depth++) {
+    const { type, message } = e as { type?: unknown; message?: unknown };
+    if (typeof type === 'string' && REBALANCE_TYPES.has(type)) return true;
+    if (typeof message === 'string' && REBALANCE_MESSAGE.test(message)) return true;
+  }
+  return false;
+}
+
 /**
  * Consumes Kafka topics as a stream of {@link KafkaRecord}s, with backpressure and at-least-once delivery.
  *
@@ -150,8 +170,9 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
           commitFailures = 0;
           emit('kafka.commit', { offsets });
         } catch (error) {
-          commitFailures++;
-          emit('kafka.commit_failed', { error: String(error), failures: commitFailures });
+          const rebalance = isRebalanceCommitError(error);
+          if (!rebalance) commitFailures++;
+          emit('kafka.commit_failed', { error: String(error), failures: commitFailures, rebalance });
           if (commitFailures >= MAX_COMMIT_FAILURES) {
             fail(new KafkaBridgeError(`offset commit failed ${commitFailures} times in a row: ${String(error)}`, { cause: error }));
           }
