@@ -248,8 +248,8 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
   return { backend, data, evaluator, worker, tokenizer, checkpoint, initial, runDir };
 }
 
-/** Told of each checkpoint saved: its path, step and pending tasks. */
-export type SavedCheckpoint = (path: string, step: number, pending: number) => void;
+/** Called with each checkpoint saved (its path, step and pending tasks): prunes the older ones, logs, records it. */
+export type SavedCheckpoint = (path: string, step: number, pending: number) => Promise<void>;
 
 /** What a single-agent run trains with: its policy's models, engine, trainer and ledger. */
 export interface RunParts {
@@ -272,9 +272,11 @@ export interface RunParts {
  * Whatever is built is released if a later part fails.
  */
 async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, runDir: string | undefined, memo: RunMemo): Promise<RunParts> {
-  const onSaved = (path: string, step: number, pending: number): void => {
+  const onSaved: SavedCheckpoint = async (path, step, pending) => {
+    if (runDir) await pruneCheckpoints(runDir, config.checkpoint.keepLast);
     memo.saved = path;
-    logSaved(options, path, step, pending);
+    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path, step, pending }, 'checkpoint saved');
+    options.log?.(`checkpoint ${path}`);
   };
   if (config.trainer.backend === 'tinker') return tinkerParts(config, options, setup, runDir, onSaved);
   const { checkpoint, tokenizer } = setup;
@@ -335,12 +337,6 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
   }
 }
 
-/** Logs a saved checkpoint. */
-function logSaved(options: RunTrainingOptions, path: string, step: number, pending: number): void {
-  moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path, step, pending }, 'checkpoint saved');
-  options.log?.(`checkpoint ${path}`);
-}
-
 /** A checkpoint of a full model cannot resume a LoRA policy, nor the other way round; a Tinker one neither. */
 function checkCheckpointKind(checkpoint: Checkpoint | undefined, lora: boolean): void {
   if (checkpoint?.tinker !== undefined) {
@@ -396,8 +392,7 @@ async function checkpointWriter(
       model: lora ? { lora: lora.adapter.lora, weights: policy.getWeights(), baseDir: baseDir ?? null } : { config: policy.config, weights: policy.getWeights(), ...files },
       optimizer: await trainer.optimizerState(),
     });
-    await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-    parts.onSaved(path, trainer.step, pendingTasks.length);
+    await parts.onSaved(path, trainer.step, pendingTasks.length);
   };
 }
 

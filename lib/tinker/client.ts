@@ -126,11 +126,6 @@ export class TinkerClient {
     return path;
   }
 
-  /** Whether the service answers its health check now (`GET /api/v1/healthz`, 5 s at most). */
-  async healthy(signal?: AbortSignal): Promise<boolean> {
-    return tinkerHealthy(this.options, signal);
-  }
-
   /** `forward_backward` (or `forward` with `forwardOnly`) of datums under `lossFn`. */
   async forwardBackward(
     modelId: string,

@@ -184,24 +184,39 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
     return model;
   };
 
-  const createModel = (body: Record<string, unknown>): unknown => {
+  /**
+   * Checks what a new training client needs — its session, the base model (which a client made from a state may
+   * leave out), room for one more, a free id — and returns its id `{session}:train:{seq}`.
+   */
+  const newModelId = (body: Record<string, unknown>, baseOptional: boolean): string => {
     const session = String(body.session_id ?? '');
     if (!sessions.has(session)) throw new RequestError(404, `no session '${session}'`);
-    if (body.base_model !== options.baseModel) {
-      throw new RequestError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
+    const base = body.base_model;
+    if (!(baseOptional && (base === undefined || base === null)) && base !== options.baseModel) {
+      throw new RequestError(400, `this service trains '${options.baseModel}', not '${String(base)}'`);
     }
+    if (models.size >= maxModels) throw new RequestError(429, `${maxModels} training clients are open`);
+    const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
+    if (models.has(id)) throw new RequestError(409, `training client '${id}' exists`);
+    return id;
+  };
+
+  /** Registers a training client; its first request (the creation's future) answers `result`. */
+  const addModel = (id: string, trainer: TinkerTrainer, result: unknown): unknown => {
+    const model: Model = { id, trainer, queue: Promise.resolve() };
+    models.set(id, model);
+    return enqueue(model, () => ({ json: result }));
+  };
+
+  const createModel = (body: Record<string, unknown>): unknown => {
+    const id = newModelId(body, false);
     const lora = body.lora_config as { rank?: unknown } | undefined | null;
     if (lora === undefined || lora === null) throw new RequestError(400, 'full fine-tuning is not supported: give lora_config');
     const rank = lora.rank;
     if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < 1 || rank > maxRank) {
       throw new RequestError(400, `lora_config.rank must be an integer in [1, ${maxRank}]`);
     }
-    if (models.size >= maxModels) throw new RequestError(429, `${maxModels} training clients are open`);
-    const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
-    if (models.has(id)) throw new RequestError(409, `training client '${id}' exists`);
-    const model: Model = { id, trainer: new TinkerTrainer(options.model, rank, (options.seed ?? 0) + modelSeed++), queue: Promise.resolve() };
-    models.set(id, model);
-    return enqueue(model, () => ({ json: { model_id: id, type: 'create_model' } }));
+    return addModel(id, new TinkerTrainer(options.model, rank, (options.seed ?? 0) + modelSeed++), { model_id: id, type: 'create_model' });
   };
 
   const getInfo = (body: Record<string, unknown>): unknown => {
@@ -406,17 +421,11 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
 
   /** `load_weights` addressed by session: a new training client whose rank and weights come from the state. */
   const createFromState = async (body: Record<string, unknown>): Promise<unknown> => {
-    const session = String(body.session_id ?? '');
-    if (!sessions.has(session)) throw new RequestError(404, `no session '${session}'`);
-    if (body.base_model !== undefined && body.base_model !== null && body.base_model !== options.baseModel) {
-      throw new RequestError(400, `this service trains '${options.baseModel}', not '${String(body.base_model)}'`);
-    }
-    if (models.size >= maxModels) throw new RequestError(429, `${maxModels} training clients are open`);
-    const id = `${session}:train:${String(body.model_seq_id ?? models.size)}`;
-    if (models.has(id)) throw new RequestError(409, `training client '${id}' exists`);
+    newModelId(body, true);
     const state = await readState(body.path);
     if (!Number.isInteger(state.rank) || state.rank < 1 || state.rank > maxRank) throw new RequestError(400, `the state at '${String(body.path)}' has no valid rank`);
-    if (models.size >= maxModels || models.has(id)) throw new RequestError(409, `training client '${id}' exists or ${maxModels} are open`);
+    // Checked again: other clients may have been made while the state was read.
+    const id = newModelId(body, true);
     const trainer = new TinkerTrainer(options.model, state.rank, (options.seed ?? 0) + modelSeed++);
     try {
       trainer.restore(state.weights, body.optimizer === true);
@@ -424,9 +433,7 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
       trainer.dispose();
       throw error;
     }
-    const model: Model = { id, trainer, queue: Promise.resolve() };
-    models.set(id, model);
-    return enqueue(model, () => ({ json: { path: body.path, type: 'load_weights' } }));
+    return addModel(id, trainer, { path: body.path, type: 'load_weights' });
   };
 
   const retrieve = async (body: Record<string, unknown>, res: ServerResponse): Promise<void> => {

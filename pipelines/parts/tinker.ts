@@ -6,7 +6,7 @@
  *
  * @packageDocumentation
  */
-import { saveCheckpoint, pruneCheckpoints } from '../../lib/checkpoint/checkpoint.js';
+import { saveCheckpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/errors.js';
 import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from '../../lib/tinker/client.js';
@@ -52,8 +52,7 @@ export async function tinkerParts(
       buffered,
       model: { tinker: { path: state, baseModel, rank } },
     });
-    await pruneCheckpoints(runDir, config.checkpoint.keepLast);
-    onSaved(path, step, pendingTasks.length);
+    await onSaved(path, step, pendingTasks.length);
   });
   return {
     policy: undefined,
