@@ -1,4 +1,18 @@
+import { existsSync } from 'node:fs';
+import { delimiter, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
 import { defineConfig } from 'vitest/config';
+
+// What `npm test`'s setup (scripts/test-setup.sh) brought, under .cache/: the Python environment with the packages
+// the specs drive comes first on the PATH (so `python3` in a spec or an agent command is that one), and the Kafka
+// broker's jars are read from there. Set here, in the main process, so the global setup and every fork see them.
+const root = fileURLToPath(new URL('.', import.meta.url));
+const python = join(root, '.cache', 'python', 'bin');
+if (existsSync(python) && !(process.env.PATH ?? '').split(delimiter).includes(python)) {
+  process.env.PATH = `${python}${delimiter}${process.env.PATH ?? ''}`;
+}
+process.env.RXRL_KAFKA_CACHE ??= join(root, '.cache', 'kafka');
 
 export default defineConfig({
   test: {

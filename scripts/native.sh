@@ -33,9 +33,22 @@ cache=${RXRL_NATIVE_CACHE:-$HOME/.cache/rxrl-native}
 mkdir -p "$cache"
 started=$(date +%s)
 
-for tool in mvn python3 make g++; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "native: '$tool' is required (apt-get install maven python3 make g++)" >&2; exit 1; }
-done
+# Its tools: Maven (and Java) for the jar, pip for the wheel, make and g++ for the addon. As root, the missing ones
+# are installed from Debian's packages; otherwise the command that would is named.
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "native: needs ${missing[*]} (run: sudo apt-get install -y ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "native: apt-get install ${missing[*]}" >&2
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" </dev/null >/dev/null
+fi
 if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
   echo "native: Maven Central has libtensorflow for linux-x86_64 only; this is $(uname -s)-$(uname -m)" >&2
   exit 1

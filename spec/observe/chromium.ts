@@ -1,6 +1,6 @@
 /**
- * Headless Chromium for the report specs: Debian's `chromium` package (`.ci/run` installs it when missing).
- * A missing browser is a failure with instructions, never a skip.
+ * Headless Chromium for the report specs: Debian's `chromium` package (`npm test`'s setup, scripts/test-setup.sh,
+ * installs it when missing and it runs as root). A missing browser is a failure with instructions.
  */
 import { execFile, execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -18,7 +18,7 @@ export function chromiumPath(): string {
     throw new Error(
       'Chromium is required by the report spec but was not found (looked at $CHROMIUM_PATH, /usr/bin/chromium and ' +
         "'chromium' on the PATH). Install Debian's package: apt-get update && apt-get install -y chromium " +
-        '(.ci/run does this on a fresh machine).',
+        '(npm test does this on a fresh machine when it runs as root).',
     );
   }
 }

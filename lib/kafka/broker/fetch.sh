@@ -4,7 +4,8 @@
 #
 #   cache: ${RXRL_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rxrl-kafka}/<kafka version>/libs
 #
-# Used by lib/kafka/broker.ts (tests, examples) and by .ci/run (to fetch before the tests start).
+# Used by lib/kafka/broker.ts (tests, examples) and by scripts/test-setup.sh (to fetch before the tests start, into
+# .cache/kafka).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# What the specs need beyond node_modules, brought by `npm test` itself (its pretest) before vitest starts.
+# Idempotent and pinned; everything it fetches is cached under .cache/ in the repository:
+#
+#   .cache/kafka/<version>/libs   the Kafka broker's jars (lib/kafka/broker/fetch.sh; Java 17+ and Maven fetch them)
+#   .cache/python                 a virtual environment with PyPI's openai and tinker (scripts/requirements-test.txt),
+#                                 on the system's site packages; peft joins it where torch and transformers import
+#   .cache/cookbook-venv          tinker-cookbook (scripts/requirements-cookbook.txt), only where torch imports
+#   chromium                      Debian's package, for the report's rendering spec
+#
+# As root it installs the Debian packages it lacks (openjdk-17-jre-headless, maven, python3-venv, chromium). Without
+# root, what it cannot install is written to .cache/test-setup.json and named in one line each, with the command that
+# would install it and the specs that skip because of it; vitest.config.ts and spec/helpers/testSetup.ts read it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .cache
+export DEBIAN_FRONTEND=noninteractive
+status=.cache/test-setup.json
+rm -f "$status"
+unavailable=()   # JSON members: "what": "the line printed"
+
+root=false
+[ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && root=true
+log=.cache/test-setup.log
+: >"$log"
+# Runs a command with its output in the log; on failure the log's tail is shown and the setup stops.
+quietly() {
+  if ! "$@" >>"$log" 2>&1; then
+    echo "test setup: '$*' failed; the end of $log:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+}
+apt_updated=false
+apt_install() {
+  if ! $apt_updated; then
+    quietly apt-get update -qq
+    apt_updated=true
+  fi
+  echo "test setup: apt-get install $*" >&2
+  quietly apt-get install -y -qq "$@"
+}
+
+# Names what cannot be installed here; its specs skip. $1: what, $2: the command, $3: the specs.
+cannot() {
+  local line="npm test: no $1 here and no root to install it (run: $2); skipping $3"
+  echo "$line" >&2
+  unavailable+=("$(printf '"%s": "%s"' "$1" "${line//\"/\\\"}")")
+}
+
+# 1. The Kafka broker's jars, so the download is not inside a test's timeout (unless KAFKA_BROKERS names a cluster).
+if [ -z "${KAFKA_BROKERS:-}" ]; then
+  missing=()
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if ! $root; then
+      echo "npm test: the Kafka specs need Java 17+ and Maven (run: sudo apt-get install -y ${missing[*]}), or KAFKA_BROKERS naming a broker" >&2
+      exit 1
+    fi
+    apt_install "${missing[@]}"
+  fi
+  if [ ! -f "${RXRL_KAFKA_CACHE:-.cache/kafka}/$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' lib/kafka/broker/pom.xml)/.complete" ]; then
+    echo "test setup: fetching the Kafka broker's jars with Maven into ${RXRL_KAFKA_CACHE:-.cache/kafka}" >&2
+  fi
+  RXRL_KAFKA_CACHE="${RXRL_KAFKA_CACHE:-$PWD/.cache/kafka}" quietly bash lib/kafka/broker/fetch.sh
+fi
+
+# 2. Python packages the specs drive (the openai client, the Tinker SDK), in a virtual environment of their own.
+python_specs="spec/serve/stream.spec.ts (Python client), spec/tinker/{proto,service,cookbook}.spec.ts, the Python agent specs"
+venv=.cache/python
+requirements=scripts/requirements-test.txt
+want=$(cat "$requirements" examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-fixtures.txt |
+  sha256sum | cut -c1-16)
+if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import openai, tinker' 2>/dev/null; then
+  rm -rf "$venv"
+  if ! python3 -m venv --system-site-packages "$venv" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    if $root; then
+      apt_install python3-venv python3-pip
+      quietly python3 -m venv --system-site-packages "$venv"
+    fi
+  fi
+  if [ -x "$venv/bin/python" ]; then
+    echo "test setup: installing $(grep -hv '^#' examples/python/requirements.txt scripts/requirements-tinker.txt | xargs) into $venv" >&2
+    quietly "$venv/bin/python" -m pip install -q -r "$requirements"
+    # PEFT loads rxrl's adapters in spec/model/lora.spec.ts where torch and transformers import (none is downloaded here).
+    if "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
+      quietly "$venv/bin/python" -m pip install -q "$(grep '^peft==' scripts/requirements-fixtures.txt)"
+    fi
+    echo "$want" >"$venv/.requirements"
+  else
+    cannot python "sudo apt-get install -y python3-venv" "$python_specs"
+  fi
+fi
+
+# 3. The Tinker cookbook's RL loop, in an environment of its own (it pins an older transformers), on the system's
+#    torch: only where torch imports, so no torch is downloaded. Elsewhere spec/tinker/cookbook.spec.ts runs the
+#    same loop's shape with the bare SDK and says so.
+cookbook=.cache/cookbook-venv
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  want=$(sha256sum scripts/requirements-cookbook.txt | cut -c1-16)
+  if [ "$(cat "$cookbook/.requirements" 2>/dev/null)" != "$want" ] || ! "$cookbook/bin/python" -c 'import tinker_cookbook' 2>/dev/null; then
+    rm -rf "$cookbook"
+    echo "test setup: installing tinker-cookbook into $cookbook" >&2
+    quietly python3 -m venv --system-site-packages "$cookbook"
+    quietly "$cookbook/bin/python" -m pip install -q -r scripts/requirements-cookbook.txt
+    echo "$want" >"$cookbook/.requirements"
+  fi
+fi
+
+# 4. Headless Chromium draws the report in spec/observe/reportChromium.spec.ts.
+if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ] && ! command -v chromium >/dev/null 2>&1; then
+  if $root; then
+    apt_install chromium
+  else
+    cannot chromium "sudo apt-get install -y chromium" "spec/observe/reportChromium.spec.ts"
+  fi
+fi
+
+(IFS=,; echo "{ \"unavailable\": { ${unavailable[*]:-} } }") >"$status"
