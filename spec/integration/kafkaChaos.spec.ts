@@ -2,8 +2,15 @@
  * Chaos test of a Kafka run: `rxrl trainer` and three `rxrl worker` processes on the real broker, 60 steps in each
  * staleness mode, with SIGKILLs at seeded random moments — workers (restarted at once) and the trainer (restarted
  * from its checkpoint). Asserted by ids on the trainer's own records (`trained.jsonl`, `metrics.jsonl`): every task
- * the loader admits is trained exactly once across the restarts, no trajectory twice, the staleness bound holds on
- * every step, and the step and metric records continue where the checkpoint left off.
+ * the loader admits is trained exactly once across the restarts, no trajectory twice, what the mode guarantees about
+ * staleness holds on every step, and the step and metric records continue where the checkpoint left off.
+ *
+ * What each mode guarantees (DESIGN.md, "Staleness modes"): `sync` and `batch-async` bound the staleness of every
+ * trained trajectory by η through admission (0 and 1 here). `fully-async` bounds nothing but the capacity: a task
+ * whose worker is killed is redelivered while later tasks overtake it, so its staleness depends on timing. What it
+ * guarantees is that staleness is recorded (never negative: no trajectory from a rolled-back version) and that
+ * `trainer.maxStaleness` is enforced at train time — every row staler than it, and only those, is masked from the
+ * loss (`rollout/dropped_stale`). That is what the spec asserts, so it does not depend on the machine's load.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -67,10 +74,15 @@ interface ChaosFigures {
   tasks: number;
   duplicates: number;
   stalenessMax: number;
+  /** Rows masked for staleness (fully-async). */
+  dropped: number;
   seconds: number;
 }
 
-async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigures> {
+/** What a mode guarantees: staleness ≤ η by admission, or rows staler than `trainer.maxStaleness` masked. */
+type Guarantee = { readonly admission: number } | { readonly maxStaleness: number };
+
+async function chaosRun(mode: StalenessMode, guarantee: Guarantee): Promise<ChaosFigures> {
   const dir = mkdtempSync(join(tmpdir(), `rxrl-chaos-${mode}-`));
   const recipe = join(dir, 'recipe.json');
   writeFileSync(
@@ -80,6 +92,7 @@ async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigure
       data: { source: 'bundled', task: TASK, epochs: 0, shuffle: true },
       model: { dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 },
       rollout: { groupSize: 2 },
+      ...('maxStaleness' in guarantee ? { trainer: { maxStaleness: guarantee.maxStaleness } } : {}),
       sync: { mode, batchSize: BATCH, stalenessThreshold: 1, capacity: 2 * BATCH },
       checkpoint: { every: 3, keepLast: 2 },
       validation: { beforeTrain: false },
@@ -131,10 +144,8 @@ async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigure
   const lines = jsonLines<TrainedLine>(trainedFile);
   // One record per step, in order: the killed trainers' steps past their checkpoint were rolled back and redone.
   expect(lines.map((l) => l.step)).toEqual(Array.from({ length: STEPS }, (_, i) => i));
-  const metricSteps = jsonLines<Record<string, unknown>>(join(runDir, 'metrics.jsonl'))
-    .filter((r) => 'actor/pg_loss' in r)
-    .map((r) => r.step);
-  expect(metricSteps).toEqual(Array.from({ length: STEPS }, (_, i) => i));
+  const stepMetrics = jsonLines<Record<string, unknown>>(join(runDir, 'metrics.jsonl')).filter((r) => 'actor/pg_loss' in r);
+  expect(stepMetrics.map((r) => r.step)).toEqual(Array.from({ length: STEPS }, (_, i) => i));
   // Every task the loader admitted trained exactly once; every trajectory once.
   const groups = lines.flatMap((l) => l.groups);
   expect([...groups].sort()).toEqual((await expectedGroups()).sort());
@@ -142,28 +153,35 @@ async function chaosRun(mode: StalenessMode, bound: number): Promise<ChaosFigure
   const duplicates = trajectories.length - new Set(trajectories).size;
   expect(duplicates).toBe(0);
   expect(trajectories).toHaveLength(STEPS * BATCH * 2);
-  // The staleness bound of the mode on every step.
+  // What the mode guarantees about staleness, on every step.
   let stalenessMax = 0;
-  for (const line of lines) {
-    const staleness = Math.max(...line.policyVersions.map((v) => line.version - 1 - v));
-    expect(staleness, `${mode} step ${line.step}`).toBeLessThanOrEqual(bound);
-    expect(staleness, `${mode} step ${line.step}: a trajectory from a rolled-back version`).toBeGreaterThanOrEqual(0);
-    stalenessMax = Math.max(stalenessMax, staleness);
+  let dropped = 0;
+  for (const [i, line] of lines.entries()) {
+    const staleness = line.policyVersions.map((v) => line.version - 1 - v);
+    expect(Math.min(...staleness), `${mode} step ${line.step}: a trajectory from a rolled-back version`).toBeGreaterThanOrEqual(0);
+    if ('admission' in guarantee) {
+      expect(Math.max(...staleness), `${mode} step ${line.step}`).toBeLessThanOrEqual(guarantee.admission);
+    } else {
+      const stale = staleness.filter((s) => s > guarantee.maxStaleness).length;
+      expect(stepMetrics[i]['rollout/dropped_stale'], `${mode} step ${line.step}: rows staler than ${guarantee.maxStaleness} masked`).toBe(stale);
+      dropped += stale;
+    }
+    stalenessMax = Math.max(stalenessMax, ...staleness);
   }
   expect(kills.worker + kills.trainer).toBeGreaterThanOrEqual(3);
   rmSync(dir, { recursive: true, force: true });
-  return { mode, kills, tasks: groups.length, duplicates, stalenessMax, seconds: Math.round((performance.now() - started) / 1000) };
+  return { mode, kills, tasks: groups.length, duplicates, stalenessMax, dropped, seconds: Math.round((performance.now() - started) / 1000) };
 }
 
 describe('a Kafka run under SIGKILLs (trainer + 3 workers, separate processes)', () => {
-  const cases: [StalenessMode, number][] = [
-    ['sync', 0],
-    ['batch-async', 1],
-    ['fully-async', 2],
+  const cases: [StalenessMode, Guarantee, string][] = [
+    ['sync', { admission: 0 }, 'staleness 0'],
+    ['batch-async', { admission: 1 }, 'staleness ≤ 1'],
+    ['fully-async', { maxStaleness: 0 }, 'rows staler than trainer.maxStaleness 0 masked'],
   ];
-  for (const [mode, bound] of cases) {
-    it(`${mode}: every admitted task trained once, staleness ≤ ${bound}, records continue across restarts`, async () => {
-      const figures = await chaosRun(mode, bound);
+  for (const [mode, guarantee, what] of cases) {
+    it(`${mode}: every admitted task trained once, ${what}, records continue across restarts`, async () => {
+      const figures = await chaosRun(mode, guarantee);
       process.stderr.write(`chaos ${JSON.stringify(figures)}\n`);
     }, 360_000);
   }
