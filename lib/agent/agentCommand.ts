@@ -97,6 +97,7 @@ export function agentEnvironment(parent: NodeJS.ProcessEnv, agent: AgentCommand,
  * `signal.reason` when cancelled.
  */
 export async function runAgentCommand(agent: AgentCommand, task: Task, endpoint: AgentEndpoint, signal: AbortSignal, options: RunAgentCommandOptions): Promise<AgentCommandResult> {
+  if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new AgentError('the agent was cancelled', { context: { taskId: task.id } });
   const cookie = randomBytes(16).toString('hex');
   const child = spawn('/bin/sh', ['-c', agent.command], {
     cwd: agent.cwd,
