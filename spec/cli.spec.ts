@@ -1,4 +1,7 @@
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -46,10 +49,72 @@ describe('rxrl CLI (built by pretest)', () => {
     expect(mode.stderr).toMatch(/ConfigError: invalid configuration:\s+sync\.mode: must be one of the possible values: \["sync","batch-async","fully-async"\]/);
     // A typo is refused, not ignored (the run would otherwise start with defaults).
     const typo = await rxrl(['start', '--bogus-flag']);
-    expect(typo.code).toBe(1);
-    expect(typo.stderr).toMatch(/ConfigError: rxrl start: unknown option '--bogus-flag'/);
+    expect(typo.code).toBe(2);
+    expect(typo.stderr).toBe("rxrl: UsageError: rxrl start: unknown option '--bogus-flag' (see rxrl start --help)\n");
     const serveTypo = await rxrl(['serve', '--prot', '0']);
-    expect(serveTypo.code).toBe(1);
-    expect(serveTypo.stderr).toMatch(/ConfigError: rxrl serve: unknown option '--prot'/);
+    expect(serveTypo.code).toBe(2);
+    expect(serveTypo.stderr).toBe("rxrl: UsageError: rxrl serve: unknown option '--prot' (see rxrl serve --help)\n");
   }, 150_000);
+});
+
+const COMMANDS = ['start', 'serve', 'tinker', 'run', 'trainer', 'worker', 'config', 'report'];
+
+describe('rxrl CLI: strict arguments on every command', () => {
+  it('a flag without its value is one line on stderr and exit 2, not a run with the default', async () => {
+    const result = await rxrl(['start', '--steps']);
+    expect(result).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl start: option '--steps' needs a value (see rxrl start --help)\n" });
+    const before = await rxrl(['start', '--steps', '--seed', '3']);
+    expect(before.code).toBe(2);
+    expect(before.stderr).toMatch(/^rxrl: UsageError: rxrl start: option '--steps' needs a value, got the option '--seed'.*\n$/);
+    const set = await rxrl(['config', join(root, 'recipes', 'reverse.json'), '--set']);
+    expect(set).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl config: option '--set' needs a value (see rxrl config --help)\n" });
+  });
+
+  it('every command refuses an unknown flag and a wrong argument count with one line and exit 2', async () => {
+    for (const command of COMMANDS) {
+      const result = await rxrl([command, '--no-such-flag']);
+      expect({ command, code: result.code, stdout: result.stdout }).toEqual({ command, code: 2, stdout: '' });
+      expect(result.stderr).toBe(`rxrl: UsageError: rxrl ${command}: unknown option '--no-such-flag' (see rxrl ${command} --help)\n`);
+    }
+    expect((await rxrl(['run'])).stderr).toBe('rxrl: UsageError: rxrl run: missing <recipe.json|yaml> (see rxrl run --help)\n');
+    const extra = await rxrl(['report', 'a', 'b']);
+    expect(extra).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl report: unexpected argument 'b' (see rxrl report --help)\n" });
+    expect(await rxrl(['frobnicate'])).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: unknown command 'frobnicate' (see rxrl --help)\n" });
+  });
+
+  it('-h and --help print that command\'s usage and exit 0, on every command', async () => {
+    for (const command of COMMANDS) {
+      for (const flag of ['-h', '--help']) {
+        const result = await rxrl([command, flag]);
+        expect({ command, flag, code: result.code, stderr: result.stderr }).toEqual({ command, flag, code: 0, stderr: '' });
+        expect(result.stdout.startsWith(`Usage:\n  rxrl ${command} `)).toBe(true);
+        const others = COMMANDS.filter((c) => c !== command);
+        for (const other of others) expect(result.stdout).not.toContain(`  rxrl ${other} `);
+      }
+    }
+    expect((await rxrl(['report', '--no-such-flag', '-h'])).code).toBe(0);
+  });
+
+  it('a repeated flag keeps its last value; --set collects every value', async () => {
+    // The last value is the one checked: a bad last value is refused whatever came first.
+    const steps = await rxrl(['start', '--steps', '1', '--steps', 'many']);
+    expect(steps).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: steps must be a non-negative integer, got 'many'\n" });
+    const lora = await rxrl(['serve', '--lora-modules', `coder=${root}`, '--lora-modules=broken', '--port', '0', '--backend', 'cpu']);
+    expect(lora).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: --lora-modules: 'broken' is not NAME=DIR\n" });
+    const rank = await rxrl(['tinker', '--max-rank', '8', '--max-rank', 'x']);
+    expect(rank).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: max-rank must be a non-negative integer, got 'x'\n" });
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-cli-repeat-'));
+    try {
+      await writeFile(join(dir, 'metrics.jsonl'), '{"step":0,"version":1,"time":0,"rollout/reward_mean":0.5}\n');
+      const [first, last] = [join(dir, 'first.html'), join(dir, 'last.html')];
+      expect(await rxrl(['report', dir, '--out', first, `--out=${last}`])).toEqual({ code: 0, stdout: `${last}\n`, stderr: '' });
+      expect(existsSync(last)).toBe(true);
+      expect(existsSync(first)).toBe(false);
+      const config = await rxrl(['config', join(root, 'recipes', 'reverse.json'), '--set', 'run.steps=7', '--set=run.seed=9', '--set', 'run.steps=8']);
+      expect(config.code).toBe(0);
+      expect(JSON.parse(config.stdout).run).toMatchObject({ steps: 8, seed: 9 });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
 });

@@ -5,12 +5,12 @@
  *
  * Per sample, {@link gatewayWorker} opens a session on an `rxrl serve` gateway over the run's engine and runs the
  * agent — a command with `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` and `RXRL_TASK` (the task as JSON)
- * in its environment, or a JS function given the same — then turns the session into the sample: the exact token
- * ids of every call (see `lib/serve/sessions.ts`), the environment's tokens masked, the reward the agent gave.
+ * in its environment (see `agentCommand.ts` for the rest of it, and for how every process it starts ends with
+ * the sample), or a JS function given the same — then turns the session into the sample: the exact token ids of
+ * every call (see `lib/serve/sessions.ts`), the environment's tokens masked, the reward the agent gave.
  *
  * @packageDocumentation
  */
-import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 
 import type { ChatTemplate } from '../chat/template.js';
@@ -20,7 +20,11 @@ import { AgentError, ConfigError, isAbortError } from '../errors.js';
 import { serve, type RxrlServer } from '../serve/server.js';
 import { sessionSamples, type Session } from '../serve/sessions.js';
 import type { Task } from '../types.js';
-import type { RolloutSample, RolloutWorker } from '../worker.js';
+import type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../worker.js';
+import { runAgentCommand, type AgentCommand } from './agentCommand.js';
+
+export { AGENT_BASE_ENV, agentEnvironment } from './agentCommand.js';
+export type { AgentCommand } from './agentCommand.js';
 
 /** What an agent function is given: where the model is, and the sample's cancellation. */
 export interface AgentContext {
@@ -40,15 +44,6 @@ export type AgentResult = number | { readonly reward: number } | undefined | voi
 /** An agent written in JS. */
 export type AgentFunction = (task: Task, context: AgentContext) => AgentResult | Promise<AgentResult>;
 
-/** An agent as a program: run with `/bin/sh -c`, its last stdout line may be `{"reward": r}`. */
-export interface AgentCommand {
-  readonly command: string;
-  /** Working directory. Default: the process's. */
-  readonly cwd?: string;
-  /** Extra environment variables. */
-  readonly env?: Readonly<Record<string, string>>;
-}
-
 /** The agent a {@link gatewayWorker} runs per sample. */
 export type AgentProgram = AgentCommand | { readonly run: AgentFunction };
 
@@ -60,11 +55,13 @@ export interface GatewayWorkerOptions {
   readonly template?: ChatTemplate;
   /** Most bytes of an agent's stderr kept for its failure. Default 2048. */
   readonly stderrBytes?: number;
+  /** How long a command agent's processes may take to exit after SIGTERM before SIGKILL, in ms. Default 2000. */
+  readonly killGraceMs?: number;
 }
 
 /** A rollout worker that owns a gateway server: `close` stops it (a run closes it when it ends). */
 export interface GatewayWorker extends RolloutWorker {
-  /** Stops the gateways; idempotent. */
+  /** Stops the running agents (their samples fail with an {@link AgentError}) and the gateways; idempotent. */
   close(): Promise<void>;
 }
 
@@ -77,7 +74,10 @@ export interface GatewayWorker extends RolloutWorker {
  * number or `{ reward }` returned, a `{"reward": r}` last stdout line, or rewards posted to the session);
  * without one the recipe's evaluator scores the last completion's text. Its version is the oldest of its calls'.
  * An agent that exits non-zero, makes no call, or is cancelled fails the sample with an {@link AgentError}
- * carrying the tail of its stderr; the run goes on.
+ * carrying the tail of its stderr; the run goes on. A command agent runs in a session and process group of its
+ * own; when its sample ends — it exits, fails, times out, or `close()` stops the run — every process it started
+ * gets SIGTERM, then SIGKILL after `killGraceMs` (metric `agent/leftover_processes`: those still running when
+ * it exited).
  *
  * @example
  * ```ts
@@ -109,24 +109,40 @@ export function gatewayWorker(agent: AgentProgram, options: GatewayWorkerOptions
     }
     return gateway;
   };
-  const worker: RolloutWorker = async (input, signal) => {
+  const stopped = new AbortController();
+  const running = new Set<Promise<RolloutSample>>();
+  const killGraceMs = options.killGraceMs ?? 2000;
+  const runSample = async (input: RolloutWorkerInput, signal: AbortSignal): Promise<RolloutSample> => {
     const gateway = await gatewayOf(input.engine);
     const sessionId = `${input.id.replace(/[^A-Za-z0-9._:-]/g, '_').slice(0, 100)}-${randomBytes(4).toString('hex')}`;
     const session = gateway.sessions.open(sessionId, { seed: input.seed, maxTokens: input.maxTokens, temperature: input.temperature, topP: input.topP });
     const context: AgentContext = { baseURL: `${gateway.url}/sessions/${sessionId}/v1`, apiKey, model: gateway.modelName, signal };
     try {
-      const reward = 'run' in agent ? await runFunction(agent.run, input.task, context) : await runCommand(agent, input.task, context, options.stderrBytes ?? 2048);
-      return sampleOf(session, reward, input.id);
+      if ('run' in agent) return sampleOf(session, await runFunction(agent.run, input.task, context), input.id);
+      const result = await runAgentCommand(agent, input.task, context, signal, { stderrBytes: options.stderrBytes ?? 2048, killGraceMs });
+      return sampleOf(session, result.reward, input.id, { 'agent/leftover_processes': result.leftover });
     } finally {
       gateway.sessions.delete(sessionId);
     }
   };
+  const worker: RolloutWorker = (input, signal) => {
+    if (stopped.signal.aborted) return Promise.reject(stopped.signal.reason);
+    const sample = runSample(input, AbortSignal.any([signal, stopped.signal]));
+    running.add(sample);
+    sample.then(
+      () => running.delete(sample),
+      () => running.delete(sample),
+    );
+    return sample;
+  };
   let closed: Promise<void> | undefined;
+  const close = async (): Promise<void> => {
+    stopped.abort(new AgentError('the run ended while the agent was running: it was stopped'));
+    await Promise.allSettled([...running]);
+    await Promise.all([...gateways.values()].map(async (g) => (await g.catch(() => undefined))?.close()));
+  };
   return Object.assign(worker, {
-    close: (): Promise<void> => {
-      closed ??= Promise.all([...gateways.values()].map(async (g) => (await g.catch(() => undefined))?.close())).then(() => undefined);
-      return closed;
-    },
+    close: (): Promise<void> => (closed ??= close()),
   });
 }
 
@@ -146,73 +162,8 @@ async function runFunction(run: AgentFunction, task: Task, context: AgentContext
   return reward;
 }
 
-/** Runs the command; resolves with the reward of its last stdout line, if it printed one. */
-function runCommand(agent: AgentCommand, task: Task, context: AgentContext, stderrBytes: number): Promise<number | undefined> {
-  return new Promise((resolve, reject) => {
-    const child = spawn('/bin/sh', ['-c', agent.command], {
-      cwd: agent.cwd,
-      env: {
-        ...process.env,
-        ...agent.env,
-        OPENAI_BASE_URL: context.baseURL,
-        OPENAI_API_KEY: context.apiKey,
-        OPENAI_MODEL: context.model,
-        RXRL_TASK: JSON.stringify(task),
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-      detached: true, // its own process group: a cancelled sample ends the agent and whatever it started
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (text: string) => {
-      stdout = (stdout + text).slice(-65_536);
-    });
-    child.stderr.setEncoding('utf8').on('data', (text: string) => {
-      stderr = (stderr + text).slice(-stderrBytes);
-    });
-    const kill = (): void => {
-      try {
-        if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
-    };
-    context.signal.addEventListener('abort', kill, { once: true });
-    if (context.signal.aborted) kill();
-    child.on('error', (cause) => {
-      context.signal.removeEventListener('abort', kill);
-      reject(new AgentError(`cannot start the agent '${agent.command}': ${cause.message}`, { cause, context: { taskId: task.id } }));
-    });
-    child.on('close', (code, killedBy) => {
-      context.signal.removeEventListener('abort', kill);
-      if (context.signal.aborted) return reject(context.signal.reason instanceof Error ? context.signal.reason : new AgentError('the agent was cancelled'));
-      if (code !== 0) {
-        return reject(
-          new AgentError(`the agent exited with ${code === null ? `signal ${killedBy}` : `code ${code}`} on task ${task.id}${stderr ? `: ${stderr.trim()}` : ''}`, {
-            context: { taskId: task.id, code, stderr },
-          }),
-        );
-      }
-      const last = stdout.trim().split('\n').at(-1) ?? '';
-      let reward: number | undefined;
-      try {
-        const parsed = JSON.parse(last) as { reward?: unknown };
-        if (typeof parsed === 'object' && parsed !== null && 'reward' in parsed) {
-          if (typeof parsed.reward !== 'number' || !Number.isFinite(parsed.reward)) {
-            return reject(new AgentError(`the agent printed a reward that is not a finite number: ${last.slice(0, 200)}`, { context: { taskId: task.id } }));
-          }
-          reward = parsed.reward;
-        }
-      } catch {
-        // the last line is not JSON: no reward printed
-      }
-      resolve(reward);
-    });
-  });
-}
-
 /** The sample of a finished session: its last sequence, with the agent's reward or the session's. */
-function sampleOf(session: Session, agentReward: number | undefined, id: string): RolloutSample {
+function sampleOf(session: Session, agentReward: number | undefined, id: string, metrics: Readonly<Record<string, number>> = {}): RolloutSample {
   if (session.calls.length === 0) throw new AgentError(`the agent made no call to the model (sample ${id})`, { context: { id } });
   const sequences = sessionSamples(session, 'trajectory');
   const lastCall = session.calls[session.calls.length - 1].id;
@@ -232,6 +183,7 @@ function sampleOf(session: Session, agentReward: number | undefined, id: string)
       'agent/calls': session.calls.length,
       'agent/sequences': sequences.length,
       'agent/drift': session.calls.filter((c) => c.drift !== undefined).length,
+      ...metrics,
     },
   };
 }

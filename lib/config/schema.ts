@@ -54,7 +54,7 @@ export interface RxrlConfig {
     chatTemplate: 'none' | 'model';
     system: string | null;
     worker: { module: string | null; export: string };
-    agent: { command: string | null; cwd: string | null; env: Record<string, string>; module: string | null; export: string };
+    agent: { command: string | null; cwd: string | null; env: Record<string, string>; inheritEnv: boolean; module: string | null; export: string };
     evaluator: { module: string | null; export: string };
   };
   store: { groupTimeoutMs: number | null; onGroupTimeout: 'release' | 'drop' };
@@ -294,12 +294,17 @@ export const SCHEMA = {
     },
     agent: {
       command: {
-        doc: 'An agent program run per sample (/bin/sh -c) against a session of rxrl\'s gateway: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL and RXRL_TASK are set; a last stdout line {"reward": r} is its reward.',
+        doc: 'An agent program run per sample (/bin/sh -c, in a session and process group of its own: every process it starts is ended with its sample) against a session of rxrl\'s gateway: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL and RXRL_TASK are set; a last stdout line {"reward": r} is its reward.',
         format: 'optional-string',
         default: null,
       },
       cwd: { doc: "The agent command's working directory; relative to the recipe (null = the recipe's directory).", format: 'optional-string', default: null },
       env: { doc: 'Extra environment variables of the agent command.', format: 'string-map', default: {} },
+      inheritEnv: {
+        doc: "Give the agent command this process's whole environment. Default false: only PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TERM, TMPDIR, TMP and TEMP are passed on (plus rollout.agent.env and the OPENAI_*/RXRL_* variables), so the trainer's secrets stay out of agents.",
+        format: 'flag',
+        default: false,
+      },
       module: { doc: 'Module of an agent function (task, { baseURL, apiKey, model, signal }) => reward | { reward } | void; relative to the recipe.', format: 'optional-string', default: null },
       export: { doc: 'Export name of the agent function.', format: 'non-empty-string', default: 'default' },
     },

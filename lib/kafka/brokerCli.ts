@@ -13,15 +13,30 @@
  *
  * @packageDocumentation
  */
+import { isUsageError, parseCommand, usageError, type CommandSpec } from '../cliArgs.js';
 import { fetchKafkaBroker, kafkaVersion, startKafkaBroker } from './broker.js';
 
-function flag(args: readonly string[], name: string): string | undefined {
-  const at = args.indexOf(name);
-  return at >= 0 && at + 1 < args.length ? args[at + 1] : undefined;
-}
+const PROGRAM = 'node dist/lib/kafka/brokerCli.js';
+const USAGE = `usage: ${PROGRAM} start [--port N] [--dir PATH] | fetch | version\n`;
+const COMMANDS: Readonly<Record<string, CommandSpec>> = {
+  start: { name: `${PROGRAM} start`, flags: { port: { type: 'string' }, dir: { type: 'string' } } },
+  fetch: { name: `${PROGRAM} fetch`, flags: {} },
+  version: { name: `${PROGRAM} version`, flags: {} },
+};
 
 async function main(args: readonly string[]): Promise<number> {
   const [command, ...rest] = args;
+  if (command === undefined || command === '-h' || command === '--help') {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  const spec = Object.hasOwn(COMMANDS, command) ? COMMANDS[command] : undefined;
+  if (spec === undefined) throw usageError({ name: PROGRAM }, `unknown command '${command}'`);
+  const parsed = parseCommand(spec, rest);
+  if (parsed.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
   switch (command) {
     case 'fetch':
       console.log(await fetchKafkaBroker());
@@ -29,25 +44,29 @@ async function main(args: readonly string[]): Promise<number> {
     case 'version':
       console.log(await kafkaVersion());
       return 0;
-    case 'start': {
-      const port = flag(rest, '--port');
-      const broker = await startKafkaBroker({ port: port === undefined ? undefined : Number(port), dir: flag(rest, '--dir') });
-      console.log(`KAFKA_BROKERS=${broker.brokers}`);
-      process.stderr.write(`Kafka ${broker.version} running (log: ${broker.logFile}); Ctrl-C stops it\n`);
-      // The broker's watchdog stops it when this process exits, so stay alive until asked to stop.
-      const keepAlive = setInterval(() => undefined, 1 << 30);
-      await new Promise<void>((resolve) => {
-        process.once('SIGINT', resolve);
-        process.once('SIGTERM', resolve);
-      });
-      clearInterval(keepAlive);
-      await broker.stop();
-      return 0;
-    }
     default:
-      process.stderr.write('usage: node dist/lib/kafka/brokerCli.js start [--port N] [--dir PATH] | fetch | version\n');
-      return command === undefined ? 0 : 2;
+      return start(parsed.values.port as string | undefined, parsed.values.dir as string | undefined);
   }
+}
+
+/** Runs the broker until SIGINT or SIGTERM. */
+async function start(port: string | undefined, dir: string | undefined): Promise<number> {
+  const portNumber = port === undefined ? undefined : Number(port);
+  if (portNumber !== undefined && !(Number.isInteger(portNumber) && portNumber >= 0 && portNumber < 65536)) {
+    throw usageError(COMMANDS.start, `--port must be a port number, got '${port}'`);
+  }
+  const broker = await startKafkaBroker({ port: portNumber, dir });
+  console.log(`KAFKA_BROKERS=${broker.brokers}`);
+  process.stderr.write(`Kafka ${broker.version} running (log: ${broker.logFile}); Ctrl-C stops it\n`);
+  // The broker's watchdog stops it when this process exits, so stay alive until asked to stop.
+  const keepAlive = setInterval(() => undefined, 1 << 30);
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  clearInterval(keepAlive);
+  await broker.stop();
+  return 0;
 }
 
 main(process.argv.slice(2)).then(
@@ -56,6 +75,6 @@ main(process.argv.slice(2)).then(
   },
   (error: unknown) => {
     process.stderr.write(`kafka broker: ${error instanceof Error ? error.message : String(error)}\n`);
-    process.exitCode = 1;
+    process.exitCode = isUsageError(error) ? 2 : 1;
   },
 );

@@ -75,7 +75,7 @@ async function agentWorker(config: RxrlConfig, baseDir: string, modelDir: string
   const program: AgentProgram =
     agent.module !== null
       ? { run: await importExport<AgentFunction>({ module: agent.module, export: agent.export }, baseDir, 'rollout.agent') }
-      : { command: agent.command!, cwd: resolve(baseDir, agent.cwd ?? '.'), env: agent.env };
+      : { command: agent.command!, cwd: resolve(baseDir, agent.cwd ?? '.'), env: agent.env, inheritEnv: agent.inheritEnv };
   if ('run' in program && typeof program.run !== 'function') {
     throw new ConfigError(`rollout.agent.export: '${agent.export}' of ${agent.module} is not a function`, { context: { key: 'rollout.agent.export' } });
   }

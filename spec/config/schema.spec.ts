@@ -67,9 +67,12 @@ describe('loadConfig', () => {
       command: 'python3 a.py',
       cwd: null,
       env: { K: 'v' },
+      inheritEnv: false,
       module: null,
       export: 'default',
     });
+    expect(loadConfig({ values: { rollout: { agent: { command: 'a' } } }, set: ['rollout.agent.inheritEnv=true'], env: {} }).rollout.agent.inheritEnv).toBe(true);
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', inheritEnv: 'yes' } } }, env: {} })).message).toMatch(/rollout\.agent\.inheritEnv: must be true or false/);
     expect(rejection(() => loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4 } }, env: {} })).message).toMatch(/rollout\.evaluator\.module: required/);
     expect(loadConfig({ values: { data: { source: 'calculator', calculator: { operators: '+-' } } }, env: {} }).data.calculator).toEqual({ operators: '+-', maxOperand: 20, validationSize: 64 });
   });

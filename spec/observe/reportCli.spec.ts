@@ -42,8 +42,8 @@ describe('rxrl report (built CLI)', () => {
     expect(missing.code).toBe(1);
     expect(missing.stderr).toMatch(/RunDirError: not a run directory/);
     const none = await rxrl(['report']);
-    expect(none.code).toBe(1);
-    expect(none.stderr).toMatch(/ConfigError: rxrl report needs one run directory/);
+    expect(none.code).toBe(2);
+    expect(none.stderr).toMatch(/UsageError: rxrl report: missing <run-dir>/);
     expect((await rxrl(['report', '.', '--colour'])).stderr).toMatch(/unknown option '--colour'/);
   });
 });
