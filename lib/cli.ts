@@ -4,9 +4,9 @@
  *
  * @packageDocumentation
  */
-import { isUsageError, parseCommand, UsageError, type ParsedCommand } from './cliArgs.js';
+import { parseCommand, type ParsedCommand } from './cliArgs.js';
 import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './cliUsage.js';
-import { ConfigError, isRxrlError } from './errors.js';
+import { ConfigError, isRxrlError, isUsageError, UsageError } from './errors.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {

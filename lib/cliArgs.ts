@@ -9,17 +9,7 @@
  */
 import { parseArgs } from 'node:util';
 
-import { isRxrlError, RxrlError } from './errors.js';
-
-/** The command line was malformed (unknown flag, missing value, wrong arguments). The CLI exits 2. */
-export class UsageError extends RxrlError {
-  override readonly name = 'UsageError';
-}
-
-/** True for a {@link UsageError}. */
-export function isUsageError(error: unknown): error is UsageError {
-  return isRxrlError(error) && error.name === 'UsageError';
-}
+import { UsageError } from './errors.js';
 
 /** One flag of a command: `--name VALUE` (`string`) or `--name` (`boolean`). */
 export interface FlagSpec {

@@ -104,6 +104,11 @@ export class RunLockedError extends RxrlError {
   override readonly name = 'RunLockedError';
 }
 
+/** A command line was malformed (unknown flag, missing value, wrong arguments). Never retriable; the CLI exits 2. */
+export class UsageError extends RxrlError {
+  override readonly name = 'UsageError';
+}
+
 /** System error codes of a full device or a spent quota, and what they mean. */
 const STORAGE_FULL: Readonly<Record<string, string>> = { ENOSPC: 'no space left on device', EDQUOT: 'disk quota exceeded' };
 
@@ -128,6 +133,11 @@ export function isRxrlError(error: unknown): error is RxrlError {
 /** True when the error says the operation may succeed if repeated. */
 export function isRetriable(error: unknown): boolean {
   return error instanceof RxrlError && error.retriable;
+}
+
+/** True for a {@link UsageError}. */
+export function isUsageError(error: unknown): error is UsageError {
+  return isRxrlError(error) && error.name === 'UsageError';
 }
 
 /** True when the error (or a DOMException from `AbortSignal`) reports a cancellation. */

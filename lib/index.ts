@@ -34,11 +34,13 @@ export {
   RunLockedError,
   ShapeError,
   StorageError,
+  UsageError,
   asStorageError,
   assertNever,
   isAbortError,
   isRetriable,
   isRxrlError,
+  isUsageError,
   throwIfAborted,
 } from './errors.js';
 export type { RxrlErrorOptions } from './errors.js';

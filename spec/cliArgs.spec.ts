@@ -1,8 +1,8 @@
 /** The shared strict parser of every rxrl command (`lib/cliArgs.ts`). */
 import { describe, expect, it } from 'vitest';
 
-import { isUsageError, parseCommand, UsageError, type CommandSpec } from '../lib/cliArgs.js';
-import { ConfigError } from '../lib/errors.js';
+import { parseCommand, type CommandSpec } from '../lib/cliArgs.js';
+import { ConfigError, isUsageError, UsageError } from '../lib/errors.js';
 
 const run: CommandSpec = {
   name: 'rxrl run',

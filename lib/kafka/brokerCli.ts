@@ -13,7 +13,8 @@
  *
  * @packageDocumentation
  */
-import { isUsageError, parseCommand, usageError, type CommandSpec } from '../cliArgs.js';
+import { parseCommand, usageError, type CommandSpec } from '../cliArgs.js';
+import { isUsageError } from '../errors.js';
 import { fetchKafkaBroker, kafkaVersion, startKafkaBroker } from './broker.js';
 
 const PROGRAM = 'node dist/lib/kafka/brokerCli.js';

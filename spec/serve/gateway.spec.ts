@@ -102,11 +102,10 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     await expect(worker({ command: 'true' })(input(), signal)).rejects.toThrow(/made no call/);
     await expect(worker({ command: `${pythonAgent} > /dev/null && echo '{"reward": "lots"}'` })(input(), signal)).rejects.toBeInstanceOf(AgentError);
     await expect(worker({ run: () => ({ reward: Number.NaN }) })(input(), signal)).rejects.toBeInstanceOf(AgentError);
+    // A hung agent ends when its sample is cancelled (it would outlive the test's timeout otherwise).
     const controller = new AbortController();
-    const started = Date.now();
-    const hung = worker({ command: 'sleep 30' })(input(), controller.signal);
+    const hung = worker({ command: 'sleep 1000' })(input(), controller.signal);
     setTimeout(() => controller.abort(new Error('sample timed out')), 200);
     await expect(hung).rejects.toThrow(/timed out/);
-    expect(Date.now() - started).toBeLessThan(10_000);
   });
 });
