@@ -67,7 +67,7 @@ if [ -z "${KAFKA_BROKERS:-}" ]; then
 fi
 
 # 2. Python packages the specs drive (the openai client, the Tinker SDK), in a virtual environment of their own.
-python_specs="spec/serve/stream.spec.ts (Python client), spec/tinker/{proto,service,cookbook}.spec.ts, the Python agent specs"
+python_specs="the Python client and agent specs (spec/serve/{stream,gateway}, spec/agent, spec/integration/agentRun, spec/examples agent-python) and spec/tinker/{proto,service,cookbook}"
 venv=.cache/python
 requirements=scripts/requirements-test.txt
 want=$(cat "$requirements" examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-fixtures.txt |

@@ -1,8 +1,8 @@
 /**
  * An agent command's processes end with its sample, and the agent sees only the environment it is given: a shell
  * script that starts detached descendants (background, `nohup`, `setsid`, double-forked into its own session, one
- * that ignores SIGTERM) and then execs the Python calculator agent (PyPI `openai`; run with
- * `PATH=/work/pyvenv/bin:$PATH` or any `python3` that has it) against the real gateway.
+ * that ignores SIGTERM) and then execs the Python calculator agent (PyPI `openai`, which `npm test` installs into
+ * .cache/python, first on the specs' PATH) against the real gateway.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -23,6 +23,7 @@ import type { Task } from '../../lib/types.js';
 import type { RolloutWorkerInput } from '../../lib/worker.js';
 import { loadRollout } from '../../pipelines/parts/data.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
+import { lacks } from '../helpers/testSetup.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 const pythonAgent = `python3 ${JSON.stringify(join(root, 'examples', 'python', 'calculator_agent.py'))}`;
@@ -106,7 +107,7 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-describe('gatewayWorker: every process an agent command starts ends with its sample', () => {
+describe.skipIf(lacks('python'))('gatewayWorker: every process an agent command starts ends with its sample', () => {
   it('an agent that succeeds: its background, nohup, setsid, double-forked and TERM-ignoring descendants all end', async () => {
     const program = await agent('succeeds', `${DETACH}\nexec ${pythonAgent}`);
     const sample = await worker(program)(input(), new AbortController().signal);
@@ -166,7 +167,7 @@ describe('gatewayWorker: every process an agent command starts ends with its sam
   });
 });
 
-describe('gatewayWorker: the agent’s environment', () => {
+describe.skipIf(lacks('python'))('gatewayWorker: the agent’s environment', () => {
   const SHELL_ADDED = ['PWD', 'OLDPWD', 'SHLVL', '_'];
 
   async function environmentOf(name: string, inheritEnv: boolean | undefined): Promise<Map<string, string>> {

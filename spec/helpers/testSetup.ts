@@ -11,6 +11,11 @@ export type Provision = 'python' | 'chromium';
 
 const statusFile = fileURLToPath(new URL('../../.cache/test-setup.json', import.meta.url));
 
+/** Whether the setup could not bring `what` here: the specs that need it skip (`describe.skipIf(lacks('python'))`). */
+export function lacks(what: Provision): boolean {
+  return unavailable(what) !== undefined;
+}
+
 /**
  * @param what - A provision of the setup.
  * @returns The line the setup printed when it could not install `what` here, else `undefined`.

@@ -10,6 +10,7 @@ import { loadConfig } from '../../lib/config/schema.js';
 import { ensureTopics } from '../../lib/kafka/client.js';
 import { kafkaTopics } from '../../lib/kafka/types.js';
 import { runTraining, runWorker } from '../../pipelines/run.js';
+import { lacks } from '../helpers/testSetup.js';
 import { kafkaClient, uniqueName } from '../kafka/helpers.js';
 
 const agent = fileURLToPath(new URL('../../examples/python/calculator_agent.py', import.meta.url));
@@ -19,7 +20,7 @@ const agent = fileURLToPath(new URL('../../examples/python/calculator_agent.py',
  * on the calculator task through the session gateway. A wrapper crashes the agent on every task whose expression
  * starts with 1, 2 or 3, as a broken agent would: those samples fail alone, with the agent's stderr.
  */
-describe.each([
+describe.skipIf(lacks('python')).each([
   ['sync', 0],
   ['batch-async', 1],
 ] as const)('rxrl run trains an unmodified Python openai-client agent (%s)', (mode, threshold) => {
@@ -61,7 +62,7 @@ describe.each([
   }, 240_000);
 });
 
-describe('rxrl worker runs the agent too (a Kafka run)', () => {
+describe.skipIf(lacks('python'))('rxrl worker runs the agent too (a Kafka run)', () => {
   it('trains from the agent samples rollout workers produced, batch-async, staleness within its bound', async () => {
     const kafka = kafkaClient('rxrl-agent-kafka-spec');
     const topics = kafkaTopics(uniqueName('agent'));

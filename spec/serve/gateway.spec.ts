@@ -16,6 +16,7 @@ import type { Task } from '../../lib/types.js';
 import { serve } from '../../lib/serve/server.js';
 import type { RolloutWorkerInput } from '../../lib/worker.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
+import { lacks } from '../helpers/testSetup.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 const pythonAgent = `python3 ${join(root, 'examples', 'python', 'calculator_agent.py')}`;
@@ -85,7 +86,7 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     expect(sample.logprobs.filter((_, j) => sample.lossMask[j] === 1).every((l) => l <= 0)).toBe(true);
   });
 
-  it('a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward', async () => {
+  it.skipIf(lacks('python'))('a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward', async () => {
     const sample = await worker({ command: pythonAgent })(input(), new AbortController().signal);
     expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
     expect(sample.response).toBe('5');
@@ -94,7 +95,7 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     expect(scored.reward).toBe(0.5);
   });
 
-  it('fails a sample alone, with a typed error: a crash (stderr kept), no call, a bad reward, a cancelled agent (killed)', async () => {
+  it.skipIf(lacks('python'))('fails a sample alone, with a typed error: a crash (stderr kept), no call, a bad reward, a cancelled agent (killed)', async () => {
     const signal = new AbortController().signal;
     const crash = await worker({ command: 'echo "boom: tool server down" >&2; exit 3' })(input(), signal).catch((e: unknown) => e);
     expect(crash).toBeInstanceOf(AgentError);
