@@ -17,7 +17,7 @@
  *
  * @packageDocumentation
  */
-import { isChatEngine, type ChatEngine, type ChatMessage, type ChatTool, type ToolCall } from '../chat/types.js';
+import { isChatEngine, type ChatEngine, type ChatMessage, type ChatResult, type ChatTool, type ToolCall } from '../chat/types.js';
 import { ConfigError, DecodeError, isAbortError, throwIfAborted } from '../errors.js';
 import { hashSeed } from '../random.js';
 import type { FinishReason, PolicyVersion, Task } from '../types.js';
@@ -92,25 +92,15 @@ export function agentWorker(options: AgentWorkerOptions): RolloutWorker {
       throw new ConfigError('agentWorker needs a chat engine: pass options.engine or roll out with an engine that implements chat');
     }
     const messages: ChatMessage[] = [...(environment.start?.(input.task) ?? [{ role: 'user', content: input.task.prompt }])];
-    let promptTokens: number[] | undefined;
-    const responseTokens: number[] = [];
-    const logprobs: number[] = [];
-    const lossMask: number[] = [];
-    let version: PolicyVersion = Infinity;
-    let finishReason: FinishReason = 'length';
-    let answer = '';
-    let toolCalls = 0;
-    let toolErrors = 0;
-    let envTokens = 0;
-    let turns = 0;
+    const episode = new Episode(input.id);
     // Estimated tokens not yet seen in a returned prompt: the opening messages (with BOS and an end-of-turn
     // token each), later the tool results.
     let pending = 1 + messages.reduce((sum, m) => sum + estimateTokens(engine, m.content) + 1, 0);
     for (let turn = 0; turn < maxTurns; turn++) {
       throwIfAborted(signal, { sample: input.id, turn });
-      const used = (promptTokens?.length ?? 0) + responseTokens.length + pending;
+      const used = episode.tokens + pending;
       if (used >= budget) {
-        finishReason = 'length';
+        episode.finishReason = 'length';
         break;
       }
       const result = await engine.chat(
@@ -124,70 +114,115 @@ export function agentWorker(options: AgentWorkerOptions): RolloutWorker {
         },
         signal,
       );
-      turns++;
-      if (promptTokens === undefined) {
-        promptTokens = result.promptTokens;
-        pending = 0;
-      } else {
-        const seen = [...promptTokens, ...responseTokens];
-        const consistent = result.promptTokens.length >= seen.length && seen.every((t, i) => result.promptTokens[i] === t);
-        if (!consistent) {
-          throw new DecodeError(`turn ${turn} prompt does not extend the conversation's tokens (chat template is not prefix-consistent)`, {
-            context: { sample: input.id, turn },
-          });
-        }
-        const added = result.promptTokens.slice(seen.length);
-        pending = 0;
-        envTokens += added.length;
-        responseTokens.push(...added);
-        logprobs.push(...added.map(() => 0));
-        lossMask.push(...added.map(() => 0));
-      }
-      responseTokens.push(...result.tokens);
-      logprobs.push(...result.logprobs);
-      lossMask.push(...result.tokens.map(() => 1));
-      version = Math.min(version, result.policyVersion);
-      finishReason = result.finishReason;
-      answer = result.message.content;
+      episode.add(result, turn);
+      pending = 0;
       messages.push(result.message);
       const calls = result.message.toolCalls ?? [];
       if (calls.length === 0 || result.finishReason !== 'stop') break;
       if (turn === maxTurns - 1) {
-        finishReason = 'length';
+        episode.finishReason = 'length';
         break;
       }
       for (const call of calls) {
-        toolCalls++;
-        let content: string;
-        try {
-          content = await environment.call(call, input.task, signal);
-        } catch (error) {
-          if (isAbortError(error) && signal.aborted) throw error;
-          toolErrors++;
-          content = errorText(call, error);
-        }
+        const content = await answerCall(environment, call, input.task, signal, episode, errorText);
         messages.push({ role: 'tool', content, toolCallId: call.id });
         pending += estimateTokens(engine, content) + 1; // + the end-of-turn token
       }
     }
-    const sample: RolloutSample = {
-      promptTokens: promptTokens ?? [],
-      responseTokens,
-      logprobs,
-      lossMask,
-      finishReason,
-      policyVersion: Number.isFinite(version) ? version : 0,
-      response: answer,
+    return episode.sample();
+  };
+}
+
+/** One episode's tokens and counters as its turns arrive: the trajectory it becomes. */
+class Episode {
+  promptTokens: number[] | undefined;
+  readonly responseTokens: number[] = [];
+  readonly logprobs: number[] = [];
+  readonly lossMask: number[] = [];
+  version: PolicyVersion = Infinity;
+  finishReason: FinishReason = 'length';
+  answer = '';
+  toolCalls = 0;
+  toolErrors = 0;
+  envTokens = 0;
+  turns = 0;
+
+  constructor(private readonly id: string) {}
+
+  /** Tokens of the episode so far (prompt, policy and environment). */
+  get tokens(): number {
+    return (this.promptTokens?.length ?? 0) + this.responseTokens.length;
+  }
+
+  /**
+   * Appends turn `turn`: the environment tokens its prompt adds after what the episode holds (masked), then the
+   * policy's tokens.
+   *
+   * @throws {@link DecodeError} when the prompt does not extend the episode's tokens.
+   */
+  add(result: ChatResult, turn: number): void {
+    this.turns++;
+    if (this.promptTokens === undefined) {
+      this.promptTokens = result.promptTokens;
+    } else {
+      const seen = [...this.promptTokens, ...this.responseTokens];
+      const consistent = result.promptTokens.length >= seen.length && seen.every((t, i) => result.promptTokens[i] === t);
+      if (!consistent) {
+        throw new DecodeError(`turn ${turn} prompt does not extend the conversation's tokens (chat template is not prefix-consistent)`, {
+          context: { sample: this.id, turn },
+        });
+      }
+      const added = result.promptTokens.slice(seen.length);
+      this.envTokens += added.length;
+      this.responseTokens.push(...added);
+      this.logprobs.push(...added.map(() => 0));
+      this.lossMask.push(...added.map(() => 0));
+    }
+    this.responseTokens.push(...result.tokens);
+    this.logprobs.push(...result.logprobs);
+    this.lossMask.push(...result.tokens.map(() => 1));
+    this.version = Math.min(this.version, result.policyVersion);
+    this.finishReason = result.finishReason;
+    this.answer = result.message.content;
+  }
+
+  sample(): RolloutSample {
+    return {
+      promptTokens: this.promptTokens ?? [],
+      responseTokens: this.responseTokens,
+      logprobs: this.logprobs,
+      lossMask: this.lossMask,
+      finishReason: this.finishReason,
+      policyVersion: Number.isFinite(this.version) ? this.version : 0,
+      response: this.answer,
       metrics: {
-        'agent/turns': turns,
-        'agent/tool_calls': toolCalls,
-        'agent/tool_errors': toolErrors,
-        'agent/policy_tokens': lossMask.filter((m) => m === 1).length,
-        'agent/env_tokens': envTokens,
+        'agent/turns': this.turns,
+        'agent/tool_calls': this.toolCalls,
+        'agent/tool_errors': this.toolErrors,
+        'agent/policy_tokens': this.lossMask.filter((m) => m === 1).length,
+        'agent/env_tokens': this.envTokens,
       },
     };
-    return sample;
-  };
+  }
+}
+
+/** Runs one tool call; a failure (not a cancellation) answers with `errorText` and counts as a tool error. */
+async function answerCall(
+  environment: ToolEnvironment,
+  call: ToolCall,
+  task: Task,
+  signal: AbortSignal,
+  episode: Episode,
+  errorText: (call: ToolCall, error: unknown) => string,
+): Promise<string> {
+  episode.toolCalls++;
+  try {
+    return await environment.call(call, task, signal);
+  } catch (error) {
+    if (isAbortError(error) && signal.aborted) throw error;
+    episode.toolErrors++;
+    return errorText(call, error);
+  }
 }
 
 /** Token count of a tool result under the engine's tokenizer (its length in characters if it cannot be encoded). */
