@@ -42,6 +42,14 @@ export class DecodeError extends RxrlError {
   override readonly name = 'DecodeError';
 }
 
+/**
+ * A prompt is certainly longer than a model's context allows, known from its text before it was encoded (see
+ * `Tokenizer.minTokens`). `context` holds `limit` and `atLeast` (tokens). Never retriable.
+ */
+export class ContextLengthError extends RxrlError {
+  override readonly name = 'ContextLengthError';
+}
+
 /** A requested TF.js backend is not installed or failed to initialize. */
 export class BackendUnavailableError extends RxrlError {
   override readonly name = 'BackendUnavailableError';
