@@ -13,10 +13,11 @@
  * NFC NFD NFKC NFKD tokens ≥ ⌈ #(UTF-16 units below U+0300 in text) / longest ⌉
  * ```
  *
- * Why the second line: normalizing never deletes a code point below U+0300 — each starts its own decomposition
- * with a code point below U+0300, and composition only absorbs code points from U+0300 up (combining marks, Hangul
- * vowels and trailing consonants) — and every code point is at least one byte. (The spec checks both facts over
- * every code point.)
+ * Why the second line: normalizing never deletes a code point below U+0300. Each decomposes to a sequence whose
+ * first code point composition never absorbs (composition absorbs a code point into the one before it only where
+ * a canonical decomposition has it after its first, and those are all from U+0300 up: combining marks, Hangul
+ * vowels and trailing consonants), so each leaves a code point of its own, of at least one byte. (The spec checks
+ * this over every code point.)
  *
  * @packageDocumentation
  */
@@ -25,7 +26,7 @@ import { Buffer } from 'node:buffer';
 /** A parsed JSON object. */
 type Json = Readonly<Record<string, unknown>>;
 
-/** Code points from here up are the only ones that canonical composition absorbs into a preceding one. */
+/** The smallest code point that canonical composition may absorb into the one before it (U+0300, a combining mark). */
 export const FIRST_COMPOSING_CODE_POINT = 0x300;
 
 /** Unicode normalizers that delete nothing (`tokenizer.json` `normalizer.type`). */
