@@ -50,6 +50,14 @@ export class ContextLengthError extends RxrlError {
   override readonly name = 'ContextLengthError';
 }
 
+/**
+ * Every sample of a training step failed under the `stop_on_error` policy: the run fails instead of stopping
+ * gracefully. `cause` is the failure that stopped it; `context.batch` the step's admission batch. Never retriable.
+ */
+export class StepFailedError extends RxrlError {
+  override readonly name = 'StepFailedError';
+}
+
 /** A requested TF.js backend is not installed or failed to initialize. */
 export class BackendUnavailableError extends RxrlError {
   override readonly name = 'BackendUnavailableError';
