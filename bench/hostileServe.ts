@@ -1,0 +1,191 @@
+/**
+ * `rxrl serve` under the hostile clients of issue 31, one JSON line per row:
+ *
+ * - `invalid-requests` (row 10): 2000 refused requests (405 and 400) to 2000 session ids, 64 at a time: their
+ *   time, the sessions they left open, and whether an agent still gets a session afterwards;
+ * - `concurrent-session` (row 11): 20 concurrent calls (`max_tokens` 16) in one session at
+ *   `--max-session-tokens 100`: the tokens it recorded, the calls answered and refused;
+ * - `huge-prompt` (row 12): a 3.9 MB prompt (completions, then chat) against a 200 000-token context: the time to
+ *   refuse it, and the latency of `/health` polled every 5 ms meanwhile;
+ * - `slow-reader` (row 13): a streamed completion (n = 16, 20 000 tokens each) read at 1 byte/s for `--seconds`:
+ *   the process's RSS and heap (after a gc) before, and at most while it is held;
+ * - `reward-overflow` (row 15): `1.7e308` posted twice as a session's reward: the statuses and the stored reward.
+ *
+ * The server runs in this process over a policy that never samples its stop token ({@link RunOnModel}), so each
+ * stream is exactly as long as its request and what is measured is the server; the slow reader is a paused raw
+ * socket that reads one byte a second (its own buffer is 16 KiB).
+ *
+ * Run: `npm run bench -- hostileServe [--seconds 40]` (after `npm run build`).
+ *
+ * @packageDocumentation
+ */
+import { connect } from 'node:net';
+
+import { CharTokenizer } from '../lib/model/tokenizer.js';
+import type { PolicyModel } from '../lib/model/transformer.js';
+import { serve, type RxrlServer } from '../lib/serve/server.js';
+import { RunOnModel } from './_fakes.js';
+
+function flag(args: readonly string[], name: string, fallback: string): string {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : fallback;
+}
+
+const print = (line: Record<string, unknown>): void => void process.stdout.write(`${JSON.stringify(line)}\n`);
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+const round = (x: number, digits = 1): number => Number(x.toFixed(digits));
+const MB = 1024 * 1024;
+
+async function post(url: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> {
+  const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  return { status: response.status, json: (await response.json()) as Record<string, unknown> };
+}
+
+/** Runs `count` jobs, `width` at a time. */
+async function pool(count: number, width: number, job: (i: number) => Promise<unknown>): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: width }, async () => {
+    while (next < count) await job(next++);
+  }));
+}
+
+async function invalidRequests(server: RxrlServer): Promise<void> {
+  const started = performance.now();
+  const statuses: Record<number, number> = {};
+  await pool(2000, 64, async (i) => {
+    const url = `${server.url}/sessions/intruder-${i}/v1/completions`;
+    const response =
+      i % 2 === 0
+        ? await fetch(url, { method: 'GET' })
+        : await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: -1 }) });
+    statuses[response.status] = (statuses[response.status] ?? 0) + 1;
+    await response.arrayBuffer();
+  });
+  const seconds = (performance.now() - started) / 1000;
+  const sessionsHeld = server.sessions.size;
+  const agent = await post(`${server.url}/sessions/agent-after/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
+  print({ bench: 'hostileServe', row: 10, case: 'invalid-requests', requests: 2000, statuses, seconds: round(seconds, 2), sessions_held: sessionsHeld, max_sessions: server.sessions.maxSessions, agent_status: agent.status });
+}
+
+async function concurrentSession(server: RxrlServer): Promise<void> {
+  const results = await Promise.all(Array.from({ length: 20 }, () => post(`${server.url}/sessions/agent/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 16 })));
+  const session = server.sessions.get('agent');
+  print({
+    bench: 'hostileServe',
+    row: 11,
+    case: 'concurrent-session',
+    calls: 20,
+    max_session_tokens: server.sessions.maxTokens,
+    answered: results.filter((r) => r.status === 200).length,
+    refused: results.filter((r) => r.status !== 200).length,
+    recorded_tokens: session.tokens,
+  });
+}
+
+async function hugePrompt(server: RxrlServer): Promise<void> {
+  const huge = 'ab'.repeat(1_950_000);
+  for (const [route, body] of [
+    ['completions', { model: 'rxrl-policy', prompt: huge, max_tokens: 4 }],
+    ['chat', { model: 'rxrl-policy', messages: [{ role: 'user', content: huge }] }],
+  ] as const) {
+    const latencies: number[] = [];
+    let done = false;
+    const poll = (async () => {
+      while (!done) {
+        const at = performance.now();
+        await (await fetch(`${server.url}/health`)).arrayBuffer();
+        latencies.push(performance.now() - at);
+        await sleep(5);
+      }
+    })();
+    const started = performance.now();
+    const answer = await post(`${server.url}/v1/${route === 'chat' ? 'chat/completions' : 'completions'}`, body);
+    const ms = performance.now() - started;
+    done = true;
+    await poll;
+    print({
+      bench: 'hostileServe',
+      row: 12,
+      case: 'huge-prompt',
+      route,
+      prompt_mb: round(Buffer.byteLength(huge) / 1e6, 2),
+      max_model_len: 200_000,
+      status: answer.status,
+      code: (answer.json.error as { code?: string } | undefined)?.code ?? null,
+      ms_to_answer: round(ms),
+      health_polls: latencies.length,
+      health_max_ms: round(Math.max(0, ...latencies)),
+    });
+  }
+}
+
+function memory(): { rss: number; heap: number } {
+  (globalThis as { gc?: () => void }).gc?.();
+  const m = process.memoryUsage();
+  return { rss: m.rss / MB, heap: (m.heapUsed + m.external + m.arrayBuffers) / MB };
+}
+
+async function slowReader(server: RxrlServer, model: RunOnModel, seconds: number): Promise<void> {
+  const n = 16;
+  const maxTokens = 20_000;
+  const before = memory();
+  const body = JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: maxTokens, n, stream: true });
+  const socket = connect(server.port, '127.0.0.1');
+  socket.pause();
+  socket.write(`POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  let read = 0;
+  let peak = before;
+  const startProduced = model.produced;
+  for (let s = 0; s < seconds; s++) {
+    await sleep(1000);
+    if (socket.read(1) !== null) read++;
+    const now = memory();
+    peak = { rss: Math.max(peak.rss, now.rss), heap: Math.max(peak.heap, now.heap) };
+  }
+  const produced = model.produced - startProduced;
+  socket.destroy();
+  await sleep(200);
+  const after = memory();
+  print({
+    bench: 'hostileServe',
+    row: 13,
+    case: 'slow-reader',
+    n,
+    max_tokens: maxTokens,
+    tokens_generated: produced,
+    seconds,
+    bytes_read: read,
+    rss_before_mb: round(before.rss),
+    rss_peak_mb: round(peak.rss),
+    rss_growth_mb: round(peak.rss - before.rss),
+    heap_before_mb: round(before.heap),
+    heap_peak_mb: round(peak.heap),
+    heap_growth_mb: round(peak.heap - before.heap),
+    rss_after_close_mb: round(after.rss),
+  });
+}
+
+async function rewardOverflow(server: RxrlServer): Promise<void> {
+  await post(`${server.url}/sessions/greedy/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
+  const first = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
+  const second = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
+  const stored = (await (await fetch(`${server.url}/sessions/greedy`)).json()) as { reward: number | null };
+  print({ bench: 'hostileServe', row: 15, case: 'reward-overflow', first_status: first.status, second_status: second.status, second_code: (second.json.error as { code?: string } | undefined)?.code ?? null, stored_reward: stored.reward === null ? null : String(stored.reward) });
+}
+
+/** Runs the benchmark. */
+export async function main(args: readonly string[]): Promise<void> {
+  const seconds = Number(flag(args, 'seconds', '40'));
+  const tokenizer = new CharTokenizer();
+  const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
+  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, sessions: { maxTokens: 100 } });
+  try {
+    await invalidRequests(server);
+    await concurrentSession(server);
+    await hugePrompt(server);
+    await rewardOverflow(server);
+    await slowReader(server, model, seconds);
+  } finally {
+    await server.close();
+  }
+}
