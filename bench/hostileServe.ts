@@ -69,7 +69,7 @@ async function invalidRequests(server: RxrlServer): Promise<void> {
 
 async function concurrentSession(server: RxrlServer): Promise<void> {
   const results = await Promise.all(Array.from({ length: 20 }, () => post(`${server.url}/sessions/agent/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 16 })));
-  const session = server.sessions.get('agent');
+  const session = server.sessions.size > 0 ? server.sessions.get('agent') : undefined;
   print({
     bench: 'hostileServe',
     row: 11,
@@ -78,7 +78,7 @@ async function concurrentSession(server: RxrlServer): Promise<void> {
     max_session_tokens: server.sessions.maxTokens,
     answered: results.filter((r) => r.status === 200).length,
     refused: results.filter((r) => r.status !== 200).length,
-    recorded_tokens: session.tokens,
+    recorded_tokens: session?.tokens ?? null,
   });
 }
 
@@ -173,19 +173,24 @@ async function rewardOverflow(server: RxrlServer): Promise<void> {
   print({ bench: 'hostileServe', row: 15, case: 'reward-overflow', first_status: first.status, second_status: second.status, second_code: (second.json.error as { code?: string } | undefined)?.code ?? null, stored_reward: stored.reward === null ? null : String(stored.reward) });
 }
 
-/** Runs the benchmark. */
+/** Runs the benchmark: each row on a server of its own. */
 export async function main(args: readonly string[]): Promise<void> {
   const seconds = Number(flag(args, 'seconds', '40'));
   const tokenizer = new CharTokenizer();
-  const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
-  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, sessions: { maxTokens: 100 } });
-  try {
-    await invalidRequests(server);
-    await concurrentSession(server);
-    await hugePrompt(server);
-    await rewardOverflow(server);
-    await slowReader(server, model, seconds);
-  } finally {
-    await server.close();
+  const rows: ((server: RxrlServer, model: RunOnModel) => Promise<void>)[] = [
+    invalidRequests,
+    concurrentSession,
+    hugePrompt,
+    rewardOverflow,
+    (server, model) => slowReader(server, model, seconds),
+  ];
+  for (const row of rows) {
+    const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
+    const server = await serve({ model: model as unknown as PolicyModel, tokenizer, sessions: { maxTokens: 100 } });
+    try {
+      await row(server, model);
+    } finally {
+      await server.close();
+    }
   }
 }
