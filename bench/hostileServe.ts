@@ -5,10 +5,11 @@
  *   time, the sessions they left open, and whether an agent still gets a session afterwards;
  * - `concurrent-session` (row 11): 20 concurrent calls (`max_tokens` 16) in one session at
  *   `--max-session-tokens 100`: the tokens it recorded, the calls answered and refused;
- * - `huge-prompt` (row 12): a 3.9 MB prompt (completions, then chat) against a 200 000-token context: the time to
+ * - `huge-prompt` (row 12): a 3.9 MB prompt (completions, then chat) against a 200 000-token context, with the
+ *   character tokenizer and with a byte-level BPE (the tiny Qwen2 fixture and its chat template): the time to
  *   refuse it, and the latency of `/health` polled every 5 ms meanwhile;
- * - `slow-reader` (row 13): a streamed completion (n = 16, 20 000 tokens each) read at 1 byte/s for `--seconds`:
- *   the process's RSS and heap (after a gc) before, and at most while it is held;
+ * - `slow-reader` (row 13, first, in a fresh process): a streamed completion (n = 16, 20 000 tokens each) read at
+ *   1 byte/s for `--seconds`: the process's RSS and heap (after a gc) before, and at most while it is held;
  * - `reward-overflow` (row 15): `1.7e308` posted twice as a session's reward: the statuses and the stored reward.
  *
  * The server runs in this process over a policy that never samples its stop token ({@link RunOnModel}), so each
@@ -20,7 +21,12 @@
  * @packageDocumentation
  */
 import { connect } from 'node:net';
+import { fileURLToPath } from 'node:url';
 
+import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
+import type { ChatTemplate } from '../lib/chat/template.js';
+import type { Tokenizer } from '../lib/engine/types.js';
+import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import type { PolicyModel } from '../lib/model/transformer.js';
 import { serve, type RxrlServer } from '../lib/serve/server.js';
@@ -82,7 +88,7 @@ async function concurrentSession(server: RxrlServer): Promise<void> {
   });
 }
 
-async function hugePrompt(server: RxrlServer): Promise<void> {
+async function hugePrompt(server: RxrlServer, tokenizerName: string): Promise<void> {
   const huge = 'ab'.repeat(1_950_000);
   for (const [route, body] of [
     ['completions', { model: 'rxrl-policy', prompt: huge, max_tokens: 4 }],
@@ -108,6 +114,7 @@ async function hugePrompt(server: RxrlServer): Promise<void> {
       row: 12,
       case: 'huge-prompt',
       route,
+      tokenizer: tokenizerName,
       prompt_mb: round(Buffer.byteLength(huge) / 1e6, 2),
       max_model_len: 200_000,
       status: answer.status,
@@ -173,20 +180,30 @@ async function rewardOverflow(server: RxrlServer): Promise<void> {
   print({ bench: 'hostileServe', row: 15, case: 'reward-overflow', first_status: first.status, second_status: second.status, second_code: (second.json.error as { code?: string } | undefined)?.code ?? null, stored_reward: stored.reward === null ? null : String(stored.reward) });
 }
 
-/** Runs the benchmark: each row on a server of its own. */
+/** A server over a {@link RunOnModel} of `tokenizer`'s `ab`, with a 100-token session limit. */
+async function runOnServer(tokenizer: Tokenizer, chatTemplate?: ChatTemplate): Promise<{ server: RxrlServer; model: RunOnModel }> {
+  const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
+  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, ...(chatTemplate ? { chatTemplate } : {}), sessions: { maxTokens: 100 } });
+  return { server, model };
+}
+
+/** Runs the benchmark: each row on a server of its own, the slow reader first (its RSS from a fresh process). */
 export async function main(args: readonly string[]): Promise<void> {
   const seconds = Number(flag(args, 'seconds', '40'));
-  const tokenizer = new CharTokenizer();
-  const rows: ((server: RxrlServer, model: RunOnModel) => Promise<void>)[] = [
-    invalidRequests,
-    concurrentSession,
-    hugePrompt,
-    rewardOverflow,
-    (server, model) => slowReader(server, model, seconds),
+  const chars = new CharTokenizer();
+  const qwenDir = fileURLToPath(new URL('../../spec/fixtures/hf/tiny-qwen2/', import.meta.url));
+  const qwen = await loadTokenizer(qwenDir);
+  const qwenTemplate = await loadChatTemplate(qwenDir, qwen);
+  const rows: [Tokenizer, ChatTemplate | undefined, (server: RxrlServer, model: RunOnModel) => Promise<void>][] = [
+    [chars, undefined, (server, model) => slowReader(server, model, seconds)],
+    [chars, undefined, invalidRequests],
+    [chars, undefined, concurrentSession],
+    [chars, undefined, (server) => hugePrompt(server, 'char')],
+    [qwen, qwenTemplate, (server) => hugePrompt(server, 'tiny-qwen2 (byte-level BPE, NFC)')],
+    [chars, undefined, rewardOverflow],
   ];
-  for (const row of rows) {
-    const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
-    const server = await serve({ model: model as unknown as PolicyModel, tokenizer, sessions: { maxTokens: 100 } });
+  for (const [tokenizer, template, row] of rows) {
+    const { server, model } = await runOnServer(tokenizer, template);
     try {
       await row(server, model);
     } finally {
