@@ -8,18 +8,21 @@
  * - `huge-prompt` (row 12): a 3.9 MB prompt (completions, then chat) against a 200 000-token context, with the
  *   character tokenizer and with a byte-level BPE (the tiny Qwen2 fixture and its chat template): the time to
  *   refuse it, and the latency of `/health` polled every 5 ms meanwhile;
- * - `slow-reader` (row 13, first, in a fresh process): a streamed completion (n = 16, 20 000 tokens each) read at
- *   1 byte/s for `--seconds`: the process's RSS and heap (after a gc) before, and at most while it is held;
+ * - `slow-reader` (row 13): a streamed completion (n = 16, 20 000 tokens each) read at 1 byte/s for `--seconds`:
+ *   the server's RSS before, its peak (VmHWM) and what it holds at the end;
  * - `reward-overflow` (row 15): `1.7e308` posted twice as a session's reward: the statuses and the stored reward.
  *
- * The server runs in this process over a policy that never samples its stop token ({@link RunOnModel}), so each
- * stream is exactly as long as its request and what is measured is the server; the slow reader is a paused raw
- * socket that reads one byte a second (its own buffer is 16 KiB).
+ * Each row's server runs in a child process of its own (its RSS read from `/proc/<pid>/status`, its event loop
+ * apart from the clients') over a policy that never samples its stop token ({@link RunOnModel}), so each stream is
+ * exactly as long as its request and what is measured is the server; the slow reader is a paused raw socket that
+ * reads one byte a second.
  *
  * Run: `npm run bench -- hostileServe [--seconds 40]` (after `npm run build`).
  *
  * @packageDocumentation
  */
+import { spawn } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { fileURLToPath } from 'node:url';
 
@@ -29,7 +32,7 @@ import type { Tokenizer } from '../lib/engine/types.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import type { PolicyModel } from '../lib/model/transformer.js';
-import { serve, type RxrlServer } from '../lib/serve/server.js';
+import { serve } from '../lib/serve/server.js';
 import { RunOnModel } from './_fakes.js';
 
 function flag(args: readonly string[], name: string, fallback: string): string {
@@ -40,7 +43,6 @@ function flag(args: readonly string[], name: string, fallback: string): string {
 const print = (line: Record<string, unknown>): void => void process.stdout.write(`${JSON.stringify(line)}\n`);
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 const round = (x: number, digits = 1): number => Number(x.toFixed(digits));
-const MB = 1024 * 1024;
 
 async function post(url: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> {
   const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
@@ -55,7 +57,7 @@ async function pool(count: number, width: number, job: (i: number) => Promise<un
   }));
 }
 
-async function invalidRequests(server: RxrlServer): Promise<void> {
+async function invalidRequests(server: Child): Promise<void> {
   const started = performance.now();
   const statuses: Record<number, number> = {};
   await pool(2000, 64, async (i) => {
@@ -68,27 +70,33 @@ async function invalidRequests(server: RxrlServer): Promise<void> {
     await response.arrayBuffer();
   });
   const seconds = (performance.now() - started) / 1000;
-  const sessionsHeld = server.sessions.size;
+  let sessionsHeld = 0;
+  await pool(2000, 64, async (i) => {
+    const response = await fetch(`${server.url}/sessions/intruder-${i}`);
+    if (response.status === 200) sessionsHeld++;
+    await response.arrayBuffer();
+  });
   const agent = await post(`${server.url}/sessions/agent-after/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
-  print({ bench: 'hostileServe', row: 10, case: 'invalid-requests', requests: 2000, statuses, seconds: round(seconds, 2), sessions_held: sessionsHeld, max_sessions: server.sessions.maxSessions, agent_status: agent.status });
+  print({ bench: 'hostileServe', row: 10, case: 'invalid-requests', requests: 2000, statuses, seconds: round(seconds, 2), sessions_held: sessionsHeld, max_sessions: 1024, agent_status: agent.status });
 }
 
-async function concurrentSession(server: RxrlServer): Promise<void> {
+async function concurrentSession(server: Child): Promise<void> {
   const results = await Promise.all(Array.from({ length: 20 }, () => post(`${server.url}/sessions/agent/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 16 })));
-  const session = server.sessions.size > 0 ? server.sessions.get('agent') : undefined;
+  const session = await fetch(`${server.url}/sessions/agent`);
+  const recorded = session.status === 200 ? ((await session.json()) as { tokens: number }).tokens : null;
   print({
     bench: 'hostileServe',
     row: 11,
     case: 'concurrent-session',
     calls: 20,
-    max_session_tokens: server.sessions.maxTokens,
+    max_session_tokens: 100,
     answered: results.filter((r) => r.status === 200).length,
     refused: results.filter((r) => r.status !== 200).length,
-    recorded_tokens: session?.tokens ?? null,
+    recorded_tokens: recorded,
   });
 }
 
-async function hugePrompt(server: RxrlServer, tokenizerName: string): Promise<void> {
+async function hugePrompt(server: Child, tokenizerName: string): Promise<void> {
   const huge = 'ab'.repeat(1_950_000);
   for (const [route, body] of [
     ['completions', { model: 'rxrl-policy', prompt: huge, max_tokens: 4 }],
@@ -126,53 +134,44 @@ async function hugePrompt(server: RxrlServer, tokenizerName: string): Promise<vo
   }
 }
 
-function memory(): { rss: number; heap: number } {
-  (globalThis as { gc?: () => void }).gc?.();
-  const m = process.memoryUsage();
-  return { rss: m.rss / MB, heap: (m.heapUsed + m.external + m.arrayBuffers) / MB };
+/** Resident and peak resident memory of a process, in MiB (Linux `/proc/<pid>/status`). */
+async function memoryOf(pid: number): Promise<{ rss: number; peak: number }> {
+  const status = await readFile(`/proc/${pid}/status`, 'utf8');
+  const kib = (key: string): number => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? Number.NaN);
+  return { rss: kib('VmRSS') / 1024, peak: kib('VmHWM') / 1024 };
 }
 
-async function slowReader(server: RxrlServer, model: RunOnModel, seconds: number): Promise<void> {
+async function slowReader(server: Child, seconds: number): Promise<void> {
   const n = 16;
   const maxTokens = 20_000;
-  const before = memory();
+  const before = await memoryOf(server.pid);
   const body = JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: maxTokens, n, stream: true });
   const socket = connect(server.port, '127.0.0.1');
   socket.pause();
   socket.write(`POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
   let read = 0;
-  let peak = before;
-  const startProduced = model.produced;
   for (let s = 0; s < seconds; s++) {
     await sleep(1000);
     if (socket.read(1) !== null) read++;
-    const now = memory();
-    peak = { rss: Math.max(peak.rss, now.rss), heap: Math.max(peak.heap, now.heap) };
   }
-  const produced = model.produced - startProduced;
+  const held = await memoryOf(server.pid);
   socket.destroy();
-  await sleep(200);
-  const after = memory();
   print({
     bench: 'hostileServe',
     row: 13,
     case: 'slow-reader',
     n,
     max_tokens: maxTokens,
-    tokens_generated: produced,
     seconds,
     bytes_read: read,
     rss_before_mb: round(before.rss),
-    rss_peak_mb: round(peak.rss),
-    rss_growth_mb: round(peak.rss - before.rss),
-    heap_before_mb: round(before.heap),
-    heap_peak_mb: round(peak.heap),
-    heap_growth_mb: round(peak.heap - before.heap),
-    rss_after_close_mb: round(after.rss),
+    rss_peak_mb: round(held.peak),
+    rss_growth_mb: round(held.peak - before.rss),
+    rss_held_mb: round(held.rss),
   });
 }
 
-async function rewardOverflow(server: RxrlServer): Promise<void> {
+async function rewardOverflow(server: Child): Promise<void> {
   await post(`${server.url}/sessions/greedy/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
   const first = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
   const second = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
@@ -180,32 +179,71 @@ async function rewardOverflow(server: RxrlServer): Promise<void> {
   print({ bench: 'hostileServe', row: 15, case: 'reward-overflow', first_status: first.status, second_status: second.status, second_code: (second.json.error as { code?: string } | undefined)?.code ?? null, stored_reward: stored.reward === null ? null : String(stored.reward) });
 }
 
-/** A server over a {@link RunOnModel} of `tokenizer`'s `ab`, with a 100-token session limit. */
-async function runOnServer(tokenizer: Tokenizer, chatTemplate?: ChatTemplate): Promise<{ server: RxrlServer; model: RunOnModel }> {
-  const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
-  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, ...(chatTemplate ? { chatTemplate } : {}), sessions: { maxTokens: 100 } });
-  return { server, model };
+/** The server of one row: a child process (`--serve <tokenizer>`), so that its memory and event loop are its own. */
+interface Child {
+  readonly url: string;
+  readonly port: number;
+  readonly pid: number;
+  close(): Promise<void>;
 }
 
-/** Runs the benchmark: each row on a server of its own, the slow reader first (its RSS from a fresh process). */
+const TOKENIZERS = ['char', 'tiny-qwen2'] as const;
+
+/** Starts `node dist/bench/run.js hostileServe --serve <tokenizer>` and waits for its address. */
+function startChild(tokenizer: (typeof TOKENIZERS)[number]): Promise<Child> {
+  const child = spawn(process.execPath, [fileURLToPath(new URL('./run.js', import.meta.url)), 'hostileServe', '--serve', tokenizer], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const close = (): Promise<void> =>
+    new Promise((resolve) => {
+      if (child.exitCode !== null) return resolve();
+      child.once('exit', () => resolve());
+      child.kill('SIGTERM');
+    });
+  return new Promise((resolve, reject) => {
+    let text = '';
+    child.stdout.on('data', (chunk: Buffer) => {
+      text += chunk.toString('utf8');
+      const newline = text.indexOf('\n');
+      if (newline >= 0) {
+        const { url, port } = JSON.parse(text.slice(0, newline)) as { url: string; port: number };
+        resolve({ url, port, pid: child.pid!, close });
+      }
+    });
+    child.once('exit', (code) => reject(new Error(`the server child exited (${code}) before listening`)));
+  });
+}
+
+/** The child's side: a server over a {@link RunOnModel} with a 100-token session limit, until SIGTERM. */
+async function serveChild(name: string): Promise<void> {
+  let tokenizer: Tokenizer = new CharTokenizer();
+  let chatTemplate: ChatTemplate | undefined;
+  if (name === 'tiny-qwen2') {
+    const dir = fileURLToPath(new URL('../../spec/fixtures/hf/tiny-qwen2/', import.meta.url));
+    tokenizer = await loadTokenizer(dir);
+    chatTemplate = await loadChatTemplate(dir, tokenizer);
+  }
+  const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
+  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, ...(chatTemplate ? { chatTemplate } : {}), sessions: { maxTokens: 100 } });
+  process.stdout.write(`${JSON.stringify({ url: server.url, port: server.port })}\n`);
+  await new Promise<void>((resolve) => process.once('SIGTERM', () => resolve()));
+  await server.close();
+}
+
+/** Runs the benchmark: each row against a server process of its own. */
 export async function main(args: readonly string[]): Promise<void> {
+  if (args[0] === '--serve') return serveChild(args[1]);
   const seconds = Number(flag(args, 'seconds', '40'));
-  const chars = new CharTokenizer();
-  const qwenDir = fileURLToPath(new URL('../../spec/fixtures/hf/tiny-qwen2/', import.meta.url));
-  const qwen = await loadTokenizer(qwenDir);
-  const qwenTemplate = await loadChatTemplate(qwenDir, qwen);
-  const rows: [Tokenizer, ChatTemplate | undefined, (server: RxrlServer, model: RunOnModel) => Promise<void>][] = [
-    [chars, undefined, (server, model) => slowReader(server, model, seconds)],
-    [chars, undefined, invalidRequests],
-    [chars, undefined, concurrentSession],
-    [chars, undefined, (server) => hugePrompt(server, 'char')],
-    [qwen, qwenTemplate, (server) => hugePrompt(server, 'tiny-qwen2 (byte-level BPE, NFC)')],
-    [chars, undefined, rewardOverflow],
+  const rows: [(typeof TOKENIZERS)[number], (server: Child) => Promise<void>][] = [
+    ['char', invalidRequests],
+    ['char', concurrentSession],
+    ['char', (server) => hugePrompt(server, 'char')],
+    ['tiny-qwen2', (server) => hugePrompt(server, 'tiny-qwen2 (byte-level BPE, NFC)')],
+    ['char', rewardOverflow],
+    ['char', (server) => slowReader(server, seconds)],
   ];
-  for (const [tokenizer, template, row] of rows) {
-    const { server, model } = await runOnServer(tokenizer, template);
+  for (const [tokenizer, row] of rows) {
+    const server = await startChild(tokenizer);
     try {
-      await row(server, model);
+      await row(server);
     } finally {
       await server.close();
     }
