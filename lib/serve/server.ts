@@ -522,7 +522,7 @@ async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventS
     started = true;
     res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive' });
   };
-  const { sink, close } = eventSink(res, signal, begin);
+  const { sink, close, stats } = eventSink(res, signal, begin);
   try {
     await stream.run(sink);
   } catch (error) {
@@ -532,6 +532,8 @@ async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventS
     sink.send(refused?.toBody() ?? errorBody('internal server error', 'server_error'));
   } finally {
     close();
+    // How much the stream wrote, and the most it left waiting in the connection's buffer (a slow reader's cost).
+    ctx.log({ event: 'stream', chunks: stats.chunks, bytes: stats.bytes, peak_buffered_bytes: stats.peakBuffered });
   }
   begin();
   if (!res.destroyed) res.end('data: [DONE]\n\n');
@@ -540,9 +542,15 @@ async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventS
 /**
  * The {@link EventSink} of a response: `send` writes a chunk and notes when `res.write` returns false (the
  * connection's buffer passed its high-water mark); `room` is false from then until `'drain'`; `drained` waits for
- * it and rejects once the client is gone (`signal`). `close` detaches it from the response.
+ * it and rejects once the client is gone (`signal`). `close` detaches it from the response; `stats` counts the
+ * chunks and bytes written and the most bytes the response buffered.
  */
-function eventSink(res: ServerResponse, signal: AbortSignal, begin: () => void): { sink: EventSink; close: () => void } {
+function eventSink(
+  res: ServerResponse,
+  signal: AbortSignal,
+  begin: () => void,
+): { sink: EventSink; close: () => void; stats: { chunks: number; bytes: number; peakBuffered: number } } {
+  const stats = { chunks: 0, bytes: 0, peakBuffered: 0 };
   let room = true;
   const listeners: (() => void)[] = [];
   let waiting: { resolve: () => void; reject: (error: unknown) => void }[] = [];
@@ -564,7 +572,12 @@ function eventSink(res: ServerResponse, signal: AbortSignal, begin: () => void):
   const sink: EventSink = {
     send(chunk) {
       begin();
-      if (!res.destroyed && !res.write(`data: ${JSON.stringify(chunk)}\n\n`)) room = false;
+      if (res.destroyed) return;
+      const event = `data: ${JSON.stringify(chunk)}\n\n`;
+      if (!res.write(event)) room = false;
+      stats.chunks++;
+      stats.bytes += Buffer.byteLength(event);
+      stats.peakBuffered = Math.max(stats.peakBuffered, res.writableLength);
     },
     get room() {
       return room && !res.destroyed;
@@ -584,5 +597,5 @@ function eventSink(res: ServerResponse, signal: AbortSignal, begin: () => void):
     listeners.length = 0;
     settle(gone());
   };
-  return { sink, close };
+  return { sink, close, stats };
 }
