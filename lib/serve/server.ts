@@ -14,13 +14,14 @@
  * | `POST /v1/load_lora_adapter` | vLLM's API: `{ lora_name, lora_path, load_inplace? }` serves a PEFT LoRA |
  * |  | directory as model `lora_name` on the shared base ({@link loadLoraAdapter}) |
  * | `POST /v1/unload_lora_adapter` | `{ lora_name }` |
- * | `/sessions/{id}/v1/…` | the routes above, recorded in session `id` (opened by its first call): token-exact |
- * |  | multi-turn prompts, calls, trajectories ({@link SessionStore}) |
+ * | `/sessions/{id}/v1/…` | the routes above, recorded in session `id` (opened by its first valid call; each call |
+ * |  | reserves its tokens there): token-exact multi-turn prompts, calls, trajectories ({@link SessionStore}) |
  * | `GET /sessions/{id}` | the calls and samples (`?mode=trajectory|transition`, `?discount=`); `DELETE` frees it |
  * | `POST /sessions/{id}/reward`, `POST /sessions/{id}/end` | `{ reward, call? }`; no more calls after the end |
  *
  * `"stream": true` answers both completion routes with server-sent events, as OpenAI does ({@link EventStream}):
- * text as it is sampled, `stream_options.include_usage`, `data: [DONE]` at the end.
+ * text as it is sampled, `stream_options.include_usage`, `data: [DONE]` at the end; written as the client's
+ * connection drains, so a slow reader cannot make the server pile up its stream.
  * vLLM's extensions are understood: `return_tokens_as_token_ids` (log-prob tokens spelled `token_id:<id>`),
  * `return_token_ids` (`token_ids` per choice and `prompt_token_ids`), `stop_token_ids` and
  * `include_stop_str_in_output`. Every response carries `policy_version` (and `system_fingerprint`
