@@ -217,10 +217,7 @@ export function policyLoop(
     };
     const groups$ = admit(loader, allGates(lanes.map((lane) => lane.gate)), { onAdmit }).pipe(
       stage.rollout(config.concurrency ?? admittable(first.gate) * groupSize),
-      tap((output) => {
-        config.onSample?.(output);
-        if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
-      }),
+      tap(sampleListener(config)),
       groupTrajectories({
         keys: ['groupId'],
         groupSize,
@@ -265,6 +262,14 @@ export function policyLoop(
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+/** The listener of each rollout output: `onSample`, then `onSampleFailure` for a failure that was not skipped. */
+function sampleListener(config: PolicyLoopConfig): (output: RolloutOutput) => void {
+  return (output) => {
+    config.onSample?.(output);
+    if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
+  };
 }
 
 /**
