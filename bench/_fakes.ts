@@ -59,3 +59,49 @@ export class SleepTrainer implements Trainer {
     return { step, version: step + 1, metrics: { ...batch.metrics }, skipped: false, trajectoryIds: [], weights: () => weights };
   }
 }
+
+/**
+ * A policy that writes the given ids in turn up to each request's `maxTokens` and never samples a stop token, at
+ * the speed of a loop: served by `serve({ model })`, it makes a stream exactly as long as the request asks, so a
+ * benchmark measures the server, not a model. Rows whose signal fires stop.
+ */
+export class RunOnModel {
+  readonly config: { readonly vocabSize: number; readonly maxSeqLen: number; readonly dModel: number; readonly nLayers: number; readonly nHeads: number; readonly dFF: number };
+  /** Tokens written so far, over every request. */
+  produced = 0;
+
+  constructor(
+    private readonly ids: readonly number[],
+    vocabSize: number,
+    maxSeqLen: number,
+  ) {
+    this.config = { vocabSize, maxSeqLen, dModel: 8, nLayers: 1, nHeads: 1, dFF: 8 };
+  }
+
+  async generate(
+    requests: readonly GenerateRequest[],
+    options: { readonly signal?: AbortSignal; readonly version?: number; readonly rowSignals?: readonly (AbortSignal | undefined)[] } = {},
+  ): Promise<GenerateResponse[]> {
+    const rows = requests.map(() => ({ tokens: [] as number[], logprobs: [] as number[], finishReason: undefined as GenerateResponse['finishReason'] | undefined }));
+    for (let step = 0; rows.some((r) => r.finishReason === undefined); step++) {
+      if (step % 512 === 511) await new Promise((resolve) => setImmediate(resolve));
+      requests.forEach((request, i) => {
+        const row = rows[i];
+        if (row.finishReason !== undefined) return;
+        if (options.rowSignals?.[i]?.aborted || options.signal?.aborted) {
+          row.finishReason = 'abort';
+          return;
+        }
+        const token = this.ids[step % this.ids.length];
+        row.tokens.push(token);
+        row.logprobs.push(-0.5);
+        this.produced++;
+        request.onToken?.(token, -0.5);
+        if (row.tokens.length >= request.maxTokens) row.finishReason = 'length';
+      });
+    }
+    return rows.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, finishReason: r.finishReason!, policyVersion: options.version ?? 0 }));
+  }
+
+  setWeights(): void {}
+}

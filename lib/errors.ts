@@ -42,6 +42,22 @@ export class DecodeError extends RxrlError {
   override readonly name = 'DecodeError';
 }
 
+/**
+ * A prompt is certainly longer than a model's context allows, known from its text before it was encoded (see
+ * `Tokenizer.minTokens`). `context` holds `limit` and `atLeast` (tokens). Never retriable.
+ */
+export class ContextLengthError extends RxrlError {
+  override readonly name = 'ContextLengthError';
+}
+
+/**
+ * Every sample of a training step failed under the `stop_on_error` policy: the run fails instead of stopping
+ * gracefully. `cause` is the failure that stopped it; `context.batch` the step's admission batch. Never retriable.
+ */
+export class StepFailedError extends RxrlError {
+  override readonly name = 'StepFailedError';
+}
+
 /** A requested TF.js backend is not installed or failed to initialize. */
 export class BackendUnavailableError extends RxrlError {
   override readonly name = 'BackendUnavailableError';

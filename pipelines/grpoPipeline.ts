@@ -76,6 +76,8 @@ export interface GrpoPipelineConfig {
   readonly worker?: RolloutWorker;
   /** Sees each sample that failed (engine or evaluator error); the run goes on with its group shrunk. */
   readonly onSampleFailure?: (failure: SampleFailure) => void;
+  /** Sees each sample as it ends: a trajectory, a failure (before `onSampleFailure`) or a skipped episode. */
+  readonly onSample?: (output: RolloutOutput) => void;
   /** Sees each admitted task with its 0-based admission index. */
   readonly onAdmit?: (task: Task, index: number) => void;
   /** Sees each batch as it enters the trainer. */
@@ -215,9 +217,7 @@ export function policyLoop(
     };
     const groups$ = admit(loader, allGates(lanes.map((lane) => lane.gate)), { onAdmit }).pipe(
       stage.rollout(config.concurrency ?? admittable(first.gate) * groupSize),
-      tap((output) => {
-        if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
-      }),
+      tap(sampleListener(config)),
       groupTrajectories({
         keys: ['groupId'],
         groupSize,
@@ -262,6 +262,14 @@ export function policyLoop(
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+/** The listener of each rollout output: `onSample`, then `onSampleFailure` for a failure that was not skipped. */
+function sampleListener(config: PolicyLoopConfig): (output: RolloutOutput) => void {
+  return (output) => {
+    config.onSample?.(output);
+    if (isSampleFailure(output) && output.skipped !== true) config.onSampleFailure?.(output);
+  };
 }
 
 /**

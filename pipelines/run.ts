@@ -9,7 +9,7 @@ import type { RxrlConfig } from '../lib/config/schema.js';
 import { checkPrompts } from '../lib/data/checkPrompts.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
-import { ConfigError, asStorageError } from '../lib/errors.js';
+import { ConfigError, asStorageError, type StepFailedError } from '../lib/errors.js';
 import { tinkerServiceLost } from '../lib/tinker/client.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
@@ -21,13 +21,15 @@ import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Metrics, PolicyVersion, Task } from '../lib/types.js';
+import { isSampleFailure, type Metrics, type PolicyVersion, type SampleFailure, type Task } from '../lib/types.js';
 import { closeWorker, singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
+import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { loadAgentsRecipe } from './parts/agentsRecipe.js';
 import { loadRollout, type Data } from './parts/data.js';
+import { StepOutcomes } from './parts/failedSteps.js';
 import { openLedger, type RunLedger, type SaveCheckpoint } from './parts/ledger.js';
 import { SINGLE_POLICY, initialModel, policyModels, remoteContextLength } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
@@ -424,12 +426,16 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
   memo.before = before;
   const started = performance.now();
   let last: StepResult | undefined;
+  // Under stop_on_error a failed sample stops the run once its step's samples have all ended; a step whose every
+  // sample failed fails the run.
+  const outcomes = new StepOutcomes(config.sync.batchSize, config.rollout.groupSize);
+  const failed: { step?: StepFailedError } = {};
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
   if (remaining === 0) options.log?.(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
   else {
-    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter, signal, noticeLost });
+    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter, signal, noticeLost, outcomes, failed });
     try {
       await lastValueFrom(
         steps$.pipe(
@@ -443,10 +449,16 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
     } catch (error) {
       if (lost.error === undefined) noticeLost(error);
       throw lost.error ?? error;
+    } finally {
+      // Under stop_on_error, failures of steps that never completed (the data ended mid-step, the run was cancelled)
+      // are reported all the same.
+      if (reporter.policy === 'stop_on_error') for (const failure of outcomes.pending()) reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
     }
   }
   // A lost service ends the attempt with its error: nothing more can be saved there.
   if (lost.error !== undefined) throw lost.error;
+  // A step of nothing but failures is no result: the run fails, without a checkpoint of its end.
+  if (failed.step !== undefined) throw failed.step;
   // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
   // early with checkpoint.onStop off.
   await ledger.finish(trainer.step, !signal.aborted || config.checkpoint.onStop);
@@ -470,6 +482,10 @@ function stepsOf(
     signal: AbortSignal;
     /** Ends the attempt when a sample's error says the trainer's service is lost (then it is no sample's failure). */
     noticeLost: (error: unknown) => boolean;
+    /** Each admission batch's sample outcomes. */
+    outcomes: StepOutcomes;
+    /** Set when a step whose every sample failed stopped the run. */
+    failed: { step?: StepFailedError };
   },
 ): Observable<StepResult> {
   const { trainer, ledger, policy, reference } = parts;
@@ -481,7 +497,10 @@ function stepsOf(
     maxTokens: setup.data.maxTokens,
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),
-    onAdmit: (task: Task) => ledger.admit(task),
+    onAdmit: (task: Task, index: number) => {
+      ledger.admit(task);
+      loop.outcomes.admitted(groupIdOf(task), index);
+    },
     afterStep: async (step: StepResult) => {
       const every = config.validation.every;
       const val = every > 0 && step.version % every === 0 && setup.data.validation.length > 0 ? await loop.score() : undefined;
@@ -513,9 +532,15 @@ function stepsOf(
     worker: loop.worker,
     ...(config.rollout.concurrency > 0 ? { concurrency: config.rollout.concurrency } : {}),
     ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
-    onSampleFailure: (failure) => {
-      if (loop.noticeLost(failure.error)) return;
-      loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+    onSample: (output) => {
+      if (isSampleFailure(output) && loop.noticeLost(output.error)) return;
+      const report = (failure: SampleFailure): unknown => loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+      // Under continue each failure is reported as it comes; under stop_on_error once its step's samples have ended.
+      if (isSampleFailure(output) && output.skipped !== true && loop.reporter.policy === 'continue') report(output);
+      const verdict = loop.outcomes.ended(output);
+      if (verdict === undefined || loop.reporter.policy === 'continue') return;
+      loop.failed.step ??= verdict.failedStep;
+      verdict.failures.forEach(report);
     },
   });
 }

@@ -21,7 +21,7 @@ import type { Tokenizer } from '../engine/types.js';
 import { DecodeError } from '../errors.js';
 import { HfTokenizer, TOKENIZER_FILES, namedSpecialTokens, readTokenizerFiles, type JsonRecord } from '../model/hfTokenizer.js';
 import { CHAR_ALPHABET_CONFIG_KEY } from '../model/tokenizer.js';
-import { createChatTemplate, type ChatTemplate } from './template.js';
+import { createChatTemplate, tooLong, type ChatTemplate } from './template.js';
 import type { ParsedAssistantText } from './toolCalls.js';
 import { CHAT_ROLES, type ChatMessage, type ChatTool, type ToolCall } from './types.js';
 
@@ -129,7 +129,10 @@ export function createJinjaChatTemplate(tokenizer: Tokenizer, source: string, op
   return {
     renderText,
     render(messages, tools, options) {
-      return tokenizer.encode(renderText(messages, tools, options));
+      const text = renderText(messages, tools, options);
+      const atLeast = options.maxTokens === undefined ? 0 : (tokenizer.minTokens?.(text) ?? 0);
+      if (options.maxTokens !== undefined && atLeast > options.maxTokens) throw tooLong(atLeast, options.maxTokens);
+      return tokenizer.encode(text);
     },
     parse(text, tools) {
       return parseHermesToolCalls(text, tools, makeId);

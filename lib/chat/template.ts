@@ -17,9 +17,20 @@
  * @packageDocumentation
  */
 import type { Tokenizer } from '../engine/types.js';
-import { DecodeError } from '../errors.js';
+import { ContextLengthError, DecodeError } from '../errors.js';
 import { formatToolCall, parseToolCalls, type ParsedAssistantText } from './toolCalls.js';
 import { CHAT_ROLES, type ChatMessage, type ChatRole, type ChatTool } from './types.js';
+
+/** Options of {@link ChatTemplate.render}. */
+export interface RenderOptions {
+  /** Start an assistant turn after the messages. */
+  readonly addGenerationPrompt: boolean;
+  /**
+   * Refuse, before encoding anything, a conversation that the tokenizer's lower bound ({@link Tokenizer.minTokens})
+   * shows to be longer than this many tokens. Default: no limit.
+   */
+  readonly maxTokens?: number;
+}
 
 /** Renders conversations to token ids and parses assistant completions. */
 export interface ChatTemplate {
@@ -28,8 +39,10 @@ export interface ChatTemplate {
    *
    * @throws {@link DecodeError} when a message cannot be encoded (for example a character outside the
    *   tokenizer's alphabet), naming the message index in `context.message`.
+   * @throws {@link ContextLengthError} when the rendering certainly has more than `options.maxTokens` tokens
+   *   (nothing was encoded).
    */
-  render(messages: readonly ChatMessage[], tools: readonly ChatTool[], options: { readonly addGenerationPrompt: boolean }): number[];
+  render(messages: readonly ChatMessage[], tools: readonly ChatTool[], options: RenderOptions): number[];
   /** Content and tool calls of a generated assistant turn (decoded text, without the stop token). */
   parse(text: string, tools: readonly ChatTool[]): ParsedAssistantText;
 }
@@ -57,16 +70,27 @@ export interface ChatTemplateOptions {
 export function createChatTemplate(tokenizer: Tokenizer, options: ChatTemplateOptions = {}): ChatTemplate {
   const prefixes: Record<ChatRole, string> = { system: '', user: '', assistant: '', tool: '', ...options.rolePrefixes };
   return {
-    render(messages, tools, { addGenerationPrompt }) {
-      const ids = tokenizer.bosId === undefined ? [] : [tokenizer.bosId];
-      messages.forEach((message, index) => {
+    render(messages, tools, { addGenerationPrompt, maxTokens }) {
+      const texts = messages.map((message, index) => {
         if (!CHAT_ROLES.includes(message.role)) {
           throw new DecodeError(`message ${index}: unknown role ${JSON.stringify(message.role)}`, { context: { message: index } });
         }
         const calls = message.role === 'assistant' ? (message.toolCalls ?? []) : [];
-        let text: string;
         try {
-          text = prefixes[message.role] + message.content + calls.map((call) => formatToolCall(call, tools)).join('');
+          return prefixes[message.role] + message.content + calls.map((call) => formatToolCall(call, tools)).join('');
+        } catch (cause) {
+          throw new DecodeError(`message ${index}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, context: { message: index } });
+        }
+      });
+      if (maxTokens !== undefined) {
+        // BOS, each message's text and its EOS, the assistant's prefix: each encoded apart, so their bounds add up.
+        const bound = (text: string): number => tokenizer.minTokens?.(text) ?? 0;
+        const atLeast = (tokenizer.bosId === undefined ? 0 : 1) + texts.reduce((sum, text) => sum + bound(text) + 1, 0) + (addGenerationPrompt ? bound(prefixes.assistant) : 0);
+        if (atLeast > maxTokens) throw tooLong(atLeast, maxTokens);
+      }
+      const ids = tokenizer.bosId === undefined ? [] : [tokenizer.bosId];
+      texts.forEach((text, index) => {
+        try {
           // A loop, not a spread: a message of ~150k tokens would overflow the call stack as spread arguments.
           for (const id of tokenizer.encode(text)) ids.push(id);
         } catch (cause) {
@@ -84,4 +108,15 @@ export function createChatTemplate(tokenizer: Tokenizer, options: ChatTemplateOp
       return parseToolCalls(text, tools);
     },
   };
+}
+
+/**
+ * The error of a rendering that certainly has more than `limit` tokens.
+ *
+ * @param atLeast - Tokens the rendering has at least.
+ * @param limit - Tokens allowed.
+ * @returns A {@link ContextLengthError} with both in its context.
+ */
+export function tooLong(atLeast: number, limit: number): ContextLengthError {
+  return new ContextLengthError(`the conversation has at least ${atLeast} tokens; at most ${limit} fit`, { context: { atLeast, limit } });
 }

@@ -55,6 +55,12 @@ export interface Tokenizer {
    */
   encode(text: string, options?: EncodeOptions): number[];
   /**
+   * A lower bound on `encode(text).length`, computed without encoding (a length divided by the most text one token
+   * can stand for): a prompt that certainly cannot fit a context is refused before the work of encoding it. 0, or
+   * absent, where the tokenizer knows no such bound (a normalizer that may delete text, say).
+   */
+  minTokens?(text: string): number;
+  /**
    * Text of token ids; special tokens are dropped unless `skipSpecialTokens` is `false`.
    *
    * @throws {@link DecodeError} for an id outside `[0, vocabSize)`.

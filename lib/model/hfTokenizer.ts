@@ -25,6 +25,7 @@ import { Tokenizer as JsTokenizerClass } from '@huggingface/tokenizers';
 
 import type { DecodeOptions, EncodeOptions, Tokenizer } from '../engine/types.js';
 import { DecodeError } from '../errors.js';
+import { tokenCountBound } from './tokenBound.js';
 import { CHAR_ALPHABET_CONFIG_KEY, CharTokenizer } from './tokenizer.js';
 
 /** A parsed JSON object. */
@@ -101,6 +102,7 @@ export class HfTokenizer implements Tokenizer {
   private readonly special: ReadonlySet<number>;
   private readonly cleanUp: boolean;
   private readonly texts: Readonly<Record<string, string>>;
+  private readonly bound: ((text: string) => number) | undefined;
 
   /**
    * @param sources - The parsed files (and their texts).
@@ -133,6 +135,7 @@ export class HfTokenizer implements Tokenizer {
       });
     }
     this.tok = tok;
+    this.bound = tokenCountBound(tokenizer);
     this.cleanUp = cleanUp;
     this.labels = [...(tok.model?.vocab ?? [])];
     this.vocabSize = this.labels.length;
@@ -184,6 +187,17 @@ export class HfTokenizer implements Tokenizer {
       throw new DecodeError(`token ${missing} of the text has no id in the vocabulary`, { context: { index: missing } });
     }
     return ids as number[];
+  }
+
+  /**
+   * A lower bound on the ids of `text`, without encoding it: for a byte-level BPE, the text's bytes over the most
+   * bytes one token stands for (see `tokenCountBound`); 0 for tokenizers where no bound provably holds.
+   *
+   * @param text - The text.
+   * @returns How many ids `encode(text)` gives at least.
+   */
+  minTokens(text: string): number {
+    return this.bound?.(text) ?? 0;
   }
 
   /**

@@ -59,6 +59,8 @@ export class CharTokenizer implements Tokenizer {
 
   private readonly ids: ReadonlyMap<string, number>;
   private readonly chars: readonly string[];
+  /** The most UTF-16 units one token stands for: a special label (`<pad>`) or an alphabet character. */
+  private readonly longestLabel: number;
 
   /**
    * @param alphabet - Distinct characters (by code point), in id order. Defaults to {@link DEFAULT_ALPHABET}.
@@ -80,6 +82,18 @@ export class CharTokenizer implements Tokenizer {
     this.chars = chars;
     this.ids = ids;
     this.vocabSize = chars.length + CHAR_SPECIAL_TOKENS;
+    this.longestLabel = Math.max(...CHAR_SPECIAL_LABELS.map((label) => label.length), ...chars.map((c) => c.length));
+  }
+
+  /**
+   * A lower bound on the ids of `text` without encoding it: each id stands for one character (one or two UTF-16
+   * units) or one special label (`<pad>`, five).
+   *
+   * @param text - The text.
+   * @returns `ceil(text.length / 5)` for the default labels.
+   */
+  minTokens(text: string): number {
+    return Math.ceil(text.length / this.longestLabel);
   }
 
   /**

@@ -6,14 +6,14 @@
  */
 import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
-import { DecodeError } from '../errors.js';
+import { ContextLengthError, DecodeError } from '../errors.js';
 import { mapInTurns } from '../turns.js';
 import type { TopLogprob } from './servingModel.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, envelope, finish, readSampling, sample, tokenLabel, type Finished, type Sampling } from './sampling.js';
-import type { Drift, Session } from './sessions.js';
-import { EventStream, LiveChoice, readStream, worthSending, type StreamRequest } from './stream.js';
+import { checkContext, checkModel, envelope, finish, readSampling, sample, sessionMaxTokens, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import type { Admission, Drift, Session } from './sessions.js';
+import { EventStream, LiveChoice, drainChoice, readStream, worthSending, type EventSink, type StreamPiece, type StreamRequest } from './stream.js';
 
 function readContent(value: unknown, param: string, nullable: boolean): string {
   if (typeof value === 'string') return value;
@@ -155,11 +155,31 @@ interface ChatRequest {
   readonly wantLogprobs: boolean;
   readonly topK: number;
   readonly stream: StreamRequest;
-  /** The session the call is recorded in. */
-  readonly session: Session | undefined;
   /** The earlier call whose exact tokens the prompt continues (sessions). */
   readonly continues: { call: string; choice: number } | undefined;
   readonly drift: Drift | undefined;
+}
+
+/**
+ * The prompt of `messages` as the template renders it; a conversation that certainly cannot fit the context with
+ * `requested` new tokens is refused (`context_length_exceeded`) before it is encoded.
+ */
+function renderPrompt(ctx: ServeContext, messages: readonly ChatMessage[], tools: readonly ChatTool[], requested: number, param: string): number[] {
+  try {
+    return ctx.template.render(messages, tools, { addGenerationPrompt: true, maxTokens: ctx.maxSeqLen - requested });
+  } catch (error) {
+    if (error instanceof ContextLengthError) {
+      const { atLeast } = error.context;
+      throw invalid(
+        requested > 0 ? param : 'messages',
+        `This model's maximum context length is ${ctx.maxSeqLen} tokens; the messages have at least ${String(atLeast)} tokens${requested > 0 ? ` and ${requested} new tokens were requested` : ''}`,
+        'context_length_exceeded',
+      );
+    }
+    const index = error instanceof DecodeError ? error.context.message : undefined;
+    const why = excerpt(error instanceof Error ? error.message : String(error), MAX_ERROR_MESSAGE_CHARS);
+    throw invalid(typeof index === 'number' ? `messages[${index}].content` : 'messages', why);
+  }
 }
 
 function readChatRequest(server: ServeContext, body: JsonObject, session: Session | undefined): ChatRequest {
@@ -169,36 +189,28 @@ function readChatRequest(server: ServeContext, body: JsonObject, session: Sessio
   const messages = readMessages(body);
   const tools = readTools(body);
   const parseTools = readToolChoice(body) && tools.length > 0;
-  let prompt: number[];
-  try {
-    prompt = ctx.template.render(messages, tools, { addGenerationPrompt: true });
-  } catch (error) {
-    const index = error instanceof DecodeError ? error.context.message : undefined;
-    const why = excerpt(error instanceof Error ? error.message : String(error), MAX_ERROR_MESSAGE_CHARS);
-    throw invalid(typeof index === 'number' ? `messages[${index}].content` : 'messages', why);
-  }
+  const param = absent(body, 'max_completion_tokens') ? 'max_tokens' : 'max_completion_tokens';
+  const requested = readInteger(body, 'max_completion_tokens', 0, ctx.maxSeqLen) ?? readInteger(body, 'max_tokens', 0, ctx.maxSeqLen);
+  let prompt = renderPrompt(ctx, messages, tools, requested ?? 0, param);
   let exact: { continues?: { call: string; choice: number }; drift?: Drift } = {};
   if (session !== undefined) {
     const found = session.chatPrompt(ctx.template, ctx.tokenizer.stopIds, messages, tools, prompt);
     prompt = found.prompt;
     exact = found;
-    session.admit(prompt.length, ctx.sessions.maxTokens);
   }
-  const limit = ctx.maxSeqLen - prompt.length;
-  const maxTokens =
-    readInteger(body, 'max_completion_tokens', 0, ctx.maxSeqLen) ??
-    readInteger(body, 'max_tokens', 0, ctx.maxSeqLen) ??
-    Math.max(Math.min(limit, session?.defaults.maxTokens ?? Infinity), 0);
-  checkContext(ctx, prompt.length, maxTokens, absent(body, 'max_completion_tokens') ? 'max_tokens' : 'max_completion_tokens');
+  let fallback = Math.max(Math.min(ctx.maxSeqLen - prompt.length, session?.defaults.maxTokens ?? Infinity), 0);
+  if (session !== undefined) fallback = sessionMaxTokens(session, ctx.sessions.maxTokens, prompt.length, sampling.n, fallback);
+  const maxTokens = requested ?? fallback;
+  checkContext(ctx, prompt.length, maxTokens, param);
   const wantLogprobs = readBoolean(body, 'logprobs', false);
   const topK = readInteger(body, 'top_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize), 0);
   if (topK > 0 && !wantLogprobs) throw invalid('top_logprobs', "'top_logprobs' needs 'logprobs': true");
-  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream, session, continues: exact.continues, drift: exact.drift };
+  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream, continues: exact.continues, drift: exact.drift };
 }
 
 /** Records a session's call: what each choice's client was given. */
-function recordCall(request: ChatRequest, id: string, version: number, replies: readonly { done: Finished; reply: Reply }[]): void {
-  request.session?.record({
+function recordCall(request: ChatRequest, admission: Admission | undefined, id: string, version: number, replies: readonly { done: Finished; reply: Reply }[]): void {
+  admission?.session.record({
     id,
     route: 'chat',
     promptIds: request.prompt,
@@ -220,11 +232,23 @@ function recordCall(request: ChatRequest, id: string, version: number, replies: 
  * Answers `POST /v1/chat/completions`: renders the messages with the template, samples `n` assistant turns and
  * parses tool calls of the offered tools (unless `tool_choice` is `none`); `return_token_ids` adds
  * `prompt_token_ids` and per-choice `token_ids`. With `stream: true` the answer is a stream of
- * `chat.completion.chunk`s ({@link streamChat}).
+ * `chat.completion.chunk`s ({@link streamChat}). In session `sessionId` (`/sessions/{id}/v1/…`), a valid call opens
+ * the session, reserves its tokens there (prompt and `n × max_tokens`) and is recorded.
  */
-export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal, session?: Session): Promise<unknown> {
+export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal, sessionId?: string): Promise<unknown> {
+  const session = sessionId === undefined ? undefined : server.sessions.find(sessionId);
   const request = readChatRequest(server, session?.withDefaults(body) ?? body, session);
-  if (request.stream.stream) return streamChat(request, signal);
+  const admission = session === undefined ? undefined : server.sessions.admit(session, request.prompt.length + request.sampling.n * request.maxTokens);
+  if (request.stream.stream) return streamChat(request, signal, admission);
+  try {
+    return await answerChat(request, signal, admission);
+  } finally {
+    admission?.end();
+  }
+}
+
+/** The whole answer at once. */
+async function answerChat(request: ChatRequest, signal: AbortSignal, admission: Admission | undefined): Promise<unknown> {
   const { ctx, sampling, prompt, wantLogprobs } = request;
   const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal);
   const base = envelope(ctx, 'chatcmpl', 'chat.completion', version);
@@ -249,7 +273,7 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
       ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
     };
   });
-  recordCall(request, String(base.id), version, replies);
+  recordCall(request, admission, String(base.id), version, replies);
   return {
     ...base,
     choices,
@@ -265,56 +289,58 @@ export async function chatCompletions(server: ServeContext, body: JsonObject, si
  * When tool calls are parsed, or top alternatives scored, a choice's deltas come once it is complete (its text has
  * to be whole to be parsed or scored); tool calls come as one `tool_calls` delta per choice.
  */
-function streamChat(request: ChatRequest, signal: AbortSignal): EventStream {
+function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admission | undefined): EventStream {
   const { ctx, sampling, prompt, wantLogprobs } = request;
   const live = !request.parseTools && request.topK === 0;
-  return new EventStream(async (send) => {
-    const { id, created } = envelope(ctx, 'chatcmpl', 'chat.completion.chunk', ctx.engine.version);
-    const head = { id, object: 'chat.completion.chunk', created, model: ctx.modelName };
-    const tops: (Finished | undefined)[] = [];
-    const chunk = (index: number, delta: unknown, extra: Record<string, unknown> = {}): void =>
-      send({ ...head, choices: [{ index, delta, logprobs: null, finish_reason: null, ...extra }] });
-    const streams = Array.from({ length: sampling.n }, (_, index) => {
-      send({
-        ...head,
-        choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
-        ...(index === 0 && sampling.returnTokenIds ? { prompt_token_ids: prompt } : {}),
-      });
-      return new LiveChoice(ctx.tokenizer, sampling.stop, (piece) => {
-        if (!worthSending(piece, sampling, wantLogprobs)) return;
-        const top = tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length);
-        chunk(index, { content: piece.text }, {
-          logprobs: wantLogprobs ? { content: logprobContent(ctx, piece.tokens, piece.logprobs, top, sampling.tokensAsIds), refusal: null } : null,
-          ...(sampling.returnTokenIds ? { token_ids: piece.tokens } : {}),
+  return new EventStream(async (sink: EventSink) => {
+    try {
+      const { id, created } = envelope(ctx, 'chatcmpl', 'chat.completion.chunk', ctx.engine.version);
+      const head = { id, object: 'chat.completion.chunk', created, model: ctx.modelName };
+      const tops: (Finished | undefined)[] = [];
+      const chunk = (index: number, delta: unknown, extra: Record<string, unknown> = {}): void =>
+        sink.send({ ...head, choices: [{ index, delta, logprobs: null, finish_reason: null, ...extra }] });
+      const content = (index: number, text: string, tokens: readonly number[], logprobs: readonly number[], top: Finished['top']): void =>
+        chunk(index, { content: text }, {
+          logprobs: wantLogprobs ? { content: logprobContent(ctx, tokens, logprobs, top, sampling.tokensAsIds), refusal: null } : null,
+          ...(sampling.returnTokenIds ? { token_ids: tokens } : {}),
         });
+      const streams = Array.from({ length: sampling.n }, (_, index) => {
+        sink.send({
+          ...head,
+          choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+          ...(index === 0 && sampling.returnTokenIds ? { prompt_token_ids: prompt } : {}),
+        });
+        const emit = (piece: StreamPiece): void => {
+          if (worthSending(piece, sampling, wantLogprobs)) content(index, piece.text, piece.tokens, piece.logprobs, tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length));
+        };
+        return new LiveChoice(ctx.tokenizer, sampling.stop, emit, () => sink.room);
       });
-    });
-    const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
-    let completionTokens = 0;
-    const replies: { done: Finished; reply: Reply }[] = [];
-    responses.forEach((response, index) => {
-      const done = finish(ctx, response, sampling);
-      completionTokens += response.tokens.length;
-      tops[index] = done;
-      const r = reply(ctx, done, request.tools, request.parseTools, String(id), index);
-      replies.push({ done, reply: r });
-      const { content, toolCalls, finishReason } = r;
-      if (toolCalls.length === 0) {
-        streams[index].end(done);
-      } else {
-        if (content !== '' || wantLogprobs || sampling.returnTokenIds) {
-          chunk(index, { content }, {
-            logprobs: wantLogprobs ? { content: logprobContent(ctx, done.tokens, done.logprobs, done.top, sampling.tokensAsIds), refusal: null } : null,
-            ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
-          });
+      sink.onDrain(() => streams.forEach((s) => s.flush()));
+      const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
+      let completionTokens = 0;
+      const replies: { done: Finished; reply: Reply }[] = [];
+      for (const [index, response] of responses.entries()) {
+        const done = finish(ctx, response, sampling);
+        completionTokens += response.tokens.length;
+        tops[index] = done;
+        const r = reply(ctx, done, request.tools, request.parseTools, String(id), index);
+        replies.push({ done, reply: r });
+        if (r.toolCalls.length === 0) {
+          streams[index].end(done);
+          await drainChoice(streams[index], sink);
+        } else {
+          await sink.drained();
+          if (r.content !== '' || wantLogprobs || sampling.returnTokenIds) content(index, r.content, done.tokens, done.logprobs, done.top);
+          chunk(index, { tool_calls: r.toolCalls.map((call, i) => ({ index: i, ...call })) });
         }
-        chunk(index, { tool_calls: toolCalls.map((call, i) => ({ index: i, ...call })) });
+        sink.send({ ...head, system_fingerprint: `rxrl-v${version}`, policy_version: version, choices: [{ index, delta: {}, logprobs: null, finish_reason: r.finishReason }] });
       }
-      send({ ...head, system_fingerprint: `rxrl-v${version}`, policy_version: version, choices: [{ index, delta: {}, logprobs: null, finish_reason: finishReason }] });
-    });
-    recordCall(request, String(id), version, replies);
-    if (request.stream.includeUsage) {
-      send({ ...head, choices: [], usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens } });
+      recordCall(request, admission, String(id), version, replies);
+      if (request.stream.includeUsage) {
+        sink.send({ ...head, choices: [], usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens } });
+      }
+    } finally {
+      admission?.end();
     }
   });
 }

@@ -22,6 +22,7 @@ import {
 } from './protocol.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { modelContext } from './adapters.js';
+import type { Session } from './sessions.js';
 
 /** Sampling parameters common to both endpoints, validated. */
 export interface Sampling {
@@ -91,6 +92,33 @@ export function checkContext(ctx: ServeContext, promptLength: number, maxTokens:
       'context_length_exceeded',
     );
   }
+}
+
+/**
+ * 400 (`context_length_exceeded`) when a text prompt certainly cannot fit the model with `maxTokens` new tokens,
+ * by the tokenizer's lower bound on its length ({@link Tokenizer.minTokens}): checked before the text is encoded,
+ * so a prompt of megabytes costs no tokenizing. A tokenizer without a bound lets every text through (to be
+ * encoded and checked by {@link checkContext}).
+ */
+export function checkTextFits(ctx: ServeContext, text: string, maxTokens: number, param: string): void {
+  const atLeast = ctx.tokenizer.minTokens?.(text) ?? 0;
+  if (atLeast + maxTokens > ctx.maxSeqLen) {
+    throw invalid(
+      param,
+      `This model's maximum context length is ${ctx.maxSeqLen} tokens; the prompt has at least ${atLeast} tokens (${text.length} characters)${maxTokens > 0 ? ` and ${maxTokens} new tokens were requested` : ''}`,
+      'context_length_exceeded',
+    );
+  }
+}
+
+/**
+ * The `max_tokens` of a session's call that gives none: `fallback`, cut to what the session's token limit leaves
+ * each of its `samples` after `promptTokens` (at least 1, so that a spent session refuses the call rather than
+ * answering it with nothing).
+ */
+export function sessionMaxTokens(session: Session, limit: number, promptTokens: number, samples: number, fallback: number): number {
+  const left = Math.floor((session.room(limit) - promptTokens) / samples);
+  return Math.min(fallback, Math.max(left, 1));
 }
 
 /** A finished sample after stop strings are applied. */

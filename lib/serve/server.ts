@@ -14,13 +14,14 @@
  * | `POST /v1/load_lora_adapter` | vLLM's API: `{ lora_name, lora_path, load_inplace? }` serves a PEFT LoRA |
  * |  | directory as model `lora_name` on the shared base ({@link loadLoraAdapter}) |
  * | `POST /v1/unload_lora_adapter` | `{ lora_name }` |
- * | `/sessions/{id}/v1/…` | the routes above, recorded in session `id` (opened by its first call): token-exact |
- * |  | multi-turn prompts, calls, trajectories ({@link SessionStore}) |
+ * | `/sessions/{id}/v1/…` | the routes above, recorded in session `id` (opened by its first valid call; each call |
+ * |  | reserves its tokens there): token-exact multi-turn prompts, calls, trajectories ({@link SessionStore}) |
  * | `GET /sessions/{id}` | the calls and samples (`?mode=trajectory|transition`, `?discount=`); `DELETE` frees it |
  * | `POST /sessions/{id}/reward`, `POST /sessions/{id}/end` | `{ reward, call? }`; no more calls after the end |
  *
  * `"stream": true` answers both completion routes with server-sent events, as OpenAI does ({@link EventStream}):
- * text as it is sampled, `stream_options.include_usage`, `data: [DONE]` at the end.
+ * text as it is sampled, `stream_options.include_usage`, `data: [DONE]` at the end; written as the client's
+ * connection drains, so a slow reader cannot make the server pile up its stream.
  * vLLM's extensions are understood: `return_tokens_as_token_ids` (log-prob tokens spelled `token_id:<id>`),
  * `return_token_ids` (`token_ids` per choice and `prompt_token_ids`), `stop_token_ids` and
  * `include_stop_str_in_output`. Every response carries `policy_version` (and `system_fingerprint`
@@ -40,7 +41,7 @@ import type { AddressInfo } from 'node:net';
 import { createChatTemplate, type ChatTemplate } from '../chat/template.js';
 import { LocalEngine } from '../engine/local.js';
 import type { RolloutEngine, Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError, ShapeError, isAbortError } from '../errors.js';
+import { AbortError, ConfigError, ContextLengthError, DecodeError, ShapeError, isAbortError } from '../errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { PolicyVersion } from '../types.js';
 import { chatCompletions } from './chat.js';
@@ -49,9 +50,9 @@ import type { ServeContext, ServeLogger } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, parseJsonObject, type JsonObject } from './protocol.js';
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
-import { Session, SessionStore, postReward, sessionJson, type SessionLimits } from './sessions.js';
+import { SessionStore, postReward, sessionJson, type SessionLimits } from './sessions.js';
 import { readBody, sameSecret, sendEncoded, sendJson } from './http.js';
-import { EventStream } from './stream.js';
+import { EventStream, type EventSink } from './stream.js';
 import { updateWeights } from './weights.js';
 
 /** Default name of the served model. */
@@ -166,7 +167,59 @@ export interface RxrlServer<E extends RolloutEngine = LocalEngine> {
 export async function serve(options: ServeOptions & { readonly model: PolicyModel }): Promise<RxrlServer>;
 export async function serve(options: ServeOptions & { readonly engine: RolloutEngine }): Promise<RxrlServer<RolloutEngine>>;
 export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEngine>> {
-  const host = options.host ?? '127.0.0.1';
+  const limits = await checkOptions(options);
+  const ctx = serveContext(options, limits);
+  for (const [name, path] of Object.entries(options.loraModules ?? {})) {
+    try {
+      await addAdapter(ctx, name, path);
+    } catch (error) {
+      disposeAdapters(ctx);
+      throw error instanceof RequestError ? new ConfigError(`loraModules.${name}: ${error.message}`, { context: { key: `loraModules.${name}` }, cause: error }) : error;
+    }
+  }
+  const server = httpServer(ctx);
+  await listen(server, limits.port, options.host ?? '127.0.0.1');
+  const address = server.address() as AddressInfo;
+  const url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`;
+  let closed: Promise<void> | undefined;
+  const close = (): Promise<void> => {
+    closed ??= new Promise<void>((resolve) => {
+      ctx.closing = true;
+      server.close(() => resolve());
+      server.closeAllConnections();
+    }).then(async () => {
+      await Promise.all([...ctx.adapters.values()].map((a) => a.engine.idle()));
+      disposeAdapters(ctx);
+    });
+    return closed;
+  };
+  options.signal?.addEventListener('abort', () => void close(), { once: true });
+  if (options.signal?.aborted) await close();
+  const engine = ctx.engine;
+  return {
+    url,
+    baseURL: `${url}/v1`,
+    port: address.port,
+    modelName: ctx.modelName,
+    engine,
+    sessions: ctx.sessions,
+    get version() {
+      return engine.version;
+    },
+    close,
+  };
+}
+
+/** The limits of {@link ServeOptions}, checked, with their defaults. */
+interface ServeLimits {
+  readonly port: number;
+  readonly maxN: number;
+  readonly maxBodyBytes: number;
+  readonly maxSamplesPerRequest: number;
+}
+
+/** Checks the options ({@link ConfigError} for an invalid one) and resolves the limits' defaults. */
+async function checkOptions(options: ServeOptions): Promise<ServeLimits> {
   const port = options.port ?? 0;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`port must be an integer in [0, 65535], got ${port}`);
   const maxN = options.maxN ?? 128;
@@ -184,11 +237,16 @@ export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEn
     throw new ConfigError(`weightsRoot ${options.weightsRoot} is not a directory`, { context: { key: 'weightsRoot' } });
   }
   if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
-  const modelName = options.modelName ?? DEFAULT_MODEL_NAME;
   if ((options.model === undefined) === (options.engine === undefined)) throw new ConfigError('serve needs a model or an engine (one of them)');
   if (options.engine !== undefined && options.maxModelLen === undefined) {
     throw new ConfigError('maxModelLen is required when serving an engine', { context: { key: 'maxModelLen' } });
   }
+  return { port, maxN, maxBodyBytes, maxSamplesPerRequest };
+}
+
+/** The state every request handler reads: the engine (a new {@link LocalEngine} over `options.model`), limits, sessions. */
+function serveContext(options: ServeOptions, limits: ServeLimits): ServeContext {
+  const modelName = options.modelName ?? DEFAULT_MODEL_NAME;
   let own: ServeContext['own'];
   if (options.model !== undefined) {
     const serving = new ServingModel(options.model);
@@ -201,18 +259,17 @@ export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEn
     });
     own = { serving, engine: local };
   }
-  const engine: RolloutEngine = own?.engine ?? options.engine!;
-  const ctx: ServeContext = {
-    engine,
+  return {
+    engine: own?.engine ?? options.engine!,
     own,
     tokenizer: options.tokenizer,
     template: options.chatTemplate ?? createChatTemplate(options.tokenizer),
     modelName,
     adapters: new Map(),
     maxSeqLen: Math.min(options.model?.config.maxSeqLen ?? Infinity, options.maxModelLen ?? Infinity),
-    maxN,
-    maxSamplesPerRequest,
-    maxBodyBytes,
+    maxN: limits.maxN,
+    maxSamplesPerRequest: limits.maxSamplesPerRequest,
+    maxBodyBytes: limits.maxBodyBytes,
     weightsRoot: options.weightsRoot,
     apiKey: options.apiKey,
     created: Math.floor(Date.now() / 1000),
@@ -220,14 +277,10 @@ export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEn
     sessions: new SessionStore(options.sessions),
     closing: false,
   };
-  for (const [name, path] of Object.entries(options.loraModules ?? {})) {
-    try {
-      await addAdapter(ctx, name, path);
-    } catch (error) {
-      disposeAdapters(ctx);
-      throw error instanceof RequestError ? new ConfigError(`loraModules.${name}: ${error.message}`, { context: { key: `loraModules.${name}` }, cause: error }) : error;
-    }
-  }
+}
+
+/** The HTTP server: each request to {@link handle}; requests node's parser refuses get an OpenAI-style error. */
+function httpServer(ctx: ServeContext): Server {
   const server = createServer((req, res) => {
     handle(ctx, req, res).catch((error: unknown) => {
       ctx.log({ event: 'internal_error', error: String(error) });
@@ -251,35 +304,7 @@ export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEn
       `HTTP/1.1 ${status}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
     );
   });
-  await listen(server, port, host);
-  const address = server.address() as AddressInfo;
-  const url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`;
-  let closed: Promise<void> | undefined;
-  const close = (): Promise<void> => {
-    closed ??= new Promise<void>((resolve) => {
-      ctx.closing = true;
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }).then(async () => {
-      await Promise.all([...ctx.adapters.values()].map((a) => a.engine.idle()));
-      disposeAdapters(ctx);
-    });
-    return closed;
-  };
-  options.signal?.addEventListener('abort', () => void close(), { once: true });
-  if (options.signal?.aborted) await close();
-  return {
-    url,
-    baseURL: `${url}/v1`,
-    port: address.port,
-    modelName,
-    engine,
-    sessions: ctx.sessions,
-    get version() {
-      return engine.version;
-    },
-    close,
-  };
+  return server;
 }
 
 /** Disposes every served adapter's view and weights (the base model is the caller's). */
@@ -338,6 +363,9 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
 /** Errors that describe a bad request (rather than a server bug), as a {@link RequestError}. */
 function asRequestError(error: unknown): RequestError | undefined {
   if (error instanceof RequestError) return error;
+  if (error instanceof ContextLengthError) {
+    return new RequestError(400, excerpt(error.message, MAX_ERROR_MESSAGE_CHARS), { code: 'context_length_exceeded' }, { cause: error });
+  }
   if (error instanceof DecodeError || error instanceof ShapeError || error instanceof ConfigError) {
     return new RequestError(400, excerpt(error.message, MAX_ERROR_MESSAGE_CHARS), { code: 'invalid_value' }, { cause: error });
   }
@@ -406,18 +434,18 @@ async function sessionRoute(
     ended.ended = true;
     return { id, object: 'session', ended: true, calls: ended.calls.length };
   }
-  if (rest.startsWith('/v1/')) return v1Route(ctx, method, rest, req, signal, rest.startsWith('/v1/models') ? undefined : ctx.sessions.open(id));
+  if (rest.startsWith('/v1/')) return v1Route(ctx, method, rest, req, signal, rest.startsWith('/v1/models') ? undefined : id);
   throw new RequestError(404, `no route ${method} ${excerpt(path)}`, { code: 'not_found' });
 }
 
-/** The OpenAI routes (`/v1/…`) and the weight routes; completions are recorded in `session` when given. */
+/** The OpenAI routes (`/v1/…`) and the weight routes; completions are recorded in session `session` when given. */
 async function v1Route(
   ctx: ServeContext,
   method: string,
   path: string,
   req: IncomingMessage,
   signal: AbortSignal,
-  session?: Session,
+  session?: string,
 ): Promise<unknown> {
   const expect = (allowed: string): void => expectMethod(method, path, allowed);
   if (path === '/v1/models') {
@@ -485,7 +513,8 @@ function modelCard(ctx: ServeContext, id: string): Record<string, unknown> {
 /**
  * Answers with server-sent events: each chunk as `data: <json>`, then `data: [DONE]`. An error once the stream
  * has begun is sent as a last `data: {"error": …}` event (the status is already 200); an abort (the client went
- * away) rethrows, so the request is logged as cancelled.
+ * away) rethrows, so the request is logged as cancelled. The stream writes as the connection has room
+ * ({@link eventSink}).
  */
 async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventStream, signal: AbortSignal): Promise<void> {
   let started = false;
@@ -494,18 +523,80 @@ async function sendEvents(ctx: ServeContext, res: ServerResponse, stream: EventS
     started = true;
     res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive' });
   };
-  const send = (chunk: unknown): void => {
-    begin();
-    if (!res.destroyed) res.write(`data: ${JSON.stringify(chunk)}\n\n`);
-  };
+  const { sink, close, stats } = eventSink(res, signal, begin);
   try {
-    await stream.run(send);
+    await stream.run(sink);
   } catch (error) {
     if (!started || (signal.aborted && isAbortError(error))) throw error;
     const refused = asRequestError(error);
     ctx.log({ event: 'stream_error', error: String(error) });
-    send(refused?.toBody() ?? errorBody('internal server error', 'server_error'));
+    sink.send(refused?.toBody() ?? errorBody('internal server error', 'server_error'));
+  } finally {
+    close();
+    // How much the stream wrote, and the most it left waiting in the connection's buffer (a slow reader's cost).
+    ctx.log({ event: 'stream', chunks: stats.chunks, bytes: stats.bytes, peak_buffered_bytes: stats.peakBuffered });
   }
   begin();
   if (!res.destroyed) res.end('data: [DONE]\n\n');
+}
+
+/**
+ * The {@link EventSink} of a response: `send` writes a chunk and notes when `res.write` returns false (the
+ * connection's buffer passed its high-water mark); `room` is false from then until `'drain'`; `drained` waits for
+ * it and rejects once the client is gone (`signal`). `close` detaches it from the response; `stats` counts the
+ * chunks and bytes written and the most bytes the response buffered.
+ */
+function eventSink(
+  res: ServerResponse,
+  signal: AbortSignal,
+  begin: () => void,
+): { sink: EventSink; close: () => void; stats: { chunks: number; bytes: number; peakBuffered: number } } {
+  const stats = { chunks: 0, bytes: 0, peakBuffered: 0 };
+  let room = true;
+  const listeners: (() => void)[] = [];
+  let waiting: { resolve: () => void; reject: (error: unknown) => void }[] = [];
+  const settle = (error?: unknown): void => {
+    const woken = waiting;
+    waiting = [];
+    for (const w of woken) if (error === undefined) w.resolve();
+    else w.reject(error);
+  };
+  const gone = (): AbortError => new AbortError('the client went away', { cause: signal.reason });
+  const onDrain = (): void => {
+    room = true;
+    for (const listener of listeners) listener();
+    settle();
+  };
+  const onAbort = (): void => settle(gone());
+  res.on('drain', onDrain);
+  signal.addEventListener('abort', onAbort, { once: true });
+  const sink: EventSink = {
+    send(chunk) {
+      begin();
+      if (res.destroyed) return;
+      const event = `data: ${JSON.stringify(chunk)}\n\n`;
+      if (!res.write(event)) room = false;
+      stats.chunks++;
+      stats.bytes += Buffer.byteLength(event);
+      stats.peakBuffered = Math.max(stats.peakBuffered, res.writableLength);
+    },
+    get room() {
+      return room && !res.destroyed;
+    },
+    drained() {
+      if (signal.aborted) return Promise.reject(gone());
+      if (room) return Promise.resolve();
+      return new Promise((resolve, reject) => waiting.push({ resolve, reject }));
+    },
+    onDrain(listener) {
+      listeners.push(listener);
+    },
+  };
+  const close = (): void => {
+    res.off('drain', onDrain);
+    signal.removeEventListener('abort', onAbort);
+    listeners.length = 0;
+    settle(gone());
+  };
+  return { sink, close, stats };
 }

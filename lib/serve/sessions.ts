@@ -141,16 +141,48 @@ export class Session {
     return { prompt: [...rendered] };
   }
 
-  /** 409 once the session has ended; 400 when a prompt of `promptLength` tokens would pass the session's `limit`. */
-  admit(promptLength: number, limit: number): void {
+  /** Tokens reserved by calls in flight (prompts plus `n × max_tokens` each), released as they end. */
+  private reservedTokens = 0;
+
+  /** Tokens that calls in flight have reserved. */
+  get reserved(): number {
+    return this.reservedTokens;
+  }
+
+  /** Tokens a new call may still reserve: the session's `limit` less what it recorded and what calls in flight hold. */
+  room(limit: number): number {
+    return limit - this.tokens - this.reservedTokens;
+  }
+
+  /**
+   * Reserves `count` tokens for a call (409 once the session has ended; 400 when they would pass `limit`), so that
+   * concurrent calls cannot together record past the limit. {@link SessionStore.admit} reserves; the call releases.
+   */
+  reserve(count: number, limit: number): void {
     if (this.ended) throw new RequestError(409, `session '${this.id}' has ended`, { code: 'session_ended' });
-    if (this.tokens + promptLength > limit) {
-      throw new RequestError(400, `session '${this.id}' holds ${this.tokens} tokens; this call would pass its limit of ${limit}`, { code: 'session_too_large' });
+    if (count > this.room(limit)) {
+      throw new RequestError(
+        400,
+        `session '${this.id}' holds ${this.tokens} tokens and calls in flight reserve ${this.reservedTokens}; this call needs ${count} (its prompt and n × max_tokens) and would pass its limit of ${limit}`,
+        { code: 'session_too_large' },
+      );
     }
+    this.reservedTokens += count;
     this.lastUsed = Date.now();
   }
 
-  /** Records a call. */
+  /** Gives back tokens reserved by {@link Session.reserve} (what the call recorded counts in `tokens` instead). */
+  release(count: number): void {
+    this.reservedTokens = Math.max(0, this.reservedTokens - count);
+    this.lastUsed = Date.now();
+  }
+
+  /** Whether nothing was recorded, reserved, rewarded or ended in the session (a call that opened it and failed). */
+  get untouched(): boolean {
+    return this.calls.length === 0 && this.reservedTokens === 0 && this.reward === undefined && this.callRewards.size === 0 && !this.ended;
+  }
+
+  /** Records a call (its tokens count towards the session's limit from now on). */
   record(call: RecordedCall): void {
     this.tokens += call.promptIds.length + call.choices.reduce((sum, x) => sum + x.tokens.length, 0);
     this.calls.push(call);
@@ -219,6 +251,13 @@ function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
   return a.role === b.role && a.content === b.content && calls(a) === calls(b);
 }
 
+/** A call admitted to a session ({@link SessionStore.admit}): its reservation, held until {@link Admission.end}. */
+export interface Admission {
+  readonly session: Session;
+  /** Ends the call: its reservation is given back (after it recorded, if it did). Idempotent. */
+  end(): void;
+}
+
 /** Session ids: 1 to 128 characters of letters, digits and `._:-`. */
 const SESSION_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
@@ -255,6 +294,53 @@ export class SessionStore {
       found.lastUsed = Date.now();
       return found;
     }
+    const session = new Session(id, defaults);
+    this.hold(session);
+    return session;
+  }
+
+  /**
+   * The session a call to `/sessions/{id}/v1/…` runs in: the open one, or a new one that is not held yet. Nothing
+   * is opened here: a call validates its request against this session and opens it with {@link SessionStore.admit},
+   * so that an invalid call costs no slot. 400 for a malformed id.
+   */
+  find(id: string): Session {
+    checkId(id);
+    this.sweep();
+    return this.sessions.get(id) ?? new Session(id);
+  }
+
+  /**
+   * Admits a valid call to `session` (from {@link SessionStore.find}): reserves its `tokens` (prompt and
+   * `n × max_tokens`; 400 past `maxTokens`, 409 once ended) and opens the session if it is new (429 when
+   * `maxSessions` are open). The call ends with {@link Admission.end}, which gives back the reservation and
+   * closes a session that the call opened and left untouched.
+   */
+  admit(session: Session, tokens: number): Admission {
+    const opens = this.sessions.get(session.id) !== session;
+    session.reserve(tokens, this.maxTokens);
+    if (opens) {
+      try {
+        this.hold(session);
+      } catch (error) {
+        session.release(tokens);
+        throw error;
+      }
+    }
+    let ended = false;
+    return {
+      session,
+      end: () => {
+        if (ended) return;
+        ended = true;
+        session.release(tokens);
+        if (opens && session.untouched && this.sessions.get(session.id) === session) this.sessions.delete(session.id);
+      },
+    };
+  }
+
+  /** Holds a new session: 429 when `maxSessions` are open (after freeing the oldest ended one). */
+  private hold(session: Session): void {
     if (this.sessions.size >= this.maxSessions) {
       const ended = [...this.sessions.values()].filter((s) => s.ended).sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (ended === undefined) {
@@ -262,9 +348,7 @@ export class SessionStore {
       }
       this.sessions.delete(ended.id);
     }
-    const session = new Session(id, defaults);
-    this.sessions.set(id, session);
-    return session;
+    this.sessions.set(session.id, session);
   }
 
   /** The session `id` (404 when there is none). */
@@ -281,9 +365,10 @@ export class SessionStore {
     return this.sessions.delete(id);
   }
 
-  /** Frees the sessions idle for longer than `idleMs`. */
+  /** Frees the sessions idle for longer than `idleMs` (none with a call in flight). */
   sweep(now = Date.now()): void {
-    for (const [id, session] of this.sessions) if (now - session.lastUsed > this.idleMs) this.sessions.delete(id);
+    // A session with a call in flight is in use, however long the call runs.
+    for (const [id, session] of this.sessions) if (session.reserved === 0 && now - session.lastUsed > this.idleMs) this.sessions.delete(id);
   }
 }
 
@@ -431,17 +516,30 @@ export function sessionJson(session: Session, query: URLSearchParams): Record<st
   };
 }
 
-/** `POST /sessions/{id}/reward`: `{ reward }` for the session, or `{ reward, call }` for one call; rewards add up. */
+/**
+ * `POST /sessions/{id}/reward`: `{ reward }` for the session, or `{ reward, call }` for one call; rewards add up.
+ * 400, with the stored rewards unchanged, when the reward is not a finite number or when the rewards would no
+ * longer sum to one (`1.7e308` posted twice): every sample's reward is a sum of them, and must stay finite.
+ */
 export function postReward(session: Session, body: JsonObject): Record<string, unknown> {
   const reward = body.reward;
   if (typeof reward !== 'number' || !Number.isFinite(reward)) throw invalid('reward', `'reward' must be a finite number, got ${quote(reward)}`);
   const call = body.call;
-  if (call === undefined || call === null) {
-    session.reward = (session.reward ?? 0) + reward;
-  } else {
-    if (typeof call !== 'string' || !session.calls.some((c) => c.id === call)) throw invalid('call', `'call' must be the id of a call of this session, got ${quote(call)}`);
-    session.callRewards.set(call, (session.callRewards.get(call) ?? 0) + reward);
+  if (call !== undefined && call !== null && (typeof call !== 'string' || !session.calls.some((c) => c.id === call))) {
+    throw invalid('call', `'call' must be the id of a call of this session, got ${quote(call)}`);
   }
+  const forCall = typeof call === 'string' ? call : undefined;
+  const before = forCall === undefined ? session.reward : session.callRewards.get(forCall);
+  const after = (before ?? 0) + reward;
+  // A sample's reward sums the session's reward and some calls' (discounted by at most 1): bounded by this.
+  let magnitude = Math.abs(forCall === undefined ? after : (session.reward ?? 0));
+  for (const [id, value] of session.callRewards) if (id !== forCall) magnitude += Math.abs(value);
+  if (forCall !== undefined) magnitude += Math.abs(after);
+  if (!Number.isFinite(magnitude)) {
+    throw invalid('reward', `with ${reward} the session's rewards would no longer sum to a finite number; a reward must stay finite`, 'reward_overflow');
+  }
+  if (forCall === undefined) session.reward = after;
+  else session.callRewards.set(forCall, after);
   session.lastUsed = Date.now();
   return { id: session.id, reward: session.reward ?? null, call_rewards: Object.fromEntries(session.callRewards) };
 }

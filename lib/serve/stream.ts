@@ -7,19 +7,42 @@
  * another follows it, or the response ends), and, when the request has stop strings, text that a stop string could
  * still begin in waits until it cannot.
  *
+ * Backpressure: a chunk is written only while the client's connection has room (`res.write` returned true, or
+ * `'drain'` came since). A slow reader does not make the server pile up encoded chunks: each choice keeps its
+ * sampled tokens, which the generation holds anyway, and its pieces are encoded and written as the connection
+ * drains. Memory per stream is bounded by the request (prompts × `n` × `max_tokens` tokens), not by how slowly the
+ * client reads; a client that goes away cancels the generation (see the server).
+ *
  * @packageDocumentation
  */
 import type { Tokenizer } from '../engine/types.js';
 import { invalid, readBoolean, type JsonObject } from './protocol.js';
 import { TextPieces, type Finished, type Sampling } from './sampling.js';
 
+/** Where a stream's chunks go: the client's connection, with its backpressure. */
+export interface EventSink {
+  /** Writes one chunk as `data: <json>`. It is always written: callers keep to {@link EventSink.room} for anything sizable. */
+  send(chunk: unknown): void;
+  /** Whether the connection has room: its buffer is below its high-water mark. */
+  readonly room: boolean;
+  /** Resolves once the connection has room (at once when it has); rejects with an `AbortError` once the client is gone. */
+  drained(): Promise<void>;
+  /** Calls `listener` each time the connection drains, while the stream runs. */
+  onDrain(listener: () => void): void;
+}
+
 /** A response sent as server-sent events: the router answers with `text/event-stream` and runs `run`. */
 export class EventStream {
   /**
-   * @param run - Sends the chunks (each a JSON value) in order; resolves when the stream is complete (`[DONE]`
-   *   follows). A rejection after the first chunk is sent as an `error` event.
+   * @param run - Sends the chunks (each a JSON value) in order into the sink, keeping to its room; resolves when the
+   *   stream is complete (`[DONE]` follows). A rejection after the first chunk is sent as an `error` event.
    */
-  constructor(readonly run: (send: (chunk: unknown) => void) => Promise<void>) {}
+  constructor(readonly run: (sink: EventSink) => Promise<void>) {}
+}
+
+/** Sends what `choice` holds as the connection drains; resolves once it has sent everything (after its `end`). */
+export async function drainChoice(choice: LiveChoice, sink: EventSink): Promise<void> {
+  while (!choice.flush()) await sink.drained();
 }
 
 /** What a request asks of streaming: `stream` and `stream_options.include_usage`. */
@@ -52,7 +75,8 @@ export interface StreamPiece {
 /**
  * The stream of one choice: {@link LiveChoice.push} each token as it is sampled, then {@link LiveChoice.end} with
  * the finished response; `emit` receives every token exactly once, in order, and the texts it receives add up to
- * the finished text.
+ * the finished text. Pieces are emitted only while `room()` says the client can take them; the others wait, as
+ * token ids, for {@link LiveChoice.flush}.
  */
 export class LiveChoice {
   private readonly pieces: TextPieces;
@@ -63,7 +87,12 @@ export class LiveChoice {
   private readonly ends: number[] = [];
   /** The newest token's text, not settled until another token follows. */
   private pending: string | undefined;
+  /** Tokens emitted so far. */
   private sent = 0;
+  /** Tokens whose pieces are settled (emitted or waiting for room). */
+  private ready = 0;
+  /** The finished response, once {@link LiveChoice.end} gave it, with each kept token's end in its text. */
+  private finished: { readonly response: Finished; readonly ends: readonly number[] } | undefined;
   private stopSeen = false;
   private readonly longestStop: number;
 
@@ -71,6 +100,7 @@ export class LiveChoice {
     tokenizer: Tokenizer,
     private readonly stops: readonly string[],
     private readonly emit: (piece: StreamPiece) => void,
+    private readonly room: () => boolean = () => true,
   ) {
     this.pieces = new TextPieces(tokenizer);
     this.longestStop = Math.max(0, ...stops.map((s) => s.length));
@@ -96,23 +126,34 @@ export class LiveChoice {
       return;
     }
     const limit = this.longestStop === 0 ? Infinity : this.text.length - this.longestStop + 1;
-    let upTo = this.sent;
+    let upTo = this.ready;
     while (upTo < this.ends.length && this.ends[upTo] <= limit) upTo++;
-    if (upTo > this.sent) this.send(upTo, (j) => this.ends[j], this.tokens, this.logprobs);
+    this.ready = upTo;
+    this.flush();
   }
 
-  /** Sends what is left of `finished` (the same response after stop strings). */
+  /** Settles what is left of `finished` (the same response after stop strings) and sends what the client has room for. */
   end(finished: Finished): void {
-    const ends = finished.offsets.map((_, j) => finished.offsets[j + 1] ?? finished.text.length);
-    if (finished.tokens.length > this.sent) this.send(finished.tokens.length, (j) => ends[j], finished.tokens, finished.logprobs, finished.text);
+    this.finished = { response: finished, ends: finished.offsets.map((_, j) => finished.offsets[j + 1] ?? finished.text.length) };
+    this.ready = Math.max(this.sent, finished.tokens.length);
+    this.flush();
   }
 
-  private send(upTo: number, endOf: (j: number) => number, tokens: readonly number[], logprobs: readonly number[], text = this.text): void {
-    for (let j = this.sent; j < upTo; j++) {
-      const start = j === 0 ? 0 : endOf(j - 1);
-      this.emit({ first: j, tokens: [tokens[j]], logprobs: [logprobs[j]], text: text.slice(start, endOf(j)), offsets: [start] });
-    }
-    this.sent = upTo;
+  /** Emits settled pieces while the client has room; true once the choice has ended and nothing is left to emit. */
+  flush(): boolean {
+    while (this.sent < this.ready && this.room()) this.emitPiece(this.sent++);
+    return this.finished !== undefined && this.sent >= this.ready;
+  }
+
+  /** Emits token `j`'s piece, from the finished response once there is one (the pieces agree up to what was settled). */
+  private emitPiece(j: number): void {
+    const done = this.finished;
+    const endOf = (k: number): number => (done === undefined ? this.ends[k] : done.ends[k]);
+    const start = j === 0 ? 0 : endOf(j - 1);
+    const text = done === undefined ? this.text : done.response.text;
+    const tokens = done === undefined ? this.tokens : done.response.tokens;
+    const logprobs = done === undefined ? this.logprobs : done.response.logprobs;
+    this.emit({ first: j, tokens: [tokens[j]], logprobs: [logprobs[j]], text: text.slice(start, endOf(j)), offsets: [start] });
   }
 }
 

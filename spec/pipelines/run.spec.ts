@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError, DecodeError } from '../../lib/errors.js';
+import { ConfigError, DecodeError, StepFailedError } from '../../lib/errors.js';
 import type { BackendName } from '../../lib/model/backend.js';
 import { runTraining } from '../../pipelines/run.js';
 import { SPEC_BACKENDS } from '../helpers/backends.js';
@@ -17,7 +17,8 @@ async function fixture(): Promise<string> {
   await writeFile(
     join(dir, 'evaluator.mjs'),
     'export const half = { evaluate: (task, response) => ({ reward: 0.5, metrics: { custom: response === task.answer ? 1 : 0 } }) };\n' +
-      "export const flaky = { evaluate: (task) => { if (task.id === 't1') throw new Error('judge unavailable'); return { reward: 1 }; } };\n",
+      "export const flaky = { evaluate: (task) => { if (task.id === 't1') throw new Error('judge unavailable'); return { reward: 1 }; } };\n" +
+      "export const broken = { evaluate: () => { throw new Error('judge down'); } };\n",
   );
   return dir;
 }
@@ -97,6 +98,26 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     // Stopped early: no final validation ran, and the summary says so rather than reporting 0.
     expect(stopped.valRewardFinal).toBeNull();
     expect(going.valRewardFinal).toBe(1);
+  });
+
+  it('fails a run under stop_on_error when every sample of a step failed (no checkpoint of it); goes on under continue', async () => {
+    const dir = await fixture();
+    const broken = { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'broken' } };
+    const run = runTraining(
+      loadConfig({ values: base({ rollout: broken, run: { dir: 'fail', steps: 3, backend, seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
+      { baseDir: dir },
+    );
+    await expect(run).rejects.toBeInstanceOf(StepFailedError);
+    await expect(run).rejects.toMatchObject({ cause: { name: 'EvaluationError' }, context: { batch: 0 } });
+    expect(readdirSync(join(dir, 'fail')).filter((n) => n.startsWith('global_step_'))).toEqual([]);
+
+    const going = await runTraining(
+      loadConfig({ values: base({ rollout: broken, run: { dir: 'go-on', steps: 2, backend, seed: 2, errorPolicy: 'continue' } }), env: {} }),
+      { baseDir: dir },
+    );
+    expect(going.steps).toBe(2);
+    expect(going.failedSamples).toBe(2 * 2 * 2); // two steps of 2 tasks × 2 samples (held-out validation counts its own)
+    expect(readdirSync(join(dir, 'go-on')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_1', 'global_step_2']);
   });
 
   it('ends every run with a checkpoint of its last step, even one shorter than checkpoint.every', async () => {
