@@ -69,6 +69,8 @@ export class RunOnModel {
   readonly config: { readonly vocabSize: number; readonly maxSeqLen: number; readonly dModel: number; readonly nLayers: number; readonly nHeads: number; readonly dFF: number };
   /** Tokens written so far, over every request. */
   produced = 0;
+  /** Resolves as each generate call ends. */
+  private ended: (() => void)[] = [];
 
   constructor(
     private readonly ids: readonly number[],
@@ -100,7 +102,13 @@ export class RunOnModel {
         if (row.tokens.length >= request.maxTokens) row.finishReason = 'length';
       });
     }
+    for (const resolve of this.ended.splice(0)) resolve();
     return rows.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, finishReason: r.finishReason!, policyVersion: options.version ?? 0 }));
+  }
+
+  /** Resolves when the next generate call has ended. */
+  nextEnd(): Promise<void> {
+    return new Promise((resolve) => this.ended.push(resolve));
   }
 
   setWeights(): void {}

@@ -18,6 +18,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { gatewayWorker } from '../lib/agent/gateway.js';
+import { isRunning } from '../lib/agent/processTree.js';
 import { LocalEngine } from '../lib/engine/local.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
@@ -35,17 +36,6 @@ const DETACH = [
   'setsid sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS"',
   '( setsid sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS" )',
 ];
-
-/** True while `pid` runs (its /proc entry exists and is no zombie). */
-function alive(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
-    return state !== 'Z' && state !== 'X';
-  } catch {
-    return false;
-  }
-}
 
 /** Runs the benchmark. */
 export async function main(args: readonly string[]): Promise<void> {
@@ -77,7 +67,7 @@ export async function main(args: readonly string[]): Promise<void> {
     await Promise.all(Array.from({ length: concurrency }, lane));
     const wallMs = performance.now() - started;
     const all = existsSync(pids) ? readFileSync(pids, 'utf8').split('\n').filter((l) => l !== '').map(Number) : [];
-    const surviving = all.filter(alive);
+    const surviving = all.filter(isRunning);
     process.stdout.write(`${JSON.stringify({ bench: 'agent-processes', samples, failedSamples: failed, detached: all.length, surviving: surviving.length, wallMs: Math.round(wallMs) })}\n`);
     for (const pid of surviving) process.kill(pid, 'SIGKILL');
   } finally {

@@ -123,6 +123,16 @@ function groupAlive(leader: number): boolean {
   }
 }
 
+/**
+ * Whether `pid` runs: its `/proc` entry exists and it is no zombie (a dead process nobody reaped yet). Linux only.
+ *
+ * @param pid - A process id.
+ */
+export function isRunning(pid: number): boolean {
+  const state = procStat(pid)?.state;
+  return state !== undefined && state !== 'Z' && state !== 'X';
+}
+
 /** State, process group and session of `pid` from `/proc/<pid>/stat` (fields 3, 5 and 6), if it still exists. */
 function procStat(pid: number): { state: string; group: number; session: number } | undefined {
   let text: string;

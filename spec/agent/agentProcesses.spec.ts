@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { gatewayWorker, type AgentCommand, type GatewayWorker } from '../../lib/agent/gateway.js';
+import { isRunning } from '../../lib/agent/processTree.js';
 import { loadConfig } from '../../lib/config/schema.js';
 import { LocalEngine } from '../../lib/engine/local.js';
 import { AgentError } from '../../lib/errors.js';
@@ -46,6 +47,8 @@ const DETACH = [
   'setsid sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS"',
   '( setsid sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS" )',
   `setsid sh -c 'trap "" TERM; echo $$ >> "$PIDS"; exec sleep 300' >/dev/null 2>&1 &`,
+  // The agent goes on once all five are started and have written their pids (they do so asynchronously).
+  'while [ "$(wc -l < "$PIDS")" -lt 5 ]; do sleep 0.01; done',
 ].join('\n');
 const DETACHED = 5;
 
@@ -70,17 +73,6 @@ async function agent(name: string, body: string, env: Record<string, string> = {
 function pidsIn(file: string): number[] {
   if (!existsSync(file)) return [];
   return readFileSync(file, 'utf8').split('\n').filter((l) => l !== '').map(Number);
-}
-
-/** True while `pid` runs: its /proc entry exists and it is not a zombie (a dead process nobody reaped yet). */
-function alive(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
-    return state !== 'Z' && state !== 'X';
-  } catch {
-    return false;
-  }
 }
 
 /** Resolves once `file` lists `count` pids (the agent has started its descendants); fails after 30 s. */
@@ -115,23 +107,23 @@ describe.skipIf(lacks('python'))('gatewayWorker: every process an agent command 
     expect(sample.metrics?.['agent/leftover_processes']).toBe(DETACHED);
     const pids = pidsIn(program.pids);
     expect(pids).toHaveLength(DETACHED);
-    expect(pids.filter(alive)).toEqual([]);
+    expect(pids.filter(isRunning)).toEqual([]);
   });
 
   it('an agent that fails (exit 3) and one cancelled while running (a sample timeout) leave no descendant', async () => {
     const failing = await agent('fails', `${DETACH}\necho "tool server down" >&2\nexit 3`);
     await expect(worker(failing)(input(), new AbortController().signal)).rejects.toBeInstanceOf(AgentError);
     expect(pidsIn(failing.pids)).toHaveLength(DETACHED);
-    expect(pidsIn(failing.pids).filter(alive)).toEqual([]);
+    expect(pidsIn(failing.pids).filter(isRunning)).toEqual([]);
 
     const hung = await agent('hangs', `${DETACH}\nsleep 300`);
     const controller = new AbortController();
     const sample = worker(hung)(input(), controller.signal);
     const pids = await started(hung.pids, DETACHED);
-    expect(pids.filter(alive)).toEqual(pids);
+    expect(pids.filter(isRunning)).toEqual(pids);
     controller.abort(new Error('sample timed out'));
     await expect(sample).rejects.toThrow(/timed out/);
-    expect(pids.filter(alive)).toEqual([]);
+    expect(pids.filter(isRunning)).toEqual([]);
   });
 
   it('the run ending (close) stops a running agent and all its descendants; the sample fails with an AgentError', async () => {
@@ -141,14 +133,14 @@ describe.skipIf(lacks('python'))('gatewayWorker: every process an agent command 
     const pids = await started(hung.pids, DETACHED);
     await w.close();
     await expect(sample).rejects.toBeInstanceOf(AgentError);
-    expect(pids.filter(alive)).toEqual([]);
+    expect(pids.filter(isRunning)).toEqual([]);
   });
 
   it('a descendant that keeps the agent’s stdout open neither holds the sample nor outlives it', async () => {
     const program = await agent('holds-stdout', `sleep 300 & echo $! >> "$PIDS"\nexec ${pythonAgent}`);
     const sample = await worker(program)(input(), new AbortController().signal);
     expect(sample.response).toBe('5');
-    expect(pidsIn(program.pids).filter(alive)).toEqual([]);
+    expect(pidsIn(program.pids).filter(isRunning)).toEqual([]);
   });
 
   it('ending one sample spares a concurrent sample’s processes; they end with their own sample', async () => {
@@ -159,11 +151,11 @@ describe.skipIf(lacks('python'))('gatewayWorker: every process an agent command 
     const slowSample = w(input('calc/2+3@0/1'), new AbortController().signal);
     const [slowPid] = await started(slow.pids, 1);
     await worker(fast)(input('calc/2+3@0/2'), new AbortController().signal);
-    expect(pidsIn(fast.pids).filter(alive)).toEqual([]);
-    expect(alive(slowPid)).toBe(true);
+    expect(pidsIn(fast.pids).filter(isRunning)).toEqual([]);
+    expect(isRunning(slowPid)).toBe(true);
     await writeFile(go, '');
     expect((await slowSample).response).toBe('5');
-    expect(alive(slowPid)).toBe(false);
+    expect(isRunning(slowPid)).toBe(false);
   });
 });
 

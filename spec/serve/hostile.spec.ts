@@ -10,67 +10,18 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { createJinjaChatTemplate } from '../../lib/chat/jinjaTemplate.js';
-import type { EncodeOptions, GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import type { EncodeOptions } from '../../lib/engine/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { HfTokenizer, readTokenizerFiles } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
-import type { GenerateOptions } from '../../lib/model/generate.js';
 import { serve, type RxrlServer, type ServeOptions } from '../../lib/serve/server.js';
+// The policy the hostileServe bench measures with: it writes 'a', 'b'… up to max_tokens, never stopping early.
+import { RunOnModel } from '../../bench/_fakes.js';
 
 const tokenizer = new CharTokenizer();
 const owned: RxrlServer[] = [];
 const JSON_HEADERS = { 'content-type': 'application/json' };
-
-/**
- * A policy that writes `a` and `b` in turn up to each request's `max_tokens` and never stops early, at the speed
- * of a loop (the server's behaviour, not a network's, is what is under test); rows whose signal fires stop.
- */
-class RunOnModel {
-  readonly config: PolicyModel['config'];
-  /** Tokens sampled so far, over every request. */
-  produced = 0;
-  /** Resolves as each generate call ends. */
-  private ended: (() => void)[] = [];
-
-  constructor(
-    private readonly ids: readonly number[],
-    vocabSize: number,
-    maxSeqLen: number,
-  ) {
-    this.config = { vocabSize, dModel: 8, nLayers: 1, nHeads: 1, dFF: 8, maxSeqLen } as PolicyModel['config'];
-  }
-
-  /** Resolves when the next generate call has ended. */
-  nextEnd(): Promise<void> {
-    return new Promise((resolve) => this.ended.push(resolve));
-  }
-
-  async generate(requests: readonly GenerateRequest[], options: GenerateOptions = {}): Promise<GenerateResponse[]> {
-    const rows = requests.map(() => ({ tokens: [] as number[], logprobs: [] as number[], finishReason: undefined as GenerateResponse['finishReason'] | undefined }));
-    for (let step = 0; rows.some((r) => r.finishReason === undefined); step++) {
-      if (step % 512 === 511) await new Promise((resolve) => setImmediate(resolve));
-      requests.forEach((request, i) => {
-        const row = rows[i];
-        if (row.finishReason !== undefined) return;
-        if (options.rowSignals?.[i]?.aborted || options.signal?.aborted) {
-          row.finishReason = 'abort';
-          return;
-        }
-        const token = this.ids[step % this.ids.length];
-        row.tokens.push(token);
-        row.logprobs.push(-0.5);
-        this.produced++;
-        request.onToken?.(token, -0.5);
-        if (row.tokens.length >= request.maxTokens) row.finishReason = 'length';
-      });
-    }
-    for (const resolve of this.ended.splice(0)) resolve();
-    return rows.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, finishReason: r.finishReason!, policyVersion: options.version ?? 0 }));
-  }
-
-  setWeights(): void {}
-}
 
 async function runOnServer(options: Partial<ServeOptions> = {}, maxSeqLen = 256): Promise<{ server: RxrlServer; model: RunOnModel }> {
   const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, maxSeqLen);
