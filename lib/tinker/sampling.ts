@@ -56,12 +56,14 @@ export class Sampler {
    * @param stopIds - Stop tokens of requests that name none.
    * @param snapshot - Adapter weights to sample with (copied); none samples the base model.
    * @param modelPath - The sampler weights' path it was opened from, if any.
+   * @param session - The session that opened it, if known (sampling keeps that session alive).
    */
   constructor(
     base: PolicyModel,
     private readonly stopIds: readonly number[],
     snapshot: AdapterSnapshot | undefined,
     readonly modelPath: string | undefined,
+    readonly session: string | undefined,
   ) {
     this.adapter = snapshot === undefined ? undefined : LoraAdapter.fromWeights(base.config, { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS }, snapshot.weights);
     this.view = this.adapter === undefined ? base : PolicyModel.withAdapter(base, this.adapter);

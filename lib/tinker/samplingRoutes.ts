@@ -13,6 +13,7 @@ import type { PolicyModel } from '../model/transformer.js';
 import { hashSeed } from '../random.js';
 import { absent, excerpt, invalid, quote, readBoolean, readInteger, readNumber, type JsonObject } from '../serve/protocol.js';
 import type { FutureAnswer, TinkerContext } from './context.js';
+import type { Outcome } from './futures.js';
 import { encodeSampleResponse, type SampledSequenceWire } from './proto.js';
 import { Sampler } from './sampling.js';
 import { checkName } from './states.js';
@@ -36,7 +37,7 @@ export function saveWeightsForSampler(ctx: TinkerContext, body: JsonObject): Fut
         ctx.samplerWeights.set(path, snapshot);
         return { json: { path, type: 'save_weights_for_sampler' } };
       }
-      const sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, snapshot, undefined);
+      const sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, snapshot, undefined, client.session);
       ctx.samplers.add(sampler);
       return { json: { path: null, sampling_session_id: sampler.id, type: 'save_weights_for_sampler' } };
     },
@@ -48,14 +49,14 @@ export function saveWeightsForSampler(ctx: TinkerContext, body: JsonObject): Fut
 
 /** `POST create_sampling_session`: of named sampler weights (`model_path`; 404 when unknown or dropped), or of the base model. */
 export function createSamplingSession(ctx: TinkerContext, body: JsonObject): unknown {
-  if (typeof body.session_id === 'string') ctx.clients.touch(body.session_id);
+  const session = typeof body.session_id === 'string' && ctx.clients.touch(body.session_id) ? body.session_id : undefined;
   let sampler: Sampler;
   if (!absent(body, 'model_path')) {
     if (typeof body.model_path !== 'string') throw invalid('model_path', `model_path must be a tinker:// path, got ${quote(body.model_path)}`);
-    sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, ctx.samplerWeights.get(body.model_path), body.model_path);
+    sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, ctx.samplerWeights.get(body.model_path), body.model_path, session);
   } else {
     if (body.base_model !== ctx.baseModel) throw invalid('base_model', `this service samples '${ctx.baseModel}', not '${excerpt(String(body.base_model))}'`);
-    sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, undefined, undefined);
+    sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, undefined, undefined, session);
   }
   ctx.samplers.add(sampler);
   return { sampling_session_id: sampler.id, type: 'create_sampling_session' };
@@ -80,17 +81,19 @@ interface SampleCall {
  */
 export function asample(ctx: TinkerContext, body: JsonObject): unknown {
   const sampler = ctx.samplers.get(body.sampling_session_id);
+  if (sampler.session !== undefined) ctx.clients.touch(sampler.session);
   const call = readSampleCall(ctx, body);
-  const request = ctx.futures.submit(() =>
-    sampler.hold(async () => {
-      const responses = await sampler.generate(call.requests);
-      const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
-      const promptLogprobs = call.promptLogprobs ? scorePrompt(sampler.view, call.prompt) : undefined;
-      return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) };
-    }),
-  );
+  const request = ctx.futures.submit(() => sampler.hold(() => sampleOn(sampler, call)), undefined, sampler.session);
   const seq = typeof body.seq_id === 'number' ? body.seq_id : 0;
   return { request_id: request, sample_sequence_ids: call.requests.map((_, i) => `${sampler.id}:${seq}:${i}`) };
+}
+
+/** Samples a checked call on `sampler` (which the caller holds): the sequences, and the prompt's log-probs if asked. */
+async function sampleOn(sampler: Sampler, call: SampleCall): Promise<Outcome> {
+  const responses = await sampler.generate(call.requests);
+  const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
+  const promptLogprobs = call.promptLogprobs ? scorePrompt(sampler.view, call.prompt) : undefined;
+  return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) };
 }
 
 /** Checks an `asample` body whole; 400 naming the field for anything a generation would refuse. */
