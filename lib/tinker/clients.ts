@@ -46,7 +46,14 @@ export class TrainingClients {
   private retiring = 0;
   private readonly sweep: ReturnType<typeof setInterval>;
 
-  constructor(private readonly limits: ClientLimits) {
+  /**
+   * @param limits - Room and lifetimes.
+   * @param now - The clock sessions are timed with (ms). Default `Date.now`.
+   */
+  constructor(
+    private readonly limits: ClientLimits,
+    private readonly now: () => number = Date.now,
+  ) {
     this.sweep = setInterval(() => this.expire(), Math.max(50, Math.min(limits.sessionTimeoutMs / 4, 10_000)));
     this.sweep.unref();
   }
@@ -56,7 +63,7 @@ export class TrainingClients {
     this.expire();
     if (this.sessions.size >= this.limits.maxSessions) throw new RequestError(429, `${this.limits.maxSessions} sessions are open; retry later`);
     const id = `sess-${randomUUID()}`;
-    this.sessions.set(id, { lastSeen: Date.now(), clients: new Set(), made: 0 });
+    this.sessions.set(id, { lastSeen: this.now(), clients: new Set(), made: 0 });
     return id;
   }
 
@@ -64,7 +71,7 @@ export class TrainingClients {
   touch(session: string): boolean {
     const state = this.sessions.get(session);
     if (state === undefined) return false;
-    state.lastSeen = Date.now();
+    state.lastSeen = this.now();
     return true;
   }
 
@@ -81,7 +88,7 @@ export class TrainingClients {
 
   /** Ends every session silent for longer than `sessionTimeoutMs`. */
   expire(): void {
-    const cutoff = Date.now() - this.limits.sessionTimeoutMs;
+    const cutoff = this.now() - this.limits.sessionTimeoutMs;
     for (const [id, state] of this.sessions) if (state.lastSeen < cutoff) this.finish(id);
   }
 
@@ -103,7 +110,7 @@ export class TrainingClients {
     this.expire();
     const state = this.sessions.get(session);
     if (state === undefined) throw new RequestError(404, `no session ${excerpt(JSON.stringify(session))}`);
-    state.lastSeen = Date.now();
+    state.lastSeen = this.now();
     if (this.clients.size + this.retiring >= this.limits.maxModels) throw new RequestError(429, `${this.limits.maxModels} training clients are open`);
     const id = `${session}:train:${seq ?? state.made}`;
     if (this.clients.has(id)) throw new RequestError(409, `training client '${id}' exists`);

@@ -92,7 +92,7 @@ export interface TinkerServiceOptions {
   readonly maxBodyBytes?: number;
   /** Most tokens and tensor elements of one `forward_backward` (summed over its datums). Default 2^24. */
   readonly maxForwardElements?: number;
-  /** Padded positions a forward pass computes between two turns of the event loop. Default 512. */
+  /** Padded positions a forward pass computes between two turns of the event loop. Default 128. */
   readonly chunkTokens?: number;
   /** How long `retrieve_future` holds a poll before answering `try_again`, in ms. Default 20 000. */
   readonly pollMs?: number;

@@ -49,7 +49,7 @@ export interface ForwardResult {
  * yields to the event loop: small enough that a server answers in between (its health check), large enough to
  * batch. Default of {@link TinkerTrainerOptions.chunkTokens}.
  */
-export const DEFAULT_CHUNK_TOKENS = 512;
+export const DEFAULT_CHUNK_TOKENS = 128;
 
 /** Options of a {@link TinkerTrainer}. */
 export interface TinkerTrainerOptions {

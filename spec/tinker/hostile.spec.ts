@@ -19,6 +19,7 @@ import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import { decodeSampleResponse, encodeForwardBackwardRequest, type WireDatum } from '../../lib/tinker/proto.js';
+import { runTinkerCommand } from '../../lib/tinker/command.js';
 import { tinkerService, type TinkerService, type TinkerServiceOptions } from '../../lib/tinker/service.js';
 
 const run = promisify(execFile);
@@ -409,9 +410,13 @@ describe('row 8: a sampler lives while requests on it are pending', () => {
 });
 
 describe('row 9: an empty key and malformed input', () => {
-  it('refuses an empty or blank apiKey at start', async () => {
+  it('refuses an empty or blank apiKey at start (the service, and `rxrl tinker --api-key ""` before it loads anything)', async () => {
     await expect(start({ apiKey: '' })).rejects.toBeInstanceOf(ConfigError);
     await expect(start({ apiKey: '   ' })).rejects.toBeInstanceOf(ConfigError);
+    const lines: string[] = [];
+    const command = runTinkerCommand({ model: fixture, apiKey: '', port: 0, backend: 'cpu', signal: AbortSignal.abort(), out: (line) => lines.push(line) });
+    await expect(command).rejects.toBeInstanceOf(ConfigError);
+    expect(lines).toEqual([]);
   });
 
   it('answers malformed input with 400 and no internal text', async () => {
