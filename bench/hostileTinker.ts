@@ -4,16 +4,18 @@
  * outcome), the time to that answer, the service's RSS before and after (`/proc/<pid>/status`), and the largest
  * `/api/v1/healthz` latency seen by a prober that asks one request at a time while the case runs.
  *
- * Usage: `npm run bench -- hostileTinker [--backend auto|wasm|cpu|tensorflow] [--datums 64] [--names 1000]`
- * (`--datums`: the legitimate long `forward_backward` of row 4, datums of 127 tokens; `--names`: row 6's
- * `save_weights_for_sampler` names). Run `npm run build` first.
+ * Usage: `npm run bench -- hostileTinker [--backend auto|wasm|cpu|tensorflow] [--datums 64] [--names 1000]
+ * [--long-datum 2048] [--rows 2,3,4,5,6,7,8,9]` (`--datums`: the legitimate long `forward_backward` of row 4, datums of
+ * 127 tokens; `--long-datum`: the tokens of row 4's datum past the context, 0 for none;
+ * `--names`: row 6's `save_weights_for_sampler` names; `--rows`: which rows to run). Run
+ * `npm run build` first.
  *
  * @packageDocumentation
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { copyFile, mkdtemp, readFile, readdir } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -64,31 +66,31 @@ function clientOf(url: string) {
     }
   };
   const session = async (): Promise<string> => (await post('/api/v1/create_session', {})).json.session_id as string;
-  const model = async (sessionId: string, seq: number): Promise<Answer> =>
-    result(await post('/api/v1/create_model', { session_id: sessionId, model_seq_id: seq, base_model: 'tiny-qwen3', lora_config: { rank: 2 } }));
+  const model = async (sessionId: string, seq: number, rank = 2): Promise<Answer> =>
+    result(await post('/api/v1/create_model', { session_id: sessionId, model_seq_id: seq, base_model: 'tiny-qwen3', lora_config: { rank } }));
   return { post, result, session, model };
 }
 
-/** Asks `/api/v1/healthz` one request at a time until stopped; the largest latency seen, in ms. */
-function probe(url: string): { stop(): Promise<{ maxMs: number; probes: number }> } {
+/** Asks `/api/v1/healthz` one request at a time until stopped; the latencies' median, 99th percentile and largest, in ms. */
+function probe(url: string): { stop(): Promise<{ p50Ms: number; p99Ms: number; maxMs: number; probes: number }> } {
   let running = true;
-  let maxMs = 0;
-  let probes = 0;
+  const latencies: number[] = [];
   const loop = (async () => {
     while (running) {
       const started = performance.now();
       const response = await fetch(`${url}/api/v1/healthz`, { headers: { 'x-api-key': KEY } });
       await response.arrayBuffer();
-      maxMs = Math.max(maxMs, performance.now() - started);
-      probes++;
+      latencies.push(performance.now() - started);
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
   })();
+  const at = (sorted: readonly number[], q: number): number => Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] * 10) / 10;
   return {
     stop: async () => {
       running = false;
       await loop;
-      return { maxMs: Math.round(maxMs * 10) / 10, probes };
+      const sorted = [...latencies].sort((a, b) => a - b);
+      return { p50Ms: at(sorted, 0.5), p99Ms: at(sorted, 0.99), maxMs: at(sorted, 1), probes: sorted.length };
     },
   };
 }
@@ -103,7 +105,7 @@ async function measure(child: ChildProcess, url: string, row: number, name: stri
   const ms = Math.round((performance.now() - started) * 10) / 10;
   const healthz = await prober.stop();
   const rssAfterMb = await rssMb(pid);
-  process.stdout.write(`${JSON.stringify({ row, case: name, ...out, ms, rssBeforeMb, rssAfterMb, healthzMaxMs: healthz.maxMs, healthzProbes: healthz.probes })}\n`);
+  process.stdout.write(`${JSON.stringify({ row, case: name, ...out, ms, rssBeforeMb, rssAfterMb, healthzP50Ms: healthz.p50Ms, healthzP99Ms: healthz.p99Ms, healthzMaxMs: healthz.maxMs, healthzProbes: healthz.probes })}\n`);
 }
 
 // Hand-built protobuf (what no SDK sends).
@@ -153,13 +155,15 @@ export async function main(args: readonly string[]): Promise<void> {
   const stateDir = join(await mkdtemp(join(tmpdir(), 'rxrl-bench-hostile-')), 'state');
   const { child, url, backend: chosen } = await startService(['--api-key', KEY, '--backend', backend, '--state-dir', stateDir]);
   try {
-    process.stdout.write(`${JSON.stringify({ event: 'service', backend: chosen, url })}\n`);
+    process.stdout.write(`${JSON.stringify({ event: 'service', backend: chosen, url, loadAverage: loadavg().map((x) => Math.round(x * 100) / 100), cpus: cpus().length })}\n`);
     const api = clientOf(url);
-    await rowTwoAndFour(child, url, api, Number(flag(args, 'datums', '64')));
-    await rowThree(child, url, api, stateDir);
-    await rowFive(child, url, api);
-    await rowsSixToEight(child, url, api, Number(flag(args, 'names', '1000')));
-    await rowNine(child, url, api, backend);
+    const rows = new Set(flag(args, 'rows', '2,3,4,5,6,7,8,9').split(',').map(Number));
+    if (rows.has(2)) await rowTwo(child, url, api);
+    if (rows.has(4)) await rowFour(child, url, api, Number(flag(args, 'datums', '64')), Number(flag(args, 'long-datum', '2048')));
+    if (rows.has(3)) await rowThree(child, url, api, stateDir);
+    if (rows.has(5)) await rowFive(child, url, api);
+    if (rows.has(6) || rows.has(7) || rows.has(8)) await rowsSixToEight(child, url, api, Number(flag(args, 'names', '1000')));
+    if (rows.has(9)) await rowNine(child, url, api, backend);
   } finally {
     child.kill('SIGTERM');
     await once(child, 'exit');
@@ -168,13 +172,21 @@ export async function main(args: readonly string[]): Promise<void> {
 
 type Api = ReturnType<typeof clientOf>;
 
-async function rowTwoAndFour(child: ChildProcess, url: string, api: Api, datums: number): Promise<void> {
+async function rowTwo(child: ChildProcess, url: string, api: Api): Promise<void> {
   const s = await api.session();
   const modelId = (await api.model(s, 0)).json.model_id as string;
   await measure(child, url, 2, 'sparse 1x2^26 for an unknown model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb('sess-none:train:0'))).status, bytes: sparseBomb('sess-none:train:0').length }));
   await measure(child, url, 2, 'sparse 1x2^26 for a real model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb(modelId))).status }));
-  const long = encodeForwardBackwardRequest({ modelId, seqId: 1, data: [datum(2048, 3)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
-  await measure(child, url, 4, '2048-token datum on a 128-context model', async () => ({ status: (await api.post('/api/v1/forward_backward', long)).status }));
+  await api.post(`/api/v1/sessions/${s}/finish`, {});
+}
+
+async function rowFour(child: ChildProcess, url: string, api: Api, datums: number, longDatum: number): Promise<void> {
+  const s = await api.session();
+  const modelId = (await api.model(s, 0)).json.model_id as string;
+  if (longDatum > 0) {
+    const long = encodeForwardBackwardRequest({ modelId, seqId: 1, data: [datum(longDatum, 3)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
+    await measure(child, url, 4, `${longDatum}-token datum on a 128-context model`, async () => ({ status: (await api.post('/api/v1/forward_backward', long)).status }));
+  }
   // The first forward pass of a process compiles the backend's kernels: measured apart from the long one.
   const warm = encodeForwardBackwardRequest({ modelId, seqId: 2, data: [datum(127, 1)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
   await measure(child, url, 4, 'warm-up: the first forward_backward of the process (1 datum x 127 tokens)', async () => ({ status: (await api.result(await api.post('/api/v1/forward_backward', warm))).status }));
@@ -222,8 +234,9 @@ async function rowFive(child: ChildProcess, url: string, api: Api): Promise<void
 
 async function rowsSixToEight(child: ChildProcess, url: string, api: Api, names: number): Promise<void> {
   const s = await api.session();
-  const modelId = (await api.model(s, 0)).json.model_id as string;
-  await measure(child, url, 6, `${names} save_weights_for_sampler names`, async () => {
+  // Rank 32, the SDK's default: each name holds about half a megabyte of this model's adapter.
+  const modelId = (await api.model(s, 0, 32)).json.model_id as string;
+  await measure(child, url, 6, `${names} save_weights_for_sampler names (rank 32)`, async () => {
     for (let i = 0; i < names; i++) await api.result(await api.post('/api/v1/save_weights_for_sampler', { model_id: modelId, path: `w${i}` }));
     const open = async (i: number): Promise<number> => (await api.post('/api/v1/create_sampling_session', { session_id: s, model_path: `tinker://${modelId}/sampler_weights/w${i}` })).status;
     return { oldestStatus: await open(0), newestStatus: await open(names - 1) };

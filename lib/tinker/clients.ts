@@ -9,7 +9,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { RequestError, excerpt } from '../serve/protocol.js';
+import { RequestError, quote } from '../serve/protocol.js';
 import type { Queue } from './futures.js';
 import type { TinkerTrainer } from './training.js';
 
@@ -95,7 +95,7 @@ export class TrainingClients {
   /** The training client `id` (its session is touched); 404 when there is none. */
   get(id: unknown): TrainingClient {
     const client = typeof id === 'string' ? this.clients.get(id) : undefined;
-    if (client === undefined) throw new RequestError(404, `no training client ${excerpt(JSON.stringify(id) ?? String(id))}`);
+    if (client === undefined) throw new RequestError(404, `no training client ${quote(id)}`);
     this.touch(client.session);
     return client;
   }
@@ -109,7 +109,7 @@ export class TrainingClients {
   reserve(session: string, seq: number | undefined): string {
     this.expire();
     const state = this.sessions.get(session);
-    if (state === undefined) throw new RequestError(404, `no session ${excerpt(JSON.stringify(session))}`);
+    if (state === undefined) throw new RequestError(404, `no session ${quote(session)}`);
     state.lastSeen = this.now();
     if (this.clients.size + this.retiring >= this.limits.maxModels) throw new RequestError(429, `${this.limits.maxModels} training clients are open`);
     const id = `${session}:train:${seq ?? state.made}`;

@@ -13,7 +13,7 @@ import { randomUUID } from 'node:crypto';
 import type { GenerateRequest, GenerateResponse, NamedWeights } from '../engine/types.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
-import { RequestError, excerpt } from '../serve/protocol.js';
+import { RequestError, quote } from '../serve/protocol.js';
 
 /** Most sequences one generation turn of a sampler decodes together. */
 export const MAX_SAMPLE_BATCH = 256;
@@ -167,7 +167,7 @@ export class SamplerPool {
   /** The sampler `id`; 404 when there is none (never was, or let go). */
   get(id: unknown): Sampler {
     const sampler = typeof id === 'string' ? this.samplers.get(id) : undefined;
-    if (sampler === undefined) throw new RequestError(404, `no sampling session ${excerpt(JSON.stringify(id) ?? String(id))}`);
+    if (sampler === undefined) throw new RequestError(404, `no sampling session ${quote(id)}`);
     return sampler;
   }
 
@@ -218,7 +218,7 @@ export class SamplerWeights {
   /** The snapshot at `path` (now the most recently used); 404 when there is none (never saved, or dropped). */
   get(path: string): AdapterSnapshot {
     const entry = this.entries.get(path);
-    if (entry === undefined) throw new RequestError(404, `no sampler weights at ${excerpt(JSON.stringify(path))}`);
+    if (entry === undefined) throw new RequestError(404, `no sampler weights at ${quote(path, 256)}`);
     this.entries.delete(path);
     this.entries.set(path, entry);
     return entry.snapshot;

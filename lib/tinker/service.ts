@@ -88,7 +88,7 @@ export interface TinkerServiceOptions {
   readonly maxInFlight?: number;
   /** Finished requests whose results are kept until polled; past this the oldest is dropped. Default 4096. */
   readonly maxFinished?: number;
-  /** Largest request body in bytes. Default 64 MiB. */
+  /** Largest request body in bytes (a JSON one: 8 MiB at most). Default 64 MiB. */
   readonly maxBodyBytes?: number;
   /** Most tokens and tensor elements of one `forward_backward` (summed over its datums). Default 2^24. */
   readonly maxForwardElements?: number;
@@ -116,6 +116,12 @@ export interface TinkerService {
 
 /** Most samples of one `asample`. */
 const MAX_SAMPLES = 128;
+
+/**
+ * Largest JSON body (the protobuf `forward_backward` may take `maxBodyBytes`): a prompt of 128k tokens is about
+ * 1 MB of JSON, and parsing tens of megabytes would hold the event loop.
+ */
+const MAX_JSON_BODY_BYTES = 8 * 1024 * 1024;
 
 /**
  * Starts a Tinker-API service over `options.model`.
@@ -297,7 +303,7 @@ async function route(ctx: TinkerContext, apiKey: string | undefined, req: Incomi
     if (encoding !== undefined && encoding !== 'identity') throw new RequestError(415, `content-encoding ${excerpt(String(encoding))} is not supported`);
     return { json: forwardBackward(ctx, await readBody(req, ctx.limits.maxBodyBytes), name === 'forward') };
   }
-  const raw = await readBody(req, ctx.limits.maxBodyBytes);
+  const raw = await readBody(req, Math.min(ctx.limits.maxBodyBytes, MAX_JSON_BODY_BYTES));
   const body = raw.length === 0 ? {} : parseJsonObject(raw.toString('utf8'));
   const finish = /^sessions\/([^/]+)\/finish$/.exec(name ?? '');
   if (finish !== null) return { json: finishSession(ctx, decodeSegment(finish[1])) };

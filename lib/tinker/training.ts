@@ -91,7 +91,7 @@ export class TinkerTrainer {
   /**
    * Log-probs of each datum's targets under the current adapter and the loss; with `backward`, the loss's gradient
    * is added to the gradients an {@link TinkerTrainer.optimStep} applies. The datums are computed in chunks of
-   * `chunkTokens` padded positions, with a turn of the event loop between chunks.
+   * `chunkTokens` padded positions, with a turn of the event loop before each chunk.
    *
    * @throws {@link ConfigError} for an unknown loss; {@link ShapeError} for a datum whose inputs do not fit it.
    */
@@ -103,8 +103,10 @@ export class TinkerTrainer {
     const inputs = await mapInTurns(data, (datum, index) => datumInputs(datum, loss as TinkerLoss, index, V), 64);
     const outputs: ForwardResult['outputs'] = [];
     let total = 0;
-    for (const [i, chunk] of chunksOf(data, V, this.chunkTokens).entries()) {
-      if (i > 0) await yieldToEventLoop();
+    for (const chunk of chunksOf(data, V, this.chunkTokens)) {
+      // A turn of the event loop before each chunk: the request that queued this work has been answered, and other
+      // requests (a health check) are served between chunks.
+      await yieldToEventLoop();
       const rows = chunk.map((index) => ({ datum: data[index], inputs: inputs[index] }));
       const out = this.forwardChunk(rows, loss as TinkerLoss, config, backward);
       total += out.loss;

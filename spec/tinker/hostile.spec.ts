@@ -438,6 +438,12 @@ describe('row 9: an empty key and malformed input', () => {
     }
     expect((await post(service, '/api/v1/sessions/%zz/finish', {})).status).toBe(400);
     expect((await post(service, '/api/v1/asample', cases[0][1])).status).toBe(400);
+    // Ids nested deeper than any recursion: quoted without recursing (a 404 or 400, never a 500).
+    for (const depth of [2_000, 100_000]) {
+      const deep = `{"model_id":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+      const answer = await fetch(`${service.url}/api/v1/get_info`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: deep });
+      expect([400, 404], String(depth)).toContain(answer.status);
+    }
   });
 
   it('keeps authentication on every route and clean 4xx for malformed protobuf and JSON', async () => {
