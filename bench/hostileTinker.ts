@@ -187,9 +187,9 @@ async function rowFour(child: ChildProcess, url: string, api: Api, datums: numbe
     const long = encodeForwardBackwardRequest({ modelId, seqId: 1, data: [datum(longDatum, 3)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
     await measure(child, url, 4, `${longDatum}-token datum on a 128-context model`, async () => ({ status: (await api.post('/api/v1/forward_backward', long)).status }));
   }
-  // The first forward pass of a process compiles the backend's kernels: measured apart from the long one.
+  // The first forward pass after start (the service warms its backend up at start): measured apart from the long one.
   const warm = encodeForwardBackwardRequest({ modelId, seqId: 2, data: [datum(127, 1)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
-  await measure(child, url, 4, 'warm-up: the first forward_backward of the process (1 datum x 127 tokens)', async () => ({ status: (await api.result(await api.post('/api/v1/forward_backward', warm))).status }));
+  await measure(child, url, 4, 'first forward_backward after start: 1 datum x 127 tokens', async () => ({ status: (await api.result(await api.post('/api/v1/forward_backward', warm))).status }));
   const heavy = encodeForwardBackwardRequest({ modelId, seqId: 3, data: Array.from({ length: datums }, (_, i) => datum(127, i)), lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
   await measure(child, url, 4, `legit forward_backward: ${datums} datums x 127 tokens`, async () => {
     const answer = await api.result(await api.post('/api/v1/forward_backward', heavy));

@@ -47,7 +47,7 @@ import { ProtoError } from './proto.js';
 import { SamplerPool, SamplerWeights } from './sampling.js';
 import { asample, createSamplingSession, getSampler, saveWeightsForSampler } from './samplingRoutes.js';
 import { createSession, finishSession, retrieveFuture, sessionHeartbeat } from './sessionRoutes.js';
-import { DEFAULT_CHUNK_TOKENS } from './training.js';
+import { DEFAULT_CHUNK_TOKENS, TinkerTrainer } from './training.js';
 import { createModel, forwardBackward, getInfo, loadWeights, optimStep, saveWeights, unloadModel } from './trainingRoutes.js';
 
 /** Options of {@link tinkerService}. */
@@ -139,6 +139,7 @@ const MAX_JSON_BODY_BYTES = 8 * 1024 * 1024;
 export async function tinkerService(options: TinkerServiceOptions): Promise<TinkerService> {
   if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
   const ctx = await createContext(options);
+  await warmUp(ctx);
   const server = createServer((req, res) => void handle(ctx, options.apiKey, req, res));
   server.on('clientError', (error: NodeJS.ErrnoException, socket) => {
     if (!socket.writable || error.code === 'ECONNRESET') return void socket.destroy();
@@ -218,6 +219,20 @@ async function createContext(options: TinkerServiceOptions): Promise<TinkerConte
   } catch (error) {
     await clients.close();
     throw error;
+  }
+}
+
+/**
+ * One forward and backward pass of two tokens on a throwaway adapter: the backend's first-use costs (compiling its
+ * kernels, about 100 ms on wasm) are paid at start rather than inside a client's first request.
+ */
+async function warmUp(ctx: TinkerContext): Promise<void> {
+  const trainer = new TinkerTrainer(ctx.model, 1, 0);
+  try {
+    const ints = { dtype: 'int64' as const, data: [0, 0], shape: [2] };
+    await trainer.forward([{ tokens: [0, 0], lossFnInputs: { target_tokens: ints, weights: { dtype: 'float32', data: Float32Array.of(1, 1), shape: [2] } } }], 'cross_entropy', {}, true);
+  } finally {
+    trainer.dispose();
   }
 }
 
