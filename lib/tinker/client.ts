@@ -48,6 +48,11 @@ export interface TinkerClientOptions {
    * service is not making progress). Default 600 000 ms.
    */
   readonly futureTimeoutMs?: number;
+  /**
+   * How often the session is kept alive with a heartbeat (a service ends sessions that go silent, and frees their
+   * training clients), in ms. Default 10 000, as the SDK.
+   */
+  readonly heartbeatMs?: number;
 }
 
 /**
@@ -67,6 +72,7 @@ const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', '
 export class TinkerClient {
   private readonly seqs = new Map<string, number>();
   private samplerSeq = 0;
+  private heartbeat: ReturnType<typeof setInterval> | undefined;
 
   private constructor(
     private readonly options: TinkerClientOptions,
@@ -74,14 +80,37 @@ export class TinkerClient {
     readonly sessionId: string,
   ) {}
 
-  /** Opens a session (`client/config`, `create_session`). */
+  /** Opens a session (`client/config`, `create_session`) and keeps it alive with heartbeats until {@link TinkerClient.close}. */
   static async connect(options: TinkerClientOptions): Promise<TinkerClient> {
     const probe = new TinkerClient(options, '');
     await probe.post('/api/v1/client/config', { sdk_version: 'rxrl' });
     const { session_id } = (await probe.post('/api/v1/create_session', { tags: [], user_metadata: {}, sdk_version: 'rxrl', type: 'create_session' })) as {
       session_id: string;
     };
-    return new TinkerClient(options, session_id);
+    const client = new TinkerClient(options, session_id);
+    client.heartbeat = setInterval(() => void client.beat(), options.heartbeatMs ?? 10_000);
+    client.heartbeat.unref();
+    return client;
+  }
+
+  /**
+   * Stops the heartbeats and finishes the session (`sessions/{id}/finish`), which frees its training clients on the
+   * service; a service that cannot be reached is left alone.
+   */
+  async close(): Promise<void> {
+    clearInterval(this.heartbeat);
+    this.heartbeat = undefined;
+    const path = `/api/v1/sessions/${encodeURIComponent(this.sessionId)}/finish`;
+    await this.postOnce(path, { reason: { type: 'success' }, detail: null }, AbortSignal.timeout(5_000), false).catch(() => undefined);
+  }
+
+  /** One heartbeat; a session the service ended (410) is beaten no more. A failed one is retried at the next beat. */
+  private async beat(): Promise<void> {
+    try {
+      await this.postOnce('/api/v1/session_heartbeat', { session_id: this.sessionId, type: 'session_heartbeat' }, AbortSignal.timeout(10_000), false);
+    } catch (error) {
+      if (error instanceof TinkerError && error.context.status === 410) clearInterval(this.heartbeat);
+    }
   }
 
   /** A LoRA training client of `rank` on `baseModel`; resolves with its model id. */

@@ -37,10 +37,12 @@ export interface TinkerCommandOptions {
  * signal fires.
  *
  * @returns The process exit code.
- * @throws {@link ConfigError} for a missing or invalid model directory.
+ * @throws {@link ConfigError} for a missing or invalid model directory, or an empty `--api-key`.
  */
 export async function runTinkerCommand(options: TinkerCommandOptions): Promise<number> {
   if (options.model === undefined) throw new ConfigError('rxrl tinker needs --model DIR (a Hugging Face model directory)', { context: { key: 'model' } });
+  // Checked before anything loads: an empty key would otherwise serve every request without one.
+  if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('--api-key must not be empty', { context: { key: 'api-key' } });
   const dir = resolve(options.model);
   if (!(await isModelDir(dir))) throw new ConfigError(`--model ${options.model}: not a model directory`, { context: { key: 'model', path: dir } });
   const backend = await initBackend(options.backend ?? 'auto', { logger: { info: () => undefined } });

@@ -68,6 +68,17 @@ export interface ForwardBackwardRequest {
   readonly forwardOnly: boolean;
 }
 
+/**
+ * Bounds {@link decodeForwardBackwardRequest} checks before it allocates, so a few bytes (a sparse tensor of a huge
+ * shape, a shape that disagrees with its data) cannot make it expand more than a legitimate request would.
+ */
+export interface DecodeLimits {
+  /** Most tokens of one datum, and most elements of one of its tensors (a server passes the model's context). */
+  readonly maxDatumTokens: number;
+  /** Most tokens and tensor elements of the whole request, summed. */
+  readonly maxElements: number;
+}
+
 /** A forward/backward result, as the server produces it. */
 export interface ForwardBackwardOutputWire {
   /** One record per datum, in request order, e.g. `{ logprobs, elementwise_loss }`, each float32 `[T]`. */
@@ -148,6 +159,24 @@ const MAX_FIELD_NUMBER = 0x1fffffff;
 const MAX_GROUP_DEPTH = 64;
 /** Most elements a sparse CSR tensor may expand to (2^28): a guard against absurd shapes in tiny messages. */
 const MAX_SPARSE_DENSE_ELEMENTS = 2 ** 28;
+
+/** No bounds but the sparse guard: what a client decoding its own requests uses. */
+const NO_LIMITS: DecodeLimits = { maxDatumTokens: Number.POSITIVE_INFINITY, maxElements: Number.POSITIVE_INFINITY };
+
+/** A request's decode budget: its limits and the elements decoded so far. */
+class Budget {
+  private used = 0;
+
+  constructor(readonly limits: DecodeLimits) {}
+
+  /** Counts `n` more elements of the request at `path`, before they are allocated. */
+  take(n: number, path: string): void {
+    this.used += n;
+    if (this.used > this.limits.maxElements) {
+      throw new ProtoError(`the request expands to more than ${this.limits.maxElements} tokens and tensor elements`, path);
+    }
+  }
+}
 
 const TWO_POW_32 = 2 ** 32;
 const INT32_MIN = -(2 ** 31);
@@ -612,14 +641,14 @@ function decodeSparseCsr(bytes: Uint8Array, path: string): SparseCsrBytes {
   return out;
 }
 
-/** Expands a 2-D CSR tensor to dense row-major, with 0 in every unlisted entry (the SDK's default pad value). */
+/**
+ * Expands a 2-D CSR tensor to dense row-major, with 0 in every unlisted entry (the SDK's default pad value). Its
+ * dense size was bounded by the caller.
+ */
 function expandSparseCsr(csr: SparseCsrBytes, code: number, shape: readonly number[], path: string): Float32Array | number[] {
   if (shape.length !== 2) throw new ProtoError(`sparse CSR needs a 2-D shape, got [${shape.join(', ')}]`, path);
   const [rows, cols] = shape;
   const size = rows * cols;
-  if (size > MAX_SPARSE_DENSE_ELEMENTS) {
-    throw new ProtoError(`sparse CSR shape [${rows}, ${cols}] expands to more than ${MAX_SPARSE_DENSE_ELEMENTS} elements`, path);
-  }
   const values = elementsFromLE(csr.values, code, 'sparse_csr.values', path);
   const crow = int64sFromLE(csr.crow, 'sparse_csr.crow_indices', path);
   const col = int64sFromLE(csr.col, 'sparse_csr.col_indices', path);
@@ -643,7 +672,18 @@ function expandSparseCsr(csr: SparseCsrBytes, code: number, shape: readonly numb
   return dense;
 }
 
-function decodeTensor(bytes: Uint8Array, path: string): WireTensor {
+/** The product of `shape`, refused as soon as it passes `max` (so no absurd shape overflows or allocates). */
+function denseSize(shape: readonly number[], max: number, path: string): number {
+  let size = 1;
+  for (const dim of shape) {
+    if (dim < 0) throw new ProtoError(`negative dimension in shape [${shape.join(', ')}]`, path);
+    size *= dim;
+    if (size > max) throw new ProtoError(`shape [${shape.join(', ')}] has more than ${max} elements, the most one tensor of a datum may have`, path);
+  }
+  return size;
+}
+
+function decodeTensor(bytes: Uint8Array, path: string, budget: Budget): WireTensor {
   const r = new Reader(bytes, path);
   let dense: Uint8Array | undefined;
   let sparse: SparseCsrBytes | undefined;
@@ -670,18 +710,22 @@ function decodeTensor(bytes: Uint8Array, path: string): WireTensor {
         r.skip(tag);
     }
   }
-  const { dtype } = dtypeInfo(code, path);
-  for (const dim of shape) {
-    if (dim < 0) throw new ProtoError(`negative dimension in shape [${shape.join(', ')}]`, path);
+  const { dtype, itemSize } = dtypeInfo(code, path);
+  const max = budget.limits.maxDatumTokens;
+  // Sizes are checked against the limits before anything of the tensor's size is allocated.
+  if (sparse !== undefined) {
+    budget.take(denseSize(shape, Math.min(max, MAX_SPARSE_DENSE_ELEMENTS), path), path);
+    return { dtype, data: expandSparseCsr(sparse, code, shape, path), shape };
   }
-  if (sparse !== undefined) return { dtype, data: expandSparseCsr(sparse, code, shape, path), shape };
+  const stored = checkMultiple(dense ?? new Uint8Array(0), itemSize, 'dense', path);
+  if (stored > max) throw new ProtoError(`dense data holds ${stored} elements, more than the ${max} one tensor of a datum may have`, path);
+  if (shape.length > 0) {
+    const size = denseSize(shape, max, path);
+    if (size !== stored) throw new ProtoError(`dense data holds ${stored} elements but shape [${shape.join(', ')}] needs ${size}`, path);
+  }
+  budget.take(stored, path);
   const data = elementsFromLE(dense ?? new Uint8Array(0), code, 'dense', path);
-  if (shape.length === 0) return { dtype, data, shape: [data.length] };
-  const size = shape.reduce((a, b) => a * b, 1);
-  if (size !== data.length) {
-    throw new ProtoError(`dense data holds ${data.length} elements but shape [${shape.join(', ')}] needs ${size}`, path);
-  }
-  return { dtype, data, shape };
+  return { dtype, data, shape: shape.length === 0 ? [data.length] : shape };
 }
 
 function encodeTensor(w: Writer, tensor: WireTensor, path: string): void {
@@ -784,7 +828,7 @@ function decodeChunk(bytes: Uint8Array, path: string): number[] {
   return tokens;
 }
 
-function decodeDatum(bytes: Uint8Array, path: string): WireDatum {
+function decodeDatum(bytes: Uint8Array, path: string, budget: Budget): WireDatum {
   const r = new Reader(bytes, path);
   const tokens: number[] = [];
   const lossFnInputs: Record<string, WireTensor> = {};
@@ -793,14 +837,20 @@ function decodeDatum(bytes: Uint8Array, path: string): WireDatum {
     const tag = r.tag();
     switch (tag.field) {
       case 1: {
-        for (const token of decodeChunk(r.bytes(tag, 'model_input'), `${path}.model_input[${chunks++}]`)) tokens.push(token);
+        const chunk = decodeChunk(r.bytes(tag, 'model_input'), `${path}.model_input[${chunks++}]`);
+        const max = budget.limits.maxDatumTokens;
+        if (tokens.length + chunk.length > max) {
+          throw new ProtoError(`model_input has ${tokens.length + chunk.length} tokens or more, past the ${max} a datum may have`, path);
+        }
+        budget.take(chunk.length, path);
+        for (const token of chunk) tokens.push(token);
         break;
       }
       case 2: {
         const [key, value] = decodeMessageMapEntry(r.bytes(tag, 'loss_fn_inputs'), `${path}.loss_fn_inputs`);
         const tensorPath = `${path}.loss_fn_inputs[${JSON.stringify(key)}]`;
         if (value === undefined) throw new ProtoError('map entry has no tensor value', tensorPath);
-        setEntry(lossFnInputs, key, decodeTensor(value, tensorPath));
+        setEntry(lossFnInputs, key, decodeTensor(value, tensorPath, budget));
         break;
       }
       default:
@@ -837,10 +887,14 @@ function decodeLossConfigValue(bytes: Uint8Array, path: string): number | string
  * ```
  *
  * @param bytes - The (decompressed) request body.
+ * @param limits - Bounds checked before anything is allocated (a server passes its model's context). Default: none
+ *   but a guard of 2^28 elements on a sparse tensor's expansion.
  * @returns The request in plain JS values.
- * @throws {@link ProtoError} on malformed input, an unsupported dtype or an image/dmel chunk.
+ * @throws {@link ProtoError} on malformed input, an unsupported dtype, an image/dmel chunk, or a datum or request
+ *   past `limits`.
  */
-export function decodeForwardBackwardRequest(bytes: Uint8Array): ForwardBackwardRequest {
+export function decodeForwardBackwardRequest(bytes: Uint8Array, limits: DecodeLimits = NO_LIMITS): ForwardBackwardRequest {
+  const budget = new Budget(limits);
   const r = new Reader(checkBytes(bytes, REQUEST), REQUEST);
   let modelId = '';
   let seqId = 0;
@@ -859,7 +913,7 @@ export function decodeForwardBackwardRequest(bytes: Uint8Array): ForwardBackward
         seqId = r.int32(tag, 'seq_id');
         break;
       case 3:
-        data.push(decodeDatum(r.bytes(tag, 'data'), `${REQUEST}.data[${data.length}]`));
+        data.push(decodeDatum(r.bytes(tag, 'data'), `${REQUEST}.data[${data.length}]`, budget));
         break;
       case 4:
         lossFn = r.string(tag, 'loss_fn');
@@ -887,6 +941,30 @@ export function decodeForwardBackwardRequest(bytes: Uint8Array): ForwardBackward
   for (const [key, value] of legacyConfig) setEntry(lossFnConfig, key, value);
   for (const [key, value] of config) setEntry(lossFnConfig, key, value);
   return { modelId, seqId, data, lossFn, lossFnConfig, forwardOnly };
+}
+
+/**
+ * The `model_id` of a `ForwardBackwardRequest`, read without decoding anything else (the datums are skipped by
+ * length), so that a server refuses a request for a model it does not have before it spends anything on the
+ * payload. Malformed framing after a `model_id` ends the scan (the full decode reports it); before one, it throws.
+ *
+ * @param bytes - The request body.
+ * @returns The last `model_id` (protobuf's rule for a repeated singular field), or `''` when there is none.
+ * @throws {@link ProtoError} when the body is malformed before any `model_id`.
+ */
+export function readForwardBackwardModelId(bytes: Uint8Array): string {
+  const r = new Reader(checkBytes(bytes, REQUEST), REQUEST);
+  let modelId: string | undefined;
+  try {
+    while (!r.done) {
+      const tag = r.tag();
+      if (tag.field === 1) modelId = r.string(tag, 'model_id');
+      else r.skip(tag);
+    }
+  } catch (error) {
+    if (modelId === undefined || !(error instanceof ProtoError)) throw error;
+  }
+  return modelId ?? '';
 }
 
 /**

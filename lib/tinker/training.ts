@@ -17,6 +17,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { ConfigError, ShapeError } from '../errors.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
+import { mapInTurns, yieldToEventLoop } from '../turns.js';
 import type { WireDatum, WireTensor } from './proto.js';
 
 /** The losses a training client computes. */
@@ -43,6 +44,19 @@ export interface ForwardResult {
   readonly metrics: Record<string, number>;
 }
 
+/**
+ * Padded positions (datums × their longest length) one chunk of a `forward_backward` computes before the trainer
+ * yields to the event loop: small enough that a server answers in between (its health check), large enough to
+ * batch. Default of {@link TinkerTrainerOptions.chunkTokens}.
+ */
+export const DEFAULT_CHUNK_TOKENS = 128;
+
+/** Options of a {@link TinkerTrainer}. */
+export interface TinkerTrainerOptions {
+  /** Padded positions per chunk of a forward pass (at least one datum each). Default {@link DEFAULT_CHUNK_TOKENS}. */
+  readonly chunkTokens?: number;
+}
+
 /** A LoRA training client: its adapter, its view of the base, its summed gradients and its Adam state. */
 export class TinkerTrainer {
   readonly adapter: LoraAdapter;
@@ -51,93 +65,114 @@ export class TinkerTrainer {
   private readonly moments = new Map<string, { m: tf.Tensor; v: tf.Tensor }>();
   /** Optimizer steps taken. */
   steps = 0;
+  private readonly chunkTokens: number;
 
   /**
    * @param base - The shared base model (not owned).
    * @param rank - LoRA rank; every linear layer of every block is adapted, with `alpha = rank` (scale 1).
    * @param seed - Seed of the adapter's initialization.
+   * @param options - How the forward pass is cut into chunks.
    */
   constructor(
     readonly base: PolicyModel,
     readonly rank: number,
     seed: number,
+    options: TinkerTrainerOptions = {},
   ) {
     if (!Number.isInteger(rank) || rank < 1) throw new ConfigError(`lora rank must be an integer >= 1, got ${rank}`);
+    this.chunkTokens = options.chunkTokens ?? DEFAULT_CHUNK_TOKENS;
+    if (!Number.isInteger(this.chunkTokens) || this.chunkTokens < 1) {
+      throw new ConfigError(`chunkTokens must be an integer >= 1, got ${this.chunkTokens}`, { context: { key: 'chunkTokens' } });
+    }
     this.adapter = LoraAdapter.create(base.config, { rank, alpha: rank, targetModules: LORA_TARGETS }, seed);
     this.view = PolicyModel.withAdapter(base, this.adapter);
   }
 
   /**
    * Log-probs of each datum's targets under the current adapter and the loss; with `backward`, the loss's gradient
-   * is added to the gradients an {@link TinkerTrainer.optimStep} applies.
+   * is added to the gradients an {@link TinkerTrainer.optimStep} applies. The datums are computed in chunks of
+   * `chunkTokens` padded positions, with a turn of the event loop before each chunk.
+   *
+   * @throws {@link ConfigError} for an unknown loss; {@link ShapeError} for a datum whose inputs do not fit it.
    */
-  forward(data: readonly WireDatum[], loss: string, config: Readonly<Record<string, number | string>>, backward: boolean): ForwardResult {
+  async forward(data: readonly WireDatum[], loss: string, config: Readonly<Record<string, number | string>>, backward: boolean): Promise<ForwardResult> {
     if (!(TINKER_LOSSES as readonly string[]).includes(loss)) {
       throw new ConfigError(`unknown loss_fn '${loss}'; this service computes ${TINKER_LOSSES.join(', ')}`, { context: { key: 'loss_fn' } });
     }
-    const inputs = data.map((datum, index) => datumInputs(datum, loss as TinkerLoss, index, this.base.config.vocabSize));
+    const V = this.base.config.vocabSize;
+    const inputs = await mapInTurns(data, (datum, index) => datumInputs(datum, loss as TinkerLoss, index, V), 64);
     const outputs: ForwardResult['outputs'] = [];
     let total = 0;
-    for (const chunk of chunksOf(data, this.base.config.vocabSize)) {
+    for (const chunk of chunksOf(data, V, this.chunkTokens)) {
+      // A turn of the event loop before each chunk: the request that queued this work has been answered, and other
+      // requests (a health check) are served between chunks.
+      await yieldToEventLoop();
       const rows = chunk.map((index) => ({ datum: data[index], inputs: inputs[index] }));
-      const B = rows.length;
-      const T = Math.max(...rows.map((r) => r.datum.tokens.length));
-      // Right-padded: a causal model's real positions never see the padding, and padded positions weigh 0.
-      const ids = new Int32Array(B * T);
-      const mask = new Float32Array(B * T);
-      const targets = new Int32Array(B * T);
-      const a = new Float32Array(B * T); // weights (cross_entropy) or advantages
-      const old = new Float32Array(B * T); // sampler log-probs (importance_sampling, ppo)
-      rows.forEach(({ datum, inputs: x }, b) => {
-        datum.tokens.forEach((token, t) => {
-          ids[b * T + t] = token;
-          mask[b * T + t] = 1;
-          targets[b * T + t] = x.targets[t];
-          a[b * T + t] = (x.weights ?? x.advantages)![t];
-          if (x.logprobs) old[b * T + t] = x.logprobs[t];
-        });
-      });
-      const compute = (): { loss: tf.Scalar; logp: tf.Tensor1D; elementwise: tf.Tensor1D } => {
-        const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
-        const logits = this.view.logits(tf.tensor2d(ids, [B, T], 'int32'), tf.tensor2d(mask, [B, T]), positions); // [B, T, V]
-        const V = logits.shape[2];
-        const logSoft = tf.logSoftmax(tf.reshape(logits, [B * T, V]));
-        const oneHot = tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32');
-        const logp = tf.sum(tf.mul(logSoft, oneHot), -1) as tf.Tensor1D; // [B*T]
-        const elementwise = tf.mul(elementwiseLoss(loss as TinkerLoss, logp, tf.tensor1d(a), tf.tensor1d(old), config), tf.tensor1d(mask)) as tf.Tensor1D;
-        return { loss: tf.sum(elementwise) as tf.Scalar, logp, elementwise };
-      };
-      let logp: Float32Array;
-      let elementwise: Float32Array;
-      if (backward) {
-        let kept: { logp: tf.Tensor1D; elementwise: tf.Tensor1D } | undefined;
-        const { value, grads } = tf.variableGrads(() => {
-          const out = compute();
-          kept = { logp: tf.keep(out.logp), elementwise: tf.keep(out.elementwise) };
-          return out.loss;
-        }, this.view.trainableVariables());
-        total += value.dataSync()[0];
-        value.dispose();
-        this.addGrads(grads);
-        logp = kept!.logp.dataSync() as Float32Array;
-        elementwise = kept!.elementwise.dataSync() as Float32Array;
-        tf.dispose([kept!.logp, kept!.elementwise]);
-      } else {
-        const out = tf.tidy(() => {
-          const r = compute();
-          return [r.loss, r.logp, r.elementwise] as const;
-        });
-        total += out[0].dataSync()[0];
-        logp = out[1].dataSync() as Float32Array;
-        elementwise = out[2].dataSync() as Float32Array;
-        tf.dispose([...out]);
-      }
+      const out = this.forwardChunk(rows, loss as TinkerLoss, config, backward);
+      total += out.loss;
       rows.forEach(({ datum }, b) => {
         const n = datum.tokens.length;
-        outputs[chunk[b]] = { logprobs: logp.slice(b * T, b * T + n), elementwise_loss: elementwise.slice(b * T, b * T + n) };
+        outputs[chunk[b]] = { logprobs: out.logp.slice(b * out.T, b * out.T + n), elementwise_loss: out.elementwise.slice(b * out.T, b * out.T + n) };
       });
     }
     return { outputs, metrics: { 'loss:sum': total } };
+  }
+
+  /** One chunk of {@link TinkerTrainer.forward}: its summed loss, and per padded position `[B·T]` log-probs and losses. */
+  private forwardChunk(
+    rows: readonly { readonly datum: WireDatum; readonly inputs: DatumInputs }[],
+    loss: TinkerLoss,
+    config: Readonly<Record<string, number | string>>,
+    backward: boolean,
+  ): { loss: number; logp: Float32Array; elementwise: Float32Array; T: number } {
+    const B = rows.length;
+    const T = Math.max(...rows.map((r) => r.datum.tokens.length));
+    // Right-padded: a causal model's real positions never see the padding, and padded positions weigh 0.
+    const ids = new Int32Array(B * T);
+    const mask = new Float32Array(B * T);
+    const targets = new Int32Array(B * T);
+    const a = new Float32Array(B * T); // weights (cross_entropy) or advantages
+    const old = new Float32Array(B * T); // sampler log-probs (importance_sampling, ppo)
+    rows.forEach(({ datum, inputs: x }, b) => {
+      datum.tokens.forEach((token, t) => {
+        ids[b * T + t] = token;
+        mask[b * T + t] = 1;
+        targets[b * T + t] = x.targets[t];
+        a[b * T + t] = (x.weights ?? x.advantages)![t];
+        if (x.logprobs) old[b * T + t] = x.logprobs[t];
+      });
+    });
+    const compute = (): { loss: tf.Scalar; logp: tf.Tensor1D; elementwise: tf.Tensor1D } => {
+      const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+      const logits = this.view.logits(tf.tensor2d(ids, [B, T], 'int32'), tf.tensor2d(mask, [B, T]), positions); // [B, T, V]
+      const V = logits.shape[2];
+      const logSoft = tf.logSoftmax(tf.reshape(logits, [B * T, V]));
+      const oneHot = tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32');
+      const logp = tf.sum(tf.mul(logSoft, oneHot), -1) as tf.Tensor1D; // [B*T]
+      const elementwise = tf.mul(elementwiseLoss(loss, logp, tf.tensor1d(a), tf.tensor1d(old), config), tf.tensor1d(mask)) as tf.Tensor1D;
+      return { loss: tf.sum(elementwise) as tf.Scalar, logp, elementwise };
+    };
+    if (!backward) {
+      const out = tf.tidy(() => {
+        const r = compute();
+        return [r.loss, r.logp, r.elementwise] as const;
+      });
+      const result = { loss: out[0].dataSync()[0], logp: out[1].dataSync() as Float32Array, elementwise: out[2].dataSync() as Float32Array, T };
+      tf.dispose([...out]);
+      return result;
+    }
+    let kept: { logp: tf.Tensor1D; elementwise: tf.Tensor1D } | undefined;
+    const { value, grads } = tf.variableGrads(() => {
+      const out = compute();
+      kept = { logp: tf.keep(out.logp), elementwise: tf.keep(out.elementwise) };
+      return out.loss;
+    }, this.view.trainableVariables());
+    const total = value.dataSync()[0];
+    value.dispose();
+    this.addGrads(grads);
+    const result = { loss: total, logp: kept!.logp.dataSync() as Float32Array, elementwise: kept!.elementwise.dataSync() as Float32Array, T };
+    tf.dispose([kept!.logp, kept!.elementwise]);
+    return result;
   }
 
   /** Applies the summed gradients with Adam and clears them; the metrics say the gradient norm before clipping. */
@@ -271,15 +306,19 @@ function datumInputs(datum: WireDatum, loss: TinkerLoss, index: number, vocabSiz
   return { targets, logprobs: floats('logprobs'), advantages: floats('advantages') };
 }
 
-/** Datums decoded together: at most 64, and their padded positions times the vocabulary within 2^25 floats. */
-function chunksOf(data: readonly WireDatum[], vocabSize: number): number[][] {
+/**
+ * Datums computed together: at most 64, their padded positions within `chunkTokens`, and those times the
+ * vocabulary within 2^25 floats (the logits); a datum longer than a chunk's budget is a chunk of its own.
+ */
+function chunksOf(data: readonly WireDatum[], vocabSize: number, chunkTokens: number): number[][] {
   const budget = 2 ** 25;
   const chunks: number[][] = [];
   let chunk: number[] = [];
   let longest = 0;
   data.forEach((datum, index) => {
     const T = Math.max(longest, datum.tokens.length);
-    if (chunk.length > 0 && (chunk.length >= 64 || (chunk.length + 1) * T * vocabSize > budget)) {
+    const rows = chunk.length + 1;
+    if (chunk.length > 0 && (chunk.length >= 64 || rows * T > chunkTokens || rows * T * vocabSize > budget)) {
       chunks.push(chunk);
       chunk = [];
       longest = 0;

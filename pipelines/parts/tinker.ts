@@ -38,34 +38,40 @@ export async function tinkerParts(
     throw new ConfigError(`resume: checkpoint ${checkpoint.path} adapts '${checkpoint.tinker.baseModel}', not tinker.baseModel '${baseModel}'`, { context: { key: 'tinker.baseModel' } });
   }
   const client = await TinkerClient.connect({ baseURL: config.tinker.baseUrl as string, apiKey: config.tinker.apiKey, futureTimeoutMs: config.tinker.futureTimeoutMs });
-  const t = config.trainer;
-  const from = checkpoint?.tinker === undefined ? undefined : { path: checkpoint.tinker.path, step: checkpoint.state.step };
-  const rank = checkpoint?.tinker?.rank ?? config.tinker.rank;
-  const trainer = await TinkerClientTrainer.create(client, baseModel, rank, { learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm }, from);
-  const engine = new TinkerEngine(trainer, tokenizer);
-  const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {
-    if (!runDir) return;
-    const step = trainer.step;
-    const state = await trainer.saveState(`step-${step}`);
-    const path = await saveCheckpoint(runDir, {
-      state: { step, version: step, seed: config.run.seed, loader, pendingTasks },
-      buffered,
-      model: { tinker: { path: state, baseModel, rank } },
+  try {
+    const t = config.trainer;
+    const from = checkpoint?.tinker === undefined ? undefined : { path: checkpoint.tinker.path, step: checkpoint.state.step };
+    const rank = checkpoint?.tinker?.rank ?? config.tinker.rank;
+    const trainer = await TinkerClientTrainer.create(client, baseModel, rank, { learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm }, from);
+    const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {
+      if (!runDir) return;
+      const step = trainer.step;
+      const state = await trainer.saveState(`step-${step}`);
+      const path = await saveCheckpoint(runDir, {
+        state: { step, version: step, seed: config.run.seed, loader, pendingTasks },
+        buffered,
+        model: { tinker: { path: state, baseModel, rank } },
+      });
+      await onSaved(path, step, pendingTasks.length);
     });
-    await onSaved(path, step, pendingTasks.length);
-  });
-  return {
-    policy: undefined,
-    lora: undefined,
-    reference: undefined,
-    engine,
-    trainer,
-    ledger,
-    serviceLost: tinkerServiceLost,
-    dispose: async () => {
-      ledger.close();
-    },
-  };
+    return {
+      policy: undefined,
+      lora: undefined,
+      reference: undefined,
+      engine: new TinkerEngine(trainer, tokenizer),
+      trainer,
+      ledger,
+      serviceLost: tinkerServiceLost,
+      dispose: async () => {
+        ledger.close();
+        // Finishing the session frees its training client on the service.
+        await client.close();
+      },
+    };
+  } catch (error) {
+    await client.close();
+    throw error;
+  }
 }
 
 /**

@@ -147,6 +147,27 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     }
   }, 60_000);
 
+  it('keeps its session alive with heartbeats past the service\'s session timeout; close() finishes it and frees its client', async () => {
+    const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxModels: 1, sessionTimeoutMs: 1_000 });
+    try {
+      const client = await TinkerClient.connect({ baseURL: svc.url, apiKey: 'unused', heartbeatMs: 100 });
+      const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
+      const post = (path: string, body: unknown): Promise<Response> => fetch(`${svc.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      // Silent but for its heartbeats, for three session timeouts: the client is still there.
+      await new Promise((resolve) => setTimeout(resolve, 3_000));
+      expect((await post('/api/v1/get_info', { model_id: trainer.modelId })).status).toBe(200);
+      await client.close();
+      expect((await post('/api/v1/session_heartbeat', { session_id: client.sessionId })).status).toBe(410);
+      expect((await post('/api/v1/get_info', { model_id: trainer.modelId })).status).toBe(404);
+      // Its slot is free (maxModels 1).
+      const next = await TinkerClient.connect({ baseURL: svc.url, apiKey: 'unused' });
+      await expect(next.createLoraModel('tiny', RANK)).resolves.toBe(`${next.sessionId}:train:0`);
+      await next.close();
+    } finally {
+      await svc.close();
+    }
+  }, 60_000);
+
   it('bounds the requests in flight: one more is a 429, not retried (it changes state)', async () => {
     const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxInFlight: 1 });
     try {

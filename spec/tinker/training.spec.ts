@@ -31,19 +31,22 @@ function datum(tokens: number[], advantage: number): WireDatum {
 }
 
 describe('TinkerTrainer.forward', () => {
-  it('gives each datum of a batch what it gives alone, and the same gradient', () => {
+  it.each([
+    ['in one chunk', undefined],
+    ['in chunks of 6 padded positions (one datum each)', 6],
+  ])('gives each datum of a batch what it gives alone, and the same gradient (%s)', async (_, chunkTokens) => {
     const data = [datum([1, 2, 3, 4], 0.5), datum([5, 6, 7, 8, 9, 10], -1), datum([2, 9], 2)];
-    const together = new TinkerTrainer(base, 2, 1);
+    const together = new TinkerTrainer(base, 2, 1, chunkTokens === undefined ? {} : { chunkTokens });
     const alone = new TinkerTrainer(base, 2, 1);
-    const batched = together.forward(data, 'ppo', {}, true);
+    const batched = await together.forward(data, 'ppo', {}, true);
     let sum = 0;
-    data.forEach((d, i) => {
-      const single = alone.forward([d], 'ppo', {}, true);
+    for (const [i, d] of data.entries()) {
+      const single = await alone.forward([d], 'ppo', {}, true);
       sum += single.metrics['loss:sum'];
       expect(batched.outputs[i].logprobs).toHaveLength(d.tokens.length);
       single.outputs[0].logprobs.forEach((lp, j) => expect(batched.outputs[i].logprobs[j]).toBeCloseTo(lp, 5));
       single.outputs[0].elementwise_loss.forEach((l, j) => expect(batched.outputs[i].elementwise_loss[j]).toBeCloseTo(l, 5));
-    });
+    }
     expect(batched.metrics['loss:sum']).toBeCloseTo(sum, 5);
     const adam = { learningRate: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0, gradClipNorm: 0 };
     expect(together.optimStep(adam)['grad_norm:mean']).toBeCloseTo(alone.optimStep(adam)['grad_norm:mean'], 5);
