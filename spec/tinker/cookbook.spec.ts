@@ -3,7 +3,7 @@
  * unmodified against rxrl's Tinker service on the tiny Qwen3 fixture, offline: the fixture directory is both the
  * base model's name and its tokenizer, and the `qwen3` renderer formats the chats.
  *
- * It needs the cookbook (scripts/requirements-cookbook.txt), which `.ci/run` installs into
+ * It needs the cookbook (scripts/requirements-cookbook.txt), which `npm test` installs into
  * `.cache/cookbook-venv` where torch is importable (RXRL_COOKBOOK_PYTHON names another interpreter). Without it the
  * spec says so and runs the same loop's shape with the bare SDK instead (sample a group, reward it, an
  * `importance_sampling` step on centred rewards, a new sampler).
@@ -22,6 +22,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
+import { lacks } from '../helpers/testSetup.js';
 
 const run = promisify(execFile);
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -44,7 +45,7 @@ afterAll(async () => {
   model?.dispose();
 });
 
-describe("an RL loop of the Tinker cookbook against rxrl's service", () => {
+describe.skipIf(lacks('python'))("an RL loop of the Tinker cookbook against rxrl's service", () => {
   it(hasCookbook ? 'runs the cookbook math_rl loop (arithmetic) for 3 steps, offline' : 'runs the SDK RL loop (tinker-cookbook is not installed here)', async () => {
     if (hasCookbook) {
       const logPath = await mkdtemp(join(tmpdir(), 'rxrl-cookbook-'));
@@ -74,7 +75,7 @@ describe("an RL loop of the Tinker cookbook against rxrl's service", () => {
       expect(saved).toMatch(/tinker:\/\/[^"]+\/weights\/final/);
       return;
     }
-    process.stderr.write('tinker-cookbook is not installed (scripts/requirements-cookbook.txt; .ci/run installs it where torch is importable): running the SDK RL loop instead\n');
+    process.stderr.write('tinker-cookbook is not installed (scripts/requirements-cookbook.txt; npm test installs it where torch is importable): running the SDK RL loop instead\n');
     const script = [
       'import json, sys',
       'import tinker',

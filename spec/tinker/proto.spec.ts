@@ -16,6 +16,7 @@ import {
   type SampleResponseWire,
   type WireTensor,
 } from '../../lib/tinker/proto.js';
+import { lacks } from '../helpers/testSetup.js';
 
 const run = promisify(execFile);
 
@@ -491,7 +492,7 @@ describe('SampleResponse', () => {
 // Against the official SDK
 // ---------------------------------------------------------------------------------------------------------------
 
-describe('against the tinker SDK', () => {
+describe.skipIf(lacks('python'))('against the tinker SDK', () => {
   it('decodes the requests the SDK serializes', async () => {
     const encoded = await python<Record<string, string>>(SDK_ENCODES_REQUESTS);
 

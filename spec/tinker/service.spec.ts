@@ -1,6 +1,6 @@
 /**
  * rxrl's Tinker service driven by the official `tinker` SDK (PyPI, pinned in scripts/requirements-tinker.txt and
- * installed by .ci/run): a LoRA training client on the tiny Qwen3 fixture, cross-entropy steps that lower the loss
+ * installed by npm test into .cache/python): a LoRA training client on the tiny Qwen3 fixture, cross-entropy steps that lower the loss
  * on a fixed batch, log-probs equal to rxrl's own, the other two losses, and refusals.
  */
 import { execFile, spawn } from 'node:child_process';
@@ -17,6 +17,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
+import { lacks } from '../helpers/testSetup.js';
 
 const run = promisify(execFile);
 const python = process.env.RXRL_TINKER_PYTHON ?? 'python3';
@@ -51,8 +52,9 @@ afterAll(async () => {
   model?.dispose();
 });
 
-describe("rxrl's Tinker service, through the official tinker SDK", () => {
-  it('the SDK imports (pip install tinker==0.38.0; .ci/run does)', async () => {
+// Skipped only where npm test's setup could not make its Python environment (no root for python3-venv).
+describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official tinker SDK", () => {
+  it('the SDK imports (npm test installs tinker==0.38.0 into .cache/python)', async () => {
     await expect(run(python, ['-c', 'import tinker'])).resolves.toBeDefined();
   });
 
