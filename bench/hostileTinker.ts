@@ -21,6 +21,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
 import { encodeForwardBackwardRequest, type WireDatum } from '../lib/tinker/proto.js';
+import { sparseBomb } from './_protobuf.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const cli = join(root, 'dist', 'lib', 'cli.js');
@@ -108,28 +109,6 @@ async function measure(child: ChildProcess, url: string, row: number, name: stri
   process.stdout.write(`${JSON.stringify({ row, case: name, ...out, ms, rssBeforeMb, rssAfterMb, healthzP50Ms: healthz.p50Ms, healthzP99Ms: healthz.p99Ms, healthzMaxMs: healthz.maxMs, healthzProbes: healthz.probes })}\n`);
 }
 
-// Hand-built protobuf (what no SDK sends).
-function varint(value: number | bigint): number[] {
-  let v = BigInt.asUintN(64, BigInt(value));
-  const out: number[] = [];
-  while (v >= 0x80n) {
-    out.push(Number(v & 0x7fn) | 0x80);
-    v >>= 7n;
-  }
-  out.push(Number(v));
-  return out;
-}
-const lField = (field: number, payload: ArrayLike<number>): number[] => [...varint(field * 8 + 2), ...varint(payload.length), ...Array.from(payload)];
-const sField = (field: number, text: string): number[] => lField(field, new TextEncoder().encode(text));
-
-/** The audit's 91-byte body: one datum whose `target_tokens` is a `1 × 2^26` int64 sparse-CSR tensor with no values. */
-function sparseBomb(modelId: string): Uint8Array {
-  const crow = new Uint8Array(16); // int64 [0, 0]
-  const tensor = [...lField(2, lField(2, crow)), ...varint(3 * 8), ...varint(2), ...lField(4, [...varint(1), ...varint(2 ** 26)])];
-  const datum = [...lField(1, lField(1, lField(1, [1, 0, 0, 0, 2, 0, 0, 0]))), ...lField(2, [...sField(1, 'target_tokens'), ...lField(2, tensor)])];
-  return Uint8Array.from([...sField(1, modelId), ...lField(3, datum), ...sField(4, 'cross_entropy')]);
-}
-
 function datum(n: number, shift: number): WireDatum {
   const tokens = Array.from({ length: n + 1 }, (_, i) => (i * 7 + shift) % 480);
   return {
@@ -175,8 +154,8 @@ type Api = ReturnType<typeof clientOf>;
 async function rowTwo(child: ChildProcess, url: string, api: Api): Promise<void> {
   const s = await api.session();
   const modelId = (await api.model(s, 0)).json.model_id as string;
-  await measure(child, url, 2, 'sparse 1x2^26 for an unknown model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb('sess-none:train:0'))).status, bytes: sparseBomb('sess-none:train:0').length }));
-  await measure(child, url, 2, 'sparse 1x2^26 for a real model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb(modelId))).status }));
+  await measure(child, url, 2, 'sparse 1x2^26 for an unknown model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb('sess-none:train:0', 1, 2 ** 26))).status, bytes: sparseBomb('sess-none:train:0', 1, 2 ** 26).length }));
+  await measure(child, url, 2, 'sparse 1x2^26 for a real model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb(modelId, 1, 2 ** 26))).status }));
   await api.post(`/api/v1/sessions/${s}/finish`, {});
 }
 

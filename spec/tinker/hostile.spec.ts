@@ -22,6 +22,7 @@ import { decodeSampleResponse, encodeForwardBackwardRequest, type WireDatum } fr
 import { runTinkerCommand } from '../../lib/tinker/command.js';
 import { tinkerService, type TinkerService, type TinkerServiceOptions } from '../../lib/tinker/service.js';
 import { lacks } from '../helpers/testSetup.js';
+import { sField, sparseBomb } from '../../bench/_protobuf.js';
 
 const run = promisify(execFile);
 const python = process.env.RXRL_TINKER_PYTHON ?? 'python3';
@@ -101,38 +102,6 @@ function datum(n: number): WireDatum {
       weights: { dtype: 'float32', data: new Float32Array(n).fill(1), shape: [n] },
     },
   };
-}
-
-// Hand-built protobuf (what no SDK sends): varints and length-delimited fields.
-function varint(value: number | bigint): number[] {
-  let v = BigInt.asUintN(64, BigInt(value));
-  const out: number[] = [];
-  while (v >= 0x80n) {
-    out.push(Number(v & 0x7fn) | 0x80);
-    v >>= 7n;
-  }
-  out.push(Number(v));
-  return out;
-}
-const lField = (field: number, payload: ArrayLike<number>): number[] => [...varint(field * 8 + 2), ...varint(payload.length), ...Array.from(payload)];
-const sField = (field: number, text: string): number[] => lField(field, new TextEncoder().encode(text));
-const vField = (field: number, value: number | bigint): number[] => [...varint(field * 8), ...varint(value)];
-const int64s = (values: readonly (number | bigint)[]): number[] => {
-  const view = new DataView(new ArrayBuffer(values.length * 8));
-  values.forEach((v, i) => view.setBigInt64(i * 8, BigInt(v), true));
-  return Array.from(new Uint8Array(view.buffer));
-};
-
-/**
- * A `forward_backward` body for `modelId` whose one datum has 2 tokens and a `target_tokens` tensor in sparse CSR of
- * shape `[rows, cols]` with no stored value (a few dozen bytes that expand to `rows · cols` int64s).
- */
-function sparseBomb(modelId: string, rows: number, cols: number | bigint): Uint8Array {
-  const csr = [...lField(2, int64s(new Array<number>(rows + 1).fill(0)))];
-  const tensor = [...lField(2, csr), ...vField(3, 2), ...lField(4, [...varint(rows), ...varint(cols)])];
-  const chunk = lField(1, lField(1, lField(1, [1, 0, 0, 0, 2, 0, 0, 0])));
-  const datumBytes = [...chunk, ...lField(2, [...sField(1, 'target_tokens'), ...lField(2, tensor)])];
-  return Uint8Array.from([...sField(1, modelId), ...vField(2, 1), ...lField(3, datumBytes), ...sField(4, 'cross_entropy')]);
 }
 
 /** Runs a Python snippet with the SDK against `service`; its last stdout line is JSON. */

@@ -17,6 +17,7 @@ import {
   type WireTensor,
 } from '../../lib/tinker/proto.js';
 import { lacks } from '../helpers/testSetup.js';
+import { le, lField, sField, tag, vField, varint } from '../../bench/_protobuf.js';
 
 const run = promisify(execFile);
 
@@ -27,31 +28,6 @@ const PYTHON = process.env.RXRL_TINKER_PYTHON ?? 'python3';
 // Hand-built protobuf bytes (independent of the codec under test)
 // ---------------------------------------------------------------------------------------------------------------
 
-function varint(value: number | bigint): number[] {
-  let v = BigInt.asUintN(64, BigInt(value));
-  const out: number[] = [];
-  while (v >= 0x80n) {
-    out.push(Number(v & 0x7fn) | 0x80);
-    v >>= 7n;
-  }
-  out.push(Number(v));
-  return out;
-}
-const tag = (field: number, wire: number): number[] => varint(field * 8 + wire);
-const vField = (field: number, value: number | bigint): number[] => [...tag(field, 0), ...varint(value)];
-const lField = (field: number, payload: ArrayLike<number>): number[] => [...tag(field, 2), ...varint(payload.length), ...Array.from(payload)];
-const sField = (field: number, text: string): number[] => lField(field, new TextEncoder().encode(text));
-const le = (kind: 'i32' | 'i64' | 'f32' | 'u16', values: readonly number[]): number[] => {
-  const size = { i32: 4, i64: 8, f32: 4, u16: 2 }[kind];
-  const view = new DataView(new ArrayBuffer(values.length * size));
-  values.forEach((v, i) => {
-    if (kind === 'i32') view.setInt32(i * 4, v, true);
-    else if (kind === 'i64') view.setBigInt64(i * 8, BigInt(v), true);
-    else if (kind === 'f32') view.setFloat32(i * 4, v, true);
-    else view.setUint16(i * 2, v, true);
-  });
-  return Array.from(new Uint8Array(view.buffer));
-};
 /** A ForwardBackwardRequest with one datum made of `datumFields`. */
 const requestWith = (...datumFields: number[][]): Uint8Array =>
   Uint8Array.from([...sField(1, 'm'), ...vField(2, 1), ...lField(3, datumFields.flat()), ...sField(4, 'cross_entropy')]);
