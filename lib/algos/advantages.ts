@@ -324,19 +324,7 @@ export function computeGroupAdvantagesTensor(
 ): GroupAdvantageTensorResult {
   const fn = 'computeGroupAdvantagesTensor';
   const { normalizeByStd, ddof, epsilon } = resolveOptions(options, fn);
-  assertRank(scores, 1, 'scores', fn);
-  const n = scores.shape[0];
-  assertLength(groupIndex, n, 'groupIndex', fn);
-  if (options.runIndex !== undefined) assertLength(options.runIndex, n, 'runIndex', fn);
-  const numRuns = options.numRuns ?? n;
-  for (const [name, value] of [['numGroups', numGroups], ['numRuns', numRuns]] as const) {
-    if (!Number.isInteger(value) || value < 0) {
-      throw new ConfigError(`${fn}: ${name} must be an integer ≥ 0, got ${value}`, { context: { [name]: value } });
-    }
-  }
-  if (options.runIndex !== undefined && n > 0 && numRuns < 1) {
-    throw new ConfigError(`${fn}: numRuns must be ≥ 1 when runIndex is given`, { context: { numRuns } });
-  }
+  const { n, numRuns } = checkTensorArguments(scores, groupIndex, numGroups, options, fn);
   if (n === 0) {
     const metrics: ScalarMetrics = {};
     for (const key of GROUP_ADVANTAGE_METRIC_KEYS) metrics[key] = tf.scalar(0);
@@ -422,6 +410,35 @@ export function computeGroupAdvantagesTensor(
     };
     return { advantages, metrics };
   });
+}
+
+/**
+ * Checks the shapes and counts {@link computeGroupAdvantagesTensor} is given and returns the number of
+ * trajectories `N` and of runs (`numRuns`, default `N`).
+ *
+ * @throws {@link ShapeError} for a tensor of the wrong rank or length; {@link ConfigError} for a bad count.
+ */
+function checkTensorArguments(
+  scores: tf.Tensor1D,
+  groupIndex: tf.Tensor1D,
+  numGroups: number,
+  options: GroupAdvantageTensorOptions,
+  fn: string,
+): { n: number; numRuns: number } {
+  assertRank(scores, 1, 'scores', fn);
+  const n = scores.shape[0];
+  assertLength(groupIndex, n, 'groupIndex', fn);
+  if (options.runIndex !== undefined) assertLength(options.runIndex, n, 'runIndex', fn);
+  const numRuns = options.numRuns ?? n;
+  for (const [name, value] of [['numGroups', numGroups], ['numRuns', numRuns]] as const) {
+    if (!Number.isInteger(value) || value < 0) {
+      throw new ConfigError(`${fn}: ${name} must be an integer ≥ 0, got ${value}`, { context: { [name]: value } });
+    }
+  }
+  if (options.runIndex !== undefined && n > 0 && numRuns < 1) {
+    throw new ConfigError(`${fn}: numRuns must be ≥ 1 when runIndex is given`, { context: { numRuns } });
+  }
+  return { n, numRuns };
 }
 
 /** 0/1 membership matrix `[K, N]`: row `k` marks the trajectories whose index is `k` (indices ∉ [0, K) match none). */
