@@ -1,12 +1,9 @@
 import { Observable, asyncScheduler, type OperatorFunction, type SchedulerLike, type Subscription } from 'rxjs';
 import { ConfigError } from '../lib/errors.js';
-import { isSampleFailure, type Group, type RolloutOutput, type Trajectory } from '../lib/types.js';
+import type { Group, RolloutOutput } from '../lib/types.js';
+import { GroupStore, type GroupKey, type OpenGroup } from './internal/groupStore.js';
 
-/** Fields of a rollout output that a group key may read. */
-export type KeyFields = Pick<Trajectory, 'id' | 'taskId' | 'groupId' | 'runId' | 'modelTag'>;
-
-/** One level of a group key: a field name, or a function of the key fields. */
-export type GroupKey = 'taskId' | 'groupId' | ((item: KeyFields) => string);
+export type { GroupKey, KeyFields } from './internal/groupStore.js';
 
 /** What happens to groups still incomplete when the source completes. */
 export type IncompletePolicy = 'release' | 'drop';
@@ -35,18 +32,6 @@ export interface GroupTrajectoriesOptions {
   readonly onLate?: (item: RolloutOutput) => void;
   /** Scheduler of the timeouts (tests pass the `TestScheduler`). Default `asyncScheduler`. */
   readonly scheduler?: SchedulerLike;
-}
-
-/** How many ids of closed groups are remembered to recognize late arrivals. */
-const CLOSED_MEMORY = 65536;
-
-interface OpenGroup {
-  readonly key: readonly string[];
-  readonly modelTag: string;
-  readonly members: Trajectory[];
-  readonly seen: Set<string>;
-  failed: number;
-  timer?: Subscription;
 }
 
 /**
@@ -93,95 +78,50 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
   }
   return (source) =>
     new Observable<Group>((subscriber) => {
-      // modelTag → joined key → open group
-      const stores = new Map<string, Map<string, OpenGroup>>();
-      let open = 0;
-      // Ids of groups already released, oldest first, so that late arrivals are recognized and dropped.
-      const closed = new Set<string>();
-
-      const release = (
-        store: Map<string, OpenGroup>,
-        id: string,
-        group: OpenGroup,
-        closedBy?: 'timeout' | 'source-complete',
-        drop = false,
-      ): void => {
-        store.delete(id);
-        open--;
-        group.timer?.unsubscribe();
-        closed.add(`${group.modelTag}\u0000${id}`);
-        if (closed.size > CLOSED_MEMORY) closed.delete(closed.values().next().value as string);
-        const trajectories = drop ? [] : [...group.members].sort((a, b) => a.runId - b.runId);
-        subscriber.next({
-          key: group.key,
-          modelTag: group.modelTag,
-          trajectories,
-          ...(closedBy ? { closedBy } : {}),
-          ...(drop ? { dropped: group.members.length } : {}),
-          ...(group.failed > 0 ? { failed: group.failed } : {}),
-        });
+      const store = new GroupStore(keys, groupSize, capacity);
+      const timers = new Map<OpenGroup, Subscription>();
+      const closed = (group: OpenGroup | undefined): void => {
+        if (group === undefined) return;
+        timers.get(group)?.unsubscribe();
+        timers.delete(group);
       };
-
       const upstream = source.subscribe({
         next: (item) => {
-          if (keys.length === 0) {
-            if (!isSampleFailure(item)) subscriber.next({ key: [item.id], modelTag: item.modelTag, trajectories: [item] });
+          let added;
+          try {
+            added = store.add(item);
+          } catch (error) {
+            subscriber.error(error);
             return;
           }
-          const key = keys.map((k) => (typeof k === 'function' ? k(item) : item[k]));
-          const id = JSON.stringify(key);
-          let store = stores.get(item.modelTag);
-          if (store === undefined) {
-            store = new Map();
-            stores.set(item.modelTag, store);
+          if (added.late === true) return void options.onLate?.(item);
+          if (added.opened !== undefined && added.released === undefined && timeoutMs !== undefined) {
+            const group = added.opened;
+            timers.set(group, scheduler.schedule(() => {
+              timers.delete(group);
+              const out = store.expire(group, onTimeout === 'drop');
+              if (out !== undefined) subscriber.next(out);
+            }, timeoutMs));
           }
-          let group = store.get(id);
-          if (group === undefined && closed.has(`${item.modelTag}\u0000${id}`)) {
-            options.onLate?.(item);
-            return;
+          if (added.released !== undefined) {
+            closed(added.released.group);
+            subscriber.next(added.released.out);
           }
-          if (group === undefined) {
-            if (open >= capacity) {
-              subscriber.error(
-                new ConfigError(`groupTrajectories holds ${open} open groups, its capacity; raise 'capacity'`, {
-                  context: { capacity },
-                }),
-              );
-              return;
-            }
-            const opened: OpenGroup = { key, modelTag: item.modelTag, members: [], seen: new Set(), failed: 0 };
-            group = opened;
-            store.set(id, opened);
-            open++;
-            if (timeoutMs !== undefined) {
-              const owner = store;
-              opened.timer = scheduler.schedule(() => {
-                if (owner.get(id) === opened) release(owner, id, opened, 'timeout', onTimeout === 'drop');
-              }, timeoutMs);
-            }
-          }
-          if (group.seen.has(item.id)) return;
-          group.seen.add(item.id);
-          if (isSampleFailure(item)) group.failed++;
-          else group.members.push(item);
-          if (group.members.length + group.failed >= groupSize) release(store, id, group);
         },
         error: (error: unknown) => subscriber.error(error),
         complete: () => {
-          for (const store of stores.values()) {
-            for (const [id, group] of [...store]) {
-              group.timer?.unsubscribe();
-              if (onIncomplete === 'release') release(store, id, group, 'source-complete');
-            }
+          for (const { group, out } of store.drain(onIncomplete === 'release')) {
+            closed(group);
+            if (out !== undefined) subscriber.next(out);
           }
-          stores.clear();
           subscriber.complete();
         },
       });
       return () => {
         upstream.unsubscribe();
-        for (const store of stores.values()) for (const group of store.values()) group.timer?.unsubscribe();
-        stores.clear();
+        for (const timer of timers.values()) timer.unsubscribe();
+        timers.clear();
+        store.clear();
       };
     });
 }
