@@ -2,6 +2,7 @@ import { Observable, type OperatorFunction } from 'rxjs';
 import type { IHeaders, Message, Producer, TopicMessages } from 'kafkajs';
 import { ConfigError } from '../lib/errors.js';
 import { KafkaBridgeError } from '../lib/kafka/errors.js';
+import { Fifo } from './internal/fifo.js';
 
 /** Options of {@link toKafka}. */
 export interface ToKafkaOptions<T> {
@@ -67,48 +68,23 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
   const topicOf = typeof options.topic === 'string' ? ((topic: string) => () => topic)(options.topic) : options.topic;
   return (source) =>
     new Observable<T>((subscriber) => {
-      // A deque of items not yet encoded: from `head` on (slicing a long array per send would be quadratic).
-      let queue: T[] = [];
-      let head = 0;
+      // Items not yet encoded.
+      const queue = new Fifo<T>();
       // The next produce request, encoded while the previous one is in flight.
       let prepared: Pending<T>[] | undefined;
       let sending = false;
       let sourceDone = false;
       let closed = false;
 
-      const toPending = (item: T): Pending<T> => {
-        const value = options.encode(item);
-        // Built field by field (no object spread): this runs once per message.
-        const message: Message = {
-          value: Buffer.isBuffer(value) ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength),
-        };
-        const key = options.key?.(item);
-        if (key !== undefined) message.key = key;
-        const headers: IHeaders | undefined = options.headers?.(item);
-        if (headers !== undefined) message.headers = headers;
-        return { item, topic: topicOf(item), message };
-      };
-
       /** Encodes the next request's items; errors the stream (and returns undefined) if one cannot be encoded. */
       const prepare = (): Pending<T>[] | undefined => {
-        if (head === queue.length) return undefined;
-        const end = Math.min(queue.length, head + maxBatchSize);
-        const batch: Pending<T>[] = [];
+        if (queue.length === 0) return undefined;
         try {
-          for (let i = head; i < end; i++) batch.push(toPending(queue[i]));
+          return queue.take(maxBatchSize).map((item) => pendingOf(item, options, topicOf));
         } catch (error) {
           subscriber.error(error);
           return undefined;
         }
-        head = end;
-        if (head === queue.length) {
-          queue = [];
-          head = 0;
-        } else if (head > 4096 && head * 2 > queue.length) {
-          queue = queue.slice(head);
-          head = 0;
-        }
-        return batch;
       };
 
       const pump = (): void => {
@@ -143,7 +119,7 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
 
       const subscription = source.subscribe({
         next: (item) => {
-          const waiting = queue.length - head + (prepared?.length ?? 0);
+          const waiting = queue.length + (prepared?.length ?? 0);
           if (waiting >= capacity) {
             subscriber.error(
               new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, {
@@ -163,12 +139,25 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
       });
       return () => {
         closed = true;
-        queue = [];
-        head = 0;
+        queue.clear();
         prepared = undefined;
         subscription.unsubscribe();
       };
     });
+}
+
+/** One item as a message for `topicOf(item)`: its encoded value, key and headers. */
+function pendingOf<T>(item: T, options: ToKafkaOptions<T>, topicOf: (item: T) => string): Pending<T> {
+  const value = options.encode(item);
+  // Built field by field (no object spread): this runs once per message.
+  const message: Message = {
+    value: Buffer.isBuffer(value) ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength),
+  };
+  const key = options.key?.(item);
+  if (key !== undefined) message.key = key;
+  const headers: IHeaders | undefined = options.headers?.(item);
+  if (headers !== undefined) message.headers = headers;
+  return { item, topic: topicOf(item), message };
 }
 
 function byTopic<T>(batch: readonly Pending<T>[]): TopicMessages[] {
