@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import { timingSafeEqual } from 'node:crypto';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 
 import { RequestError } from './protocol.js';
 
@@ -58,4 +58,15 @@ export function sendEncoded(res: ServerResponse, status: number, chunks: readonl
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': length, ...headers });
   for (const chunk of chunks) res.write(chunk);
   res.end();
+}
+
+/** Starts `server` listening on `host:port`; rejects with the listen error (a port in use, say). */
+export function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
 }

@@ -51,7 +51,7 @@ import { MAX_ERROR_MESSAGE_CHARS, RequestError, encodeJson, errorBody, excerpt, 
 import { addAdapter, loadLoraAdapter, modelContext, unloadLoraAdapter } from './adapters.js';
 import { ServingModel } from './servingModel.js';
 import { SessionStore, postReward, sessionJson, type SessionLimits } from './sessions.js';
-import { readBody, sameSecret, sendEncoded, sendJson } from './http.js';
+import { listen, readBody, sameSecret, sendEncoded, sendJson } from './http.js';
 import { EventStream, type EventSink } from './stream.js';
 import { updateWeights } from './weights.js';
 
@@ -314,16 +314,6 @@ function disposeAdapters(ctx: ServeContext): void {
     served.adapter.dispose();
   }
   ctx.adapters.clear();
-}
-
-function listen(server: Server, port: number, host: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
 }
 
 async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerResponse): Promise<void> {

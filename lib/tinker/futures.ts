@@ -8,7 +8,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { ConfigError, RxrlError, ShapeError } from '../errors.js';
+import { ConfigError, DecodeError, RxrlError, ShapeError } from '../errors.js';
 import { RequestError } from '../serve/protocol.js';
 import { ProtoError } from './proto.js';
 
@@ -34,9 +34,12 @@ export interface FutureLimits {
   readonly maxFinished: number;
 }
 
-/** Errors that are the client's (a bad request the SDK reports as a user error), not the service's. */
-export function isUserError(error: unknown): boolean {
-  return error instanceof ShapeError || error instanceof ConfigError || error instanceof ProtoError || error instanceof RequestError;
+/**
+ * Errors that are the client's (a bad request: a 4xx at once, or a user error the SDK raises from a future), not
+ * the service's.
+ */
+export function isUserError(error: unknown): error is Error {
+  return error instanceof RequestError || error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError || error instanceof DecodeError;
 }
 
 /**

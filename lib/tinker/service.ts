@@ -26,7 +26,7 @@
  *
  * @packageDocumentation
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import { mkdir, mkdtemp } from 'node:fs/promises';
@@ -34,16 +34,15 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 import type { Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError, ShapeError } from '../errors.js';
+import { ConfigError } from '../errors.js';
 import { WEIGHTS_HEADER_SLACK_BYTES } from '../model/files.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import type { PolicyModel } from '../model/transformer.js';
-import { readBody, sameSecret, sendJson } from '../serve/http.js';
+import { listen, readBody, sameSecret, sendJson } from '../serve/http.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, parseJsonObject, type JsonObject } from '../serve/protocol.js';
 import { TrainingClients } from './clients.js';
 import type { Reply, TinkerContext, TinkerLimits, TinkerLogger } from './context.js';
-import { FutureStore } from './futures.js';
-import { ProtoError } from './proto.js';
+import { FutureStore, isUserError } from './futures.js';
 import { SamplerPool, SamplerWeights } from './sampling.js';
 import { asample, createSamplingSession, getSampler, saveWeightsForSampler } from './samplingRoutes.js';
 import { createSession, finishSession, retrieveFuture, sessionHeartbeat } from './sessionRoutes.js';
@@ -244,16 +243,6 @@ function maxStateBytes(model: PolicyModel, maxRank: number): number {
   return 3 * maxRank * perRank * 4 + WEIGHTS_HEADER_SLACK_BYTES;
 }
 
-function listen(server: Server, port: number, host: string): Promise<void> {
-  return new Promise((done, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      done();
-    });
-  });
-}
-
 /** Answers one request: its route's reply, a 4xx `{ detail }` for a bad request, a bare 500 for a bug. */
 async function handle(ctx: TinkerContext, apiKey: string | undefined, req: IncomingMessage, res: ServerResponse): Promise<void> {
   try {
@@ -276,9 +265,7 @@ function send(res: ServerResponse, reply: Reply): void {
 /** Errors that describe a bad request (rather than a bug), as a {@link RequestError}. */
 function asRequestError(error: unknown): RequestError | undefined {
   if (error instanceof RequestError) return error;
-  if (error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError || error instanceof DecodeError) {
-    return new RequestError(400, excerpt(error.message, MAX_ERROR_MESSAGE_CHARS), {}, { cause: error });
-  }
+  if (isUserError(error)) return new RequestError(400, excerpt(error.message, MAX_ERROR_MESSAGE_CHARS), {}, { cause: error });
   return undefined;
 }
 
