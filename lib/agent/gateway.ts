@@ -23,7 +23,6 @@ import type { Task } from '../types.js';
 import type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../worker.js';
 import { runAgentCommand, type AgentCommand } from './agentCommand.js';
 
-export { AGENT_BASE_ENV, agentEnvironment } from './agentCommand.js';
 export type { AgentCommand } from './agentCommand.js';
 
 /** What an agent function is given: where the model is, and the sample's cancellation. */
