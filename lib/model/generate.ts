@@ -74,6 +74,45 @@ export function promptRows(batch: PromptBatch, first: number, count: number): Pr
   return { rows: count, width: batch.width, inputIds: span(batch.inputIds), attentionMask: span(batch.attentionMask), positionIds: span(batch.positionIds) };
 }
 
+/**
+ * The distinct rows of a prompt batch, for prefilling each prompt once: a GRPO group samples several responses to
+ * one prompt, so its rows repeat. `index[r]` is the row of `distinct` that row `r` equals; `null` when no two rows
+ * are equal.
+ */
+export function distinctPromptRows(batch: PromptBatch): { readonly distinct: PromptBatch; readonly index: Int32Array } | null {
+  const { rows, width } = batch;
+  const firstOf = new Map<string, number>();
+  const index = new Int32Array(rows);
+  const kept: number[] = [];
+  for (let r = 0; r < rows; r++) {
+    // The ids and the mask decide a row (pad ids are 0 but so may be a real token); positions follow from the mask.
+    const span = (a: Int32Array | Float32Array): string => a.subarray(r * width, (r + 1) * width).join(',');
+    const key = `${span(batch.inputIds)}|${span(batch.attentionMask)}`;
+    const seen = firstOf.get(key);
+    if (seen === undefined) {
+      firstOf.set(key, kept.length);
+      index[r] = kept.length;
+      kept.push(r);
+    } else {
+      index[r] = seen;
+    }
+  }
+  if (kept.length === rows) return null;
+  const pick = <A extends Int32Array | Float32Array>(a: A, make: (n: number) => A): A => {
+    const out = make(kept.length * width);
+    kept.forEach((r, i) => out.set(a.subarray(r * width, (r + 1) * width), i * width));
+    return out;
+  };
+  const distinct: PromptBatch = {
+    rows: kept.length,
+    width,
+    inputIds: pick(batch.inputIds, (n) => new Int32Array(n)),
+    attentionMask: pick(batch.attentionMask, (n) => new Float32Array(n)),
+    positionIds: pick(batch.positionIds, (n) => new Int32Array(n)),
+  };
+  return { distinct, index };
+}
+
 /** Padding id used for left padding of prompts. */
 export const PROMPT_PAD_ID = 0;
 

@@ -31,7 +31,7 @@ import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } fro
 import { ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
 import { yieldToEventLoop } from '../turns.js';
-import { promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
+import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';
 import { configMismatches, validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
 import { createRng, normalArray } from '../random.js';
@@ -823,31 +823,43 @@ class KvCacheDecoder implements StepDecoder {
 
   constructor(private readonly model: PolicyModel) {}
 
+  /** Prefills each distinct prompt once (a group's rows share theirs) and gives every row its copy. */
   async start(batch: PromptBatch): Promise<tf.Tensor2D> {
+    const rows = distinctPromptRows(batch);
+    let prefilled = await this.prefill(rows?.distinct ?? batch);
+    if (rows !== null) {
+      const distinct = prefilled;
+      prefilled = tf.tidy(() => {
+        const index = tf.tensor1d(rows.index, 'int32');
+        return { logits: tf.gather(distinct.logits, index, 0), caches: distinct.caches.map((c) => ({ k: tf.gather(c.k, index, 0), v: tf.gather(c.v, index, 0) })) };
+      });
+      disposeParts([distinct]);
+    }
+    this.caches = prefilled.caches;
+    this.keyMask = batch.attentionMask.slice();
+    this.rows = batch.rows;
+    return prefilled.logits;
+  }
+
+  /** The prompts' logits and caches, in slices of {@link PREFILL_ROWS} rows with a turn of the event loop between. */
+  private async prefill(batch: PromptBatch): Promise<{ logits: tf.Tensor2D; caches: LayerCache[] }> {
     const parts: { logits: tf.Tensor2D; caches: LayerCache[] }[] = [];
     try {
       for (let first = 0; first < batch.rows; first += PREFILL_ROWS) {
         if (first > 0) await yieldToEventLoop();
         parts.push(this.model.prefillInternal(promptRows(batch, first, Math.min(PREFILL_ROWS, batch.rows - first))));
       }
-      if (parts.length === 1) {
-        this.caches = parts[0].caches;
-      } else {
-        const joined = tf.tidy(() => ({
-          logits: tf.concat(parts.map((p) => p.logits), 0),
-          caches: parts[0].caches.map((_, i) => ({ k: tf.concat(parts.map((p) => p.caches[i].k), 0), v: tf.concat(parts.map((p) => p.caches[i].v), 0) })),
-        }));
-        disposeParts(parts);
-        parts.splice(0, parts.length, joined);
-        this.caches = joined.caches;
-      }
+      if (parts.length === 1) return parts[0];
+      const joined = tf.tidy(() => ({
+        logits: tf.concat(parts.map((p) => p.logits), 0),
+        caches: parts[0].caches.map((_, i) => ({ k: tf.concat(parts.map((p) => p.caches[i].k), 0), v: tf.concat(parts.map((p) => p.caches[i].v), 0) })),
+      }));
+      disposeParts(parts);
+      return joined;
     } catch (error) {
       disposeParts(parts);
       throw error;
     }
-    this.keyMask = batch.attentionMask.slice();
-    this.rows = batch.rows;
-    return parts[0].logits;
   }
 
   step(tokens: Int32Array, positions: Int32Array): tf.Tensor2D {

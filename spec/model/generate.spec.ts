@@ -1,9 +1,10 @@
 import * as tf from '@tensorflow/tfjs-core';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 
 import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
 import { AbortError, ConfigError } from '../../lib/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
+import { distinctPromptRows, padPrompts } from '../../lib/model/generate.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PREFILL_ROWS, PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/random.js';
@@ -80,7 +81,11 @@ describe('PolicyModel.generate', () => {
 
   it('prefills a long batch in slices of PREFILL_ROWS rows with turns of the event loop between them, sampling what each row samples alone', async () => {
     const rows = 2 * PREFILL_ROWS + 3;
-    const many = Array.from({ length: rows }, (_, i) => ({ ...requests()[i % 5], maxTokens: 1, seed: 100 + i }));
+    // Distinct prompts (equal ones are prefilled once): each row's prompt ends with its own index.
+    const many = Array.from({ length: rows }, (_, i) => {
+      const base = requests()[i % 5];
+      return { ...base, promptTokens: [...base.promptTokens, ...tok.encode(String(i))], maxTokens: 1, seed: 100 + i };
+    });
     let turns = 0;
     let ticking = true;
     const tick = (): void => {
@@ -100,6 +105,40 @@ describe('PolicyModel.generate', () => {
     }
     const longer = await model.generate(many.map((r) => ({ ...r, maxTokens: 4 })));
     expectSame(longer, await model.generateRecompute(many.map((r) => ({ ...r, maxTokens: 4 }))));
+  });
+
+  it('prefills each distinct prompt once: a group of rows sharing a prompt samples what each row samples alone', async () => {
+    const [a, b] = [requests()[0], requests()[2]];
+    const grouped = [a, a, b, a, b, b].map((r, i) => ({ ...r, maxTokens: 6, stopTokens: [], seed: 10 + i }));
+    const prefilled: number[] = [];
+    const prefill = model.prefillInternal.bind(model);
+    const spy = vi.spyOn(model, 'prefillInternal').mockImplementation((batch) => {
+      prefilled.push(batch.rows);
+      return prefill(batch);
+    });
+    const tensors = tf.memory().numTensors;
+    let all: GenerateResponse[];
+    try {
+      all = await model.generate(grouped);
+    } finally {
+      spy.mockRestore();
+    }
+    expect(prefilled).toEqual([2]);
+    expect(tf.memory().numTensors).toBe(tensors);
+    expectSame(all, await model.generateRecompute(grouped));
+    for (const i of [0, 3, 5]) {
+      const [alone] = await model.generate([grouped[i]]);
+      expect(alone.tokens).toEqual(all[i].tokens);
+    }
+  });
+
+  it('distinctPromptRows: rows equal in ids and mask share one row; a padded row differs from an unpadded one with a 0 token', () => {
+    expect(distinctPromptRows(padPrompts([[1, 2], [3, 4], [5, 6]]))).toBeNull();
+    const rows = distinctPromptRows(padPrompts([[1, 2, 3], [2, 3], [1, 2, 3], [2, 3], [0, 2, 3]]));
+    expect(rows?.distinct.rows).toBe(3);
+    expect([...(rows?.index ?? [])]).toEqual([0, 1, 0, 1, 2]);
+    expect([...(rows?.distinct.attentionMask ?? [])]).toEqual([1, 1, 1, 0, 1, 1, 1, 1, 1]);
+    expect([...(rows?.distinct.positionIds ?? [])]).toEqual([0, 1, 2, 0, 0, 1, 0, 1, 2]);
   });
 
   it('reports un-tempered log-probs that match tokenLogprobs on the full sequence', async () => {
