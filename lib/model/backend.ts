@@ -328,7 +328,9 @@ function batchSize(x: tf.Tensor): number {
  * - when both operands carry batch dimensions (attention), the products use transpose flags: the batched wasm
  *   kernel costs the same with or without them, so explicit transposes would only add work;
  * - otherwise (plain 2-D products and rare layouts) explicit transposes and plain products.
- * Gradients of broadcast batch dimensions are summed back to each input's shape.
+ * Gradients of broadcast batch dimensions are summed back to each input's shape. The explicit transposes are for
+ * wasm only: the other backends take the flags at no cost ({@link flaggedGrads}), and on the native one a
+ * transpose is a kernel and a copy of its own (a third of a SmolLM2 backward pass's kernels were transposes).
  */
 const batchMatMulGradConfig: tf.GradConfig = {
   kernelName: tf.BatchMatMul,
@@ -338,6 +340,7 @@ const batchMatMulGradConfig: tf.GradConfig = {
     const [a, b] = saved;
     const tA = attrs['transposeA'] === true;
     const tB = attrs['transposeB'] === true;
+    if (tf.getBackend() !== 'wasm') return flaggedGrads(g, a, b, tA, tB);
     if (b.rank === 2 && !tA) {
       return {
         // dA = dy · op(B)ᵀ; op(B)ᵀ is B itself when tB.
@@ -370,6 +373,28 @@ const batchMatMulGradConfig: tf.GradConfig = {
     };
   },
 };
+
+/**
+ * The products of a `BatchMatMul` gradient with transpose flags, no explicit transpose: for a weight matrix `B`
+ * (rank 2, `A` not transposed) each is one flat 2-D product, `dA = dy · op(B)ᵀ` and `dB = Aᵀ · dy` summed over
+ * every leading row; otherwise the batched products, summed back over broadcast batch dimensions.
+ */
+function flaggedGrads(g: tf.Tensor, a: tf.Tensor, b: tf.Tensor, tA: boolean, tB: boolean): { a: () => tf.Tensor; b: () => tf.Tensor } {
+  if (b.rank === 2 && !tA) {
+    const k = a.shape[a.rank - 1];
+    const n = g.shape[g.rank - 1];
+    const a2 = tf.reshape(a, [-1, k]) as tf.Tensor2D; // [N, k]
+    const g2 = tf.reshape(g, [-1, n]) as tf.Tensor2D; // [N, n]
+    return {
+      a: () => tf.reshape(tf.matMul(g2, b as tf.Tensor2D, false, !tB), a.shape), // [..., m, k]
+      b: () => (tB ? tf.matMul(g2, a2, true, false) : tf.matMul(a2, g2, true, false)), // [n, k] or [k, n]
+    };
+  }
+  return {
+    a: () => reduceToShape(tA ? tf.matMul(b, g, tB, true) : tf.matMul(g, b, false, !tB), a.shape),
+    b: () => reduceToShape(tB ? tf.matMul(g, a, true, tA) : tf.matMul(a, g, !tA, false), b.shape),
+  };
+}
 
 /** The slice of the wasm backend this module touches (it is not exported as a type for Node). */
 interface WasmBackendLike {
