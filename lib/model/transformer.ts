@@ -160,6 +160,9 @@ type LayerCache = {
 };
 
 /** Rotary tables for `N` tokens: `cos [N, 1, dh]`, `sin [N, 1, dh]`. */
+/** Attention of a block: queries, keys and values `[N, ·]` after RoPE in, merged heads `[N, H·dh]` out. */
+type Attention = (q: tf.Tensor2D, k: tf.Tensor2D, v: tf.Tensor2D) => tf.Tensor2D;
+
 interface Rotary {
   readonly cos: tf.Tensor3D;
   readonly sin: tf.Tensor3D;
@@ -426,18 +429,83 @@ export class PolicyModel {
       if (!(Number.isInteger(from) && from >= 0 && from <= T - 2)) {
         throw new ShapeError(`tokenLogprobs: from must be an integer in 0..${T - 2}, got ${from}`, { context: { shape: [B, T] } });
       }
-      const V = this.config.vocabSize;
       const d = this.config.dModel;
       const n = T - 1 - from;
       const h = this.trunk(inputIds, attentionMask, positionIds, null); // [B*T, d]
       const hPrev = tf.slice(tf.reshape(h, [B, T, d]), [0, from, 0], [B, n, d]); // [B, n, d]
-      const logp = tf.logSoftmax(this.head(tf.reshape(hPrev, [B * n, d]))); // [B*n, V]
-      const targets = tf.reshape(tf.slice(inputIds, [0, from + 1], [B, n]), [B * n]); // [B*n]
-      const oneHot = tf.cast(tf.oneHot(tf.cast(targets, 'int32'), V), 'float32'); // [B*n, V]
-      const logprobs = tf.reshape(tf.sum(tf.mul(logp, oneHot), -1), [B, n]) as tf.Tensor2D;
-      const entropy = tf.reshape(tf.neg(tf.sum(tf.mul(tf.exp(logp), logp), -1)), [B, n]) as tf.Tensor2D;
-      return { logprobs, entropy };
+      return this.nextTokenLogprobs(hPrev, tf.slice(inputIds, [0, from + 1], [B, n]));
     });
+  }
+
+  /**
+   * What {@link PolicyModel.tokenLogprobs} gives from the prompt's last position (`from = P − 1`), for rows laid
+   * out `[prompt | response]`, with each distinct prompt run through the model once: the rows of a GRPO group
+   * share their prompt, so its keys and values are computed once and every row's response attends to them (the
+   * gradient of a shared prompt sums over its rows). Differentiable like `tokenLogprobs`.
+   *
+   * @param inputIds - Token ids `[B, P + R]`, int32: the left-padded prompt, then the response.
+   * @param attentionMask - `[B, P + R]`, 1 for real tokens.
+   * @param positionIds - `[B, P + R]` int32.
+   * @param promptLength - `P` (`1 ≤ P < P + R`).
+   * @returns `logprobs [B, R]` of each response token and the predictive `entropy` of the same shape.
+   */
+  responseLogprobs(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positionIds: tf.Tensor2D, promptLength: number): TokenLogprobs {
+    const [B, T] = inputIds.shape;
+    const P = promptLength;
+    const R = T - P;
+    if (!(Number.isInteger(P) && P >= 1 && R >= 1)) {
+      throw new ShapeError(`responseLogprobs: promptLength must be an integer in 1..${T - 1}, got ${P}`, { context: { shape: [B, T] } });
+    }
+    const prompts = distinctPromptRows(promptBatchOf(inputIds, attentionMask, positionIds, P));
+    if (prompts === null) return this.tokenLogprobs(inputIds, attentionMask, positionIds, P - 1);
+    return tf.tidy(() => {
+      const d = this.config.dModel;
+      const { distinct } = prompts;
+      const group = tf.tensor1d(prompts.index, 'int32'); // [B]: each row's prompt
+      const u = distinct.rows;
+      const response = (t: tf.Tensor2D): tf.Tensor2D => tf.slice(t, [0, P], [B, R]);
+      const promptMask = tf.tensor2d(distinct.attentionMask, [u, P]);
+      // One stream of the prompts' u·P positions, then the responses' B·R: every position-wise product runs once
+      // on both; only attention tells them apart.
+      const ids = tf.concat([tf.reshape(tf.tensor2d(distinct.inputIds, [u, P], 'int32'), [-1]), tf.reshape(response(inputIds), [-1])]);
+      const positions = tf.concat([tf.reshape(tf.tensor2d(distinct.positionIds, [u, P], 'int32'), [-1]), tf.reshape(response(positionIds), [-1])]);
+      const rot = this.rotary(positions);
+      const biasP = attentionBias(promptMask, P); // [u, 1, P, P]
+      const keyMask = tf.concat([tf.gather(promptMask, group), tf.cast(response(attentionMask), 'float32')], 1); // [B, P+R]
+      const biasR = attentionBias(keyMask, R, P); // [B, 1, R, P+R]
+      const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => [tf.slice(t, [0, 0], [u * P, -1]), tf.slice(t, [u * P, 0], [B * R, -1])];
+      let x = this.embed(ids); // [u·P + B·R, d]
+      for (const block of this.blocks) {
+        let prompt: LayerCache | undefined;
+        const promptAttention = this.attention({ b: u, t: P }, biasP, (k, v) => (prompt = { k, v }));
+        const responseAttention = this.attention({ b: B, t: R }, biasR, (k, v) => ({
+          k: tf.concat([tf.gather(prompt!.k, group), k], 2), // [B, Hkv, P+R, dh]
+          v: tf.concat([tf.gather(prompt!.v, group), v], 2),
+        }));
+        x = this.block(x, block, rot, (q, k, v) => {
+          const [[qp, qr], [kp, kr], [vp, vr]] = [split(q), split(k), split(v)];
+          return tf.concat([promptAttention(qp, kp, vp), responseAttention(qr, kr, vr)], 0);
+        });
+      }
+      const [xp, xr] = split(x);
+      const eps = this.config.rmsNormEps;
+      const last = tf.slice(tf.reshape(xp, [u, P, d]), [0, P - 1, 0], [u, 1, d]); // [u, 1, d]
+      const first = rmsNorm(tf.reshape(tf.gather(last, group), [B, d]), this.finalNorm, eps); // [B, d]
+      const rest = R > 1 ? [tf.slice(tf.reshape(rmsNorm(xr, this.finalNorm, eps), [B, R, d]), [0, 0, 0], [B, R - 1, d])] : [];
+      const hPrev = tf.concat([tf.reshape(first, [B, 1, d]), ...rest], 1); // [B, R, d]
+      return this.nextTokenLogprobs(hPrev, response(inputIds));
+    });
+  }
+
+  /** Log-probs of `targets [B, n]` and the entropies under the head applied to `hPrev [B, n, d]`. */
+  private nextTokenLogprobs(hPrev: tf.Tensor, targets: tf.Tensor2D): { logprobs: tf.Tensor2D; entropy: tf.Tensor2D } {
+    const [B, n] = targets.shape;
+    const V = this.config.vocabSize;
+    const logp = tf.logSoftmax(this.head(tf.reshape(hPrev, [B * n, this.config.dModel]))); // [B*n, V]
+    const oneHot = tf.cast(tf.oneHot(tf.cast(tf.reshape(targets, [B * n]), 'int32'), V), 'float32'); // [B*n, V]
+    const logprobs = tf.reshape(tf.sum(tf.mul(logp, oneHot), -1), [B, n]) as tf.Tensor2D;
+    const entropy = tf.reshape(tf.neg(tf.sum(tf.mul(tf.exp(logp), logp), -1)), [B, n]) as tf.Tensor2D;
+    return { logprobs, entropy };
   }
 
   /**
@@ -595,20 +663,24 @@ export class PolicyModel {
     return tf.add(y, tf.matMul(low, pair.b as tf.Tensor2D));
   }
 
-  /** One block on the stream `x [N, d]`; `kv` turns the new keys and values `[b, Hkv, T, dh]` into the attended ones. */
-  private block(
-    x: tf.Tensor2D,
-    block: Block,
-    rot: Rotary,
-    shape: { b: number; t: number },
-    bias: tf.Tensor4D,
-    kv: (k: tf.Tensor4D, v: tf.Tensor4D) => LayerCache,
-  ): tf.Tensor2D {
+  /**
+   * Attention over a stream of `b` rows of `t` positions each, as {@link PolicyModel.block} calls it: queries,
+   * keys and values `[b*t, heads·dh]` in, merged heads `[b*t, H·dh]` out; `kv` turns the new keys and values
+   * `[b, Hkv, t, dh]` into the attended ones (a cache's, a shared prompt's, or themselves).
+   */
+  private attention(shape: { b: number; t: number }, bias: tf.Tensor4D, kv: (k: tf.Tensor4D, v: tf.Tensor4D) => LayerCache): Attention {
+    const { b, t } = shape;
     const { nHeads: H, nKvHeads: Hkv } = this.config;
-    const [qx, kx, vx] = this.projectQkv(rmsNorm(x, block.inputNorm, this.config.rmsNormEps), block, rot);
-    const q = this.splitHeads(qx, shape.b, shape.t, H); // [b, H, T, dh]
-    const { k, v } = kv(this.splitHeads(kx, shape.b, shape.t, Hkv), this.splitHeads(vx, shape.b, shape.t, Hkv));
-    const attended = this.project(this.attend(q, k, v, bias), block, 'o_proj', block.wo, block.bo); // [N, d]
+    return (q, k, v) => {
+      const attended = kv(this.splitHeads(k, b, t, Hkv), this.splitHeads(v, b, t, Hkv));
+      return this.attend(this.splitHeads(q, b, t, H), attended.k, attended.v, bias);
+    };
+  }
+
+  /** One block on the stream `x [N, d]`, its positions attending through `attention`. */
+  private block(x: tf.Tensor2D, block: Block, rot: Rotary, attention: Attention): tf.Tensor2D {
+    const [q, k, v] = this.projectQkv(rmsNorm(x, block.inputNorm, this.config.rmsNormEps), block, rot);
+    const attended = this.project(attention(q, k, v), block, 'o_proj', block.wo, block.bo); // [N, d]
     const mid: tf.Tensor2D = tf.add(x, attended); // [N, d]
     return tf.add(mid, this.mlp(mid, block)) as tf.Tensor2D; // [N, d]
   }
@@ -631,10 +703,11 @@ export class PolicyModel {
     const rot = this.rotary(positionIds);
     const bias = attentionBias(tf.cast(attentionMask, 'float32'), T); // [B, 1, T, T]
     for (const block of this.blocks) {
-      x = this.block(x, block, rot, { b: B, t: T }, bias, (k, v) => {
+      const attention = this.attention({ b: B, t: T }, bias, (k, v) => {
         collect?.push({ k, v });
         return { k, v };
       });
+      x = this.block(x, block, rot, attention);
     }
     return rmsNorm(x, this.finalNorm, this.config.rmsNormEps);
   }
@@ -680,11 +753,12 @@ export class PolicyModel {
       ) as tf.Tensor4D;
       const next: LayerCache[] = [];
       this.blocks.forEach((block, i) => {
-        x = this.block(x, block, rot, { b, t: 1 }, bias, (k, v) => {
+        const attention = this.attention({ b, t: 1 }, bias, (k, v) => {
           const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+1, dh]
           next.push(cache);
           return cache;
         });
+        x = this.block(x, block, rot, attention);
       });
       const logits = this.head(rmsNorm(x, this.finalNorm, this.config.rmsNormEps)); // [b, V]
       return { logits, caches: next };
@@ -792,20 +866,40 @@ const silu = tf.customGrad((...args: (tf.Tensor | tf.GradSaveFunc)[]) => {
 }) as (x: tf.Tensor2D) => tf.Tensor2D;
 
 /**
- * Additive attention bias for a full sequence: 0 where query `i` may see key `j` (`j ≤ i` and key `j` is
- * real), {@link MASK_BIAS} elsewhere.
+ * Additive attention bias: 0 where query `i` may see key `j` (`j ≤ offset + i` and key `j` is real),
+ * {@link MASK_BIAS} elsewhere. A full sequence has `offset` 0 and `Tq` = the keys' width; a response after its
+ * prompt has `offset` = the prompt's width.
  *
- * @param mask - `[B, T]` float, 1 for real tokens.
- * @returns `[B, 1, T, T]`.
+ * @param mask - Keys' mask `[B, K]` float, 1 for real tokens.
+ * @param Tq - Queries per row.
+ * @param offset - Key index of the first query.
+ * @returns `[B, 1, Tq, K]`.
  */
-function attentionBias(mask: tf.Tensor, T: number): tf.Tensor4D {
-  const B = mask.shape[0];
-  const causal = new Float32Array(T * T);
-  for (let i = 0; i < T; i++) {
-    causal.fill(1, i * T, i * T + i + 1);
+function attentionBias(mask: tf.Tensor, Tq: number, offset = 0): tf.Tensor4D {
+  const [B, K] = mask.shape;
+  const causal = new Float32Array(Tq * K);
+  for (let i = 0; i < Tq; i++) {
+    causal.fill(1, i * K, i * K + offset + i + 1);
   }
-  const allowed = tf.mul(tf.tensor4d(causal, [1, 1, T, T]), tf.reshape(mask, [B, 1, 1, T])); // [B, 1, T, T]
+  const allowed = tf.mul(tf.tensor4d(causal, [1, 1, Tq, K]), tf.reshape(mask, [B, 1, 1, K])); // [B, 1, Tq, K]
   return tf.mul(tf.sub(allowed, 1), -MASK_BIAS) as tf.Tensor4D;
+}
+
+/** The prompt columns `[0, P)` of a batch's tensors as a {@link PromptBatch} in plain memory. */
+function promptBatchOf(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positionIds: tf.Tensor2D, P: number): PromptBatch {
+  const [B, T] = inputIds.shape;
+  const cut = <A extends Int32Array | Float32Array>(all: A, make: (n: number) => A): A => {
+    const out = make(B * P);
+    for (let r = 0; r < B; r++) out.set(all.subarray(r * T, r * T + P), r * P);
+    return out;
+  };
+  return {
+    rows: B,
+    width: P,
+    inputIds: cut(Int32Array.from(inputIds.dataSync()), (n) => new Int32Array(n)),
+    attentionMask: cut(Float32Array.from(attentionMask.dataSync()), (n) => new Float32Array(n)),
+    positionIds: cut(Int32Array.from(positionIds.dataSync()), (n) => new Int32Array(n)),
+  };
 }
 
 /**

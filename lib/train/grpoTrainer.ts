@@ -297,8 +297,7 @@ export class GrpoTrainer implements Trainer {
       if (this.options.klLoss && !refLogprobs) {
         const reference = this.options.reference;
         if (!reference) throw new ConfigError('klLoss needs batch.refLogprobs or a reference model');
-        // Rows are P + R wide: scored from the prompt's last position, the result is the response's [B, R].
-        refLogprobs = tf.tidy(() => reference.tokenLogprobs(all.ids, all.attention, all.positions, batch.promptLength - 1).logprobs);
+        refLogprobs = tf.tidy(() => reference.responseLogprobs(all.ids, all.attention, all.positions, batch.promptLength).logprobs);
       }
       for (let epoch = 0; epoch < ppoEpochs; epoch++) {
         // The shuffle derives from (seed, step, epoch): nothing to checkpoint, and a resumed run repeats it.
@@ -397,7 +396,7 @@ export class GrpoTrainer implements Trainer {
 
   /** Per-token response log-probs `[b, R]` and entropies of the current policy (rows are `P + R` wide). */
   private responseLogprobs(t: RowTensors, batch: Batch): { logprob: tf.Tensor2D; entropy: tf.Tensor2D } {
-    const out = this.model.tokenLogprobs(t.ids, t.attention, t.positions, batch.promptLength - 1); // [b, R]
+    const out = this.model.responseLogprobs(t.ids, t.attention, t.positions, batch.promptLength); // [b, R]
     return { logprob: out.logprobs, entropy: out.entropy };
   }
 

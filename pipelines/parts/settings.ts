@@ -109,11 +109,11 @@ async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float
   const T = batch.promptLength + batch.responseLength;
   const out = tf.tidy(
     () =>
-      model.tokenLogprobs(
+      model.responseLogprobs(
         tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
         tf.tensor2d(batch.attentionMask, [batch.size, T]),
         tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-        batch.promptLength - 1,
+        batch.promptLength,
       ).logprobs, // [B, R]
   );
   const data = (await out.data()) as Float32Array;
