@@ -116,8 +116,13 @@ async function exportData(config: RxrlConfig, baseDir: string, out: string): Pro
   return { modelDir, rows: data.train.length };
 }
 
-/** The recipe's settings as TRL's side reads them. */
-function trlSettings(config: RxrlConfig): Record<string, unknown> {
+/**
+ * The recipe's settings as TRL's side reads them (bench/trl_grpo.py turns them into a `GRPOConfig`);
+ * spec/train/trlParity.spec.ts checks the mapping against one batch through TRL.
+ *
+ * @throws {@link ConfigError} for a recipe TRL cannot run the same way.
+ */
+export function trlSettings(config: RxrlConfig): Record<string, unknown> {
   const { trainer, rollout, algorithm, sync } = config;
   if (config.policies.length > 1) throw new ConfigError('bench trl compares single-policy recipes');
   if (trainer.lossAggregation !== 'token-mean') throw new ConfigError(`bench trl maps trainer.lossAggregation token-mean only, got ${trainer.lossAggregation}`);

@@ -17,7 +17,7 @@ configuration on a fixed batch and records what TRL computes at each stage, so t
   clipping and one AdamW step;
 * it records the advantages, each micro-batch's loss (what was back-propagated) and their sum, every trained
   tensor's gradient after accumulation and before clipping (through ``Trainer._clip_grad_norm``), the norm TRL
-  clips with, and the weights after the step.
+  clips with, and the update of every trained tensor by the step (weights after minus before, float32).
 
 Cases: ``full`` (every weight trains), ``lora`` (PEFT ``LoraConfig`` r=4, alpha=8 on q/k/v/o/gate/up/down,
 dropout 0) and ``lora_kl`` (the same adapter with ``beta`` > 0: the KL to the reference, which for an adapter is the
@@ -39,10 +39,10 @@ Two details of TRL are pinned down rather than left to chance:
   weights reports), and also checks that rxrl's own log-probs agree with them.
 
 Storage (``spec/fixtures/trl/tiny-qwen2-grpo.json``): float32 arrays as base64 of little-endian bytes
-(``{"shape", "f32": "<base64>"}``). LoRA cases store every gradient and updated weight in full. The full fine-tuning
+(``{"shape", "f32": "<base64>"}``). LoRA cases store every gradient and update in full. The full fine-tuning
 case (93 k weights) stores, per tensor, the L2 norm of the gradient, its dot product with a fixed ±1 vector
 (``sign_i = +1`` when bit 31 of ``(i · 2654435761) mod 2³²`` is 0, else −1; flat row-major index ``i``), and the
-values at the flat indices ``0, s, 2s, …`` with ``s = ceil(size / 256)``, for the gradient and for the updated weight.
+values at the flat indices ``0, s, 2s, …`` with ``s = ceil(size / 256)``, for the gradient and for the update.
 
 Usage (pins: scripts/requirements-parity.txt; CPU; nothing is downloaded)::
 
@@ -276,6 +276,7 @@ def run_case(case: str, shuffle: bool) -> dict:
             rollout_func=fixed_rollout(order),
         )
         lora_init = set_lora_weights(trainer.model) if lora else None
+        before = {n: p.detach().numpy().copy() for n, p in trained_parameters(trainer.model).items()}
         record = instrument(trainer)
         original_shuffle = grpo_module.shuffle_sequence_dict
         if not shuffle:
@@ -284,8 +285,8 @@ def run_case(case: str, shuffle: bool) -> dict:
             trainer.train()
         finally:
             grpo_module.shuffle_sequence_dict = original_shuffle
-        after = {n: p.detach().numpy().copy() for n, p in trained_parameters(trainer.model).items()}
-    return {"order": order, "settings": s, "lora_init": lora_init, "after": after, **record}
+        update = {n: p.detach().numpy() - before[n] for n, p in trained_parameters(trainer.model).items()}
+    return {"order": order, "settings": s, "lora_init": lora_init, "update": update, **record}
 
 
 def instrument(trainer) -> dict:
@@ -339,9 +340,9 @@ def check_order_free(a: dict, b: dict, case: str) -> float:
 def summarize(case: str, run: dict, shuffled: dict) -> dict:
     lora = case.startswith("lora")
     rows = [{"prompt": p, "run": k} for p, k in run["order"]]
-    grads, after = run["grads"], run["after"]
+    grads, update = run["grads"], run["update"]
     tensors = {
-        name: {"grad": f32(g), "after": f32(after[name])} if lora else {"shape": list(g.shape), "grad": sketch(g), "after": sketch(after[name])}
+        name: {"grad": f32(g), "update": f32(update[name])} if lora else {"shape": list(g.shape), "grad": sketch(g), "update": sketch(update[name])}
         for name, g in sorted(grads.items())
     }
     return {
