@@ -26,13 +26,21 @@ KL term zero at the first step; so after PEFT's own initialization both ``A`` an
 values (uniform in ±0.1 for ``A``, ±0.02 for ``B``, torch generator seeded with ``LORA_SEED``), recorded in the
 fixture, and the spec loads those same values into rxrl's ``LoraAdapter``.
 
-Two details of TRL are pinned down rather than left to chance:
+The ``GRPOConfig`` and ``LoraConfig`` are the ones bench/trl_grpo.py builds (its ``grpo_config`` and
+``lora_config``), from the settings bench/trl.ts would map from the spec's recipe. That includes
+``use_bias_correction_kl=False``: TRL 1.16 multiplies the KL term by the importance ratio by default (value 1,
+gradient not), rxrl does not; ``lora_kl`` also records the loss and grad norm under TRL's default (``trlDefaultKl``),
+so that the spec can state the size of that difference.
+
+Three details of TRL are pinned down rather than left to chance:
 
 * ``_prepare_inputs`` shuffles the rows of the generation batch before splitting it into micro-batches. The loss
   ``dapo`` divides every micro-batch by the token count of the whole batch, so the accumulated gradient does not
   depend on that order; the script checks this (one run with TRL's shuffle, one with the identity, gradients equal to
   float32 rounding) and records the run without shuffle, so that micro-batch ``k`` is rows ``6k … 6k+5`` of the
   recorded order on both sides.
+* ``rollout_func`` hands TRL the completions as they are: the ids of a completion that ended are cut after its EOS
+  (TRL's own generation does the same), the others are exactly the budget long.
 * With ``num_iterations`` 1 TRL takes the "old" log-probs to be the current ones (``per_token_logps.detach()``), so
   the ratio is exactly 1. rxrl takes them from the trajectory (the sampler's log-probs). The fixture records TRL's
   per-token log-probs before the step; the spec uses them as the rollout log-probs (what a sampler with the same
@@ -76,6 +84,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))  # bench/trl_grpo.py builds the GRPOConfig and LoraConfig, as the bench does
 MODEL_DIR = ROOT / "spec" / "fixtures" / "hf" / "tiny-qwen2"
 DEFAULT_OUT = ROOT / "spec" / "fixtures" / "trl" / "tiny-qwen2-grpo.json"
 
@@ -163,47 +172,6 @@ def settings(beta: float) -> dict:
     }
 
 
-def grpo_config(out: str, s: dict):
-    """The `GRPOConfig` bench/trl_grpo.py builds from the settings (same fields, same values)."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=out,
-        max_steps=1,
-        per_device_train_batch_size=s["microBatchSize"],
-        gradient_accumulation_steps=s["rows"] // s["microBatchSize"],
-        num_generations=s["groupSize"],
-        max_completion_length=s["maxTokens"],
-        temperature=s["temperature"],
-        top_p=s["topP"],
-        learning_rate=s["learningRate"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        adam_epsilon=1e-8,
-        max_grad_norm=s["maxGradNorm"],
-        beta=s["klCoef"],
-        epsilon=s["clipLow"],
-        epsilon_high=s["clipHigh"],
-        num_iterations=s["ppoEpochs"],
-        loss_type=s["lossType"],
-        scale_rewards=s["scaleRewards"],
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        gradient_checkpointing=False,
-        bf16=False,
-        fp16=False,
-        seed=SEED,
-        data_seed=SEED,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-
-
 def fixed_rollout(order: list):
     """TRL's `rollout_func`: for each prompt it is asked for, the next fixed completion of that prompt."""
     seen: dict[str, int] = {}
@@ -246,33 +214,31 @@ def trained_parameters(model) -> dict:
     return {name.replace(".default", ""): p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def run_case(case: str, shuffle: bool) -> dict:
+def run_case(case: str, shuffle: bool, bias_corrected_kl: bool = False) -> dict:
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import trl.trainer.grpo_trainer as grpo_module
     from trl import GRPOTrainer
+    from trl_grpo import grpo_config, lora_config
 
     torch.manual_seed(SEED)
     lora = case.startswith("lora")
     s = settings(KL_BETA if case == "lora_kl" else 0.0)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
-    peft_config = (
-        LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0, target_modules=list(LORA["targetModules"]), task_type="CAUSAL_LM")
-        if lora
-        else None
-    )
     order: list = []
     dataset = Dataset.from_list([{"prompt": p} for p in ROWS])
     with tempfile.TemporaryDirectory() as out:
+        config = grpo_config(s, out, 1, SEED)
+        if bias_corrected_kl:  # TRL's default, which the bench turns off
+            config.use_bias_correction_kl = True
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=reward,
-            args=grpo_config(out, s),
+            args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=peft_config,
+            peft_config=lora_config(LORA if lora else None),
             rollout_func=fixed_rollout(order),
         )
         lora_init = set_lora_weights(trainer.model) if lora else None
@@ -380,6 +346,9 @@ def main() -> None:
         run = run_case(case, shuffle=False)
         shuffled = run_case(case, shuffle=True)
         cases[case] = summarize(case, run, shuffled)
+        if case == "lora_kl":
+            corrected = run_case(case, shuffle=False, bias_corrected_kl=True)
+            cases[case]["trlDefaultKl"] = {"loss": sum(corrected["micro_losses"]), "gradNorm": corrected["grad_norm"]}
     fixture = {
         "about": "One GRPO step of TRL's GRPOTrainer on a fixed batch; made by scripts/trl_parity.py (see its docstring).",
         "model": "spec/fixtures/hf/tiny-qwen2",
