@@ -13,7 +13,9 @@
  *    group size (the batch of completions, in the trainer's micro-batches), learning rate (constant, Adam, no
  *    weight decay), LoRA rank, alpha and target modules, max new tokens, temperature and top-p, KL coefficient,
  *    clip range (low and high), PPO epochs, gradient clipping, advantage scaling by the group's standard deviation,
- *    and token-mean loss aggregation as `loss_type` `dapo`;
+ *    and token-mean loss aggregation as `loss_type` `dapo` (a recipe TRL cannot match, say a dual clip or a
+ *    population std, is refused; rxrl's side takes TRL's advantage epsilon, 1e-4; spec/train/trlParity.spec.ts
+ *    checks on one batch that both sides then compute the same step);
  * 4. prints, for each side, one JSON line per step (seconds, the rollout and training parts, completion tokens per
  *    second, reward) and one summary (median seconds per step, tokens per second, held-out reward before and after),
  *    writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`) with their page
@@ -116,12 +118,19 @@ async function exportData(config: RxrlConfig, baseDir: string, out: string): Pro
   return { modelDir, rows: data.train.length };
 }
 
-/** The recipe's settings as TRL's side reads them. */
-function trlSettings(config: RxrlConfig): Record<string, unknown> {
+/**
+ * The recipe's settings as TRL's side reads them (bench/trl_grpo.py turns them into a `GRPOConfig`);
+ * spec/train/trlParity.spec.ts checks the mapping against one batch through TRL.
+ *
+ * @throws {@link ConfigError} for a recipe TRL cannot run the same way.
+ */
+export function trlSettings(config: RxrlConfig): Record<string, unknown> {
   const { trainer, rollout, algorithm, sync } = config;
   if (config.policies.length > 1) throw new ConfigError('bench trl compares single-policy recipes');
   if (trainer.lossAggregation !== 'token-mean') throw new ConfigError(`bench trl maps trainer.lossAggregation token-mean only, got ${trainer.lossAggregation}`);
   if (algorithm.klInReward.coef !== 0) throw new ConfigError('bench trl: TRL has no KL penalty in the reward (algorithm.klInReward.coef must be 0)');
+  const unmatched = trlUnmatched(config);
+  if (unmatched.length > 0) throw new ConfigError(`bench trl: TRL would not run this recipe the same way:\n${unmatched.join('\n')}`, { context: { keys: unmatched.map((u) => u.split(':')[0]) } });
   const rows = sync.batchSize * rollout.groupSize;
   const micro = Math.min(trainer.microBatchSize, rows);
   if (rows % micro !== 0) throw new ConfigError(`bench trl: trainer.microBatchSize ${micro} must divide the batch of ${rows} completions`);
@@ -143,6 +152,28 @@ function trlSettings(config: RxrlConfig): Record<string, unknown> {
     scaleRewards: algorithm.normalizeByStd ? 'group' : 'none',
     lora: policy?.specialization === 'lora' ? resolvedLora(policy) : null,
   };
+}
+
+/** TRL's advantages are `(r − mean) / (std + 1e-4)`, a constant of `GRPOTrainer`; the bench sets rxrl's to it. */
+export const TRL_STD_EPSILON = 1e-4;
+
+/** Settings of the recipe that TRL's `GRPOTrainer` has no way to match, each as `key: why`. */
+function trlUnmatched(config: RxrlConfig): string[] {
+  const { trainer, rollout, algorithm, sync } = config;
+  const checks: [boolean, string][] = [
+    [algorithm.std !== 'sample', "algorithm.std: must be 'sample' (TRL's group std is Bessel-corrected)"],
+    [algorithm.stdEpsilon !== TRL_STD_EPSILON, `algorithm.stdEpsilon: must be ${TRL_STD_EPSILON} (TRL's constant)`],
+    [algorithm.filterZeroVariance, 'algorithm.filterZeroVariance: must be false (TRL keeps zero-variance groups)'],
+    [trainer.clipRatioC !== null, 'trainer.clipRatioC: must be null (TRL has no dual clip)'],
+    [trainer.miniBatches !== 1, 'trainer.miniBatches: must be 1 (TRL makes one update per generation batch)'],
+    [trainer.entropyCoef !== 0, 'trainer.entropyCoef: must be 0 (not mapped)'],
+    [trainer.importanceCap !== null, 'trainer.importanceCap: must be null (not mapped)'],
+    [trainer.maxStaleness !== null, 'trainer.maxStaleness: must be null (TRL trains on-policy)'],
+    [sync.mode !== 'sync', "sync.mode: must be 'sync' (TRL trains on-policy)"],
+    [trainer.klLoss.coef > 0 && !['k3', 'low_var_kl'].includes(trainer.klLoss.estimator), "trainer.klLoss.estimator: must be 'k3' or 'low_var_kl' (TRL's KL estimator)"],
+    [rollout.temperature !== 1, "rollout.temperature: must be 1 (TRL's loss divides the logits by the sampling temperature; rxrl's does not)"],
+  ];
+  return checks.filter(([bad]) => bad).map(([, why]) => why);
 }
 
 /** rxrl's side: `rxrl run` of the recipe, read back from its metrics file. */
@@ -279,7 +310,8 @@ export async function main(args: readonly string[]): Promise<void> {
   const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
   const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
   // rxrl's run: validation before and after only, no checkpoint but the last.
-  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, 'validation.every=0', 'validation.beforeTrain=true', 'checkpoint.every=0'];
+  // TRL's advantage epsilon is a constant: rxrl's side takes it too.
+  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, 'validation.every=0', 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).

@@ -90,34 +90,14 @@ def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[
     return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "seconds": time.perf_counter() - started}
 
 
-def main() -> None:
-    args = parse_args()
-    settings = json.loads(args.settings)
-    try:
-        import torch
-        from datasets import Dataset
-        from peft import LoraConfig
-        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-        import trl
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError as error:
-        emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
-        return
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-
-    train_rows = read_jsonl(os.path.join(args.data, "train.jsonl"))
-    val_rows = read_jsonl(os.path.join(args.data, "validation.jsonl"))
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    check_tokens(tokenizer, train_rows + val_rows)
-    # rxrl trains in float32; transformers would otherwise keep the directory's dtype.
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+def grpo_config(settings: dict, out: str, steps: int, seed: int):
+    """The ``GRPOConfig`` of the settings (bench/trl.ts ``trlSettings``); scripts/trl_parity.py runs it on one batch."""
+    from trl import GRPOConfig
 
     rows, micro = settings["rows"], settings["microBatchSize"]
-    lora = settings.get("lora")
-    config = GRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
+    return GRPOConfig(
+        output_dir=out,
+        max_steps=steps,
         # One optimizer step per batch of `rows` completions, in micro-batches of `micro`, as rxrl's trainer.
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=rows // micro,
@@ -134,6 +114,9 @@ def main() -> None:
         adam_epsilon=1e-8,
         max_grad_norm=settings["maxGradNorm"],
         beta=settings["klCoef"],
+        # rxrl's KL loss is the k3 estimate itself (GRPO, verl); TRL 1.16 multiplies it by the (differentiable)
+        # importance ratio by default (DeepSeek-V3.2's unbiased KL gradient), which changes the gradient, not the loss.
+        use_bias_correction_kl=False,
         epsilon=settings["clipLow"],
         epsilon_high=settings["clipHigh"],
         num_iterations=settings["ppoEpochs"],
@@ -147,22 +130,54 @@ def main() -> None:
         gradient_checkpointing=False,
         bf16=False,
         fp16=False,
-        seed=args.seed,
-        data_seed=args.seed,
+        seed=seed,
+        data_seed=seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def lora_config(lora: dict | None):
+    """PEFT's ``LoraConfig`` of the settings' adapter (rank, alpha, target modules; no dropout), or None."""
+    from peft import LoraConfig
+
+    if not lora:
+        return None
+    return LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=list(lora["targetModules"]), task_type="CAUSAL_LM")
+
+
+def main() -> None:
+    args = parse_args()
+    settings = json.loads(args.settings)
+    try:
+        import torch
+        from datasets import Dataset
+        import peft  # noqa: F401  (lora_config's)
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        import trl
+        from trl import GRPOTrainer
+    except ImportError as error:
+        emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
+        return
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    train_rows = read_jsonl(os.path.join(args.data, "train.jsonl"))
+    val_rows = read_jsonl(os.path.join(args.data, "validation.jsonl"))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    check_tokens(tokenizer, train_rows + val_rows)
+    # rxrl trains in float32; transformers would otherwise keep the directory's dtype.
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+
+    rows = settings["rows"]
+    config = grpo_config(settings, args.out, args.steps, args.seed)
     eos_ids: list[int] = []
 
     def reward(completions, answer, completion_ids, **kwargs):
         return equation_reward(completions, answer, completion_ids, eos_ids)
 
     reward.__name__ = "equation_reward"
-    peft_config = (
-        LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=list(lora["targetModules"]), task_type="CAUSAL_LM")
-        if lora
-        else None
-    )
+    peft_config = lora_config(settings.get("lora"))
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     eos_ids.extend(trainer.eos_token_ids if isinstance(trainer.eos_token_ids, list) else [trainer.eos_token_ids])

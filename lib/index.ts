@@ -200,7 +200,7 @@ export type { AdmissionGateOptions, StalenessMode } from './sync/gate.js';
 
 // ── training ───────────────────────────────────────────────────────────────────
 export { GrpoTrainer, stalenessMetrics } from './train/grpoTrainer.js';
-export type { GrpoTrainerOptions } from './train/grpoTrainer.js';
+export type { BatchGradients, GrpoTrainerOptions } from './train/grpoTrainer.js';
 export type { StepResult, Trainer } from './train/types.js';
 
 // ── seeded randomness ──────────────────────────────────────────────────────────

@@ -65,7 +65,7 @@ export interface GrpoPipelineConfig {
   /** Base seed of the sampling streams. Default 0. */
   readonly seed?: number;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
+  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly epsilon?: number; readonly filterZeroVariance?: boolean };
   /** Close incomplete groups after this many ms (see `groupTrajectories`). Default: wait for every sample. */
   readonly groupTimeoutMs?: number;
   /** What a group timeout does: `release` the partial group (default) or `drop` it (counted). */
@@ -287,6 +287,7 @@ export function prepareOptions(
     padId,
     normalizeByStd: config.advantage?.normalizeByStd,
     std: config.advantage?.std,
+    epsilon: config.advantage?.epsilon,
     filterZeroVariance: config.advantage?.filterZeroVariance,
     klInReward: config.klInReward,
     modelTag,

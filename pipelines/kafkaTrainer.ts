@@ -108,7 +108,7 @@ export interface KafkaTrainerConfig {
   /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
   readonly steps?: number;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly filterZeroVariance?: boolean };
+  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly epsilon?: number; readonly filterZeroVariance?: boolean };
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions;
   /** Close a group this long (ms) after its first trajectory arrived, complete or not. Default: wait. */

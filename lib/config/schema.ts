@@ -61,6 +61,7 @@ export interface RxrlConfig {
   algorithm: {
     normalizeByStd: boolean;
     std: 'sample' | 'population';
+    stdEpsilon: number;
     filterZeroVariance: boolean;
     klInReward: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
   };
@@ -320,6 +321,7 @@ export const SCHEMA = {
   algorithm: {
     normalizeByStd: { doc: 'Divide advantages by the group std (false = Dr.GRPO).', format: 'flag', default: true },
     std: { doc: 'Group std: sample (N−1) or population.', format: ['sample', 'population'], default: 'sample' },
+    stdEpsilon: { doc: 'Added to the group std before advantages are divided by it (verl: 1e-6; TRL: 1e-4).', format: 'non-negative-number', default: 1e-6 },
     filterZeroVariance: { doc: 'Drop groups whose advantages are all zero (dynamic sampling).', format: 'flag', default: false },
     klInReward: {
       coef: { doc: 'β of the KL penalty in the reward (0 = off; needs a reference = the initial policy).', format: 'non-negative-number', default: 0 },

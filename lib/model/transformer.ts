@@ -518,6 +518,22 @@ export class PolicyModel {
   }
 
   /**
+   * Copies of tensors shaped like trainable variables (gradients, for example), keyed by weight name, in the names
+   * and layout of {@link PolicyModel.getWeights}: linear weights `[out, in]` as Hugging Face holds them, an adapter's
+   * `A` and `B` in PEFT's shapes (a {@link LoraPair} holds both transposed). The tensors are left to the caller.
+   *
+   * @param values - Tensors by name (names of {@link PolicyModel.weightNames}), each shaped like its variable.
+   */
+  namedWeightsOf(values: ReadonlyMap<string, tf.Tensor>): NamedWeights {
+    const out = new Map<string, WeightArray>();
+    for (const [name, value] of values) {
+      const held = this.adapter !== null || this.linear.has(name) ? tf.transpose(value) : tf.clone(value);
+      out.set(name, { shape: [...held.shape], data: readCopy(held) });
+    }
+    return out;
+  }
+
+  /**
    * Replaces every weight (on an adapter view, the adapter's).
    *
    * @param weights - Exactly the names of {@link PolicyModel.getWeights}, with equal (Hugging Face) shapes.

@@ -84,6 +84,29 @@ interface RowTensors {
   readonly refLogprobs?: tf.Tensor2D; // [b, R]
 }
 
+/** The batch's tensors and what the loss takes from the whole batch, computed once per step. */
+interface StepInputs {
+  readonly all: RowTensors;
+  /** Log-probs of the weights before the update (decoupled PPO), `[B, R]`. */
+  readonly proxLogprobs?: tf.Tensor2D;
+  /** Truncated importance weights (decoupled PPO), `[B, R]`. */
+  readonly isWeights?: tf.Tensor2D;
+  /** Reference log-probs for the KL loss, `[B, R]`. */
+  readonly refLogprobs?: tf.Tensor2D;
+}
+
+/** What {@link GrpoTrainer.computeGradients} returns. */
+export interface BatchGradients {
+  /** Gradient of the batch's loss for each trained weight, before clipping, in `model.getWeights()`' names and layout. */
+  readonly gradients: NamedWeights;
+  /** The batch's loss: the sum of {@link BatchGradients.microBatchLosses}. */
+  readonly loss: number;
+  /** Each micro-batch's loss weighted by its share of the batch (the value differentiated), in order. */
+  readonly microBatchLosses: readonly number[];
+  /** Global L2 norm of the gradients, which clipping compares with `maxGradNorm`. */
+  readonly gradNorm: number;
+}
+
 /** Clamp of the global-norm denominator. */
 const GRAD_NORM_EPSILON = 1e-6;
 
@@ -263,17 +286,40 @@ export class GrpoTrainer implements Trainer {
     this.optimizer.dispose();
   }
 
+  /**
+   * The gradient of the first update {@link GrpoTrainer.trainStep} would make on `batch` with one mini-batch (every
+   * row, in micro-batches of `microBatchSize`, rows staler than `maxStaleness` dropped), without applying it: the
+   * gradient of each trained weight after accumulation and before clipping, in the names and layout of
+   * `model.getWeights()`, with the loss of each micro-batch (its share of the batch's loss, the value differentiated)
+   * and the global norm that clipping compares with `maxGradNorm`. Nothing changes: neither the weights, nor the
+   * optimizer, nor the step counter. `trainStep` computes each update's gradient with the same code.
+   */
+  async computeGradients(input: Batch, signal?: AbortSignal): Promise<BatchGradients> {
+    const batch = this.options.maxStaleness === undefined ? input : dropStale(input, this.steps, this.options.maxStaleness).batch;
+    const inputs = this.stepInputs(batch, () => undefined);
+    try {
+      const rows = [...Array(batch.size).keys()];
+      const { grads, losses } = await this.accumulate(batch, rows, inputs, () => undefined, signal);
+      try {
+        // A weight the loss does not reach has no gradient from tf.variableGrads: its gradient is 0.
+        for (const v of this.trainedVariables) if (!grads.has(v.name)) grads.set(v.name, tf.zerosLike(v));
+        const gradients = this.model.namedWeightsOf(new Map(this.trainedVariables.map((v, i) => [this.trainedNames[i], grads.get(v.name)!])));
+        return { gradients, loss: losses.reduce((a, b) => a + b, 0), microBatchLosses: losses, gradNorm: globalNorm([...grads.values()]) };
+      } finally {
+        tf.dispose([...grads.values()]);
+      }
+    } finally {
+      disposeStepInputs(inputs);
+    }
+  }
+
   private async optimize(
     batch: Batch,
     metrics: Metrics,
     signal?: AbortSignal,
   ): Promise<{ epochs: number; skippedUpdates: number }> {
-    const { ppoEpochs, miniBatches, microBatchSize } = this.options;
+    const { ppoEpochs, miniBatches } = this.options;
     const B = batch.size;
-    const all = rowTensors(batch, 0, B);
-    let proxLogprobs: tf.Tensor2D | undefined; // [B, R]
-    let isWeights: tf.Tensor2D | undefined; // [B, R]
-    let refLogprobs = all.refLogprobs; // [B, R]
     const totals = new Map<string, { sum: number; weight: number }>();
     const record = (values: Metrics, weight: number): void => {
       for (const [key, value] of Object.entries(values)) {
@@ -285,6 +331,40 @@ export class GrpoTrainer implements Trainer {
     };
     let updates = 0;
     let skippedUpdates = 0;
+    const inputs = this.stepInputs(batch, record);
+    try {
+      for (let epoch = 0; epoch < ppoEpochs; epoch++) {
+        // The shuffle derives from (seed, step, epoch): nothing to checkpoint, and a resumed run repeats it.
+        const rng = createRng(this.seed, 'minibatch', String(this.steps), String(epoch));
+        const order = miniBatches > 1 ? shuffledIndices(B, rng) : [...Array(B).keys()];
+        const miniSize = Math.ceil(B / miniBatches);
+        for (let m = 0; m < B; m += miniSize) {
+          throwIfAborted(signal);
+          const { grads, finite } = await this.accumulate(batch, order.slice(m, m + miniSize), inputs, record, signal);
+          const { norm, applied } = this.applyClipped(Object.fromEntries(grads), finite);
+          record({ 'actor/grad_norm': norm }, 1);
+          updates++;
+          if (!applied) skippedUpdates++;
+        }
+      }
+    } finally {
+      disposeStepInputs(inputs);
+    }
+    for (const [key, { sum: s, weight }] of totals) metrics[key] = weight > 0 ? s / weight : 0;
+    metrics['actor/updates'] = updates;
+    metrics['actor/lr'] = this.options.learningRate ?? 1e-3;
+    return { epochs: updates, skippedUpdates };
+  }
+
+  /**
+   * The batch's tensors and what the loss needs of the whole batch before any update: the proximal log-probs and
+   * importance weights (decoupled PPO), the reference log-probs (KL loss without `batch.refLogprobs`).
+   */
+  private stepInputs(batch: Batch, record: (values: Metrics, weight: number) => void): StepInputs {
+    const all = rowTensors(batch, 0, batch.size);
+    let proxLogprobs: tf.Tensor2D | undefined; // [B, R]
+    let isWeights: tf.Tensor2D | undefined; // [B, R]
+    let refLogprobs = all.refLogprobs; // [B, R]
     try {
       if (this.options.importanceCap !== undefined) {
         proxLogprobs = tf.tidy(() => this.responseLogprobs(all, batch).logprob);
@@ -299,75 +379,58 @@ export class GrpoTrainer implements Trainer {
         if (!reference) throw new ConfigError('klLoss needs batch.refLogprobs or a reference model');
         refLogprobs = tf.tidy(() => reference.responseLogprobs(all.ids, all.attention, all.positions, batch.promptLength).logprobs);
       }
-      for (let epoch = 0; epoch < ppoEpochs; epoch++) {
-        // The shuffle derives from (seed, step, epoch): nothing to checkpoint, and a resumed run repeats it.
-        const rng = createRng(this.seed, 'minibatch', String(this.steps), String(epoch));
-        const order = miniBatches > 1 ? shuffledIndices(B, rng) : [...Array(B).keys()];
-        const miniSize = Math.ceil(B / miniBatches);
-        for (let m = 0; m < B; m += miniSize) {
-          throwIfAborted(signal);
-          const mini = order.slice(m, m + miniSize);
-          const grads = new Map<string, tf.Tensor>();
-          let finite = true;
-          const miniWeight = this.lossWeight(batch, mini);
-          try {
-            for (let u = 0; u < mini.length; u += microBatchSize) {
-              const micro = mini.slice(u, u + microBatchSize);
-              const share = miniWeight > 0 ? this.lossWeight(batch, micro) / miniWeight : 0;
-              const index = tf.tensor1d(Int32Array.from(micro), 'int32');
-              const pick = (t: tf.Tensor2D | undefined): tf.Tensor2D | undefined =>
-                t === undefined ? undefined : (tf.gather(t, index) as tf.Tensor2D);
-              const part = tf.tidy(() => ({
-                ids: pick(all.ids)!,
-                attention: pick(all.attention)!,
-                positions: pick(all.positions)!,
-                lossMask: pick(all.lossMask)!,
-                oldLogprobs: pick(proxLogprobs ?? all.oldLogprobs)!,
-                advantages: pick(all.advantages)!,
-                ...(refLogprobs ? { refLogprobs: pick(refLogprobs)! } : {}),
-                ...(isWeights ? { isWeights: pick(isWeights)! } : {}),
-              }));
-              index.dispose();
-              let kept: ScalarMetrics = {};
-              const { value, grads: g } = tf.variableGrads(() => {
-                const out = this.loss(part, part.isWeights, batch);
-                kept = keepMetrics(out.metrics);
-                return tf.mul(out.loss, share) as tf.Scalar;
-              }, [...this.trainedVariables]);
-              tf.dispose(Object.values(part));
-              const lossValue = value.dataSync()[0];
-              value.dispose();
-              if (!Number.isFinite(lossValue)) finite = false;
-              record(readMetricsSync(kept), micro.length);
-              for (const [name, grad] of Object.entries(g)) {
-                const prev = grads.get(name);
-                if (prev) {
-                  grads.set(name, tf.add(prev, grad));
-                  prev.dispose();
-                  grad.dispose();
-                } else {
-                  grads.set(name, grad);
-                }
-              }
-              await Promise.resolve();
-            }
-          } catch (error) {
-            tf.dispose([...grads.values()]);
-            throw error;
-          }
-          const { norm, applied } = this.applyClipped(Object.fromEntries(grads), finite);
-          record({ 'actor/grad_norm': norm }, 1);
-          updates++;
-          if (!applied) skippedUpdates++;
-        }
-      }
-    } finally {
-      tf.dispose([...Object.values(all), proxLogprobs, isWeights, refLogprobs].filter((t): t is tf.Tensor => !!t));
+    } catch (error) {
+      disposeStepInputs({ all, proxLogprobs, isWeights, refLogprobs });
+      throw error;
     }
-    for (const [key, { sum: s, weight }] of totals) metrics[key] = weight > 0 ? s / weight : 0;
-    metrics['actor/updates'] = updates;
-    metrics['actor/lr'] = this.options.learningRate ?? 1e-3;
-    return { epochs: updates, skippedUpdates };
+    return { all, proxLogprobs, isWeights, refLogprobs };
+  }
+
+  /**
+   * Gradients of the loss of the rows `mini` (indices into the batch), summed over their micro-batches: each
+   * micro-batch's loss is weighted by its share of the mini-batch's loss weight ({@link GrpoTrainer.lossWeight}), so
+   * the sum is the mini-batch's loss. Returns the gradients by variable name (the caller disposes them), whether
+   * every micro-batch loss was finite, and those weighted losses.
+   */
+  private async accumulate(
+    batch: Batch,
+    mini: readonly number[],
+    inputs: StepInputs,
+    record: (values: Metrics, weight: number) => void,
+    signal?: AbortSignal,
+  ): Promise<{ grads: Map<string, tf.Tensor>; finite: boolean; losses: number[] }> {
+    const { microBatchSize } = this.options;
+    const grads = new Map<string, tf.Tensor>();
+    const losses: number[] = [];
+    const miniWeight = this.lossWeight(batch, mini);
+    try {
+      for (let u = 0; u < mini.length; u += microBatchSize) {
+        throwIfAborted(signal);
+        const micro = mini.slice(u, u + microBatchSize);
+        const share = miniWeight > 0 ? this.lossWeight(batch, micro) / miniWeight : 0;
+        const part = pickRows(inputs, micro);
+        let kept: ScalarMetrics = {};
+        const { value, grads: g } = tf.variableGrads(() => {
+          const out = this.loss(part, part.isWeights, batch);
+          kept = keepMetrics(out.metrics);
+          return tf.mul(out.loss, share) as tf.Scalar;
+        }, [...this.trainedVariables]);
+        tf.dispose(Object.values(part));
+        losses.push(value.dataSync()[0]);
+        value.dispose();
+        record(readMetricsSync(kept), micro.length);
+        for (const [name, grad] of Object.entries(g)) {
+          const prev = grads.get(name);
+          grads.set(name, prev ? tf.add(prev, grad) : grad);
+          if (prev) tf.dispose([prev, grad]);
+        }
+        await Promise.resolve();
+      }
+    } catch (error) {
+      tf.dispose([...grads.values()]);
+      throw error;
+    }
+    return { grads, finite: losses.every((l) => Number.isFinite(l)), losses };
   }
 
   /** Weight of a set of rows in the aggregated loss: tokens for `token-mean`, non-empty rows otherwise. */
@@ -428,9 +491,7 @@ export class GrpoTrainer implements Trainer {
   private applyClipped(grads: tf.NamedTensorMap, finite: boolean): { norm: number; applied: boolean } {
     const tensors = Object.values(grads);
     try {
-      const normTensor = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))); // []
-      const norm = normTensor.dataSync()[0];
-      normTensor.dispose();
+      const norm = globalNorm(tensors);
       if (!finite || !Number.isFinite(norm)) return { norm, applied: false };
       const scale = Math.min(1, this.options.maxGradNorm / (norm + GRAD_NORM_EPSILON));
       const clipped = Object.entries(grads).map(([name, g]) => ({ name, tensor: scale < 1 ? tf.mul(g, scale) : g }));
@@ -476,6 +537,39 @@ function dropStale(batch: Batch, step: number, maxStaleness: number): { batch: B
     }
   });
   return { batch: dropped > 0 ? { ...batch, lossMask } : batch, dropped };
+}
+
+/** Global L2 norm of a set of tensors. */
+function globalNorm(tensors: readonly tf.Tensor[]): number {
+  const norm = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))); // []
+  try {
+    return norm.dataSync()[0];
+  } finally {
+    norm.dispose();
+  }
+}
+
+/** The rows `index` of a step's inputs, as one micro-batch sees them (the proximal log-probs as the old ones). */
+function pickRows(inputs: StepInputs, rows: readonly number[]): RowTensors & { isWeights?: tf.Tensor2D } {
+  return tf.tidy(() => {
+    const index = tf.tensor1d(Int32Array.from(rows), 'int32');
+    const pick = (t: tf.Tensor2D): tf.Tensor2D => tf.gather(t, index) as tf.Tensor2D; // [b, ·]
+    const { all, proxLogprobs, isWeights, refLogprobs } = inputs;
+    return {
+      ids: pick(all.ids),
+      attention: pick(all.attention),
+      positions: pick(all.positions),
+      lossMask: pick(all.lossMask),
+      oldLogprobs: pick(proxLogprobs ?? all.oldLogprobs),
+      advantages: pick(all.advantages),
+      ...(refLogprobs ? { refLogprobs: pick(refLogprobs) } : {}),
+      ...(isWeights ? { isWeights: pick(isWeights) } : {}),
+    };
+  });
+}
+
+function disposeStepInputs(inputs: { all: RowTensors; proxLogprobs?: tf.Tensor; isWeights?: tf.Tensor; refLogprobs?: tf.Tensor }): void {
+  tf.dispose([...Object.values(inputs.all), inputs.proxLogprobs, inputs.isWeights, inputs.refLogprobs].filter((t): t is tf.Tensor => !!t));
 }
 
 function rowTensors(batch: Batch, from: number, to: number): RowTensors {

@@ -52,7 +52,12 @@ export function loopSettings(config: RxrlConfig) {
     temperature: config.rollout.temperature,
     topP: config.rollout.topP,
     seed: config.run.seed,
-    advantage: { normalizeByStd: config.algorithm.normalizeByStd, std: config.algorithm.std, filterZeroVariance: config.algorithm.filterZeroVariance },
+    advantage: {
+      normalizeByStd: config.algorithm.normalizeByStd,
+      std: config.algorithm.std,
+      epsilon: config.algorithm.stdEpsilon,
+      filterZeroVariance: config.algorithm.filterZeroVariance,
+    },
     ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
     onGroupTimeout: config.store.onGroupTimeout,
   };
