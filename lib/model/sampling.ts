@@ -89,7 +89,8 @@ export function samplingDistribution(
   const kept = params.topP < 1 ? nucleus(weights, total, params.topP) : nonZero(weights);
   let mass = 0;
   for (const v of kept) mass += weights[v];
-  const probs = Float64Array.from(kept, (v) => weights[v] / mass);
+  const probs = new Float64Array(kept.length); // [K]
+  for (let i = 0; i < kept.length; i++) probs[i] = weights[kept[i]] / mass;
   return { ids: kept, probs };
 }
 
@@ -197,19 +198,36 @@ function kthLargest(scores: Float64Array, k: number): number {
   return heap[0];
 }
 
+/**
+ * A weight `τ` such that the tokens weighing at least `τ` hold more than `topP + TOP_P_SLACK` of the mass (so every
+ * token top-p keeps is among them): the highest of `max·10^-j` (j = 1…8) that does, else one that always does
+ * (the tokens below it hold less than `1 − topP − TOP_P_SLACK`). Each try is one pass; peaked rows stop early.
+ */
+function nucleusFloor(weights: Float64Array, total: number, topP: number): number {
+  let max = 0;
+  for (let v = 0; v < weights.length; v++) max = Math.max(max, weights[v]);
+  const need = total * (topP + TOP_P_SLACK);
+  for (let tau = max / 10, j = 1; j <= 8; tau /= 10, j++) {
+    let mass = 0;
+    for (let v = 0; v < weights.length; v++) if (weights[v] >= tau) mass += weights[v];
+    if (mass >= need) return tau;
+  }
+  return Math.max(0, (total * (1 - topP - TOP_P_SLACK)) / weights.length);
+}
+
 /** Ids of the tokens with a weight > 0, in id order. */
 function nonZero(weights: Float64Array): Int32Array {
-  const ids: number[] = [];
-  weights.forEach((w, v) => {
-    if (w > 0) ids.push(v);
-  });
-  return Int32Array.from(ids);
+  let count = 0;
+  for (let v = 0; v < weights.length; v++) if (weights[v] > 0) count++;
+  const ids = new Int32Array(count);
+  for (let v = 0, i = 0; v < weights.length; v++) if (weights[v] > 0) ids[i++] = v;
+  return ids;
 }
 
 /**
  * `TopPLogitsWarper`: a token stays when the mass of itself and every token sorted below it (torch's ascending
  * cumulative softmax, compared in float32) is above `1 − topP`; the most likely token always stays. Only tokens that
- * can stay are sorted: those whose weight is at least `τ`, chosen so the tokens below it hold less than `1 − topP`.
+ * can stay are sorted: those whose weight is at least {@link nucleusFloor}.
  *
  * @param weights - `exp(score − max)` of the tokens top-k kept, 0 for the others, `[V]`.
  * @param total - Their sum.
@@ -217,11 +235,9 @@ function nonZero(weights: Float64Array): Int32Array {
  * @returns Kept ids, most likely first (ties: the higher id first).
  */
 function nucleus(weights: Float64Array, total: number, topP: number): Int32Array {
-  const tau = Math.max(0, (total * (1 - topP - TOP_P_SLACK)) / weights.length);
+  const tau = nucleusFloor(weights, total, topP);
   const candidates: number[] = [];
-  weights.forEach((w, v) => {
-    if (w > 0 && w >= tau) candidates.push(v);
-  });
+  for (let v = 0; v < weights.length; v++) if (weights[v] > 0 && weights[v] >= tau) candidates.push(v);
   candidates.sort((a, b) => weights[b] - weights[a] || b - a);
   const cutoff = Math.fround(1 - topP);
   let before = 0;
