@@ -99,7 +99,8 @@ export function samplingDistribution(
  *
  * The reported `logprob` is `log softmax(logits)[token]` at temperature 1, without top-k/top-p truncation: the
  * policy's own log-probability, which is what the trainer recomputes (`PolicyModel.tokenLogprobs`) for importance
- * ratios. Temperature, top-k and top-p only shape the sampling.
+ * ratios. Temperature, top-k and top-p only shape the sampling. (TRL's GRPOTrainer instead scores
+ * `log_softmax(logits / temperature)` in its loss; at temperature 1, the default of both, the two agree.)
  *
  * @param logits - Row-major logits `[rows, vocabSize]`.
  * @param offset - Index of the row's first logit.
