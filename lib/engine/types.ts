@@ -92,6 +92,11 @@ export interface GenerateRequest {
   /** Nucleus sampling mass in (0, 1]. Defaults to 1. */
   readonly topP?: number;
   /**
+   * Sample among the `topK` most likely tokens only (ties with the `topK`-th included), before top-p, as
+   * transformers' `top_k`. `0` or absent: no top-k (TRL's GRPO default, `top_k=0`).
+   */
+  readonly topK?: number;
+  /**
    * Token ids that end generation (kept in the output). Defaults to the tokenizer's `stopIds` (every
    * end-of-sequence token of the model); `[]` runs to `maxTokens`.
    */

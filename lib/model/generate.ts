@@ -123,6 +123,7 @@ interface RowState {
   readonly stop: ReadonlySet<number>;
   readonly temperature: number;
   readonly topP: number;
+  readonly topK: number;
   readonly tokens: number[];
   readonly logprobs: number[];
   finishReason: FinishReason | undefined;
@@ -238,6 +239,7 @@ function initRow(
   const { promptTokens, maxTokens } = request;
   const temperature = request.temperature ?? 1;
   const topP = request.topP ?? 1;
+  const topK = request.topK ?? 0;
   if (promptTokens.length === 0) {
     throw invalid('promptTokens is empty');
   }
@@ -256,6 +258,9 @@ function initRow(
   if (!(topP > 0 && topP <= 1)) {
     throw invalid(`topP must be in (0, 1], got ${topP}`);
   }
+  if (!(Number.isInteger(topK) && topK >= 0)) {
+    throw invalid(`topK must be an integer >= 0, got ${topK}`);
+  }
   const seed = request.seed ?? Math.floor(Math.random() * Number.MAX_SAFE_INTEGER);
   return {
     request,
@@ -263,6 +268,7 @@ function initRow(
     stop: new Set(request.stopTokens ?? stopIds),
     temperature,
     topP,
+    topK,
     tokens: [],
     logprobs: [],
     finishReason: undefined,

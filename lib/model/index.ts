@@ -41,8 +41,8 @@ export type { PolicyInitKind, PolicyParamSpec, TokenLogprobs } from './transform
 // ── sampling ───────────────────────────────────────────────────────────────────
 export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';
 export type { GenerateOptions, PromptBatch, StepDecoder } from './generate.js';
-export { sampleToken } from './sampling.js';
-export type { SampledToken, SamplingParams } from './sampling.js';
+export { sampleToken, samplingDistribution } from './sampling.js';
+export type { SampledToken, SamplingDistribution, SamplingParams } from './sampling.js';
 
 // ── checkpoints ────────────────────────────────────────────────────────────────
 export {

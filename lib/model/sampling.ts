@@ -1,8 +1,15 @@
 /**
- * Token sampling on the CPU from one row of logits: temperature, nucleus (top-p) and greedy decoding.
+ * Token sampling on the CPU from one row of logits: temperature, top-k, nucleus (top-p) and greedy decoding,
+ * with the semantics of transformers' `generate(do_sample=True)`.
  *
- * Vocabularies here are tiny, so reading the logits back and sampling in plain JS (float64) is cheap and
- * exactly reproducible from a seeded {@link Rng}.
+ * transformers builds, for sampling, `TemperatureLogitsWarper` → `TopKLogitsWarper` → `TopPLogitsWarper` (in that
+ * order, each only when it changes something: temperature ≠ 1, top-k ≠ 0, top-p < 1), then draws from the softmax of
+ * what is left. {@link samplingDistribution} is that distribution, computed here in float64 except where transformers'
+ * float32 arithmetic decides which tokens are kept (the tempered scores and the top-p cut-off are rounded to float32 as
+ * torch computes them), so the kept set is the same token for token; `spec/model/samplingParity.spec.ts` checks it
+ * against probabilities written by transformers (`scripts/sampling_reference.py`).
+ *
+ * Reading the logits back and sampling in plain JS (float64) is exactly reproducible from a seeded {@link Rng}.
  *
  * @packageDocumentation
  */
@@ -14,6 +21,11 @@ export interface SamplingParams {
   readonly temperature: number;
   /** Nucleus mass in `(0, 1]`: sample from the smallest set of most likely tokens whose mass reaches it. */
   readonly topP: number;
+  /**
+   * Keep only the `topK` highest-scoring tokens (every token tied with the `topK`-th stays too, as in transformers'
+   * `TopKLogitsWarper`), before top-p. `0` or absent: no top-k (transformers' `top_k=0`; TRL's GRPO default).
+   */
+  readonly topK?: number;
 }
 
 /** A sampled token and its log-probability under the un-tempered (temperature-1) distribution. */
@@ -22,17 +34,78 @@ export interface SampledToken {
   readonly logprob: number;
 }
 
+/** The distribution a token is drawn from: the kept tokens and their probabilities (summing to 1). */
+export interface SamplingDistribution {
+  /** Kept token ids (every token with a probability > 0), `[K]`. */
+  readonly ids: Int32Array;
+  /** Probability of each kept token, `[K]`, in float64. */
+  readonly probs: Float64Array;
+}
+
 /**
- * Samples one token from `logits[offset .. offset + vocabSize)`.
+ * Relative slack on the top-p mass when picking the candidates to sort: a token outside the candidates has a tail
+ * mass below `1 − topP − TOP_P_SLACK`, which stays below the float32 cut-off (half an ulp of 1 is 6e-8).
+ */
+const TOP_P_SLACK = 1e-6;
+
+/**
+ * The next-token distribution of one row of logits under `params`: transformers' temperature, top-k and top-p
+ * warpers in its order, then the softmax. Temperature 0 is greedy: all the mass on the arg-max (lowest id on ties).
  *
- * The reported `logprob` is `log softmax(logits)[token]` at temperature 1, without top-p truncation: the
- * policy's own log-probability, which is what the trainer recomputes for importance ratios. Temperature and
- * top-p only shape the sampling.
+ * Ties are broken as transformers does on a stable sort: top-k keeps every token tied with the `k`-th score; top-p
+ * drops tied tokens in increasing id order (torch sorts the scores ascending; for ties its order is that of a
+ * stable sort on short rows, and unspecified on long ones).
  *
  * @param logits - Row-major logits `[rows, vocabSize]`.
  * @param offset - Index of the row's first logit.
  * @param vocabSize - `V`.
- * @param params - Temperature and top-p.
+ * @param params - Temperature, top-p and top-k.
+ * @returns The kept ids and their probabilities (`O(V)`, plus a sort of the top-p candidates only).
+ */
+export function samplingDistribution(
+  logits: Float32Array,
+  offset: number,
+  vocabSize: number,
+  params: SamplingParams,
+): SamplingDistribution {
+  if (params.temperature === 0) {
+    return { ids: Int32Array.of(argmaxOf(logits, offset, vocabSize)), probs: Float64Array.of(1) };
+  }
+  const scores = temperedScores(logits, offset, vocabSize, params.temperature);
+  const topK = params.topK ?? 0;
+  const floor = topK > 0 && topK < vocabSize ? kthLargest(scores, topK) : -Infinity;
+  let max = -Infinity;
+  for (let v = 0; v < vocabSize; v++) {
+    if (scores[v] >= floor && scores[v] > max) max = scores[v];
+  }
+  const weights = new Float64Array(vocabSize); // [V], 0 for dropped tokens
+  let total = 0;
+  for (let v = 0; v < vocabSize; v++) {
+    if (scores[v] >= floor) {
+      weights[v] = Math.exp(scores[v] - max);
+      total += weights[v];
+    }
+  }
+  const kept = params.topP < 1 ? nucleus(weights, total, params.topP) : nonZero(weights);
+  let mass = 0;
+  for (const v of kept) mass += weights[v];
+  const probs = new Float64Array(kept.length); // [K]
+  for (let i = 0; i < kept.length; i++) probs[i] = weights[kept[i]] / mass;
+  return { ids: kept, probs };
+}
+
+/**
+ * Samples one token from `logits[offset .. offset + vocabSize)`: one draw from {@link samplingDistribution}.
+ *
+ * The reported `logprob` is `log softmax(logits)[token]` at temperature 1, without top-k/top-p truncation: the
+ * policy's own log-probability, which is what the trainer recomputes (`PolicyModel.tokenLogprobs`) for importance
+ * ratios. Temperature, top-k and top-p only shape the sampling. (TRL's GRPOTrainer instead scores
+ * `log_softmax(logits / temperature)` in its loss; at temperature 1, the default of both, the two agree.)
+ *
+ * @param logits - Row-major logits `[rows, vocabSize]`.
+ * @param offset - Index of the row's first logit.
+ * @param vocabSize - `V`.
+ * @param params - Temperature, top-p and top-k.
  * @param rng - Seeded uniforms (one draw per non-greedy sample).
  */
 export function sampleToken(
@@ -42,58 +115,137 @@ export function sampleToken(
   params: SamplingParams,
   rng: Rng,
 ): SampledToken {
-  let max = -Infinity;
-  let argmax = 0;
-  for (let v = 0; v < vocabSize; v++) {
-    const x = logits[offset + v];
-    if (x > max) {
-      max = x;
-      argmax = v;
+  const { ids, probs } = samplingDistribution(logits, offset, vocabSize, params);
+  let token = ids[ids.length - 1];
+  if (params.temperature !== 0) {
+    const target = rng.next();
+    let acc = 0;
+    for (let i = 0; i < ids.length; i++) {
+      acc += probs[i];
+      if (target < acc) {
+        token = ids[i];
+        break;
+      }
     }
+    // Rounding may leave `target` at the very top: the last kept token then.
   }
-  let sumExp = 0;
-  for (let v = 0; v < vocabSize; v++) {
-    sumExp += Math.exp(logits[offset + v] - max);
-  }
-  const logZ = max + Math.log(sumExp);
-  const logprobOf = (token: number): SampledToken => ({ token, logprob: logits[offset + token] - logZ });
+  return { token, logprob: logits[offset + token] - logSumExp(logits, offset, vocabSize) };
+}
 
-  if (params.temperature === 0) {
-    return logprobOf(argmax);
+/** `log Σ exp(logits[offset + v])` over the row, in float64. */
+function logSumExp(logits: Float32Array, offset: number, vocabSize: number): number {
+  let max = -Infinity;
+  for (let v = 0; v < vocabSize; v++) max = Math.max(max, logits[offset + v]);
+  let sum = 0;
+  for (let v = 0; v < vocabSize; v++) sum += Math.exp(logits[offset + v] - max);
+  return max + Math.log(sum);
+}
+
+/** Index of the largest logit of the row (the lowest on ties). */
+function argmaxOf(logits: Float32Array, offset: number, vocabSize: number): number {
+  let argmax = 0;
+  for (let v = 1; v < vocabSize; v++) {
+    if (logits[offset + v] > logits[offset + argmax]) argmax = v;
   }
-  const probs = new Float64Array(vocabSize);
-  let total = 0;
-  for (let v = 0; v < vocabSize; v++) {
-    probs[v] = Math.exp((logits[offset + v] - max) / params.temperature);
-    total += probs[v];
+  return argmax;
+}
+
+/**
+ * `logits / temperature` as `TemperatureLogitsWarper` computes it: a float32 division (torch casts the Python
+ * scalar to the tensor's dtype), so ties and the top-k cut-off fall where transformers' do. `[V]`.
+ */
+function temperedScores(logits: Float32Array, offset: number, vocabSize: number, temperature: number): Float64Array {
+  const scores = new Float64Array(vocabSize);
+  if (temperature === 1) {
+    for (let v = 0; v < vocabSize; v++) scores[v] = logits[offset + v];
+    return scores;
   }
-  let order: number[];
-  if (params.topP < 1) {
-    order = [...probs.keys()].sort((a, b) => probs[b] - probs[a] || a - b);
+  const t = Math.fround(temperature);
+  for (let v = 0; v < vocabSize; v++) scores[v] = Math.fround(logits[offset + v] / t);
+  return scores;
+}
+
+/** The `k`-th largest value of `scores` (`1 ≤ k < length`), by a min-heap of the `k` largest: `O(V log k)`. */
+function kthLargest(scores: Float64Array, k: number): number {
+  const heap = new Float64Array(k);
+  let size = 0;
+  const siftDown = (from: number): void => {
+    let i = from;
+    for (;;) {
+      const l = 2 * i + 1;
+      const r = l + 1;
+      let m = i;
+      if (l < size && heap[l] < heap[m]) m = l;
+      if (r < size && heap[r] < heap[m]) m = r;
+      if (m === i) return;
+      [heap[i], heap[m]] = [heap[m], heap[i]];
+      i = m;
+    }
+  };
+  for (const x of scores) {
+    if (size < k) {
+      let i = size++;
+      heap[i] = x;
+      while (i > 0 && heap[(i - 1) >> 1] > heap[i]) {
+        const p = (i - 1) >> 1;
+        [heap[i], heap[p]] = [heap[p], heap[i]];
+        i = p;
+      }
+    } else if (x > heap[0]) {
+      heap[0] = x;
+      siftDown(0);
+    }
+  }
+  return heap[0];
+}
+
+/**
+ * A weight `τ` such that the tokens weighing at least `τ` hold more than `topP + TOP_P_SLACK` of the mass (so every
+ * token top-p keeps is among them): the highest of `max·10^-j` (j = 1…8) that does, else one that always does
+ * (the tokens below it hold less than `1 − topP − TOP_P_SLACK`). Each try is one pass; peaked rows stop early.
+ */
+function nucleusFloor(weights: Float64Array, total: number, topP: number): number {
+  let max = 0;
+  for (let v = 0; v < weights.length; v++) max = Math.max(max, weights[v]);
+  const need = total * (topP + TOP_P_SLACK);
+  for (let tau = max / 10, j = 1; j <= 8; tau /= 10, j++) {
     let mass = 0;
-    let keep = 0;
-    while (keep < order.length && mass < params.topP * total) {
-      mass += probs[order[keep]];
-      keep++;
-    }
-    order = order.slice(0, Math.max(keep, 1));
-    total = mass > 0 ? mass : probs[order[0]];
-  } else {
-    order = [...probs.keys()];
+    for (let v = 0; v < weights.length; v++) if (weights[v] >= tau) mass += weights[v];
+    if (mass >= need) return tau;
   }
-  const target = rng.next() * total;
-  let acc = 0;
-  for (const v of order) {
-    acc += probs[v];
-    if (target < acc) {
-      return logprobOf(v);
-    }
+  return Math.max(0, (total * (1 - topP - TOP_P_SLACK)) / weights.length);
+}
+
+/** Ids of the tokens with a weight > 0, in id order. */
+function nonZero(weights: Float64Array): Int32Array {
+  let count = 0;
+  for (let v = 0; v < weights.length; v++) if (weights[v] > 0) count++;
+  const ids = new Int32Array(count);
+  for (let v = 0, i = 0; v < weights.length; v++) if (weights[v] > 0) ids[i++] = v;
+  return ids;
+}
+
+/**
+ * `TopPLogitsWarper`: a token stays when the mass of itself and every token sorted below it (torch's ascending
+ * cumulative softmax, compared in float32) is above `1 − topP`; the most likely token always stays. Only tokens that
+ * can stay are sorted: those whose weight is at least {@link nucleusFloor}.
+ *
+ * @param weights - `exp(score − max)` of the tokens top-k kept, 0 for the others, `[V]`.
+ * @param total - Their sum.
+ * @param topP - In `(0, 1)`.
+ * @returns Kept ids, most likely first (ties: the higher id first).
+ */
+function nucleus(weights: Float64Array, total: number, topP: number): Int32Array {
+  const tau = nucleusFloor(weights, total, topP);
+  const candidates: number[] = [];
+  for (let v = 0; v < weights.length; v++) if (weights[v] > 0 && weights[v] >= tau) candidates.push(v);
+  candidates.sort((a, b) => weights[b] - weights[a] || b - a);
+  const cutoff = Math.fround(1 - topP);
+  let before = 0;
+  let keep = 0;
+  while (keep < candidates.length && (keep === 0 || Math.fround(1 - before / total) > cutoff)) {
+    before += weights[candidates[keep]];
+    keep++;
   }
-  // Rounding left `target` at the very top: take the last token with mass.
-  for (let i = order.length - 1; i >= 0; i--) {
-    if (probs[order[i]] > 0) {
-      return logprobOf(order[i]);
-    }
-  }
-  return logprobOf(argmax);
+  return Int32Array.from(candidates.slice(0, keep));
 }
