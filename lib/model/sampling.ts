@@ -115,6 +115,7 @@ export function sampleToken(
   params: SamplingParams,
   rng: Rng,
 ): SampledToken {
+  if (params.temperature !== 0 && (params.topK ?? 0) === 0 && params.topP >= 1) return sampleWhole(logits, offset, vocabSize, params.temperature, rng);
   const { ids, probs } = samplingDistribution(logits, offset, vocabSize, params);
   let token = ids[ids.length - 1];
   if (params.temperature !== 0) {
@@ -130,6 +131,40 @@ export function sampleToken(
     // Rounding may leave `target` at the very top: the last kept token then.
   }
   return { token, logprob: logits[offset + token] - logSumExp(logits, offset, vocabSize) };
+}
+
+/** Reused weights of {@link sampleWhole} (one row's at a time; sampling is synchronous). */
+let wholeWeights = new Float64Array(0);
+
+/**
+ * {@link sampleToken} without top-k or top-p (GRPO's usual setting): the same draw from the softmax of the tempered
+ * scores, in three passes over the row and no allocation; at temperature 1 the log-normalizer is shared.
+ */
+function sampleWhole(logits: Float32Array, offset: number, vocabSize: number, temperature: number, rng: Rng): SampledToken {
+  if (wholeWeights.length < vocabSize) wholeWeights = new Float64Array(vocabSize);
+  const weights = wholeWeights;
+  const t = Math.fround(temperature);
+  let max = -Infinity;
+  for (let v = 0; v < vocabSize; v++) {
+    const score = temperature === 1 ? logits[offset + v] : Math.fround(logits[offset + v] / t);
+    weights[v] = score;
+    if (score > max) max = score;
+  }
+  let total = 0;
+  for (let v = 0; v < vocabSize; v++) {
+    weights[v] = Math.exp(weights[v] - max);
+    total += weights[v];
+  }
+  const target = rng.next() * total;
+  let token = -1;
+  let acc = 0;
+  for (let v = 0; v < vocabSize; v++) {
+    acc += weights[v];
+    if (weights[v] > 0) token = v; // rounding may leave `target` at the very top: the last token with mass then
+    if (target < acc) break;
+  }
+  const logZ = temperature === 1 ? max + Math.log(total) : logSumExp(logits, offset, vocabSize);
+  return { token, logprob: logits[offset + token] - logZ };
 }
 
 /** `log Σ exp(logits[offset + v])` over the row, in float64. */
