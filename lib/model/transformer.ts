@@ -146,6 +146,11 @@ interface Rotary {
   /** `cos` and `sin` times the attention scale `1/√dh`, for the queries (so scores need no scaling pass). */
   readonly qCos: tf.Tensor3D;
   readonly qSin: tf.Tensor3D;
+  /**
+   * Tables for a fused `[q | k | v]` row, `[N, (H + 2·Hkv)·dh]`: `qCos`/`qSin` over the query heads, `cos`/`sin`
+   * over the key heads, 1 and 0 over the value heads (which RoPE leaves as they are, exactly). Made on first use.
+   */
+  readonly qkv: () => { readonly cos: tf.Tensor2D; readonly sin: tf.Tensor2D };
 }
 
 /**
@@ -549,16 +554,26 @@ export class PolicyModel {
     const cos = tf.cos(full);
     const sin = tf.sin(full);
     const scale = 1 / Math.sqrt(dh);
-    return { cos, sin, qCos: tf.mul(cos, scale), qSin: tf.mul(sin, scale) };
+    const qCos: tf.Tensor3D = tf.mul(cos, scale);
+    const qSin: tf.Tensor3D = tf.mul(sin, scale);
+    let qkv: { cos: tf.Tensor2D; sin: tf.Tensor2D } | undefined;
+    const { nHeads: H, nKvHeads: Hkv } = this.config;
+    const row = (q: tf.Tensor3D, k: tf.Tensor3D, v: number): tf.Tensor2D =>
+      tf.reshape(tf.concat([tf.tile(q, [1, H, 1]), tf.tile(k, [1, Hkv, 1]), tf.fill([N, Hkv, dh], v)], 1), [N, (H + 2 * Hkv) * dh]);
+    return { cos, sin, qCos, qSin, qkv: () => (qkv ??= { cos: row(qCos, cos, 1), sin: row(qSin, sin, 0) }) };
   }
 
-  /** RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`. */
-  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor2D {
+  /**
+   * RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`, with tables `[N, 1, dh]` (the
+   * same for every head) or `[N, heads·dh]` (one per head, {@link Rotary.qkv}).
+   */
+  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D | tf.Tensor2D, sin: tf.Tensor3D | tf.Tensor2D): tf.Tensor2D {
     const N = x.shape[0];
     const dh = this.config.headDim;
+    const turned = tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf); // [N·heads, dh]
+    if (cos.rank === 2) return tf.add(tf.mul(x, cos), tf.mul(tf.reshape(turned, [N, heads * dh]), sin));
     const x3 = tf.reshape(x, [N, heads, dh]); // [N, heads, dh]
-    const turned = tf.reshape(tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf), [N, heads, dh]); // [N, heads, dh]
-    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(turned, sin)), [N, heads * dh]);
+    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(tf.reshape(turned, [N, heads, dh]), sin)), [N, heads * dh]);
   }
 
   /** Queries (scaled by `1/√dh`), keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
@@ -566,7 +581,13 @@ export class PolicyModel {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
     const N = h.shape[0];
     const parts = block.qkv.map((layer) => this.project(h, layer)); // q [N, H·dh], k, v [N, Hkv·dh], or the three fused
-    let [q, k, v] = parts.length === 3 ? parts : (tf.split(parts[0], [H * dh, Hkv * dh, Hkv * dh], 1) as tf.Tensor2D[]);
+    const widths = [H * dh, Hkv * dh, Hkv * dh];
+    if (parts.length === 1 && block.qNorm === null) {
+      // Fused and no q/k norm: one RoPE pass over the whole [q | k | v] row.
+      const { cos, sin } = rot.qkv();
+      return tf.split(this.rope(parts[0], H + 2 * Hkv, cos, sin), widths, 1) as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D];
+    }
+    let [q, k, v] = parts.length === 3 ? parts : (tf.split(parts[0], widths, 1) as tf.Tensor2D[]);
     if (block.qNorm !== null && block.kNorm !== null) {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
@@ -597,8 +618,10 @@ export class PolicyModel {
     const g = H / Hkv;
     const qg: tf.Tensor4D = tf.reshape(q, [b, Hkv, g * Tq, dh]); // [b, Hkv, g·Tq, dh]
     const probs = tf.softmax(tf.add(tf.matMul(qg, k, false, true), bias)); // [b, Hkv, g·Tq, Tk]
-    const o = tf.reshape(tf.matMul(probs, v), [b, H, Tq, dh]); // [b, H, Tq, dh]
-    return tf.reshape(Tq === 1 ? o : tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
+    const o = tf.matMul(probs, v); // [b, Hkv, g·Tq, dh]
+    // One position: [b, Hkv, g, dh] is already head-major, [b, H·dh].
+    if (Tq === 1) return tf.reshape(o, [b, H * dh]);
+    return tf.reshape(tf.transpose(tf.reshape(o, [b, H, Tq, dh]), [0, 2, 1, 3]), [b * Tq, H * dh]);
   }
 
   /** An additive mask `[b, 1, Tq, Tk]` repeated for the `g = H/Hkv` query heads of a group: `[b, 1, g·Tq, Tk]` (once per forward). */
