@@ -6,7 +6,9 @@
  * run interleaved in one process (the machine's load drifts); kernels per step are counted with `tf.profile`.
  *
  * Usage: `npm run bench -- decode [--backend tensorflow] [--rows 16] [--prompt 45] [--reps 10] [--new 16] [--model-dir DIR]`.
- * Prints one JSON line per variant, then a `decode-summary` line with the fused/variables ratios.
+ * Prints the cost of building the fused copy (first build, and a rebuild as after each training step), one JSON
+ * line per variant (`generateSeconds`: a whole `generate` of `--new` tokens per row, the fused one including a
+ * rebuild of the copy), then a `decode-summary` line with the fused/variables ratios.
  *
  * @packageDocumentation
  */
@@ -20,7 +22,7 @@ import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { padPrompts, type PromptBatch } from '../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../lib/model/lora.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
-import { samplingWeightBytes, type BlockWeights } from '../lib/model/samplingWeights.js';
+import { samplingWeightBytes, type BlockWeights, type SamplingLease } from '../lib/model/samplingWeights.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { SMOLLM2_135M } from './hf.js';
 
@@ -104,13 +106,23 @@ export async function main(args: readonly string[]): Promise<void> {
   const prompts = Array.from({ length: rows }, (_, i) => Array.from({ length: promptLength }, (_, j) => 100 + ((i * 7 + j * 13) % Math.min(3000, V - 100))));
   const batch = padPrompts(prompts);
   const variants: Variant[] = [];
+  const leases: SamplingLease[] = [];
   for (const [name, policy] of [['base', base], ['lora', view]] as const) {
-    const fuseStart = performance.now();
-    const lease = policy.samplingLeaseInternal();
-    const fuseMs = performance.now() - fuseStart;
+    // The first build, then a rebuild as after a training step (weightsChanged), which is what a GRPO step pays.
+    const fuseMs: number[] = [];
+    let lease = policy.samplingLeaseInternal();
+    for (let i = 0; i < 2; i++) {
+      lease.release();
+      policy.weightsChanged();
+      const start = performance.now();
+      lease = policy.samplingLeaseInternal();
+      await lease.blocks[lease.blocks.length - 1].down.w.data();
+      fuseMs.push(Math.round(performance.now() - start));
+    }
+    leases.push(lease);
     variants.push({ model: name, path: 'variables', policy, blocks: undefined, stepMs: [], prefillMs: [] });
     variants.push({ model: name, path: 'fused', policy, blocks: lease.blocks, stepMs: [], prefillMs: [] });
-    console.log(JSON.stringify({ bench: 'decode-fuse', model: name, fuseMs: Math.round(fuseMs), samplingWeightBytes: samplingWeightBytes(base.config, policy.adapter) }));
+    console.log(JSON.stringify({ bench: 'decode-fuse', model: name, fuseMs, samplingWeightBytes: samplingWeightBytes(base.config, policy.adapter) }));
   }
   for (let rep = 0; rep < reps; rep++) for (const v of variants) await measure(v, batch);
   const results: { model: string; path: string; decodeMsPerStep: number; prefillSeconds: number; kernelsPerStep: number; generateSeconds: number }[] = [];
@@ -146,6 +158,7 @@ export async function main(args: readonly string[]): Promise<void> {
       generateSeconds: ratio(m, 'generateSeconds'),
     }])),
   }));
+  for (const lease of leases) lease.release();
   view.dispose();
   adapter.dispose();
   base.dispose();

@@ -20,6 +20,11 @@
  * ({@link PolicyModel.getWeights}, {@link PolicyModel.setWeights}), Hugging Face's `[out, in]` layout; inside,
  * linear weights are held as `[in, out]` so every product is a plain 2-D `matMul` (fast on wasm).
  *
+ * Training and the reference paths read the variables (gradients flow to them). Generation reads, where it fits,
+ * a fused copy of each block with any LoRA adapter merged in (one `[q | k | v]` and one `[gate | up]` product per
+ * block, one RoPE pass; `samplingWeights.ts`), built at the first generation after a change and dropped by
+ * {@link PolicyModel.weightsChanged}, which {@link PolicyModel.setWeights} and the trainers call.
+ *
  * Grouped-query attention never repeats keys: the `H/Hkv` query heads that share a key/value head are folded
  * into its query rows (`[b, H, T, dh] → [b, Hkv, (H/Hkv)·T, dh]`, a free reshape), all rank-4.
  *
@@ -174,8 +179,8 @@ export class PolicyModel {
   private readonly blocks: readonly BlockWeights[];
   /** Fused, adapter-merged copies of the blocks for sampling, shared by a base and its views. */
   private readonly sampling: SamplingWeightsCache;
-  /** Whether generation reads the fused copy (see {@link PolicyModel.setSamplingWeights}). */
-  private fusedSampling: boolean;
+  /** Whether generation reads the fused copy (see {@link PolicyModel.setSamplingWeights}); unset: where it fits. */
+  private fusedSampling: boolean | undefined;
   private readonly finalNorm: tf.Variable;
   private readonly lmHead: tf.Variable | null;
   /** `[1, dh/2]` rotary inverse frequencies. */
@@ -198,7 +203,6 @@ export class PolicyModel {
     this.linear = linear;
     this.adapter = adapter;
     this.sampling = sampling;
-    this.fusedSampling = samplingWeightsFit(config, adapter);
     const get = (name: string): tf.Variable => params.get(name) as tf.Variable;
     const opt = (name: string): tf.Variable | null => params.get(name) ?? null;
     this.embedTokens = get('model.embed_tokens.weight');
@@ -495,7 +499,7 @@ export class PolicyModel {
   /** The blocks a generation reads, until it releases them: the fused copy, or the variables. */
   /** @internal */
   samplingLeaseInternal(): SamplingLease {
-    if (!this.fusedSampling) return { blocks: this.blocks, release: () => undefined };
+    if (!(this.fusedSampling ?? samplingWeightsFit(this.config, this.adapter))) return { blocks: this.blocks, release: () => undefined };
     return this.sampling.acquire(this.adapter, this.blocks);
   }
 
