@@ -37,6 +37,7 @@ export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling } from 
 // ── policy model ───────────────────────────────────────────────────────────────
 export { INIT_STD, MASK_BIAS, PolicyModel, policyParamSpecs, ropeInverseFrequencies } from './transformer.js';
 export type { PolicyInitKind, PolicyParamSpec, TokenLogprobs } from './transformer.js';
+export { SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from './samplingWeights.js';
 
 // ── sampling ───────────────────────────────────────────────────────────────────
 export { PROMPT_PAD_ID, padPrompts, runGeneration } from './generate.js';

@@ -20,6 +20,11 @@
  * ({@link PolicyModel.getWeights}, {@link PolicyModel.setWeights}), Hugging Face's `[out, in]` layout; inside,
  * linear weights are held as `[in, out]` so every product is a plain 2-D `matMul` (fast on wasm).
  *
+ * Training and the reference paths read the variables (gradients flow to them). Generation reads, where it fits,
+ * a fused copy of each block with any LoRA adapter merged in (one `[q | k | v]` and one `[gate | up]` product per
+ * block, one RoPE pass; `samplingWeights.ts`), built at the first generation after a change and dropped by
+ * {@link PolicyModel.weightsChanged}, which {@link PolicyModel.setWeights} and the trainers call.
+ *
  * Grouped-query attention never repeats keys: the `H/Hkv` query heads that share a key/value head are folded
  * into its query rows (`[b, H, T, dh] → [b, Hkv, (H/Hkv)·T, dh]`, a free reshape), all rank-4.
  *
@@ -32,7 +37,8 @@ import { ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
 import { yieldToEventLoop } from '../turns.js';
 import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
-import type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';
+import type { LoraTarget, ModelAdapter } from './adapter.js';
+import { SamplingWeightsCache, samplingWeightsFit, type BlockLinear, type BlockWeights, type SamplingLease } from './samplingWeights.js';
 import { configMismatches, validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
 import { createRng, normalArray } from '../random.js';
 
@@ -132,27 +138,6 @@ export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
   return specs;
 }
 
-/** Per-block variables (linear weights `[in, out]`). */
-interface Block {
-  readonly inputNorm: tf.Variable;
-  readonly wq: tf.Variable;
-  readonly wk: tf.Variable;
-  readonly wv: tf.Variable;
-  readonly bq: tf.Variable | null;
-  readonly bk: tf.Variable | null;
-  readonly bv: tf.Variable | null;
-  readonly qNorm: tf.Variable | null;
-  readonly kNorm: tf.Variable | null;
-  readonly wo: tf.Variable;
-  readonly bo: tf.Variable | null;
-  readonly postNorm: tf.Variable;
-  readonly wGate: tf.Variable;
-  readonly wUp: tf.Variable;
-  readonly wDown: tf.Variable;
-  /** The attached adapter's pairs for this block's targets (none without an adapter). */
-  readonly lora: Partial<Record<LoraTarget, LoraPair>>;
-}
-
 /** Keys and values of one block for a batch: `k [b, Hkv, L, dh]`, `v [b, Hkv, L, dh]`. */
 type LayerCache = {
   readonly k: tf.Tensor4D;
@@ -169,6 +154,11 @@ interface Rotary {
   /** `cos` and `sin` times the attention scale `1/√dh`, for the queries (so scores need no scaling pass). */
   readonly qCos: tf.Tensor3D;
   readonly qSin: tf.Tensor3D;
+  /**
+   * Tables for a fused `[q | k | v]` row, `[N, (H + 2·Hkv)·dh]`: `qCos`/`qSin` over the query heads, `cos`/`sin`
+   * over the key heads, 1 and 0 over the value heads (which RoPE leaves as they are, exactly). Made on first use.
+   */
+  readonly qkv: () => { readonly cos: tf.Tensor2D; readonly sin: tf.Tensor2D };
 }
 
 /**
@@ -188,7 +178,12 @@ export class PolicyModel {
   private readonly params: ReadonlyMap<string, tf.Variable>;
   private readonly linear: ReadonlySet<string>;
   private readonly embedTokens: tf.Variable;
-  private readonly blocks: readonly Block[];
+  /** Each block's variables (with the adapter's pairs): what training and the reference paths read. */
+  private readonly blocks: readonly BlockWeights[];
+  /** Fused, adapter-merged copies of the blocks for sampling, shared by a base and its views. */
+  private readonly sampling: SamplingWeightsCache;
+  /** Whether generation reads the fused copy (see {@link PolicyModel.setSamplingWeights}); unset: where it fits. */
+  private fusedSampling: boolean | undefined;
   private readonly finalNorm: tf.Variable;
   private readonly lmHead: tf.Variable | null;
   /** `[1, dh/2]` rotary inverse frequencies. */
@@ -204,36 +199,35 @@ export class PolicyModel {
     params: ReadonlyMap<string, tf.Variable>,
     linear: ReadonlySet<string>,
     adapter: ModelAdapter | null = null,
+    sampling = new SamplingWeightsCache(),
   ) {
     this.config = config;
     this.params = params;
     this.linear = linear;
     this.adapter = adapter;
+    this.sampling = sampling;
     const get = (name: string): tf.Variable => params.get(name) as tf.Variable;
     const opt = (name: string): tf.Variable | null => params.get(name) ?? null;
     this.embedTokens = get('model.embed_tokens.weight');
     this.blocks = Array.from({ length: config.nLayers }, (_, i) => {
       const p = `model.layers.${i}`;
+      const layer = (group: string, target: LoraTarget, bias = false): BlockLinear => {
+        const pair = adapter?.pair(i, target) ?? null;
+        return {
+          w: get(`${p}.${group}.${target}.weight`) as tf.Tensor as tf.Tensor2D,
+          bias: bias ? opt(`${p}.${group}.${target}.bias`) : null,
+          lora: pair === null || adapter === null ? null : { a: pair.a as tf.Tensor as tf.Tensor2D, b: pair.b as tf.Tensor as tf.Tensor2D, scale: adapter.lora.scale },
+        };
+      };
       return {
         inputNorm: get(`${p}.input_layernorm.weight`),
-        wq: get(`${p}.self_attn.q_proj.weight`),
-        wk: get(`${p}.self_attn.k_proj.weight`),
-        wv: get(`${p}.self_attn.v_proj.weight`),
-        bq: opt(`${p}.self_attn.q_proj.bias`),
-        bk: opt(`${p}.self_attn.k_proj.bias`),
-        bv: opt(`${p}.self_attn.v_proj.bias`),
+        qkv: [layer('self_attn', 'q_proj', true), layer('self_attn', 'k_proj', true), layer('self_attn', 'v_proj', true)],
         qNorm: opt(`${p}.self_attn.q_norm.weight`),
         kNorm: opt(`${p}.self_attn.k_norm.weight`),
-        wo: get(`${p}.self_attn.o_proj.weight`),
-        bo: opt(`${p}.self_attn.o_proj.bias`),
+        o: layer('self_attn', 'o_proj', true),
         postNorm: get(`${p}.post_attention_layernorm.weight`),
-        wGate: get(`${p}.mlp.gate_proj.weight`),
-        wUp: get(`${p}.mlp.up_proj.weight`),
-        wDown: get(`${p}.mlp.down_proj.weight`),
-        lora: Object.fromEntries((adapter?.lora.targetModules ?? []).flatMap((t) => {
-          const pair = adapter?.pair(i, t);
-          return pair ? [[t, pair]] : [];
-        })),
+        gateUp: [layer('mlp', 'gate_proj'), layer('mlp', 'up_proj')],
+        down: layer('mlp', 'down_proj'),
       };
     });
     this.finalNorm = get('model.norm.weight');
@@ -324,7 +318,7 @@ export class PolicyModel {
     if (mismatched.length > 0) {
       throw new ShapeError(`withAdapter: the adapter was made for another architecture (${mismatched.join(', ')} differ)`, { context: { mismatched } });
     }
-    return new PolicyModel(base.config, base.params, base.linear, adapter);
+    return new PolicyModel(base.config, base.params, base.linear, adapter, base.sampling);
   }
 
   /** Weight names in their stable order: the base's (Hugging Face's), or the adapter's (PEFT's) on a view. */
@@ -355,6 +349,7 @@ export class PolicyModel {
       return;
     }
     this.disposed = true;
+    this.sampling.invalidate(this.adapter === null ? undefined : this.adapter);
     if (this.adapter === null) {
       for (const v of this.params.values()) {
         v.dispose();
@@ -470,9 +465,9 @@ export class PolicyModel {
       const ids = tf.concat([tf.reshape(tf.tensor2d(distinct.inputIds, [u, P], 'int32'), [-1]), tf.reshape(response(inputIds), [-1])]);
       const positions = tf.concat([tf.reshape(tf.tensor2d(distinct.positionIds, [u, P], 'int32'), [-1]), tf.reshape(response(positionIds), [-1])]);
       const rot = this.rotary(positions);
-      const biasP = attentionBias(promptMask, P); // [u, 1, P, P]
+      const biasP = this.groupBias(attentionBias(promptMask, P)); // [u, 1, g·P, P]
       const keyMask = tf.concat([tf.gather(promptMask, group), tf.cast(response(attentionMask), 'float32')], 1); // [B, P+R]
-      const biasR = attentionBias(keyMask, R, P); // [B, 1, R, P+R]
+      const biasR = this.groupBias(attentionBias(keyMask, R, P)); // [B, 1, g·R, P+R]
       const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => [tf.slice(t, [0, 0], [u * P, -1]), tf.slice(t, [u * P, 0], [B * R, -1])];
       let x = this.embed(ids); // [u·P + B·R, d]
       for (const block of this.blocks) {
@@ -542,17 +537,54 @@ export class PolicyModel {
    */
   setWeights(weights: NamedWeights): void {
     if (this.adapter !== null) {
-      this.adapter.setWeights(weights);
+      try {
+        this.adapter.setWeights(weights);
+      } finally {
+        this.weightsChanged();
+      }
       return;
     }
     checkWeights(policyParamSpecs(this.config), weights);
-    for (const [name, v] of this.params) {
-      const w = weights.get(name) as WeightArray;
-      tf.tidy(() => {
-        const t = tf.tensor(w.data, [...w.shape], 'float32');
-        v.assign(this.linear.has(name) ? tf.transpose(t) : t);
-      });
+    try {
+      for (const [name, v] of this.params) {
+        const w = weights.get(name) as WeightArray;
+        tf.tidy(() => {
+          const t = tf.tensor(w.data, [...w.shape], 'float32');
+          v.assign(this.linear.has(name) ? tf.transpose(t) : t);
+        });
+      }
+    } finally {
+      this.weightsChanged();
     }
+  }
+
+  /**
+   * Says that this model's trainable variables ({@link PolicyModel.trainableVariables}) were changed in place (an
+   * optimizer step, a `tf.Variable.assign`): the fused sampling copies made from them are dropped and rebuilt at the
+   * next generation. On a base model this drops the copies of every adapter view of it too; on a view, those of its
+   * adapter (in every view of that adapter). {@link PolicyModel.setWeights} calls it itself; a trainer that updates
+   * the variables must call it after each update, or generation would go on sampling the old weights.
+   */
+  weightsChanged(): void {
+    this.sampling.invalidate(this.adapter === null ? undefined : this.adapter);
+  }
+
+  /**
+   * Chooses whether generation reads fused, adapter-merged copies of the blocks (one q/k/v and one gate/up product
+   * per block; one extra float32 copy of the fused matrices, about 425 MB for SmolLM2-135M with an adapter on every
+   * projection) or the variables themselves. Default: the copy where the weights and it fit in
+   * {@link SAMPLING_WEIGHTS_MEMORY_SHARE} of the backend's memory. Both compute the same logits to float32 rounding.
+   */
+  setSamplingWeights(fused: boolean): void {
+    this.fusedSampling = fused;
+    if (!fused) this.sampling.invalidate(this.adapter);
+  }
+
+  /** The blocks a generation reads, until it releases them: the fused copy, or the variables. */
+  /** @internal */
+  samplingLeaseInternal(): SamplingLease {
+    if (!(this.fusedSampling ?? samplingWeightsFit(this.config, this.adapter))) return { blocks: this.blocks, release: () => undefined };
+    return this.sampling.acquire(this.adapter, this.blocks);
   }
 
   /**
@@ -610,25 +642,40 @@ export class PolicyModel {
     const cos = tf.cos(full);
     const sin = tf.sin(full);
     const scale = 1 / Math.sqrt(dh);
-    return { cos, sin, qCos: tf.mul(cos, scale), qSin: tf.mul(sin, scale) };
+    const qCos: tf.Tensor3D = tf.mul(cos, scale);
+    const qSin: tf.Tensor3D = tf.mul(sin, scale);
+    let qkv: { cos: tf.Tensor2D; sin: tf.Tensor2D } | undefined;
+    const { nHeads: H, nKvHeads: Hkv } = this.config;
+    const row = (q: tf.Tensor3D, k: tf.Tensor3D, v: number): tf.Tensor2D =>
+      tf.reshape(tf.concat([tf.tile(q, [1, H, 1]), tf.tile(k, [1, Hkv, 1]), tf.fill([N, Hkv, dh], v)], 1), [N, (H + 2 * Hkv) * dh]);
+    return { cos, sin, qCos, qSin, qkv: () => (qkv ??= { cos: row(qCos, cos, 1), sin: row(qSin, sin, 0) }) };
   }
 
-  /** RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`. */
-  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor2D {
+  /**
+   * RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`, with tables `[N, 1, dh]` (the
+   * same for every head) or `[N, heads·dh]` (one per head, {@link Rotary.qkv}).
+   */
+  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D | tf.Tensor2D, sin: tf.Tensor3D | tf.Tensor2D): tf.Tensor2D {
     const N = x.shape[0];
     const dh = this.config.headDim;
+    const turned = tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf); // [N·heads, dh]
+    if (cos.rank === 2) return tf.add(tf.mul(x, cos), tf.mul(tf.reshape(turned, [N, heads * dh]), sin));
     const x3 = tf.reshape(x, [N, heads, dh]); // [N, heads, dh]
-    const turned = tf.reshape(tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf), [N, heads, dh]); // [N, heads, dh]
-    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(turned, sin)), [N, heads * dh]);
+    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(tf.reshape(turned, [N, heads, dh]), sin)), [N, heads * dh]);
   }
 
   /** Queries (scaled by `1/√dh`), keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
-  private projectQkv(h: tf.Tensor2D, block: Block, rot: Rotary): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
+  private projectQkv(h: tf.Tensor2D, block: BlockWeights, rot: Rotary): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh, rmsNormEps: eps } = this.config;
     const N = h.shape[0];
-    let q = this.project(h, block, 'q_proj', block.wq, block.bq); // [N, H·dh]
-    let k = this.project(h, block, 'k_proj', block.wk, block.bk); // [N, Hkv·dh]
-    const v = this.project(h, block, 'v_proj', block.wv, block.bv); // [N, Hkv·dh]
+    const parts = block.qkv.map((layer) => this.project(h, layer)); // q [N, H·dh], k, v [N, Hkv·dh], or the three fused
+    const widths = [H * dh, Hkv * dh, Hkv * dh];
+    if (parts.length === 1 && block.qNorm === null) {
+      // Fused and no q/k norm: one RoPE pass over the whole [q | k | v] row.
+      const { cos, sin } = rot.qkv();
+      return tf.split(this.rope(parts[0], H + 2 * Hkv, cos, sin), widths, 1) as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D];
+    }
+    let [q, k, v] = parts.length === 3 ? parts : (tf.split(parts[0], widths, 1) as tf.Tensor2D[]);
     if (block.qNorm !== null && block.kNorm !== null) {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
@@ -649,7 +696,8 @@ export class PolicyModel {
    * @param q - Queries `[b, H, Tq, dh]`, already scaled by `1/√dh`.
    * @param k - Keys `[b, Hkv, Tk, dh]`.
    * @param v - Values `[b, Hkv, Tk, dh]`.
-   * @param bias - Additive mask `[b, 1, Tq, Tk]` (0 or {@link MASK_BIAS}).
+   * @param bias - Additive mask repeated for the `g` heads of a group, `[b, 1, g·Tq, Tk]` (0 or {@link MASK_BIAS};
+   *   {@link PolicyModel.groupBias}).
    * @returns Merged heads `[b*Tq, H·dh]`.
    */
   private attend(q: tf.Tensor4D, k: tf.Tensor4D, v: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor2D {
@@ -657,32 +705,41 @@ export class PolicyModel {
     const Hkv = k.shape[1];
     const g = H / Hkv;
     const qg: tf.Tensor4D = tf.reshape(q, [b, Hkv, g * Tq, dh]); // [b, Hkv, g·Tq, dh]
-    const biasG = g === 1 ? bias : tf.tile(bias, [1, 1, g, 1]); // [b, 1, g·Tq, Tk]
-    const probs = tf.softmax(tf.add(tf.matMul(qg, k, false, true), biasG)); // [b, Hkv, g·Tq, Tk]
-    const o = tf.reshape(tf.matMul(probs, v), [b, H, Tq, dh]); // [b, H, Tq, dh]
-    return tf.reshape(Tq === 1 ? o : tf.transpose(o, [0, 2, 1, 3]), [b * Tq, H * dh]);
+    const probs = tf.softmax(tf.add(tf.matMul(qg, k, false, true), bias)); // [b, Hkv, g·Tq, Tk]
+    const o = tf.matMul(probs, v); // [b, Hkv, g·Tq, dh]
+    // One position: [b, Hkv, g, dh] is already head-major, [b, H·dh].
+    if (Tq === 1) return tf.reshape(o, [b, H * dh]);
+    return tf.reshape(tf.transpose(tf.reshape(o, [b, H, Tq, dh]), [0, 2, 1, 3]), [b * Tq, H * dh]);
+  }
+
+  /** An additive mask `[b, 1, Tq, Tk]` repeated for the `g = H/Hkv` query heads of a group: `[b, 1, g·Tq, Tk]` (once per forward). */
+  private groupBias(bias: tf.Tensor4D): tf.Tensor4D {
+    const g = this.config.nHeads / this.config.nKvHeads;
+    return g === 1 ? bias : tf.tile(bias, [1, 1, g, 1]);
   }
 
   /** `(SiLU(h·Wgate) ⊙ (h·Wup)) · Wdown` after the block's post-attention RMSNorm: `[N, d] → [N, d]`. */
-  private mlp(x: tf.Tensor2D, block: Block): tf.Tensor2D {
+  private mlp(x: tf.Tensor2D, block: BlockWeights): tf.Tensor2D {
     const h = rmsNorm(x, block.postNorm, this.config.rmsNormEps); // [N, d]
-    const gate = silu(this.project(h, block, 'gate_proj', block.wGate, null));
-    return this.project(tf.mul(gate, this.project(h, block, 'up_proj', block.wUp, null)), block, 'down_proj', block.wDown, null); // [N, d]
+    const parts = block.gateUp.map((layer) => this.project(h, layer)); // gate, up [N, dFF], or the two fused
+    const [gate, up] = parts.length === 2 ? parts : (tf.split(parts[0], 2, 1) as tf.Tensor2D[]);
+    return this.project(tf.mul(silu(gate), up), block.down); // [N, d]
   }
 
-  /** `x·W (+ bias)` of one of the block's linear layers, plus the adapter's `(α/r)·(x·A)·B` where it has one. */
-  private project(x: tf.Tensor2D, block: Block, target: LoraTarget, w: tf.Variable, bias: tf.Variable | null): tf.Tensor2D {
-    const y = linear(x, w, bias);
-    const pair = block.lora[target];
-    if (pair === undefined || this.adapter === null) return y;
-    const low = tf.mul(tf.matMul(x, pair.a as tf.Tensor2D), this.adapter.lora.scale); // [N, r]
-    return tf.add(y, tf.matMul(low, pair.b as tf.Tensor2D));
+  /** `x·W (+ bias)` of one of a block's linear layers, plus the adapter's `(α/r)·(x·A)·B` where it has one. */
+  private project(x: tf.Tensor2D, layer: BlockLinear): tf.Tensor2D {
+    const y = linear(x, layer.w, layer.bias);
+    if (layer.lora === null) return y;
+    const low = tf.mul(tf.matMul(x, layer.lora.a), layer.lora.scale); // [N, r]
+    return tf.add(y, tf.matMul(low, layer.lora.b));
   }
 
   /**
    * Attention over a stream of `b` rows of `t` positions each, as {@link PolicyModel.block} calls it: queries,
    * keys and values `[b*t, heads·dh]` in, merged heads `[b*t, H·dh]` out; `kv` turns the new keys and values
    * `[b, Hkv, t, dh]` into the attended ones (a cache's, a shared prompt's, or themselves).
+   *
+   * @param bias - Additive mask of the query groups, `[b, 1, g·t, Tk]` ({@link PolicyModel.groupBias}).
    */
   private attention(shape: { b: number; t: number }, bias: tf.Tensor4D, kv: (k: tf.Tensor4D, v: tf.Tensor4D) => LayerCache): Attention {
     const { b, t } = shape;
@@ -694,9 +751,9 @@ export class PolicyModel {
   }
 
   /** One block on the stream `x [N, d]`, its positions attending through `attention`. */
-  private block(x: tf.Tensor2D, block: Block, rot: Rotary, attention: Attention): tf.Tensor2D {
+  private block(x: tf.Tensor2D, block: BlockWeights, rot: Rotary, attention: Attention): tf.Tensor2D {
     const [q, k, v] = this.projectQkv(rmsNorm(x, block.inputNorm, this.config.rmsNormEps), block, rot);
-    const attended = this.project(attention(q, k, v), block, 'o_proj', block.wo, block.bo); // [N, d]
+    const attended = this.project(attention(q, k, v), block.o); // [N, d]
     const mid: tf.Tensor2D = tf.add(x, attended); // [N, d]
     return tf.add(mid, this.mlp(mid, block)) as tf.Tensor2D; // [N, d]
   }
@@ -706,6 +763,7 @@ export class PolicyModel {
    *
    * @param collect - When given, receives each block's keys and values (kept out of any enclosing tidy by
    *   the caller returning them).
+   * @param blocks - The blocks' weights: the variables (default), or a fused sampling copy.
    * @returns `[B*T, d]`.
    */
   private trunk(
@@ -713,12 +771,13 @@ export class PolicyModel {
     attentionMask: tf.Tensor2D,
     positionIds: tf.Tensor2D,
     collect: LayerCache[] | null,
+    blocks: readonly BlockWeights[] = this.blocks,
   ): tf.Tensor2D {
     const [B, T] = inputIds.shape;
     let x = this.embed(inputIds); // [B*T, d]
     const rot = this.rotary(positionIds);
-    const bias = attentionBias(tf.cast(attentionMask, 'float32'), T); // [B, 1, T, T]
-    for (const block of this.blocks) {
+    const bias = this.groupBias(attentionBias(tf.cast(attentionMask, 'float32'), T)); // [B, 1, g·T, T]
+    for (const block of blocks) {
       const attention = this.attention({ b: B, t: T }, bias, (k, v) => {
         collect?.push({ k, v });
         return { k, v };
@@ -733,14 +792,14 @@ export class PolicyModel {
    * cache.
    */
   /** @internal */
-  prefillInternal(batch: PromptBatch): { logits: tf.Tensor2D; caches: LayerCache[] } {
+  prefillInternal(batch: PromptBatch, blocks: readonly BlockWeights[] = this.blocks): { logits: tf.Tensor2D; caches: LayerCache[] } {
     return tf.tidy(() => {
       const { rows: b, width: P } = batch;
       const ids = tf.tensor2d(batch.inputIds, [b, P], 'int32');
       const mask = tf.tensor2d(batch.attentionMask, [b, P], 'float32');
       const pos = tf.tensor2d(batch.positionIds, [b, P], 'int32');
       const caches: LayerCache[] = [];
-      const h = this.trunk(ids, mask, pos, caches); // [b*P, d]
+      const h = this.trunk(ids, mask, pos, caches, blocks); // [b*P, d]
       const last = tf.reshape(tf.slice(tf.reshape(h, [b, P, -1]), [0, P - 1, 0], [b, 1, -1]), [b, -1]); // [b, d]
       return { logits: this.head(last as tf.Tensor2D), caches };
     });
@@ -757,18 +816,19 @@ export class PolicyModel {
     positions: Int32Array,
     keyMask: Float32Array,
     caches: readonly LayerCache[],
+    blocks: readonly BlockWeights[] = this.blocks,
   ): { logits: tf.Tensor2D; caches: LayerCache[] } {
     return tf.tidy(() => {
       const b = tokens.length;
       const L1 = keyMask.length / b;
       let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b, d]
       const rot = this.rotary(tf.tensor1d(positions, 'int32'));
-      const bias = tf.reshape(
+      const bias = this.groupBias(tf.reshape(
         tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
         [b, 1, 1, L1],
-      ) as tf.Tensor4D;
+      ) as tf.Tensor4D); // [b, 1, g, L+1]
       const next: LayerCache[] = [];
-      this.blocks.forEach((block, i) => {
+      blocks.forEach((block, i) => {
         const attention = this.attention({ b, t: 1 }, bias, (k, v) => {
           const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+1, dh]
           next.push(cache);
@@ -822,8 +882,8 @@ function checkWeights(specs: readonly PolicyParamSpec[], weights: NamedWeights):
 }
 
 /** `x · w (+ bias)` for `x [N, in]`, `w [in, out]`, `bias [out]`: `[N, out]`. */
-function linear(x: tf.Tensor2D, w: tf.Variable, bias: tf.Variable | null): tf.Tensor2D {
-  const y: tf.Tensor2D = tf.matMul(x, w as tf.Tensor2D); // [N, out]
+function linear(x: tf.Tensor2D, w: tf.Tensor2D, bias: tf.Tensor | null): tf.Tensor2D {
+  const y: tf.Tensor2D = tf.matMul(x, w); // [N, out]
   return bias === null ? y : (tf.add(y, bias) as tf.Tensor2D);
 }
 
@@ -930,13 +990,16 @@ class KvCacheDecoder implements StepDecoder {
   /** Key mask of the current rows, row-major `[b, L]`. */
   private keyMask = new Float32Array(0);
   private rows = 0;
+  /** The blocks every step reads (a fused sampling copy, or the variables), held until {@link KvCacheDecoder.dispose}. */
+  private lease: SamplingLease | null = null;
 
   constructor(private readonly model: PolicyModel) {}
 
   /** Prefills each distinct prompt once (a group's rows share theirs) and gives every row its copy. */
   async start(batch: PromptBatch): Promise<tf.Tensor2D> {
+    this.lease = this.model.samplingLeaseInternal();
     const rows = distinctPromptRows(batch);
-    let prefilled = await this.prefill(rows?.distinct ?? batch);
+    let prefilled = await this.prefill(rows?.distinct ?? batch, this.lease.blocks);
     if (rows !== null) {
       const distinct = prefilled;
       prefilled = tf.tidy(() => {
@@ -952,12 +1015,12 @@ class KvCacheDecoder implements StepDecoder {
   }
 
   /** The prompts' logits and caches, in slices of {@link PREFILL_ROWS} rows with a turn of the event loop between. */
-  private async prefill(batch: PromptBatch): Promise<{ logits: tf.Tensor2D; caches: LayerCache[] }> {
+  private async prefill(batch: PromptBatch, blocks: readonly BlockWeights[]): Promise<{ logits: tf.Tensor2D; caches: LayerCache[] }> {
     const parts: { logits: tf.Tensor2D; caches: LayerCache[] }[] = [];
     try {
       for (let first = 0; first < batch.rows; first += PREFILL_ROWS) {
         if (first > 0) await yieldToEventLoop();
-        parts.push(this.model.prefillInternal(promptRows(batch, first, Math.min(PREFILL_ROWS, batch.rows - first))));
+        parts.push(this.model.prefillInternal(promptRows(batch, first, Math.min(PREFILL_ROWS, batch.rows - first)), blocks));
       }
       if (parts.length === 1) return parts[0];
       const joined = tf.tidy(() => ({
@@ -980,7 +1043,7 @@ class KvCacheDecoder implements StepDecoder {
       mask.set(this.keyMask.subarray(r * L, (r + 1) * L), r * (L + 1));
       mask[r * (L + 1) + L] = 1;
     }
-    const { logits, caches } = this.model.decodeInternal(tokens, positions, mask, this.caches);
+    const { logits, caches } = this.model.decodeInternal(tokens, positions, mask, this.caches, this.lease?.blocks);
     this.disposeCaches();
     this.caches = caches;
     this.keyMask = mask;
@@ -1003,6 +1066,8 @@ class KvCacheDecoder implements StepDecoder {
 
   dispose(): void {
     this.disposeCaches();
+    this.lease?.release();
+    this.lease = null;
   }
 
   private disposeCaches(): void {

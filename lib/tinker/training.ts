@@ -204,6 +204,7 @@ export class TinkerTrainer {
       tf.dispose([state.m, state.v]);
       this.moments.set(names[i], next);
     });
+    this.view.weightsChanged();
     this.clearGrads();
     return { 'grad_norm:mean': norm, 'learning_rate:mean': adam.learningRate };
   }
@@ -225,7 +226,7 @@ export class TinkerTrainer {
   /** Restores {@link TinkerTrainer.state}: the adapter's weights, and the optimizer's when the state has them. */
   restore(state: ReadonlyMap<string, { readonly shape: readonly number[]; readonly data: Float32Array }>, withOptimizer: boolean): void {
     const weights = new Map([...state].filter(([name]) => !name.startsWith('m/') && !name.startsWith('v/') && name !== 'step'));
-    this.adapter.setWeights(weights);
+    this.view.setWeights(weights);
     this.clearGrads();
     for (const { m, v } of this.moments.values()) tf.dispose([m, v]);
     this.moments.clear();

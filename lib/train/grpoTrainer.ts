@@ -496,6 +496,7 @@ export class GrpoTrainer implements Trainer {
       const scale = Math.min(1, this.options.maxGradNorm / (norm + GRAD_NORM_EPSILON));
       const clipped = Object.entries(grads).map(([name, g]) => ({ name, tensor: scale < 1 ? tf.mul(g, scale) : g }));
       this.optimizer.applyGradients(clipped);
+      this.model.weightsChanged(); // generation must not go on sampling a fused copy of the old weights
       if (scale < 1) tf.dispose(clipped.map((c) => c.tensor));
       return { norm, applied: true };
     } finally {

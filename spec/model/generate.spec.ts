@@ -256,6 +256,7 @@ describe.each(ALL_BACKENDS)('the KV-cache decode step equals full recompute for 
     const model = PolicyModel.fromWeights(VARIANTS[name], weights);
     const tensors = tf.memory().numTensors;
     expectSame(await model.generate(requests()), await model.generateRecompute(requests()));
+    model.weightsChanged(); // frees the fused sampling weights, cached until the weights change
     expect(tf.memory().numTensors).toBe(tensors);
     model.dispose();
   });

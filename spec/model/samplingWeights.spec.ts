@@ -1,0 +1,214 @@
+import * as tf from '@tensorflow/tfjs-core';
+import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+
+import { collate } from '../../lib/data/collate.js';
+import type { GenerateRequest, NamedWeights } from '../../lib/engine/types.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { padPrompts } from '../../lib/model/generate.js';
+import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
+import { loadModelDir } from '../../lib/model/modelDir.js';
+import { SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from '../../lib/model/samplingWeights.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
+import { createRng, normalArray } from '../../lib/random.js';
+import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
+import { traj } from '../helpers/fixtures.js';
+
+const quiet = { info: (): void => undefined };
+const FIXTURES = fileURLToPath(new URL('../fixtures/hf/', import.meta.url));
+/** Fused (merged, concatenated) and unfused products round differently: float32 sums in another order. */
+const LOGIT_TOLERANCE = 2e-4;
+const DECODE_STEPS = 4;
+
+/** An adapter on every projection with every tensor random (a fresh adapter's B is 0, which would hide a wrong merge). */
+function randomAdapter(config: PolicyConfig, seed: number, std = 0.05): LoraAdapter {
+  const lora = { rank: 4, alpha: 8, targetModules: LORA_TARGETS };
+  const fresh = LoraAdapter.create(config, lora, seed);
+  const rng = createRng(seed, 'random-adapter');
+  const weights: NamedWeights = new Map([...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, std, rng) }]));
+  fresh.dispose();
+  return LoraAdapter.fromWeights(config, lora, weights);
+}
+
+/** Left-padded prompts of three lengths. */
+function prompts(vocab: number): number[][] {
+  return [[5, 9, 14, 3, 22, 7], [31 % vocab, 4], [8, 8, 17, 2]];
+}
+
+/**
+ * Prefill and `DECODE_STEPS` decode steps (feeding fixed tokens) through `blocks` (a fused copy, or the variables when
+ * undefined): each step's logits.
+ */
+function stepLogits(model: PolicyModel, fused: boolean): Float32Array[] {
+  const lease = fused ? model.samplingLeaseInternal() : null;
+  const blocks = lease?.blocks;
+  const batch = padPrompts(prompts(model.config.vocabSize));
+  const b = batch.rows;
+  const out: Float32Array[] = [];
+  let { logits, caches } = model.prefillInternal(batch, blocks);
+  let mask = batch.attentionMask;
+  for (let step = 0; ; step++) {
+    out.push(logits.dataSync() as Float32Array);
+    logits.dispose();
+    if (step === DECODE_STEPS) break;
+    const L = mask.length / b;
+    const next = new Float32Array(b * (L + 1));
+    for (let r = 0; r < b; r++) {
+      next.set(mask.subarray(r * L, (r + 1) * L), r * (L + 1));
+      next[r * (L + 1) + L] = 1;
+    }
+    const positions = Int32Array.from({ length: b }, (_, r) => batch.positionIds[(r + 1) * batch.width - 1] + 1 + step);
+    const tokens = Int32Array.from({ length: b }, (_, r) => (3 + 5 * r + step) % model.config.vocabSize);
+    const o = model.decodeInternal(tokens, positions, next, caches, blocks);
+    for (const c of caches) tf.dispose([c.k, c.v]);
+    ({ logits, caches } = o);
+    mask = next;
+  }
+  for (const c of caches) tf.dispose([c.k, c.v]);
+  lease?.release();
+  return out;
+}
+
+function maxDiff(a: readonly Float32Array[], b: readonly Float32Array[]): number {
+  let worst = 0;
+  a.forEach((x, i) => x.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - b[i][k])))));
+  return worst;
+}
+
+/** Greedy requests: the same tokens whatever the seed, so two generations differ only through the weights. */
+function greedy(vocab: number): GenerateRequest[] {
+  return prompts(vocab).map((promptTokens) => ({ promptTokens, maxTokens: 5, temperature: 0, stopTokens: [] }));
+}
+
+describe('sampling weights (fused, adapter-merged blocks)', () => {
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: quiet });
+  });
+
+  for (const name of ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3']) {
+    it(`${name}: prefill and decode steps give the variables' logits, with and without an adapter`, async () => {
+      const { model: base } = await loadModelDir(join(FIXTURES, name));
+      const adapter = randomAdapter(base.config, 3);
+      const view = PolicyModel.withAdapter(base, adapter);
+      const before = tf.memory().numTensors;
+      for (const model of [base, view]) {
+        const reference = stepLogits(model, false);
+        const fused = stepLogits(model, true);
+        expect(fused).toHaveLength(DECODE_STEPS + 1);
+        expect(maxDiff(fused, reference)).toBeLessThan(LOGIT_TOLERANCE);
+        expect(maxDiff(fused, reference)).toBeGreaterThanOrEqual(0);
+      }
+      // The adapter matters, so the view's fused copy is not the base's.
+      expect(maxDiff(stepLogits(view, true), stepLogits(base, true))).toBeGreaterThan(1e-2);
+      // Nothing leaks beyond the two cached copies (the base's, the view's), which invalidation frees.
+      base.weightsChanged();
+      expect(tf.memory().numTensors).toBe(before);
+      const cached = await view.generate(greedy(base.config.vocabSize));
+      const recomputed = await view.generateRecompute(greedy(base.config.vocabSize));
+      expect(cached.map((r) => r.tokens)).toEqual(recomputed.map((r) => r.tokens));
+      view.dispose();
+      adapter.dispose();
+      base.dispose();
+    });
+  }
+
+  it('a GRPO step is sampled at the next generation (the trainer calls weightsChanged), on a view and on a full model', async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-llama'));
+    const adapter = randomAdapter(base.config, 5);
+    const view = PolicyModel.withAdapter(base, adapter);
+    const V = base.config.vocabSize;
+    for (const model of [view, base]) {
+      const before = await model.generate(greedy(V)); // builds the fused copy
+      const rows = [
+        traj('g0@0', 0, { promptTokens: [5, 9, 14], responseTokens: [before[0].tokens[0], 7, 2], reward: 1, logprobs: [0, 0, 0], lossMask: [1, 1, 1] }),
+        traj('g0@0', 1, { promptTokens: [5, 9, 14], responseTokens: [before[0].tokens[0], 2], reward: 0, logprobs: [0, 0], lossMask: [1, 1] }),
+      ];
+      const trainer = new GrpoTrainer(model, { learningRate: 5e-2 });
+      await trainer.trainStep(collate(rows, { padId: 0, modelTag: 'policy', advantages: [-1, 1] }));
+      trainer.dispose();
+      const after = await model.generate(greedy(V));
+      const reference = await model.generateRecompute(greedy(V)); // reads the variables
+      expect(after.map((r) => r.logprobs[0])).not.toEqual(before.map((r) => r.logprobs[0]));
+      after.forEach((r, i) => {
+        expect(r.tokens).toEqual(reference[i].tokens);
+        r.logprobs.forEach((lp, t) => expect(Math.abs(lp - reference[i].logprobs[t])).toBeLessThan(LOGIT_TOLERANCE));
+      });
+    }
+    view.dispose();
+    adapter.dispose();
+    base.dispose();
+  });
+
+  it('setWeights (base or adapter) is sampled at the next generation, in every view of a changed base', async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-qwen2'));
+    const adapter = randomAdapter(base.config, 7);
+    const view = PolicyModel.withAdapter(base, adapter);
+    const V = base.config.vocabSize;
+    const expectRecomputed = async (model: PolicyModel): Promise<number[]> => {
+      const cached = await model.generate(greedy(V));
+      const reference = await model.generateRecompute(greedy(V));
+      cached.forEach((r, i) => r.logprobs.forEach((lp, t) => expect(Math.abs(lp - reference[i].logprobs[t])).toBeLessThan(LOGIT_TOLERANCE)));
+      return cached.map((r) => r.logprobs[0]);
+    };
+    const first = { view: await expectRecomputed(view), base: await expectRecomputed(base) };
+    // The adapter changes: the view samples the new one.
+    const other = randomAdapter(base.config, 8);
+    view.setWeights(other.getWeights());
+    other.dispose();
+    const second = await expectRecomputed(view);
+    expect(second).not.toEqual(first.view);
+    // The base changes: both the base and the view (whose copy merged the old base) sample the new base.
+    const rng = createRng(9, 'new-base');
+    base.setWeights(new Map([...base.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.1, rng) }])));
+    expect(await expectRecomputed(base)).not.toEqual(first.base);
+    expect(await expectRecomputed(view)).not.toEqual(second);
+    view.dispose();
+    adapter.dispose();
+    base.dispose();
+  });
+
+  it('a generation keeps the copy it started with when the weights change meanwhile, and frees it when done', async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-llama'));
+    const V = base.config.vocabSize;
+    const start = tf.memory().numTensors;
+    let changes = 0;
+    const requests = greedy(V).map((r) => ({
+      ...r,
+      maxTokens: 6,
+      onToken: (): void => {
+        changes++;
+        base.weightsChanged(); // between steps: the copy in use must not be disposed under the generation
+      },
+    }));
+    const out = await base.generate(requests);
+    expect(changes).toBe(18);
+    expect(out.map((r) => r.tokens.length)).toEqual([6, 6, 6]);
+    expect(tf.memory().numTensors).toBe(start); // the stale copy was freed at the end, and none is cached
+    base.dispose();
+  });
+
+  it('sizes the copy and builds it only where it fits; setSamplingWeights(false) reads the variables', async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-qwen2'));
+    const c = base.config;
+    const adapter = randomAdapter(c, 1);
+    const qkv = c.dModel * (c.nHeads + 2 * c.nKvHeads) * c.headDim + (c.nHeads + 2 * c.nKvHeads) * c.headDim;
+    expect(samplingWeightBytes(c, null)).toBe(4 * c.nLayers * (qkv + 2 * c.dModel * c.dFF));
+    expect(samplingWeightBytes(c, adapter)).toBe(4 * c.nLayers * (qkv + 4 * c.dModel * c.dFF - c.dModel * c.dFF + c.nHeads * c.headDim * c.dModel));
+    expect(samplingWeightsFit(c, null, 1e12)).toBe(true);
+    const bytes = base.numParameters() * 4 + samplingWeightBytes(c, null);
+    expect(samplingWeightsFit(c, null, bytes / SAMPLING_WEIGHTS_MEMORY_SHARE)).toBe(true);
+    expect(samplingWeightsFit(c, null, bytes / SAMPLING_WEIGHTS_MEMORY_SHARE - 1)).toBe(false);
+    const before = tf.memory().numTensors;
+    base.setSamplingWeights(false);
+    await base.generate(greedy(c.vocabSize));
+    expect(tf.memory().numTensors).toBe(before); // no copy was made
+    base.setSamplingWeights(true);
+    await base.generate(greedy(c.vocabSize));
+    expect(tf.memory().numTensors).toBeGreaterThan(before); // the copy is cached for the next generation
+    base.setSamplingWeights(false);
+    expect(tf.memory().numTensors).toBe(before);
+    adapter.dispose();
+    base.dispose();
+  });
+});
