@@ -1,5 +1,5 @@
 import { concatMap, defer, from, map, type OperatorFunction } from 'rxjs';
-import type { RolloutEngine } from '../lib/engine/types.js';
+import type { NamedWeights, RolloutEngine } from '../lib/engine/types.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/types.js';
 
@@ -11,7 +11,9 @@ export interface SyncWeightsOptions {
 
 /**
  * Publishes the weights of each step to every rollout engine, as version `step + 1`, and passes the step result
- * on once all engines hold it. Steps are published in order, one at a time.
+ * on once all engines hold it. Steps are published in order, one at a time. The weights are copied once for all
+ * engines, and not at all when every engine samples from the trainer's own model
+ * ({@link RolloutEngine.sharesTrainerWeights}).
  *
  * It also accounts for the step's wall time, into the step's metrics: `timing/sync_s` (this publication),
  * `timing/total_s` (since the previous step left this operator, or since subscription for the first step), and
@@ -45,8 +47,9 @@ export function syncWeights(
       return source.pipe(
         concatMap((result) => {
           const started = performance.now();
-          const weights = engines.length > 0 ? result.weights() : undefined;
-          const loads = weights ? engines.map((engine) => engine.loadWeights(result.version, weights)) : [];
+          // An engine sampling from the trainer's own model reads no copy: none is made when every engine does.
+          const weights = engines.some((engine) => engine.sharesTrainerWeights !== true) ? result.weights() : NO_WEIGHTS;
+          const loads = engines.map((engine) => engine.loadWeights(result.version, weights));
           return from(Promise.all(loads)).pipe(
             map(() => {
               const now = performance.now();
@@ -60,6 +63,9 @@ export function syncWeights(
       );
     });
 }
+
+/** What an engine that shares the trainer's weights is given. */
+const NO_WEIGHTS: NamedWeights = new Map();
 
 /** `timing/sync_s`, `timing/total_s` and `timing/wait_s` (the total less the measured stages, never below 0). */
 function stepTiming(metrics: Metrics, sync: number, total: number): Metrics {

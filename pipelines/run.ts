@@ -303,9 +303,11 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
     // Over Kafka or a caller's engine the in-process engine only validates, between steps: a full policy's reads
     // the policy's own weights; a LoRA policy validates through its adapter copy.
     const inProcess = lora || !(options.createEngine || options.kafka);
-    const sampleBase = lora ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
+    // In sync mode in one process, rollouts and training take turns: the engine samples from the trainer's model.
+    const sampled = inProcess && !(config.sync.mode === 'sync' && !options.createEngine && !options.kafka);
+    const sampleBase = lora && sampled ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
     if (sampleBase) owned.push(sampleBase);
-    const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, { copyTrain: false, sampled: inProcess });
+    const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, { copyTrain: false, sampled });
     owned.push(...models.adapters, models.sample, models.train);
     if (checkpoint) {
       models.train.setWeights(checkpoint.weights);
@@ -367,6 +369,7 @@ async function buildEngine(config: RxrlConfig, options: RunTrainingOptions, setu
     maxBatchSize: batchSize * groupSize * inFlightBatches,
     weightSync: config.rollout.weightSync,
     version,
+    sharesTrainerWeights: sample === policy,
   });
 }
 

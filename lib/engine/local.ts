@@ -45,6 +45,13 @@ export interface LocalEngineOptions {
    * and resumes it with the new weights — a partial rollout, tagged with the oldest version it used.
    */
   readonly weightSync?: WeightSyncPolicy;
+  /**
+   * The model is the trainer's own (sync mode: a rollout never runs while the trainer steps, and a generation in
+   * flight samples from the weights it started with, `PolicyModel`'s sampling copy): a weight load then only moves
+   * the version, and {@link RolloutEngine.sharesTrainerWeights} tells publishers not to copy the weights. Default
+   * false.
+   */
+  readonly sharesTrainerWeights?: boolean;
 }
 
 /** What a weight load does to generations in flight. */
@@ -94,6 +101,7 @@ export class LocalEngine implements RolloutEngine {
   readonly batchSizes: number[] = [];
   /** Requests resumed after a weight load interrupted them. */
   resumed = 0;
+  readonly sharesTrainerWeights: boolean;
 
   constructor(
     private readonly model: SamplingModel,
@@ -105,6 +113,7 @@ export class LocalEngine implements RolloutEngine {
     this.maxWaitMs = options.maxWaitMs ?? 2;
     this.current = options.version ?? 0;
     this.weightSync = options.weightSync ?? 'continue';
+    this.sharesTrainerWeights = options.sharesTrainerWeights ?? false;
     if (this.weightSync !== 'continue' && this.weightSync !== 'interrupt') {
       throw new ConfigError(`unknown weightSync '${String(this.weightSync)}'; valid: continue, interrupt`);
     }
@@ -153,7 +162,7 @@ export class LocalEngine implements RolloutEngine {
     const load = (async () => {
       await previous;
       while (this.running) await this.running;
-      this.model.setWeights(weights);
+      if (!this.sharesTrainerWeights) this.model.setWeights(weights);
       this.current = version;
     })();
     this.lastLoad = load.catch(() => undefined);

@@ -137,6 +137,11 @@ export interface RolloutEngine {
   generate(requests: readonly GenerateRequest[], signal?: AbortSignal): Promise<GenerateResponse[]>;
   /** Replaces the weights; later generations are tagged with `version`. */
   loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void>;
+  /**
+   * True when the engine samples from the trainer's own model (sync mode in one process): a load only moves its
+   * version, and the weights it is given are not read, so a publisher need not copy them for it.
+   */
+  readonly sharesTrainerWeights?: boolean;
   /** Releases resources (tensors, sockets). */
   dispose?(): void | Promise<void>;
 }

@@ -97,7 +97,8 @@ export const SINGLE_POLICY: PolicyEntryConfig = { name: 'policy', specialization
  * @param entry - the policy (`policies[index]`).
  * @param sampleBase - a copy of `base` the engines sample from; needed for `lora` only.
  * @param how - `copyTrain`: whether a full policy trains a copy of the base (false: `base` itself); `sampled`:
- *   whether a full policy needs a copy to sample from (false: `sample` is `train`). Both default true.
+ *   whether the policy needs a copy to sample from (false: `sample` is `train`, for a LoRA policy too, and
+ *   `sampleBase` is not needed). Both default true.
  */
 export function policyModels(
   entry: PolicyEntryConfig,
@@ -112,9 +113,13 @@ export function policyModels(
     const sample = how.sampled === false ? train : PolicyModel.fromWeights(base.config, train.getWeights());
     return { train, sample, adapter: undefined, adapters: [] };
   }
-  if (sampleBase === undefined) throw new Error('policyModels: a lora policy samples from a copy of its base');
   const lora = validateLoraConfig(resolvedLora(entry), `policies[${index}].lora`);
   const adapter = LoraAdapter.create(base.config, lora, seed + 1 + index);
+  if (how.sampled === false) {
+    const train = PolicyModel.withAdapter(base, adapter);
+    return { train, sample: train, adapter, adapters: [adapter] };
+  }
+  if (sampleBase === undefined) throw new Error('policyModels: a lora policy samples from a copy of its base');
   const copy = LoraAdapter.fromWeights(base.config, lora, adapter.getWeights());
   return {
     train: PolicyModel.withAdapter(base, adapter),

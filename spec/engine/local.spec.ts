@@ -65,6 +65,23 @@ describe('LocalEngine', () => {
     expect(engine.version).toBe(3);
   });
 
+  it('sharing the trainer’s model, a load moves the version between batches and leaves the weights alone', async () => {
+    const model = new EchoModel();
+    model.weight = 7; // what the trainer left in its model
+    const engine = new LocalEngine(model, { tokenizer: tinyTokenizer, maxWaitMs: 0, sharesTrainerWeights: true });
+    expect(engine.sharesTrainerWeights).toBe(true);
+    const first = engine.generate([req(1)]);
+    await new Promise((resolve) => setTimeout(resolve, 1));
+    const load = engine.loadWeights(2, new Map());
+    const second = engine.generate([req(1)]);
+    const [a] = await first;
+    await load;
+    const [b] = await second;
+    expect([a.tokens[0], a.policyVersion]).toEqual([8, 0]);
+    expect([b.tokens[0], b.policyVersion]).toEqual([8, 2]);
+    expect(model.weight).toBe(7);
+  });
+
   it('rejects aborted requests and keeps serving the rest', async () => {
     const model = new EchoModel();
     const engine = new LocalEngine(model, { tokenizer: tinyTokenizer, maxWaitMs: 5 });

@@ -92,6 +92,24 @@ describe('syncWeights', () => {
     expect(engines[0].loads[0].names).toEqual(['w']);
   });
 
+  it('copies the weights once for all engines, and not at all when every engine samples from the trainer', async () => {
+    const counting = (): { trainer: SlowTrainer; copies: () => number } => {
+      const trainer = new SlowTrainer();
+      let copies = 0;
+      const step = trainer.trainStep.bind(trainer);
+      trainer.trainStep = async (batch, signal) => ({ ...(await step(batch, signal)), weights: () => (copies++, weights) });
+      return { trainer, copies: () => copies };
+    };
+    const shared = Object.assign(new ScriptedEngine(), { sharesTrainerWeights: true });
+    const sharing = counting();
+    await lastValueFrom(from(['a', 'b'].map(batchOf)).pipe(train(sharing.trainer), syncWeights([shared])));
+    expect(sharing.copies()).toBe(0);
+    expect(shared.version).toBe(2);
+    const mixed = counting();
+    await lastValueFrom(from(['a', 'b'].map(batchOf)).pipe(train(mixed.trainer), syncWeights([new ScriptedEngine(), shared, new ScriptedEngine()])));
+    expect(mixed.copies()).toBe(2);
+  });
+
   it('accounts for each step: the wait for its batch, preparation, training and sync add up to its wall time', async () => {
     // Each batch reaches the trainer 20 ms after the previous step; the trainer reports its own seconds.
     const slowSource = new Subject<Batch>();
