@@ -27,7 +27,6 @@ import {
   loadModelDir,
   loadTasks,
   loadTokenizer,
-  type SamplingModel,
   type Task,
 } from '../lib/index.js';
 import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
@@ -72,9 +71,8 @@ process.stderr.write(`${basename(modelDir)}: ${(policy.numParameters() / 1e6).to
 const worker = chatWorker(template);
 
 // Sync mode in one process: the engine samples from the trainer's own model (a second copy of 135 M weights does not
-// fit beside the first in wasm memory), so a weight sync only moves the engine's version.
-const sharedPolicy: SamplingModel = { generate: (requests, options) => policy.generate(requests, options), setWeights: () => undefined };
-const engine = new LocalEngine(sharedPolicy, { tokenizer });
+// fit beside the first in wasm memory), so a weight sync only moves the engine's version and copies nothing.
+const engine = new LocalEngine(policy, { tokenizer, sharesTrainerWeights: true });
 // Full fine-tuning of a 135 M model needs ~2.2 GB for weights, gradients and Adam moments, past what the wasm
 // backend can address (~2 GB); the last blocks and the final norm train here, the rest stays frozen.
 const trainedBlocks = Math.min(policy.config.nLayers, Number(process.env.RXRL_TRAINED_BLOCKS ?? 2));
@@ -83,7 +81,8 @@ const trainable = (name: string): boolean => {
   const block = /^model\.layers\.(\d+)\./.exec(name);
   return block ? Number(block[1]) >= firstTrained : name === 'model.norm.weight';
 };
-const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, microBatchSize: 1, trainable });
+// One forward/backward pass over the step's rows: a group's rows share their prompt, which then runs once.
+const trainer = new GrpoTrainer(policy, { learningRate: 1e-5, clipHigh: 0.28, microBatchSize: tasksPerStep * groupSize, trainable });
 const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: tasksPerStep });
 const held = arithmetic(8, 2);
 process.stderr.write(`scoring ${held.length} held-out questions (greedy)\n`);
@@ -100,7 +99,8 @@ await lastValueFrom(
     syncWeights([engine], { onPublished: (version) => gate.publish(version) }),
     tap((step) => {
       const m = step.metrics;
-      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${m['timing/step_s'].toFixed(1)} s\n`);
+      const seconds = (key: string): string => (m[key] ?? 0).toFixed(1);
+      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${seconds('timing/total_s')} s (trainer ${seconds('timing/step_s')} s)\n`);
     }),
     take(steps),
   ),
