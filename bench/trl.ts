@@ -1,15 +1,17 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1] [--recipe recipes/smollm2-arithmetic.yaml] [--out runs/bench-trl]
- * [--threads 2] [--only rxrl|trl] [--backend tensorflow]`
+ * [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
  *
  * 1. exports the task as JSONL (`<out>/data`: each prompt rendered in the model's chat template, its token ids and
  *    the answer); TRL's side checks that its tokenizer gives the same ids;
- * 2. trains it with `rxrl run` on the native backend (`--backend`), in `<out>/rxrl`, validating before and after only;
+ * 2. trains it with `rxrl run` on the native backend (`--backend`), in `<out>/rxrl`, validating before training and
+ *    every `--val-every` steps (`validation.every`);
  * 3. trains it with TRL's `GRPOTrainer` (`bench/trl_grpo.py`: PyTorch CPU, `--threads` threads, the reward ported
- *    to Python in `bench/trl_reward.py`) with the recipe's settings mapped to `GRPOConfig`: prompts per step and
+ *    to Python in `bench/trl_reward.py`, the same greedy validation every `--val-every` steps) with the recipe's
+ *    settings mapped to `GRPOConfig`: prompts per step and
  *    group size (the batch of completions, in the trainer's micro-batches), learning rate (constant, Adam, no
  *    weight decay), LoRA rank, alpha and target modules, max new tokens, temperature and top-p, KL coefficient,
  *    clip range (low and high), PPO epochs, gradient clipping, advantage scaling by the group's standard deviation,
@@ -17,33 +19,52 @@
  *    population std, is refused; rxrl's side takes TRL's advantage epsilon, 1e-4; spec/train/trlParity.spec.ts
  *    checks on one batch that both sides then compute the same step);
  * 4. prints, for each side, one JSON line per step (seconds, the rollout and training parts, completion tokens per
- *    second, reward) and one summary (median seconds per step, tokens per second, held-out reward before and after),
- *    writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`) with their page
- *    `<out>/report.html` (as `rxrl report <out>` draws it), and ends with one line:
- *    `{"bench":"trl-summary","steps":N,"rxrl_gain":…,"trl_gain":…,"step_time_ratio":…}`: each side's held-out
- *    reward after minus before, and TRL's median seconds per step over rxrl's (above 1: rxrl is faster).
+ *    second, reward, and the finer parts the side measures: rxrl's `generate_s`, `reward_s`, `wait_s`, `prepare_s`,
+ *    `trainer_s`, `forward_backward_s`, `optimizer_s`, `sync_s` from its metrics file; TRL's `generate_s` and
+ *    `reward_s`) and one summary (medians of each, tokens per second, held-out reward before and after, the
+ *    held-out curve, and `time_to_target_s` / `time_to_target_steps`: the training seconds, and steps, until the
+ *    held-out reward first reached `--target`, null if it never did). A step's seconds leave validation out on both
+ *    sides: TRL's clock restarts after it; rxrl's validation between steps delays the next step's wait, and its
+ *    `timing/val_s` is taken back out of that step's wait and total;
+ * 5. measures, in this process on rxrl's backend, an sgemm rate and a memory bandwidth, and prints the bounds they
+ *    give one step of this model and shape with each side's measured medians over them
+ *    (`{"bench":"trl-bounds",…}`, formulas in `bench/_bounds.ts`);
+ * 6. writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`, held-out scores at each
+ *    validation) with their page `<out>/report.html` (as `rxrl report <out>` draws it), and ends with one line:
+ *    `{"bench":"trl-summary","steps":N,"rxrl_gain":…,"trl_gain":…,"step_time_ratio":…,"target":…,
+ *    "rxrl_time_to_target_s":…,"trl_time_to_target_s":…,"time_to_target_ratio":…}`: each side's held-out reward
+ *    after minus before, TRL's median seconds per step over rxrl's, and TRL's seconds to the target over rxrl's
+ *    (above 1: rxrl is faster; null where a side never reached the target, or rxrl needed no step).
  *
  * The two sides run one after the other, never at once, on the same machine.
  *
  * @packageDocumentation
  */
 import { spawn } from 'node:child_process';
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, extname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import * as tf from '@tensorflow/tfjs-core';
 
 import { ConfigError } from '../lib/errors.js';
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { JinjaChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../lib/config/schema.js';
+import { initBackend, type BackendKind } from '../lib/model/backend.js';
+import { policyConfigFromHf } from '../lib/model/modelDir.js';
 import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.js';
 import { writeReport } from '../lib/observe/report.js';
 import type { Task } from '../lib/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
+import { modelSizes, stepBounds } from './_bounds.js';
 import { median } from './_stats.js';
 
-/** One step of either side. */
-interface StepRow {
+/**
+ * One step of either side: its seconds (validation left out), split into the rollout (generating and scoring) and
+ * training, and the finer parts where the side measures them.
+ */
+export interface StepRow {
   readonly step: number;
   readonly total_s: number;
   readonly rollout_s: number;
@@ -52,6 +73,31 @@ interface StepRow {
   readonly tokens_per_s: number;
   readonly pg_loss: number;
   readonly clipfrac: number;
+  /** Generating the batch's completions (rxrl: the union of its samples' spans; TRL: its generate calls). */
+  readonly generate_s?: number;
+  /** Scoring them (rxrl: the union of the evaluator's spans; TRL: its reward functions). */
+  readonly reward_s?: number;
+  /** rxrl: the trainer waiting for its batch (generation, scoring, grouping). */
+  readonly wait_s?: number;
+  /** rxrl: advantages and the batch's tensors (`grpoPrepare`). */
+  readonly prepare_s?: number;
+  /** rxrl: the trainer's step, of which the next two. */
+  readonly trainer_s?: number;
+  /** rxrl: micro-batch losses and gradients, accumulation included. */
+  readonly forward_backward_s?: number;
+  /** rxrl: the gradient norm, clip and Adam's update. */
+  readonly optimizer_s?: number;
+  /** rxrl: publishing the weights to the engine. */
+  readonly sync_s?: number;
+}
+
+/** The parts of a step a summary gives the median of, where a side has them. */
+const STEP_PARTS = ['generate_s', 'reward_s', 'wait_s', 'prepare_s', 'trainer_s', 'forward_backward_s', 'optimizer_s', 'sync_s'] as const;
+
+/** One held-out score: the mean reward after `step` (0-based; −1 before training). */
+export interface ValPoint {
+  readonly step: number;
+  readonly reward: number;
 }
 
 /** Held-out scores: mean reward, and the arithmetic evaluator's format and right-result rates where it has them. */
@@ -62,8 +108,10 @@ interface ValScores {
 }
 
 /** What each side reports. */
-interface SideResult {
+export interface SideResult {
   readonly steps: readonly StepRow[];
+  /** Every held-out score, before training and every `--val-every` steps, in order. */
+  readonly vals: readonly ValPoint[];
   readonly before: ValScores | null;
   readonly after: ValScores | null;
   readonly extra: Readonly<Record<string, unknown>>;
@@ -97,7 +145,7 @@ function runProcess(command: string, args: readonly string[], onLine: (line: str
 }
 
 /** The recipe's task as JSONL, each prompt as the model's chat template renders it and its token ids. */
-async function exportData(config: RxrlConfig, baseDir: string, out: string): Promise<{ modelDir: string; rows: number }> {
+async function exportData(config: RxrlConfig, baseDir: string, out: string): Promise<{ modelDir: string; rows: number; promptTokens: number }> {
   const { data, modelDir, tokenizer } = await loadRollout(config, baseDir);
   if (modelDir === undefined || !Array.isArray(data.train)) {
     throw new ConfigError('bench trl needs a recipe with model.path and generated data (data.source arithmetic or task)');
@@ -107,15 +155,20 @@ async function exportData(config: RxrlConfig, baseDir: string, out: string): Pro
     throw new ConfigError('bench trl needs rollout.chatTemplate: model and a model directory with a chat template');
   }
   const system = config.rollout.system;
+  let promptTokens = 0;
   const line = (task: Task): string => {
     const messages = [...(system === null ? [] : [{ role: 'system' as const, content: system }]), { role: 'user' as const, content: task.prompt }];
     const prompt = template.renderText(messages, [], { addGenerationPrompt: true });
-    return JSON.stringify({ id: task.id, prompt, prompt_ids: template.render(messages, [], { addGenerationPrompt: true }), answer: task.answer });
+    const ids = template.render(messages, [], { addGenerationPrompt: true });
+    promptTokens += ids.length;
+    return JSON.stringify({ id: task.id, prompt, prompt_ids: ids, answer: task.answer });
   };
   await mkdir(out, { recursive: true });
-  await writeFile(join(out, 'train.jsonl'), `${(data.train as readonly Task[]).map(line).join('\n')}\n`);
+  const train = data.train as readonly Task[];
+  await writeFile(join(out, 'train.jsonl'), `${train.map(line).join('\n')}\n`);
+  const meanPromptTokens = promptTokens / Math.max(1, train.length);
   await writeFile(join(out, 'validation.jsonl'), `${data.validation.map(line).join('\n')}\n`);
-  return { modelDir, rows: data.train.length };
+  return { modelDir, rows: train.length, promptTokens: meanPromptTokens };
 }
 
 /**
@@ -184,44 +237,61 @@ async function runRxrl(recipe: string, set: readonly string[], runDir: string): 
   await runProcess(process.execPath, [cli, 'run', recipe, ...set.flatMap((s) => ['--set', s])], (line) => (lastLine = line));
   const last = JSON.parse(lastLine) as Record<string, unknown>;
   const { records } = await readRunMetrics(runDir);
+  // A validation's line may also carry its step's sync and wall time: those go to the step, the scores to `vals`.
   const byStep = new Map<number, Record<string, number>>();
   const vals: MetricsRecord[] = [];
   for (const record of records) {
     if ('val/reward_mean' in record.metrics) vals.push(record);
-    else byStep.set(record.step, { ...byStep.get(record.step), ...record.metrics });
+    const own = Object.entries(record.metrics).filter(([key]) => !key.startsWith('val/') && key !== 'timing/val_s');
+    if (own.length > 0) byStep.set(record.step, { ...byStep.get(record.step), ...Object.fromEntries(own) });
   }
-  const steps = [...byStep.entries()]
-    .sort(([a], [b]) => a - b)
-    .map(([step, m]): StepRow => {
-      // Generating and scoring is the wait for the batch and its preparation; the rest (the trainer's step and the
-      // weight sync) is training, as TRL's side counts it.
-      const total = m['timing/total_s'];
-      const rollout = m['timing/wait_s'] + m['timing/prepare_s'];
-      return {
-        step,
-        total_s: total,
-        rollout_s: rollout,
-        train_s: total - rollout,
-        reward_mean: m['rollout/reward_mean'],
-        tokens_per_s: (m['response_length/mean'] * m['batch/rows']) / total,
-        pg_loss: m['actor/pg_loss'],
-        clipfrac: m['actor/pg_clipfrac'],
-      };
-    });
+  // The validation before training ran before the first step's clock started; those between steps did not.
+  const valSeconds = new Map(vals.filter((v) => v.step >= 0).map((v) => [v.step, v.metrics['timing/val_s'] ?? 0]));
+  const steps = [...byStep.entries()].sort(([a], [b]) => a - b).map(([step, m]) => rxrlStep(step, m, valSeconds.get(step - 1) ?? 0));
   return {
     steps,
+    vals: vals.map((v) => ({ step: v.step, reward: v.metrics['val/reward_mean'] })),
     before: vals.length > 0 ? rxrlScores(vals[0]) : null,
     after: vals.length > 1 ? rxrlScores(vals.at(-1)!) : null,
     extra: { backend: last.backend, seconds: last.seconds },
   };
 }
 
+/**
+ * One rxrl step from its metrics. Generating and scoring is the wait for the batch and its preparation; the rest (the
+ * trainer's step and the weight sync) is training, as TRL's side counts it. A validation after the previous step
+ * (`valSeconds`) ran before this step's batch was admitted, inside its wait: it leaves the wait and the total.
+ */
+function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): StepRow {
+  const total = m['timing/total_s'] - valSeconds;
+  const wait = m['timing/wait_s'] - valSeconds;
+  const rollout = wait + m['timing/prepare_s'];
+  return {
+    step,
+    total_s: total,
+    rollout_s: rollout,
+    train_s: total - rollout,
+    reward_mean: m['rollout/reward_mean'],
+    tokens_per_s: (m['response_length/mean'] * m['batch/rows']) / total,
+    pg_loss: m['actor/pg_loss'],
+    clipfrac: m['actor/pg_clipfrac'],
+    generate_s: m['timing/generate_s'],
+    reward_s: m['timing/reward_s'],
+    wait_s: wait,
+    prepare_s: m['timing/prepare_s'],
+    trainer_s: m['timing/step_s'],
+    forward_backward_s: m['timing/forward_backward_s'],
+    optimizer_s: m['timing/optimizer_s'],
+    sync_s: m['timing/sync_s'],
+  };
+}
+
 /** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
-async function runTrl(args: { modelDir: string; data: string; settings: Record<string, unknown>; out: string; steps: number; seed: number; threads: number }): Promise<SideResult | { skipped: string }> {
+async function runTrl(args: { modelDir: string; data: string; settings: Record<string, unknown>; out: string; steps: number; seed: number; threads: number; valEvery: number }): Promise<SideResult | { skipped: string }> {
   const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
   const events: Record<string, unknown>[] = [];
   const argv = [script, '--model', args.modelDir, '--data', args.data, '--settings', JSON.stringify(args.settings), '--out', args.out];
-  argv.push('--steps', String(args.steps), '--seed', String(args.seed), '--threads', String(args.threads));
+  argv.push('--steps', String(args.steps), '--seed', String(args.seed), '--threads', String(args.threads), '--val-every', String(args.valEvery));
   await runProcess('python3', argv, (line) => events.push(JSON.parse(line) as Record<string, unknown>));
   const skipped = events.find((e) => e.event === 'skipped');
   if (skipped) return { skipped: String(skipped.reason) };
@@ -239,11 +309,19 @@ async function runTrl(args: { modelDir: string; data: string; settings: Record<s
         tokens_per_s: (Number(e.mean_length) * Number(e.samples)) / total,
         pg_loss: Number(e.pg_loss),
         clipfrac: Number(e.clipfrac),
+        generate_s: Number(e.generate_s),
+        reward_s: Number(e.reward_s),
       };
     });
   const first = vals[0] ?? {};
   const scores = (e: Record<string, unknown>): ValScores => ({ reward: Number(e.reward_mean), format: Number(e.format_mean), correct: Number(e.correct_mean) });
-  return { steps, before: vals.length > 0 ? scores(first) : null, after: vals.length > 1 ? scores(vals.at(-1)!) : null, extra: { trl: first.trl, torch: first.torch } };
+  return {
+    steps,
+    vals: vals.map((e) => ({ step: Number(e.step), reward: Number(e.reward_mean) })),
+    before: vals.length > 0 ? scores(first) : null,
+    after: vals.length > 1 ? scores(vals.at(-1)!) : null,
+    extra: { trl: first.trl, torch: first.torch },
+  };
 }
 
 function rxrlScores(record: MetricsRecord): ValScores {
@@ -256,10 +334,33 @@ function gain(s: SideResult | undefined): number | null {
   return s === undefined || s.before === null || s.after === null ? null : round(s.after.reward - s.before.reward);
 }
 
+/**
+ * Training seconds until the held-out reward first reaches `target`: the steps' seconds (validation left out) up to
+ * and including the step after which that validation ran, and how many steps that is (0 when the model met it before
+ * training). Null when no validation reached it.
+ */
+export function timeToTarget(result: Pick<SideResult, 'steps' | 'vals'>, target: number): { seconds: number; steps: number } | null {
+  const hit = [...result.vals].sort((a, b) => a.step - b.step).find((v) => v.reward >= target);
+  if (hit === undefined) return null;
+  const seconds = result.steps.filter((s) => s.step <= hit.step).reduce((a, s) => a + s.total_s, 0);
+  return { seconds: round(seconds), steps: hit.step + 1 };
+}
+
+/** Medians of the finer parts of a side's steps, `<part>_median`, for the parts it measures. */
+function partMedians(steps: readonly StepRow[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const part of STEP_PARTS) {
+    const values = steps.map((s) => s[part]).filter((v): v is number => v !== undefined && Number.isFinite(v));
+    if (values.length > 0) out[`${part}_median`] = round(median(values), 4);
+  }
+  return out;
+}
+
 /** One side's summary line. */
-function sideSummary(side: string, result: SideResult): Record<string, unknown> {
+function sideSummary(side: string, result: SideResult, target: number): Record<string, unknown> {
   const { steps } = result;
-  const col = (key: keyof StepRow): number => round(median(steps.map((s) => s[key])));
+  const col = (key: 'total_s' | 'rollout_s' | 'train_s' | 'tokens_per_s'): number => round(median(steps.map((s) => s[key])));
+  const reached = timeToTarget(result, target);
   return {
     bench: 'trl',
     side,
@@ -268,11 +369,39 @@ function sideSummary(side: string, result: SideResult): Record<string, unknown> 
     step_s_median: col('total_s'),
     rollout_s_median: col('rollout_s'),
     train_s_median: col('train_s'),
+    ...partMedians(steps),
     tokens_per_s_median: col('tokens_per_s'),
     val_before: result.before,
     val_after: result.after,
     gain: gain(result),
+    target,
+    time_to_target_s: reached?.seconds ?? null,
+    time_to_target_steps: reached?.steps ?? null,
+    val_curve: result.vals.map((v) => [v.step, round(v.reward)]),
     reward_curve: steps.map((s) => round(s.reward_mean)),
+  };
+}
+
+/**
+ * The last line: each side's held-out gain, TRL's median step seconds over rxrl's, and each side's seconds to the
+ * target with TRL's over rxrl's (null where a side never reached it, or rxrl needed no training to).
+ */
+export function summaryLine(steps: number, target: number, sides: Readonly<Record<string, SideResult | undefined>>): Record<string, unknown> {
+  const stepTime = (s: SideResult | undefined): number => (s === undefined ? Number.NaN : median(s.steps.map((r) => r.total_s)));
+  const ratio = stepTime(sides.trl) / stepTime(sides.rxrl);
+  const reached = (s: SideResult | undefined): number | null => (s === undefined ? null : (timeToTarget(s, target)?.seconds ?? null));
+  const rxrlSeconds = reached(sides.rxrl);
+  const trlSeconds = reached(sides.trl);
+  return {
+    bench: 'trl-summary',
+    steps,
+    rxrl_gain: gain(sides.rxrl),
+    trl_gain: gain(sides.trl),
+    step_time_ratio: Number.isFinite(ratio) ? round(ratio) : null,
+    target,
+    rxrl_time_to_target_s: rxrlSeconds,
+    trl_time_to_target_s: trlSeconds,
+    time_to_target_ratio: rxrlSeconds !== null && trlSeconds !== null && rxrlSeconds > 0 ? round(trlSeconds / rxrlSeconds) : null,
   };
 }
 
@@ -280,7 +409,9 @@ function sideSummary(side: string, result: SideResult): Record<string, unknown> 
 function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
   const lines: string[] = [];
   for (const [side, result] of Object.entries(sides)) {
-    if (result.before !== null) lines.push(JSON.stringify({ step: -1, version: 0, time: 0, [`${side}/val/reward_mean`]: result.before.reward }));
+    // Each held-out score once per step (a run may score its last step twice: every N steps, then at the end).
+    const vals = new Map(result.vals.map((v) => [v.step, v.reward]));
+    for (const [step, reward] of vals) lines.push(JSON.stringify({ step, version: step + 1, time: 0, [`${side}/val/reward_mean`]: reward }));
     for (const s of result.steps) {
       lines.push(
         JSON.stringify({
@@ -292,51 +423,123 @@ function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
           [`${side}/timing/total_s`]: s.total_s,
           [`${side}/actor/pg_loss`]: s.pg_loss,
           [`${side}/actor/pg_clipfrac`]: s.clipfrac,
+          ...Object.fromEntries(STEP_PARTS.filter((part) => s[part] !== undefined).map((part) => [`${side}/timing/${part}`, s[part]])),
         }),
       );
     }
-    const last = result.steps.at(-1);
-    if (result.after !== null && last) lines.push(JSON.stringify({ step: last.step, version: last.step + 1, time: 0, [`${side}/val/reward_mean`]: result.after.reward }));
   }
   return `${lines.join('\n')}\n`;
+}
+
+/**
+ * The machine's rates on `backend`, measured in this process: sgemm GFLOP/s of a `[512, 576] × [576, 1536]` product
+ * (SmolLM2-135M's width and MLP), and memory GB/s of adding two 64 MB tensors (two reads and a write a float).
+ */
+async function measureRates(backend: BackendKind): Promise<{ backend: string; gflops: number; bandwidthGBs: number }> {
+  await initBackend(backend, { logger: { info: () => undefined } });
+  const rate = async (reps: number, op: () => tf.Tensor): Promise<number> => {
+    tf.dispose(op()); // warm up: kernels, first allocations
+    const started = performance.now();
+    let last: tf.Tensor | undefined;
+    for (let i = 0; i < reps; i++) {
+      tf.dispose(last);
+      last = op();
+    }
+    await last!.data();
+    tf.dispose(last);
+    return reps / ((performance.now() - started) / 1000); // ops per second
+  };
+  const [a, b] = [tf.randomUniform([512, 576]), tf.randomUniform([576, 1536])];
+  const gflops = ((await rate(10, () => tf.matMul(a, b))) * 2 * 512 * 576 * 1536) / 1e9;
+  const floats = (64 * 2 ** 20) / 4;
+  const [x, y] = [tf.randomUniform([floats]), tf.randomUniform([floats])];
+  const bandwidthGBs = ((await rate(5, () => tf.add(x, y))) * 3 * floats * 4) / 1e9;
+  tf.dispose([a, b, x, y]);
+  return { backend: tf.getBackend(), gflops: round(gflops, 1), bandwidthGBs: round(bandwidthGBs, 1) };
+}
+
+/** The `trl-bounds` line: the machine's rates, the step's bounds, and each side's measured medians over them. */
+async function boundsLine(backend: BackendKind, modelDir: string, settings: Record<string, unknown>, promptTokens: number, sides: Readonly<Record<string, SideResult>>): Promise<Record<string, unknown>> {
+  const rates = await measureRates(backend);
+  const config = policyConfigFromHf(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')));
+  const sizes = modelSizes(config);
+  const bounds = stepBounds({
+    sizes,
+    gflops: rates.gflops,
+    bandwidthGBs: rates.bandwidthGBs,
+    rows: Number(settings.rows),
+    groupSize: Number(settings.groupSize),
+    promptTokens,
+    maxTokens: Number(settings.maxTokens),
+    ppoEpochs: Number(settings.ppoEpochs),
+    lora: settings.lora !== null,
+    referenceForward: Number(settings.klCoef) > 0,
+  });
+  const measured: Record<string, unknown> = {};
+  for (const [side, result] of Object.entries(sides)) {
+    const med = (key: 'generate_s' | 'trainer_s' | 'train_s'): number => median(result.steps.map((s) => s[key] ?? Number.NaN).filter(Number.isFinite));
+    // rxrl's training is its trainer's step; TRL's, the step less its generation and scoring.
+    const generate = med('generate_s');
+    const train = med(side === 'rxrl' ? 'trainer_s' : 'train_s');
+    measured[side] = {
+      generate_s: Number.isFinite(generate) ? round(generate) : null,
+      generate_ratio: Number.isFinite(generate) ? round(generate / bounds.generate_bound_s, 2) : null,
+      train_s: Number.isFinite(train) ? round(train) : null,
+      train_ratio: Number.isFinite(train) ? round(train / bounds.train_bound_s, 2) : null,
+    };
+  }
+  const r = (x: number): number => Number(x.toPrecision(4));
+  return {
+    bench: 'trl-bounds',
+    ...rates,
+    params: sizes.params,
+    body_params: sizes.bodyParams,
+    head_params: sizes.headParams,
+    prompt_tokens_mean: round(promptTokens, 1),
+    ...Object.fromEntries(Object.entries(bounds).map(([key, value]) => [key, r(value)])),
+    measured,
+  };
 }
 
 export async function main(args: readonly string[]): Promise<void> {
   const steps = Number(option(args, 'steps', '50'));
   const seed = Number(option(args, 'seed', '1'));
   const threads = Number(option(args, 'threads', '2'));
+  const target = Number(option(args, 'target', '0.75'));
+  const valEvery = Number(option(args, 'val-every', '10'));
+  if (!(Number.isInteger(valEvery) && valEvery >= 1)) throw new ConfigError(`bench trl: --val-every must be an integer >= 1, got ${option(args, 'val-every', '')}`);
   const only = option(args, 'only', '');
-  const backend = option(args, 'backend', 'tensorflow');
+  const backend = option(args, 'backend', 'tensorflow') as BackendKind;
   const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
   const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
-  // rxrl's run: validation before and after only, no checkpoint but the last.
+  // rxrl's run: validation before training and every --val-every steps, no checkpoint but the last.
   // TRL's advantage epsilon is a constant: rxrl's side takes it too.
-  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, 'validation.every=0', 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
+  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, `validation.every=${valEvery}`, 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
   for (const dir of ['data', 'rxrl', 'trl']) await rm(join(out, dir), { recursive: true, force: true });
-  const { modelDir, rows } = await exportData(config, recipeDir(recipe), join(out, 'data'));
-  console.log(JSON.stringify({ bench: 'trl', recipe, steps, seed, threads, model: modelDir, train_prompts: rows, settings }));
+  const { modelDir, rows, promptTokens } = await exportData(config, recipeDir(recipe), join(out, 'data'));
+  console.log(JSON.stringify({ bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows, settings }));
 
   const sides: Record<string, SideResult> = {};
   if (only !== 'trl') {
     sides.rxrl = await runRxrl(recipe, set, join(out, 'rxrl'));
     for (const s of sides.rxrl.steps) console.log(JSON.stringify({ bench: 'trl', side: 'rxrl', ...s }));
-    console.log(JSON.stringify(sideSummary('rxrl', sides.rxrl)));
+    console.log(JSON.stringify(sideSummary('rxrl', sides.rxrl, target)));
   }
   if (only !== 'rxrl') {
-    const trl = await runTrl({ modelDir, data: join(out, 'data'), settings, out: join(out, 'trl'), steps, seed, threads });
+    const trl = await runTrl({ modelDir, data: join(out, 'data'), settings, out: join(out, 'trl'), steps, seed, threads, valEvery });
     if ('skipped' in trl) console.log(JSON.stringify({ bench: 'trl', side: 'trl', skipped: trl.skipped }));
     else {
       sides.trl = trl;
       for (const s of trl.steps) console.log(JSON.stringify({ bench: 'trl', side: 'trl', ...s }));
-      console.log(JSON.stringify(sideSummary('trl', trl)));
+      console.log(JSON.stringify(sideSummary('trl', trl, target)));
     }
   }
   await writeFile(join(out, 'metrics.jsonl'), comparisonLines(sides));
   await writeReport(out, { title: `rxrl and TRL: ${basename(recipe)}, ${steps} steps, seed ${seed}` });
-  const stepTime = (s: SideResult | undefined): number => (s === undefined ? Number.NaN : median(s.steps.map((r) => r.total_s)));
-  const ratio = stepTime(sides.trl) / stepTime(sides.rxrl);
-  console.log(JSON.stringify({ bench: 'trl-summary', steps, rxrl_gain: gain(sides.rxrl), trl_gain: gain(sides.trl), step_time_ratio: Number.isFinite(ratio) ? round(ratio) : null }));
+  // Measured after both sides, never beside them.
+  console.log(JSON.stringify(await boundsLine(backend, modelDir, settings, promptTokens, sides)));
+  console.log(JSON.stringify(summaryLine(steps, target, sides)));
 }

@@ -7,15 +7,19 @@ mapped from the rxrl recipe, checks that the tokenizer here encodes every prompt
 
 1. scores the model on the held-out prompts (greedy, as rxrl's validation), before training;
 2. trains ``--steps`` GRPO steps (LoRA through ``peft`` when the settings have one), timing each step's wall time
-   and the part of it spent generating and scoring (the rest is training);
-3. scores the held-out prompts again.
+   and the part of it spent generating and scoring (the rest is training), and within that part the generate calls
+   and the reward functions; every ``--val-every`` steps it scores the held-out prompts again (outside the steps'
+   clock: the next step's starts after it);
+3. scores the held-out prompts after the last step (unless step 2 just did).
 
-Prints one JSON line per event on stdout: ``{"event": "val", "step": -1 | N, ...}``, ``{"event": "step", ...}``
-per step, and last ``{"event": "done", ...}``. Nothing is downloaded; the model is a local directory.
+Prints one JSON line per event on stdout: ``{"event": "val", "step": -1 | N, ...}`` (N the 0-based step it
+follows), ``{"event": "step", ...}`` per step, and last ``{"event": "done", ...}``. Nothing is downloaded; the
+model is a local directory.
 
 Usage::
 
     python3 bench/trl_grpo.py --model DIR --data DIR --settings JSON --out DIR [--steps 50] [--seed 1] [--threads 2]
+        [--val-every 10]
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--val-every", type=int, default=10, help="score the held-out prompts every N steps")
     return parser.parse_args()
 
 
@@ -88,6 +93,20 @@ def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[
         model.train()
     n = len(rows)
     return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "seconds": time.perf_counter() - started}
+
+
+def timed(obj, name: str, timing: dict, key: str) -> None:
+    """Wraps the method ``name`` of ``obj`` so that its seconds add up in ``timing[key]``."""
+    method = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        started = time.perf_counter()
+        try:
+            return method(*a, **k)
+        finally:
+            timing[key] += time.perf_counter() - started
+
+    setattr(obj, name, wrapper)
 
 
 def grpo_config(settings: dict, out: str, steps: int, seed: int):
@@ -182,19 +201,19 @@ def main() -> None:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     eos_ids.extend(trainer.eos_token_ids if isinstance(trainer.eos_token_ids, list) else [trainer.eos_token_ids])
 
-    # Generation and scoring are timed inside each step; the rest of the step's wall time is training.
-    timing = {"rollout": 0.0, "last": 0.0}
-    generate = trainer._generate_and_score_completions
-
-    def timed_generate(*a, **k):
-        started = time.perf_counter()
-        try:
-            return generate(*a, **k)
-        finally:
-            timing["rollout"] += time.perf_counter() - started
-
-    trainer._generate_and_score_completions = timed_generate
+    # Generation and scoring are timed inside each step (and, within them, the generate calls and the rewards); the
+    # rest of the step's wall time is training.
+    timing = {"last": 0.0, "rollout": 0.0, "generate": 0.0, "reward": 0.0}
+    timed(trainer, "_generate_and_score_completions", timing, "rollout")
+    timed(trainer, "_generate_single_turn", timing, "generate")
+    timed(trainer, "_calculate_rewards", timing, "reward")
     pending: dict = {}
+    scored: dict = {"step": None}
+
+    def validate(step: int) -> dict:
+        result = evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, step)
+        scored["step"] = step
+        return result
 
     class Steps(TrainerCallback):
         def on_train_begin(self, _args, state, control, **kwargs):
@@ -203,8 +222,12 @@ def main() -> None:
         def on_step_end(self, _args, state, control, **kwargs):
             now = time.perf_counter()
             total = now - timing["last"]
-            pending.update({"event": "step", "step": state.global_step - 1, "total_s": total, "rollout_s": timing["rollout"], "train_s": total - timing["rollout"]})
-            timing["rollout"], timing["last"] = 0.0, now
+            pending.update({"event": "step", "step": state.global_step - 1, "total_s": total, "rollout_s": timing["rollout"], "train_s": total - timing["rollout"], "generate_s": timing["generate"], "reward_s": timing["reward"]})
+            timing.update({"rollout": 0.0, "generate": 0.0, "reward": 0.0, "last": now})
+            if state.global_step % args.val_every == 0:
+                emit(validate(state.global_step - 1))
+                # The validation's time belongs to no step.
+                timing["last"] = time.perf_counter()
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if pending and logs is not None and "reward" in logs:
@@ -213,11 +236,12 @@ def main() -> None:
             # The log's own time goes to the next step, as rxrl's metrics writing does.
 
     trainer.add_callback(Steps())
-    emit({**evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, -1), "trl": trl.__version__, "torch": torch.__version__, "threads": args.threads})
+    emit({**validate(-1), "trl": trl.__version__, "torch": torch.__version__, "threads": args.threads})
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
-    emit(evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, args.steps - 1))
+    if scored["step"] != args.steps - 1:
+        emit(validate(args.steps - 1))
     emit({"event": "done", "steps": args.steps, "seconds": seconds})
 
 

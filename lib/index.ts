@@ -14,8 +14,10 @@ export type {
   ModelTag,
   PolicyVersion,
   RolloutOutput,
+  RolloutTiming,
   SampleFailure,
   Task,
+  TimeSpan,
   Trajectory,
 } from './types.js';
 export { isSampleFailure } from './types.js';

@@ -70,6 +70,19 @@ export interface Trajectory {
   readonly metrics: Readonly<Record<string, number>>;
   /** The task this trajectory answers (kept so evaluators and logs can see it). */
   readonly task: Task;
+  /** When it was generated and scored, in the process that rolled it out (not carried over Kafka). */
+  readonly timing?: RolloutTiming;
+}
+
+/** A time span, `[start, end]` in milliseconds of `performance.now()` of one process. */
+export type TimeSpan = readonly [number, number];
+
+/** When one sample was generated and scored (the `rollout` operator's clock). */
+export interface RolloutTiming {
+  /** The worker's call: encoding the prompt and generating (for a multi-turn worker, all its turns). */
+  readonly generate: TimeSpan;
+  /** The evaluator's call (empty where the worker gave the reward itself). */
+  readonly reward: TimeSpan;
 }
 
 /** The trajectories of one prompt: the unit GRPO normalizes over. */

@@ -5,6 +5,7 @@ import { applyKlPenalty, type KlEstimatorName } from '../lib/algos/kl.js';
 import { type KlController, createKlController, updateKlController } from '../lib/algos/klController.js';
 import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
+import { spanSeconds } from '../lib/observe/spans.js';
 import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/types.js';
 
 /** A frozen reference policy that scores the response tokens of a batch. */
@@ -47,7 +48,9 @@ export interface GrpoPrepareOptions {
  * Turns a batch of groups into a padded, columnar training {@link Batch}: token rewards (scalar reward on the last
  * response token, optionally minus a KL penalty against a reference policy), group-normalized advantages
  * broadcast over each row's loss mask, and the metrics of the preparation (`critic/*`, `batch/*`, and
- * `timing/prepare_s`: its seconds, reference log-probs included).
+ * `timing/prepare_s`: its seconds, reference log-probs included), with the rollout's `timing/generate_s` and
+ * `timing/reward_s` where the trajectories carry their {@link Trajectory.timing} (the wall time in which some row of
+ * the batch was being generated, or scored).
  * A batch with no rows left (every group empty or filtered) is still emitted, with size 0, so the step counter
  * and the admission gate move on.
  *
@@ -117,10 +120,25 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
             ? { ...base, advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages), tokenRewards, ...(refLogprobs ? { refLogprobs } : {}) }
             : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
         metrics['batch/rows'] = prepared.size;
+        Object.assign(metrics, rolloutSeconds(rows));
         metrics['timing/prepare_s'] = (performance.now() - started) / 1000;
         return { ...prepared, meta: { ...prepared.meta, groups: groupIds }, metrics };
       }),
     );
+}
+
+/**
+ * `timing/generate_s` and `timing/reward_s` of a batch: the wall time during which at least one of its samples was
+ * being generated, or scored (the union of their spans, so concurrent samples count once). Absent when no row has
+ * timing (trajectories that crossed Kafka).
+ */
+function rolloutSeconds(rows: readonly Trajectory[]): Metrics {
+  const timed = rows.flatMap((t) => (t.timing ? [t.timing] : []));
+  if (timed.length === 0) return {};
+  return {
+    'timing/generate_s': spanSeconds(timed.map((t) => t.generate)),
+    'timing/reward_s': spanSeconds(timed.map((t) => t.reward)),
+  };
 }
 
 /** Token rewards minus `coef·KL(policy ‖ reference)` over a batch's response tokens, with the penalty metrics. */

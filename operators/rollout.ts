@@ -41,9 +41,10 @@ export interface RolloutOptions {
 
 /**
  * Expands each task into its GRPO group and samples every member from `engine`, with at most `concurrency`
- * samples in flight. Each response is scored by the evaluator. A sample that fails (engine error, evaluator
- * error, non-finite reward) is emitted as a {@link SampleFailure} so its group can shrink instead of waiting;
- * the stream goes on.
+ * samples in flight. Each response is scored by the evaluator; each trajectory records when it was generated and
+ * scored (`timing`, which `grpoPrepare` turns into the batch's `timing/generate_s` and `timing/reward_s`). A
+ * sample that fails (engine error, evaluator error, non-finite reward) is emitted as a {@link SampleFailure} so its
+ * group can shrink instead of waiting; the stream goes on.
  *
  * ```
  * task:     --a---------b-------|
@@ -106,6 +107,7 @@ async function generateAndScore(
   signal: AbortSignal,
 ): Promise<Trajectory> {
   const worker = options.worker ?? singleTurnWorker;
+  const generating = performance.now();
   const sample = await worker(
     {
       engine,
@@ -119,6 +121,7 @@ async function generateAndScore(
     signal,
   );
   const text = sample.response;
+  const scoring = performance.now();
   let result;
   try {
     result =
@@ -128,6 +131,7 @@ async function generateAndScore(
   } catch (cause) {
     throw new EvaluationError(`evaluator failed on task ${task.id}`, { cause, context: { taskId: task.id } });
   }
+  const scored = performance.now();
   if (!Number.isFinite(result.reward)) {
     throw new EvaluationError(`evaluator returned a non-finite reward (${result.reward}) for task ${task.id}`, {
       context: { taskId: task.id, reward: result.reward },
@@ -145,5 +149,6 @@ async function generateAndScore(
     finishReason: sample.finishReason,
     metrics: { ...sample.metrics, ...result.metrics },
     task,
+    timing: { generate: [generating, scoring], reward: [scoring, scored] },
   };
 }

@@ -20,6 +20,9 @@ export interface SyncWeightsOptions {
  * `timing/wait_s`, the rest once `timing/prepare_s` (grpoPrepare), `timing/step_s` (the trainer) and the sync are
  * taken out: the time the trainer waited for its batch (rollouts, rewards, grouping; in a pipeline, also whatever
  * ran after the previous step, such as its checkpoint and validation). So wait + prepare + step + sync = total.
+ * Within the wait, `timing/generate_s` and `timing/reward_s` (grpoPrepare, from the rollout's spans) say how long
+ * the batch's samples were being generated and scored; within the step, the trainer may report its own parts
+ * (`timing/forward_backward_s`, `timing/optimizer_s`).
  *
  * ```
  * step:    --X-----Y----|

@@ -420,8 +420,13 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
   };
   const seed = config.run.seed;
   const baseWorker = setup.worker ?? singleTurnWorker;
-  const score = (): Promise<Metrics> =>
-    validate(engine, data.validation, evaluator, { maxTokens: data.maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
+  // Each validation's scores carry its seconds (`timing/val_s`); one between steps also counts in the next step's
+  // `timing/wait_s` and `timing/total_s`, which it delays.
+  const score = async (): Promise<Metrics> => {
+    const started = performance.now();
+    const scores = await validate(engine, data.validation, evaluator, { maxTokens: data.maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
+    return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
+  };
   // A restarted attempt keeps the first attempt's validation before training.
   const before = memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
   // Validation lines carry the step they follow (−1 before the first).

@@ -28,6 +28,7 @@ export type { ErrorAction, ErrorContext, ErrorPolicy, ErrorReporterOptions } fro
 export { ActivityOverflowError, RunDirError } from './errors.js';
 
 // ── metrics stream ─────────────────────────────────────────────────────────────
+export { spanSeconds } from './spans.js';
 export {
   METRICS_FILE,
   METRICS_RESERVED_KEYS,

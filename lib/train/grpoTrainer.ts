@@ -115,6 +115,11 @@ const GRAD_NORM_EPSILON = 1e-6;
  * advantages, optional KL-to-reference loss and entropy bonus; micro-batches with gradient accumulation,
  * global-norm clipping and Adam. A non-finite loss or gradient skips the update and says so in the metrics
  * (`actor/skipped_nonfinite`); the step still counts, so versions keep moving.
+ *
+ * Each step's metrics time it: `timing/step_s` (the whole step), of which `timing/forward_backward_s` (every
+ * micro-batch's loss and gradients, their accumulation included) and `timing/optimizer_s` (the global norm, the
+ * clip and Adam's update); the rest is the batch's tensors and what the loss needs of the whole batch (proximal or
+ * reference log-probs).
  */
 export class GrpoTrainer implements Trainer {
   readonly modelTag: ModelTag;
@@ -331,6 +336,10 @@ export class GrpoTrainer implements Trainer {
     };
     let updates = 0;
     let skippedUpdates = 0;
+    // Seconds of the micro-batches' losses and gradients (accumulation included) and of the updates (norm, clip,
+    // Adam), summed over the step's updates. Both end on a value read back from the backend (each micro-batch's
+    // loss, the gradient norm), so queued work is not counted in the wrong part.
+    const seconds = { forwardBackward: 0, optimizer: 0 };
     const inputs = this.stepInputs(batch, record);
     try {
       for (let epoch = 0; epoch < ppoEpochs; epoch++) {
@@ -340,8 +349,12 @@ export class GrpoTrainer implements Trainer {
         const miniSize = Math.ceil(B / miniBatches);
         for (let m = 0; m < B; m += miniSize) {
           throwIfAborted(signal);
+          const accumulating = performance.now();
           const { grads, finite } = await this.accumulate(batch, order.slice(m, m + miniSize), inputs, record, signal);
+          const updating = performance.now();
           const { norm, applied } = this.applyClipped(Object.fromEntries(grads), finite);
+          seconds.forwardBackward += (updating - accumulating) / 1000;
+          seconds.optimizer += (performance.now() - updating) / 1000;
           record({ 'actor/grad_norm': norm }, 1);
           updates++;
           if (!applied) skippedUpdates++;
@@ -353,6 +366,8 @@ export class GrpoTrainer implements Trainer {
     for (const [key, { sum: s, weight }] of totals) metrics[key] = weight > 0 ? s / weight : 0;
     metrics['actor/updates'] = updates;
     metrics['actor/lr'] = this.options.learningRate ?? 1e-3;
+    metrics['timing/forward_backward_s'] = seconds.forwardBackward;
+    metrics['timing/optimizer_s'] = seconds.optimizer;
     return { epochs: updates, skippedUpdates };
   }
 

@@ -33,6 +33,23 @@ describe('grpoPrepare', () => {
     expect(batch.metrics).toMatchObject({ 'batch/groups': 2, 'batch/rows': 4, 'critic/groups_zero_variance': 1 });
   });
 
+  it("reports the rollout's generate and reward seconds as the union of its rows' spans", async () => {
+    const timed = (id: string, spans: [[number, number], [number, number]][]): Group => ({
+      key: [id],
+      modelTag: 'policy',
+      trajectories: spans.map(([generate, reward], runId) => ({ ...traj(id, runId, { reward: runId }), timing: { generate, reward } })),
+    });
+    const [batch] = await prepare(
+      [[timed('a@0', [[[0, 2000], [2000, 2010]], [[500, 2500], [2500, 2520]]]), timed('b@0', [[[4000, 5000], [5000, 5005]], [[4000, 4500], [4500, 4505]]])]],
+      { padId: 0 },
+    );
+    expect(batch.metrics?.['timing/generate_s']).toBeCloseTo(3.5, 9);
+    expect(batch.metrics?.['timing/reward_s']).toBeCloseTo(0.04, 9);
+    // Trajectories without timing (decoded from Kafka) give no such metrics.
+    const [untimed] = await prepare([[group('a@0', [1, 0])]], { padId: 0 });
+    expect(untimed.metrics).not.toHaveProperty('timing/generate_s');
+  });
+
   it('filters zero-variance groups when asked, counting them', async () => {
     const [batch] = await prepare([[group('a@0', [1, 0]), group('b@0', [0.5, 0.5]), group('c@0', [])]], {
       padId: 0,

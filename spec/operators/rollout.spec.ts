@@ -37,6 +37,27 @@ describe('rollout', () => {
     expect(trajectories.find((t) => t.taskId === 't2')!.reward).toBe(0);
   });
 
+  it('records when each sample was generated and when it was scored, in that order', async () => {
+    const calls: { generate?: number; evaluate?: number } = {};
+    const engine = new ScriptedEngine(() => {
+      calls.generate = performance.now();
+      return { tokens: [4, 3, 2], logprobs: [-1, -2, -3], finishReason: 'stop', policyVersion: 0 };
+    });
+    const timedEvaluator: Evaluator = {
+      evaluate: (t, response) => {
+        calls.evaluate = performance.now();
+        return { reward: response === t.answer ? 1 : 0 };
+      },
+    };
+    const [out] = await lastValueFrom(from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 8, evaluator: timedEvaluator }), toArray()));
+    const { generate, reward } = (out as Trajectory).timing!;
+    expect(generate[0]).toBeLessThanOrEqual(calls.generate!);
+    expect(calls.generate!).toBeLessThanOrEqual(generate[1]);
+    expect(generate[1]).toBeLessThanOrEqual(reward[0]);
+    expect(reward[0]).toBeLessThanOrEqual(calls.evaluate!);
+    expect(calls.evaluate!).toBeLessThanOrEqual(reward[1]);
+  });
+
   it("hands the evaluator how each response ended and its tokens, beside the text", async () => {
     const engine = new ScriptedEngine((_request, call) =>
       call % 2 === 0

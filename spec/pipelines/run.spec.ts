@@ -60,7 +60,15 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     for (const [train, after] of [[1, 2], [3, 4], [5, 6]].map(([a, b]) => [metrics[a], metrics[b]])) {
       const parts = after['timing/wait_s'] + train['timing/prepare_s'] + train['timing/step_s'] + after['timing/sync_s'];
       expect(parts).toBeCloseTo(after['timing/total_s'], 9);
+      // Generating and scoring the batch happen while the trainer waits for it; the trainer's parts inside its step.
+      expect(train['timing/generate_s']).toBeGreaterThan(0);
+      expect(train['timing/generate_s']).toBeLessThanOrEqual(after['timing/wait_s']);
+      expect(train['timing/reward_s']).toBeLessThanOrEqual(after['timing/wait_s']);
+      expect(train['timing/forward_backward_s'] + train['timing/optimizer_s']).toBeLessThanOrEqual(train['timing/step_s']);
     }
+    // Every validation says its seconds; the one after version 2 delays the next step, inside its wait.
+    for (const val of [metrics[0], metrics[4], metrics[7]]) expect(val['timing/val_s']).toBeGreaterThan(0);
+    expect(metrics[6]['timing/wait_s']).toBeGreaterThanOrEqual(metrics[4]['timing/val_s']);
     expect(readdirSync(join(dir, 'run')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_2', 'global_step_3']);
     const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
     expect(trained).toHaveLength(3);

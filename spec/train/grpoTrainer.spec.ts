@@ -70,6 +70,19 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     model.dispose();
   });
 
+  it("times the step's parts: micro-batch gradients and the updates, both inside the step's own seconds", async () => {
+    const model = PolicyModel.create(config, 3);
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-3, microBatchSize: 1, ppoEpochs: 2 });
+    const { metrics } = await trainer.trainStep(batchOf(model));
+    const forwardBackward = metrics['timing/forward_backward_s'];
+    const optimizer = metrics['timing/optimizer_s'];
+    expect(forwardBackward).toBeGreaterThan(0);
+    expect(optimizer).toBeGreaterThan(0);
+    expect(forwardBackward + optimizer).toBeLessThanOrEqual(metrics['timing/step_s']);
+    trainer.dispose();
+    model.dispose();
+  });
+
   it('trains only the weights `trainable` selects: the rest stay put and have no optimizer state', async () => {
     const model = PolicyModel.create(config, 3);
     const top = (name: string): boolean => name.startsWith('model.layers.0.mlp.') || name === 'model.norm.weight';
