@@ -1,6 +1,6 @@
 /**
  * Adam (Kingma & Ba 2015, Algorithm 1 with the efficient ordering of §2) over a fixed list of variables, in the
- * fewest kernels a TF.js backend offers: eleven elementwise kernels a variable (twelve without the gradient's
+ * few kernels of the standard TF.js ops: eleven elementwise kernels a variable (twelve without the gradient's
  * square at hand), the step's scalars made once a step, and the global-norm clip folded into those scalars.
  *
  * @packageDocumentation
