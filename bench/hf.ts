@@ -8,7 +8,7 @@
  * The weights are random (seeded), or those of `--model-dir` (default: SmolLM2-135M-Instruct when
  * `npm run model:smollm2` has built it). A full Adam step (`train_tok_s`) is timed on every backend but wasm:
  * weights, gradients and two moments of 135 M parameters (2.2 GB) do not fit in what the wasm backend can address
- * (~2 GB). The default backends are every installed one of tensorflow and wasm.
+ * (~2 GB); it is rxrl's Adam (lib/train/adam.ts), the trainer's. The default backends are every installed one of tensorflow and wasm.
  *
  * Usage: `npm run bench -- hf [--backends tensorflow,wasm,cpu] [--reps 3] [--batch 1] [--seq 128] [--threads 2]
  * [--model-dir DIR] [--no-torch]`. Prints one JSON object per backend, one for PyTorch, and a summary with ratios.
@@ -24,6 +24,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, nativeBackendInstalled, type BackendName } from '../lib/model/backend.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
+import { Adam } from '../lib/train/adam.js';
 import { ratio, runTorchHf } from './_torch.js';
 import { median } from './_stats.js';
 
@@ -113,11 +114,14 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
     }, options.reps);
     let train: number | null = null;
     if (backend !== 'wasm') {
-      const optimizer = tf.train.adam(1e-5);
+      const variables = model.trainableVariables();
+      const optimizer = new Adam(variables, { learningRate: 1e-5 }); // the trainer's Adam
       train = await timed(async () => {
-        const value = optimizer.minimize(() => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar, true);
-        await value!.data();
-        value!.dispose();
+        const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar, variables);
+        const ordered = variables.map((v) => grads[v.name]);
+        optimizer.apply(ordered);
+        await value.data();
+        tf.dispose([value, ...ordered]);
       }, options.reps);
       optimizer.dispose();
     }

@@ -14,6 +14,7 @@ import { ConfigError, assertNever, throwIfAborted } from '../errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { createRng, shuffledIndices } from '../random.js';
 import type { Batch, BatchMeta, Metrics, ModelTag } from '../types.js';
+import { Adam, gradientSquares } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 
 /** Options of {@link GrpoTrainer}. */
@@ -124,7 +125,7 @@ const GRAD_NORM_EPSILON = 1e-6;
 export class GrpoTrainer implements Trainer {
   readonly modelTag: ModelTag;
   private steps = 0;
-  private readonly optimizer: tf.AdamOptimizer;
+  private readonly optimizer: Adam;
   /** Names and variables of the weights that train, in `model.weightNames()` order. */
   private readonly trainedNames: readonly string[];
   private readonly trainedVariables: readonly tf.Variable[];
@@ -171,7 +172,7 @@ export class GrpoTrainer implements Trainer {
     this.trainedNames = names.filter((name) => trainable(name));
     if (this.trainedNames.length === 0) throw new ConfigError('trainable: no weight is trainable');
     this.trainedVariables = variables.filter((_, i) => trainable(names[i]));
-    this.optimizer = tf.train.adam(lr, options.adamBeta1 ?? 0.9, options.adamBeta2 ?? 0.999, options.adamEpsilon ?? 1e-8);
+    this.optimizer = new Adam(this.trainedVariables, { learningRate: lr, beta1: options.adamBeta1, beta2: options.adamBeta2, epsilon: options.adamEpsilon });
     this.seed = options.seed ?? 0;
   }
 
@@ -247,17 +248,12 @@ export class GrpoTrainer implements Trainer {
    * and `v/<name>` (names from `model.weightNames()`), ready for safetensors. Empty moments before the first update.
    */
   async optimizerState(): Promise<NamedWeights> {
-    const saved = await this.optimizer.getWeights(); // [iter, m_0 … m_{n−1}, v_0 … v_{n−1}]
-    const names = this.trainedNames;
+    const { step, m, v } = await this.optimizer.state();
     const out = new Map<string, { shape: readonly number[]; data: Float32Array }>();
-    const [iter, ...moments] = saved;
-    out.set('iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) });
-    const n = moments.length / 2;
-    for (let i = 0; i < moments.length; i++) {
-      const name = `${i < n ? 'm' : 'v'}/${names[i % n]}`;
-      out.set(name, { shape: [...moments[i].tensor.shape], data: Float32Array.from(await moments[i].tensor.data()) });
+    out.set('iter', { shape: [1], data: Float32Array.of(step) });
+    for (const [kind, moments] of [['m', m], ['v', v]] as const) {
+      moments.forEach((data, i) => out.set(`${kind}/${this.trainedNames[i]}`, { shape: [...this.trainedVariables[i].shape], data }));
     }
-    tf.dispose(iter.tensor);
     return out;
   }
 
@@ -270,20 +266,15 @@ export class GrpoTrainer implements Trainer {
     this.steps = state.step;
     const optimizer = state.optimizer;
     if (!optimizer || !optimizer.has('m/' + this.trainedNames[0])) return;
-    const vars = this.trainedVariables;
-    const names = this.trainedNames;
     const iter = optimizer.get('iter');
     if (!iter) throw new ConfigError('restore: optimizer state has no iter');
-    const weights: { name: string; tensor: tf.Tensor }[] = [{ name: 'iter', tensor: tf.scalar(iter.data[0]) }];
-    for (const kind of ['m', 'v'] as const) {
-      names.forEach((name, i) => {
+    const moments = (kind: 'm' | 'v'): Float32Array[] =>
+      this.trainedNames.map((name) => {
         const w = optimizer.get(`${kind}/${name}`);
         if (!w) throw new ConfigError(`restore: optimizer state lacks ${kind}/${name}`);
-        weights.push({ name: `${vars[i].name}/${kind}`, tensor: tf.tensor(w.data, [...w.shape]) });
+        return w.data;
       });
-    }
-    await this.optimizer.setWeights(weights);
-    tf.dispose(weights.map((w) => w.tensor));
+    this.optimizer.setState({ step: iter.data[0], m: moments('m'), v: moments('v') });
   }
 
   /** Releases the optimizer state (the model belongs to the caller). */
@@ -502,20 +493,24 @@ export class GrpoTrainer implements Trainer {
     return { loss: loss as tf.Scalar, metrics };
   }
 
-  /** Clips `grads` to the global norm and applies them when `finite`; disposes them. */
+  /**
+   * Clips `grads` (by variable name) to the global norm and applies them when `finite`; disposes them. The clip is
+   * a factor Adam folds into its scalars, and the squares the norm sums serve Adam's second moment.
+   */
   private applyClipped(grads: tf.NamedTensorMap, finite: boolean): { norm: number; applied: boolean } {
-    const tensors = Object.values(grads);
+    const ordered = this.trainedVariables.map((v): tf.Tensor | undefined => grads[v.name]);
+    let squares: (tf.Tensor | undefined)[] = [];
     try {
-      const norm = globalNorm(tensors);
+      const out = gradientSquares(ordered);
+      squares = out.squares;
+      const norm = out.norm;
       if (!finite || !Number.isFinite(norm)) return { norm, applied: false };
       const scale = Math.min(1, this.options.maxGradNorm / (norm + GRAD_NORM_EPSILON));
-      const clipped = Object.entries(grads).map(([name, g]) => ({ name, tensor: scale < 1 ? tf.mul(g, scale) : g }));
-      this.optimizer.applyGradients(clipped);
+      this.optimizer.apply(ordered, { scale, squares });
       this.model.weightsChanged(); // generation must not go on sampling a fused copy of the old weights
-      if (scale < 1) tf.dispose(clipped.map((c) => c.tensor));
       return { norm, applied: true };
     } finally {
-      tf.dispose(tensors);
+      tf.dispose([...Object.values(grads), ...squares.filter((x): x is tf.Tensor => x !== undefined)]);
     }
   }
 }
@@ -555,14 +550,11 @@ function dropStale(batch: Batch, step: number, maxStaleness: number): { batch: B
   return { batch: dropped > 0 ? { ...batch, lossMask } : batch, dropped };
 }
 
-/** Global L2 norm of a set of tensors. */
+/** Global L2 norm of a set of tensors (as the clip computes it). */
 function globalNorm(tensors: readonly tf.Tensor[]): number {
-  const norm = tf.tidy(() => tf.sqrt(tf.addN(tensors.map((g) => tf.sum(tf.square(g)))))); // []
-  try {
-    return norm.dataSync()[0];
-  } finally {
-    norm.dispose();
-  }
+  const { squares, norm } = gradientSquares(tensors);
+  tf.dispose(squares.filter((x): x is tf.Tensor => x !== undefined));
+  return norm;
 }
 
 /** The rows `index` of a step's inputs, as one micro-batch sees them (the proximal log-probs as the old ones). */

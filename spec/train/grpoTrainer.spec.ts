@@ -107,6 +107,36 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     model.dispose();
   });
 
+  it('restores an optimizer state in the layout TF.js Adam checkpoints were written in, and saves it back unchanged', async () => {
+    const model = PolicyModel.create(config, 3);
+    const names = model.weightNames();
+    const variables = model.trainableVariables();
+    // What the trainer saved while it ran tf.train.adam: iter, then m/<name> and v/<name> in the variables' shapes.
+    const reference = tf.train.adam(1e-3);
+    for (let step = 0; step < 2; step++) {
+      tf.tidy(() => reference.applyGradients(variables.map((v, i) => ({ name: v.name, tensor: tf.randomNormal(v.shape, 0, 1, 'float32', 10 * step + i) }))));
+    }
+    const [iter, ...moments] = await reference.getWeights();
+    const saved = new Map<string, { shape: readonly number[]; data: Float32Array }>([['iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) }]]);
+    moments.forEach((x, i) => saved.set(`${i < names.length ? 'm' : 'v'}/${names[i % names.length]}`, { shape: x.tensor.shape, data: x.tensor.dataSync() as Float32Array }));
+    tf.dispose(iter.tensor);
+    const trainer = new GrpoTrainer(model, { learningRate: 1e-3 });
+    await trainer.restore({ step: 2, optimizer: saved });
+    const again = await trainer.optimizerState();
+    expect([...again.keys()]).toEqual([...saved.keys()]);
+    for (const [name, w] of saved) {
+      expect(again.get(name)!.shape, name).toEqual(w.shape);
+      expect(Array.from(again.get(name)!.data), name).toEqual(Array.from(w.data));
+    }
+    await expect(trainer.restore({ step: 2, optimizer: new Map([...saved].filter(([name]) => name !== 'iter')) })).rejects.toThrow(ConfigError);
+    const short = new Map(saved);
+    short.set(`v/${names[0]}`, { shape: [1], data: new Float32Array(1) });
+    await expect(trainer.restore({ step: 2, optimizer: short })).rejects.toThrow(ConfigError);
+    trainer.dispose();
+    reference.dispose();
+    model.dispose();
+  });
+
   it('gives the same update with micro-batches (gradient accumulation) as with one pass', async () => {
     const a = PolicyModel.create(config, 5);
     const b = PolicyModel.create(config, 5);

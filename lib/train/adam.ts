@@ -1,0 +1,188 @@
+/**
+ * Adam (Kingma & Ba 2015, Algorithm 1 with the efficient ordering of §2) over a fixed list of variables, in the
+ * few kernels of the standard TF.js ops: eleven elementwise kernels a variable (twelve without the gradient's
+ * square at hand), the step's scalars made once a step, and the global-norm clip folded into those scalars.
+ *
+ * @packageDocumentation
+ */
+import * as tf from '@tensorflow/tfjs-core';
+
+import { ConfigError } from '../errors.js';
+
+/** Hyper-parameters of {@link Adam}. */
+export interface AdamOptions {
+  /** Learning rate α. */
+  readonly learningRate: number;
+  /** Decay of the first moment β1. Default 0.9. */
+  readonly beta1?: number;
+  /** Decay of the second moment β2. Default 0.999. */
+  readonly beta2?: number;
+  /** ε added to √v̂. Default 1e-8. */
+  readonly epsilon?: number;
+}
+
+/** Adam's state: the number of updates taken and each variable's moments (in the variables' shapes). */
+export interface AdamState {
+  /** Updates taken so far (PyTorch's `step`, TF.js's `iterations`). */
+  readonly step: number;
+  /** First moments `m`, one per variable in the order of {@link Adam.variables}, or none (zeros: no update yet). */
+  readonly m: readonly Float32Array[];
+  /** Second moments `v`, as many as `m`. */
+  readonly v: readonly Float32Array[];
+}
+
+/** Options of {@link Adam.apply}. */
+export interface AdamApplyOptions {
+  /** Factor on every gradient (a global-norm clip's). Default 1. */
+  readonly scale?: number;
+  /** Each gradient's elementwise square (as {@link gradientSquares} returns them), or computed. */
+  readonly squares?: readonly (tf.Tensor | undefined)[];
+}
+
+/**
+ * The elementwise square of each gradient and their global L2 norm `√(Σ g²)` (`undefined` gradients count 0):
+ * two kernels a gradient, and the squares serve {@link Adam.apply} after a clip by that norm.
+ *
+ * @param grads - gradients (not disposed).
+ * @returns the squares (the caller disposes them) and the norm (NaN or ∞ when a gradient is not finite).
+ */
+export function gradientSquares(grads: readonly (tf.Tensor | undefined)[]): { squares: (tf.Tensor | undefined)[]; norm: number } {
+  const squares = grads.map((g) => (g === undefined ? undefined : tf.square(g)));
+  const present = squares.filter((x): x is tf.Tensor => x !== undefined);
+  if (present.length === 0) return { squares, norm: 0 };
+  const total = tf.tidy(() => tf.addN(present.map((x) => tf.sum(x)))); // []
+  try {
+    return { squares, norm: Math.sqrt(total.dataSync()[0]) };
+  } finally {
+    total.dispose();
+  }
+}
+
+/**
+ * Adam as PyTorch's `torch.optim.Adam` computes it: for each variable with gradient `g` scaled by `scale`,
+ *
+ *     m ← β1·m + (1 − β1)·scale·g
+ *     v ← β2·v + (1 − β2)·scale²·g²
+ *     w ← w − α_t · m / (√v + ε̂),   α_t = α·√(1 − β2^t) / (1 − β1^t),   ε̂ = ε·√(1 − β2^t)
+ *
+ * which is `w − α·m̂ / (√v̂ + ε)` with `m̂ = m / (1 − β1^t)`, `v̂ = v / (1 − β2^t)` rearranged so the bias
+ * corrections are two numbers a step (computed in float64, as PyTorch does) rather than two kernels a variable.
+ * Moments start at zero on the first update; a variable whose gradient is `undefined` is left as it is.
+ */
+export class Adam {
+  private steps = 0;
+  private m: tf.Variable[] | null = null;
+  private v: tf.Variable[] | null = null;
+  private readonly beta1: number;
+  private readonly beta2: number;
+  private readonly epsilon: number;
+
+  /**
+   * @param variables - the variables it updates, in the order gradients are given.
+   * @param options - learning rate, betas and ε.
+   */
+  constructor(
+    readonly variables: readonly tf.Variable[],
+    private readonly options: AdamOptions,
+  ) {
+    this.beta1 = options.beta1 ?? 0.9;
+    this.beta2 = options.beta2 ?? 0.999;
+    this.epsilon = options.epsilon ?? 1e-8;
+    if (!(options.learningRate > 0)) throw new ConfigError(`learningRate must be > 0, got ${options.learningRate}`);
+    for (const [name, beta] of [['beta1', this.beta1], ['beta2', this.beta2]] as const) {
+      if (!(beta >= 0 && beta < 1)) throw new ConfigError(`${name} must be in [0, 1), got ${beta}`);
+    }
+    if (!(this.epsilon >= 0)) throw new ConfigError(`epsilon must be >= 0, got ${this.epsilon}`);
+  }
+
+  /** Updates taken so far. */
+  get step(): number {
+    return this.steps;
+  }
+
+  /**
+   * One update.
+   *
+   * @param grads - the gradient of each variable (same order and shapes as {@link Adam.variables}), or
+   *   `undefined` for a variable to leave alone. Not disposed.
+   * @param options - `scale`: factor on every gradient (a global-norm clip), folded into the step's scalars,
+   *   default 1; `squares`: each gradient's elementwise square, when the caller has them ({@link gradientSquares}),
+   *   saving a kernel a variable. Not disposed.
+   */
+  apply(grads: readonly (tf.Tensor | undefined)[], options: AdamApplyOptions = {}): void {
+    const n = this.variables.length;
+    const { scale = 1, squares } = options;
+    if (grads.length !== n || (squares !== undefined && squares.length !== n)) {
+      throw new ConfigError(`Adam.apply: ${grads.length} gradients (${squares?.length ?? 'no'} squares) for ${n} variables`);
+    }
+    const { m, v } = this.moments();
+    const t = this.steps + 1;
+    const correction1 = 1 - this.beta1 ** t;
+    const root2 = Math.sqrt(1 - this.beta2 ** t);
+    tf.tidy(() => {
+      const beta1 = tf.scalar(this.beta1);
+      const beta2 = tf.scalar(this.beta2);
+      const gain1 = tf.scalar((1 - this.beta1) * scale);
+      const gain2 = tf.scalar((1 - this.beta2) * scale * scale);
+      const epsilon = tf.scalar(this.epsilon * root2);
+      const rate = tf.scalar((this.options.learningRate * root2) / correction1);
+      grads.forEach((g, i) => {
+        if (g === undefined) return;
+        const w = this.variables[i];
+        const m1 = tf.add(tf.mul(m[i], beta1), tf.mul(g, gain1));
+        const v1 = tf.add(tf.mul(v[i], beta2), tf.mul(squares?.[i] ?? tf.square(g), gain2));
+        const w1 = tf.sub(w, tf.mul(tf.div(m1, tf.add(tf.sqrt(v1), epsilon)), rate));
+        m[i].assign(m1);
+        v[i].assign(v1);
+        w.assign(w1);
+      });
+    });
+    this.steps = t;
+  }
+
+  /** A copy of the state (with no moments before the first update or a {@link Adam.setState} with some). */
+  async state(): Promise<AdamState> {
+    const { m, v } = this.m !== null && this.v !== null ? { m: this.m, v: this.v } : { m: [], v: [] };
+    const read = (xs: readonly tf.Variable[]): Promise<Float32Array[]> => Promise.all(xs.map(async (x) => Float32Array.from(await x.data())));
+    return { step: this.steps, m: await read(m), v: await read(v) };
+  }
+
+  /**
+   * Replaces the state with `state` (as {@link Adam.state} returns it: moments in the variables' shapes, one per
+   * variable, or none for zeros).
+   */
+  setState(state: AdamState): void {
+    const n = this.variables.length;
+    const none = state.m.length === 0 && state.v.length === 0;
+    if (!none && (state.m.length !== n || state.v.length !== n)) throw new ConfigError(`Adam.setState: moments for ${state.m.length}/${state.v.length} of ${n} variables`);
+    if (!(Number.isInteger(state.step) && state.step >= 0)) throw new ConfigError(`Adam.setState: step must be an integer >= 0, got ${state.step}`);
+    this.variables.forEach((w, i) => {
+      for (const x of none ? [] : [state.m[i], state.v[i]]) {
+        if (x.length !== w.size) throw new ConfigError(`Adam.setState: moment ${i} has ${x.length} values, variable ${w.name} has ${w.size}`);
+      }
+    });
+    this.disposeMoments();
+    this.steps = state.step;
+    if (none) return;
+    this.m = this.variables.map((w, i) => tf.tidy(() => tf.variable(tf.tensor(state.m[i], w.shape), false)));
+    this.v = this.variables.map((w, i) => tf.tidy(() => tf.variable(tf.tensor(state.v[i], w.shape), false)));
+  }
+
+  /** Releases the moments (the variables belong to the caller). */
+  dispose(): void {
+    this.disposeMoments();
+  }
+
+  private moments(): { m: tf.Variable[]; v: tf.Variable[] } {
+    const zeros = (): tf.Variable[] => this.variables.map((w) => tf.tidy(() => tf.variable(tf.zeros(w.shape), false)));
+    this.m ??= zeros();
+    this.v ??= zeros();
+    return { m: this.m, v: this.v };
+  }
+
+  private disposeMoments(): void {
+    tf.dispose([...(this.m ?? []), ...(this.v ?? [])]);
+    this.m = null;
+    this.v = null;
+  }
+}
