@@ -1,6 +1,6 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1] [--recipe recipes/smollm2-arithmetic.yaml] [--out runs/bench-trl]
- * [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]`
+ * [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75] [--set key=value ...]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
@@ -514,7 +514,9 @@ export async function main(args: readonly string[]): Promise<void> {
   const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
   // rxrl's run: validation before training and every --val-every steps, no checkpoint but the last.
   // TRL's advantage epsilon is a constant: rxrl's side takes it too.
-  const set = [`run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, `validation.every=${valEvery}`, 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
+  // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
+  const overrides = args.flatMap((a, i) => (a === '--set' && args[i + 1] !== undefined ? [args[i + 1]] : []));
+  const set = [...overrides, `run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, `validation.every=${valEvery}`, 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
