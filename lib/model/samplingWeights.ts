@@ -135,6 +135,13 @@ export interface SamplingLease {
 }
 
 /**
+ * Most fused copies one base keeps, one per adapter view (or the base itself) that generated last: a server of many
+ * LoRA adapters holds two copies, not one per adapter (a SmolLM2 copy is ~425 MB); the least recently used goes
+ * (freed once its generations in flight end) and is rebuilt at its view's next generation.
+ */
+export const MAX_SAMPLING_COPIES = 2;
+
+/**
  * The fused sampling copies of a base model and its adapter views, one per adapter (`null`: the base alone),
  * shared by the base and every view. Built at the first generation after a change; dropped by
  * {@link SamplingWeightsCache.invalidate}. A generation that holds a lease keeps reading the copy it started with
@@ -150,7 +157,12 @@ export class SamplingWeightsCache {
    */
   acquire(adapter: ModelAdapter | null, blocks: readonly BlockWeights[]): SamplingLease {
     let entry = this.byAdapter.get(adapter);
-    if (entry === undefined) {
+    if (entry !== undefined) {
+      // Most recently used last: the first entry is the one to drop for a new copy.
+      this.byAdapter.delete(adapter);
+      this.byAdapter.set(adapter, entry);
+    } else {
+      while (this.byAdapter.size >= MAX_SAMPLING_COPIES) this.invalidate(this.byAdapter.keys().next().value as ModelAdapter | null);
       const owned: tf.Tensor[] = [];
       const fused: BlockWeights[] = [];
       try {

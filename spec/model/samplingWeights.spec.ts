@@ -9,7 +9,7 @@ import { initBackend } from '../../lib/model/backend.js';
 import { padPrompts } from '../../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
-import { SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from '../../lib/model/samplingWeights.js';
+import { MAX_SAMPLING_COPIES, SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from '../../lib/model/samplingWeights.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/random.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
@@ -185,6 +185,36 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     expect(changes).toBe(18);
     expect(out.map((r) => r.tokens.length)).toEqual([6, 6, 6]);
     expect(tf.memory().numTensors).toBe(start); // the stale copy was freed at the end, and none is cached
+    base.dispose();
+  });
+
+  it(`keeps at most MAX_SAMPLING_COPIES copies per base: the least recently used view's goes and is rebuilt at its next generation`, async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-qwen2'));
+    const adapters = [1, 2, 3].map((seed) => randomAdapter(base.config, seed));
+    const views = adapters.map((adapter) => PolicyModel.withAdapter(base, adapter));
+    const start = tf.memory().numTensors;
+    const alone = [];
+    for (const view of views) {
+      alone.push(await view.generate(greedy(base.config.vocabSize)));
+      view.weightsChanged();
+    }
+    expect(tf.memory().numTensors).toBe(start);
+    const held: number[] = [];
+    for (const view of views) {
+      await view.generate(greedy(base.config.vocabSize));
+      held.push(tf.memory().numTensors - start);
+    }
+    const copy = held[0];
+    expect(MAX_SAMPLING_COPIES).toBe(2);
+    expect(held).toEqual([copy, 2 * copy, 2 * copy]); // the third view's copy replaced the first's
+    // The first view's copy is rebuilt (the second's goes), and every view still samples what it sampled alone.
+    const again = await Promise.all(views.map((view) => view.generate(greedy(base.config.vocabSize))));
+    expect(again.map((r) => r.map((x) => x.tokens))).toEqual(alone.map((r) => r.map((x) => x.tokens)));
+    expect(tf.memory().numTensors - start).toBe(2 * copy);
+    base.weightsChanged();
+    expect(tf.memory().numTensors).toBe(start);
+    views.forEach((view) => view.dispose());
+    adapters.forEach((adapter) => adapter.dispose());
     base.dispose();
   });
 
