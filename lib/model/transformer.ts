@@ -972,9 +972,10 @@ function promptBatchOf(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positi
   return {
     rows: B,
     width: P,
-    inputIds: cut(Int32Array.from(inputIds.dataSync()), (n) => new Int32Array(n)),
-    attentionMask: cut(Float32Array.from(attentionMask.dataSync()), (n) => new Float32Array(n)),
-    positionIds: cut(Int32Array.from(positionIds.dataSync()), (n) => new Int32Array(n)),
+    // `cut` copies the prompt columns out of what the backend reads back: no second copy of the whole rows.
+    inputIds: cut(inputIds.dataSync() as Int32Array, (n) => new Int32Array(n)),
+    attentionMask: cut(attentionMask.dataSync() as Float32Array, (n) => new Float32Array(n)),
+    positionIds: cut(positionIds.dataSync() as Int32Array, (n) => new Int32Array(n)),
   };
 }
 
