@@ -24,7 +24,7 @@ import { encodeForwardBackwardRequest, type WireDatum } from '../lib/tinker/prot
 import { sparseBomb } from './_protobuf.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 const fixture = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen3');
 const KEY = 'bench-key';
 

@@ -25,7 +25,6 @@ import {
   type TeardownLogic,
 } from 'rxjs';
 
-import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '../lib/agent/environment.js';
 import type { LocalEngine, LocalEngineOptions } from '../lib/engine/local.js';
 import type { Tokenizer } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/errors.js';
@@ -40,14 +39,9 @@ import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { rolloutEpisodes } from '../operators/rolloutEpisodes.js';
 import { toKafka } from '../operators/toKafka.js';
+import type { KafkaEpisodes } from './parts/contracts.js';
 
-/** The multi-agent side of a Kafka run: the environment, its agents and the trajectory granularity. */
-export interface KafkaEpisodes {
-  readonly environment: MultiAgentEnvironment;
-  readonly agents: readonly AgentSpec[];
-  /** Default `turn`. */
-  readonly granularity?: TrajectoryGranularity;
-}
+export type { KafkaEpisodes } from './parts/contracts.js';
 
 /** Configuration of {@link kafkaRolloutWorker}. */
 export interface KafkaRolloutWorkerConfig {

@@ -12,105 +12,33 @@ import type { RolloutEngine, Tokenizer } from '../lib/engine/types.js';
 import { ConfigError, asStorageError, type StepFailedError } from '../lib/errors.js';
 import { tinkerServiceLost } from '../lib/tinker/client.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
-import { initBackend, type BackendName } from '../lib/model/backend.js';
-import type { Evaluator } from '../lib/evaluator.js';
-import type { LoraAdapter } from '../lib/model/lora.js';
+import { initBackend } from '../lib/model/backend.js';
 import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
-import { moduleLogger, silentLogger, type Logger } from '../lib/observe/logger.js';
+import { moduleLogger, silentLogger } from '../lib/observe/logger.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { StepResult, Trainer } from '../lib/train/types.js';
-import { isSampleFailure, type Metrics, type PolicyVersion, type SampleFailure, type Task } from '../lib/types.js';
+import type { StepResult } from '../lib/train/types.js';
+import { isSampleFailure, type Metrics, type SampleFailure, type Task } from '../lib/types.js';
 import { closeWorker, singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from './grpoPipeline.js';
 import { kafkaRolloutWorker, type WorkerTaskResult } from './kafkaRolloutWorker.js';
 import { kafkaTrainer } from './kafkaTrainer.js';
 import { loadAgentsRecipe } from './parts/agentsRecipe.js';
-import { loadRollout, type Data } from './parts/data.js';
+import { loadRollout } from './parts/data.js';
 import { StepOutcomes } from './parts/failedSteps.js';
-import { openLedger, type RunLedger, type SaveCheckpoint } from './parts/ledger.js';
+import { openLedger, type SaveCheckpoint } from './parts/ledger.js';
 import { SINGLE_POLICY, initialModel, policyModels, remoteContextLength } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
-import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, type KafkaTransport } from './parts/settings.js';
+import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings } from './parts/settings.js';
 import { validate } from './validate.js';
 
 export type { KafkaTransport } from './parts/settings.js';
+import type { RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
 
-/** Options of {@link runTraining}. */
-export interface RunTrainingOptions {
-  /** Directory that relative paths of the configuration are resolved against (the recipe's). Default cwd. */
-  readonly baseDir?: string;
-  /** Cancels the run gracefully: the stream completes and, with `checkpoint.onStop`, a checkpoint is saved. */
-  readonly signal?: AbortSignal;
-  /** Called after every step (progress display). */
-  readonly onStep?: (step: StepResult, elapsedSeconds: number) => void;
-  /** Informational lines (resume, checkpoints). Default: none. */
-  readonly log?: (line: string) => void;
-  /** Structured logger for error reports. Default: silent. */
-  readonly logger?: Logger;
-  /**
-   * Builds the rollout engine in place of the in-process `LocalEngine` — for example an `OpenAIEngine` over an
-   * OpenAI-compatible server. The engine must serve the weights of `context.policy` as `context.version`; its
-   * `dispose()` is awaited when the run ends.
-   */
-  readonly createEngine?: (context: EngineContext) => Promise<RolloutEngine>;
-  /**
-   * Trains over Kafka (`rxrl trainer`): tasks go to the topics' rollout workers and trajectories come back from
-   * them (see `kafkaTrainer`); the in-process engine only validates. Checkpoints and resume work as in an
-   * embedded run; each process start is a new run id, so workers drop what a killed trainer had handed out and
-   * the resumed trainer hands out again every task its checkpoint had not trained.
-   */
-  readonly kafka?: KafkaTransport;
-}
-
-
-/** What {@link RunTrainingOptions.createEngine} is given. */
-export interface EngineContext {
-  /** The policy the trainer starts from (do not dispose it). */
-  readonly policy: PolicyModel;
-  /** The policy's tokenizer (the character tokenizer, or the model directory's). */
-  readonly tokenizer: Tokenizer;
-  /** Policy version of `policy`'s weights. */
-  readonly version: PolicyVersion;
-  /** The TF.js backend this process chose. */
-  readonly backend: BackendName;
-  /** Samples per train step (`batchSize · groupSize`). */
-  readonly samplesPerStep: number;
-}
-
-/** What {@link runTraining} reports. */
-export interface RunSummary {
-  readonly recipe: string;
-  readonly mode: RxrlConfig['sync']['mode'];
-  readonly backend: string;
-  /** Train steps taken in total (including those before a resume). */
-  readonly steps: number;
-  /** Wall time of the training loop of this process. */
-  readonly seconds: number;
-  readonly seed: number;
-  readonly runDir?: string;
-  /** The checkpoint this run resumed from. */
-  readonly resumedFrom?: string;
-  /** Expected reward of a uniform policy on the bundled task. */
-  readonly randomPolicyReward?: number;
-  readonly valRewardInitial?: number;
-  /** Held-out reward after training; `null` when no final validation ran (no held-out tasks, or stopped early). */
-  readonly valRewardFinal: number | null;
-  readonly valAccuracyInitial?: number;
-  readonly valAccuracyFinal?: number;
-  /** Metrics of the last step. */
-  readonly lastStep: Metrics;
-  /** Samples that failed over the run (each one reported to the error reporter). */
-  readonly failedSamples: number;
-  /** Why the run stopped early (`stop_on_error`, or the caller's signal). */
-  readonly stoppedBy?: string;
-  /** Times a Tinker-backed run under `continue` restarted from its last checkpoint after the service was lost. */
-  readonly recoveries?: number;
-}
-
+export type { EngineContext, RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
 
 /**
  * Runs a GRPO training job from a validated configuration: resume from a checkpoint, train with the configured
@@ -128,7 +56,6 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
   // One writer per run directory: held from before the first write to after the last.
   return withRunLock(runDir, () => train(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
 }
-
 
 async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined): Promise<RunSummary> {
   // Failed samples go to the error reporter: counted always, and under stop_on_error they end the run gracefully.
@@ -194,20 +121,6 @@ async function trainOnce(config: RxrlConfig, options: RunTrainingOptions, baseDi
   }
 }
 
-/** What a single-agent run reads before it builds anything: the recipe's parts, the checkpoint, the initial model. */
-export interface RunSetup {
-  readonly backend: BackendName;
-  readonly data: Data;
-  readonly evaluator: Evaluator;
-  readonly worker: RolloutWorker | undefined;
-  readonly tokenizer: Tokenizer;
-  readonly checkpoint: Checkpoint | undefined;
-  /** The model the run starts from (owned by the parts built from it); none when it trains on a Tinker service. */
-  readonly initial: PolicyModel | undefined;
-  /** The run directory, resolved. */
-  readonly runDir: string | undefined;
-}
-
 /**
  * Picks the backend, loads the recipe's data, tokenizer and checkpoint, builds the initial model and refuses what
  * cannot run: a tokenizer larger than the model's vocabulary, prompts that do not encode or leave no room.
@@ -248,24 +161,6 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
     log(`warning: ${warning}`);
   }
   return { backend, data, evaluator, worker, tokenizer, checkpoint, initial, runDir };
-}
-
-/** Called with each checkpoint saved (its path, step and pending tasks): prunes the older ones, logs, records it. */
-export type SavedCheckpoint = (path: string, step: number, pending: number) => Promise<void>;
-
-/** What a single-agent run trains with: its policy's models, engine, trainer and ledger. */
-export interface RunParts {
-  /** The model the trainer updates: the policy, or an adapter view on the frozen base; none on a Tinker service. */
-  readonly policy: PolicyModel | undefined;
-  /** A LoRA policy's adapter and frozen base. */
-  readonly lora: { readonly adapter: LoraAdapter; readonly base: PolicyModel } | undefined;
-  readonly reference: PolicyModel | undefined;
-  readonly engine: RolloutEngine;
-  readonly trainer: Trainer;
-  readonly ledger: RunLedger;
-  /** Whether an error means the trainer's service lost the policy (a Tinker-backed run): the attempt ends. */
-  readonly serviceLost?: (error: unknown) => boolean;
-  dispose(): Promise<void>;
 }
 
 /**
@@ -671,7 +566,6 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   return { ...counts, seconds: round((performance.now() - started) / 1000, 1) };
 }
 
-
 function describeStop(cause: unknown): string {
   return cause instanceof Error ? `${cause.name}: ${cause.message}` : String(cause ?? 'signal');
 }
@@ -679,10 +573,4 @@ function describeStop(cause: unknown): string {
 function round(x: number, digits: number): number {
   return Number(x.toFixed(digits));
 }
-
-
-
-
-
-
 

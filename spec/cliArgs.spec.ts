@@ -1,7 +1,7 @@
-/** The shared strict parser of every rxrl command (`lib/cliArgs.ts`). */
+/** The shared strict parser of every rxrl command (`cli/args.ts`). */
 import { describe, expect, it } from 'vitest';
 
-import { parseCommand, type CommandSpec } from '../lib/cliArgs.js';
+import { parseCommand, type CommandSpec } from '../cli/args.js';
 import { ConfigError, isUsageError, UsageError } from '../lib/errors.js';
 
 const run: CommandSpec = {

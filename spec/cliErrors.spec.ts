@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 const run = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 
 async function rxrl(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   if (!existsSync(cli)) throw new Error('dist/ is not built: run `npm run build` first (`npm test` does it in pretest)');

@@ -17,7 +17,7 @@
  */
 import { Template } from '@huggingface/jinja';
 
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { DecodeError } from '../errors.js';
 import { HfTokenizer, TOKENIZER_FILES, namedSpecialTokens, readTokenizerFiles, type JsonRecord } from '../model/hfTokenizer.js';
 import { CHAR_ALPHABET_CONFIG_KEY } from '../model/tokenizer.js';

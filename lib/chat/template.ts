@@ -16,7 +16,7 @@
  *
  * @packageDocumentation
  */
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { ContextLengthError, DecodeError } from '../errors.js';
 import { formatToolCall, parseToolCalls, type ParsedAssistantText } from './toolCalls.js';
 import { CHAT_ROLES, type ChatMessage, type ChatRole, type ChatTool } from './types.js';

@@ -4,7 +4,7 @@
  *
  * @packageDocumentation
  */
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
 
 /** Who wrote a chat message. */

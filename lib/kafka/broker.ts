@@ -4,7 +4,7 @@
  * `lib/kafka/broker/pom.xml` pins the Kafka version and `lib/kafka/broker/fetch.sh` downloads the jars from
  * Maven Central into a cache outside git (`~/.cache/rxrl-kafka/<version>`). Needs Java 17+ and Maven 3.
  *
- * `node dist/lib/kafka/brokerCli.js start` runs one in the foreground.
+ * `node dist/cli/broker.js start` runs one in the foreground.
  *
  * @packageDocumentation
  */

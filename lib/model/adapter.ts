@@ -6,7 +6,7 @@
  */
 import type * as tf from '@tensorflow/tfjs-core';
 
-import type { NamedWeights } from '../engine/types.js';
+import type { NamedWeights } from './types.js';
 import type { ResolvedPolicyConfig } from './config.js';
 
 /** A linear layer of a decoder block that an adapter can target (PEFT's `target_modules` names). */

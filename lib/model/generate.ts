@@ -6,7 +6,7 @@
  */
 import type * as tf from '@tensorflow/tfjs-core';
 
-import type { GenerateRequest, GenerateResponse } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse } from './types.js';
 import { AbortError, ConfigError } from '../errors.js';
 import type { FinishReason, PolicyVersion } from '../types.js';
 import { createRng, type Rng } from '../random.js';

@@ -15,7 +15,7 @@ import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import type { NamedWeights, WeightArray } from '../engine/types.js';
+import type { NamedWeights, WeightArray } from './types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
 import { readCopy } from './backend.js';

@@ -13,7 +13,7 @@ import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
-import type { NamedWeights, Tokenizer, WeightArray } from '../engine/types.js';
+import type { NamedWeights, Tokenizer, WeightArray } from './types.js';
 import { ConfigError, DecodeError, ShapeError } from '../errors.js';
 import { checkModelFits, modelFootprint, type ModelFitOptions } from './capacity.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, entryExists, readJsonObject, resolveInside } from './files.js';

@@ -14,7 +14,7 @@
 import { randomBytes } from 'node:crypto';
 import { open, rename, rm } from 'node:fs/promises';
 
-import type { NamedWeights, WeightArray } from '../engine/types.js';
+import type { NamedWeights, WeightArray } from './types.js';
 import { DecodeError, ShapeError, assertNever } from '../errors.js';
 import { readRegularFile, type FileLimits } from './files.js';
 

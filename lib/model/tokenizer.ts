@@ -9,7 +9,7 @@
  *
  * @packageDocumentation
  */
-import type { DecodeOptions, EncodeOptions, Tokenizer } from '../engine/types.js';
+import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
 import { ConfigError, DecodeError } from '../errors.js';
 
 /** Id of the padding token of every {@link CharTokenizer}. */

@@ -32,7 +32,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from './types.js';
 import { ShapeError, assertNever } from '../errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
 import { yieldToEventLoop } from '../turns.js';

@@ -11,7 +11,7 @@ import { AbortError, EngineError } from '../errors.js';
 
 /** Options of {@link spawnServe}. */
 export interface SpawnServeOptions {
-  /** Path of the built CLI. Default: `../cli.js` next to this module in `dist/`. */
+  /** Path of the built CLI. Default: `../../cli/main.js` from this module in `dist/`. */
   readonly cliPath?: string;
   /** Environment of the child. Default `process.env`. */
   readonly env?: NodeJS.ProcessEnv;
@@ -61,7 +61,7 @@ interface ListeningLine {
  * @throws {@link EngineError} when the child exits or stays silent before listening.
  */
 export function spawnServe(args: readonly string[], options: SpawnServeOptions = {}): Promise<SpawnedServer> {
-  const cli = options.cliPath ?? fileURLToPath(new URL('../cli.js', import.meta.url));
+  const cli = options.cliPath ?? fileURLToPath(new URL('../../cli/main.js', import.meta.url));
   const child = spawn(process.execPath, [cli, 'serve', ...args], {
     env: options.env ?? process.env,
     stdio: ['ignore', 'pipe', options.stderr ?? 'inherit'],

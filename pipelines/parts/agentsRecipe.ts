@@ -14,7 +14,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/types.js';
 import { writerEditorTask } from '../../recipes/writerEditor.js';
-import type { KafkaEpisodes } from '../kafkaRolloutWorker.js';
+import type { KafkaEpisodes } from './contracts.js';
 import { importExport, loadData, modelPath } from './data.js';
 
 /** The data and environment of a multi-agent recipe. */

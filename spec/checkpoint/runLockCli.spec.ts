@@ -7,7 +7,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
-const cli = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'dist', 'lib', 'cli.js');
+const cli = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'dist', 'cli', 'main.js');
 
 describe('rxrl run on a run directory in use', () => {
   it('is refused with one RunLockedError line naming the holder and the lock, exit code 1, nothing written', async () => {

@@ -29,7 +29,7 @@ import { brokers, uniqueName } from '../kafka/helpers.js';
 import { jsonLines, type TrainedLine } from '../helpers/runDir.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
-const cli = join(root, 'dist/lib/cli.js');
+const cli = join(root, 'dist/cli/main.js');
 const STEPS = 60;
 const BATCH = 2;
 const SEED = 11;

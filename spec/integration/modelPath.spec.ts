@@ -12,7 +12,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { loadModelDir, readModelDir } from '../../lib/model/modelDir.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 /** A random-weight Qwen2 (tied head, q/k/v biases, 2 kv heads) with a byte-level BPE tokenizer, made by transformers. */
 const FIXTURE = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2');
 

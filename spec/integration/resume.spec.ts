@@ -9,7 +9,7 @@ import { stringTransformTask } from '../../recipes/stringTransform.js';
 import { trainedLines } from '../helpers/runDir.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 const TASK = { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
 

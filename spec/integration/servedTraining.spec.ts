@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { runEmbedded } from '../../pipelines/embedded.js';
 import { runServed } from '../../pipelines/served.js';
 
-const cli = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'dist', 'lib', 'cli.js');
+const cli = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'dist', 'cli', 'main.js');
 
 describe('GRPO through OpenAIEngine and a spawned rxrl serve (built CLI)', () => {
   it('trains like the in-process engine: same seeds, same step rewards, versions published to the server', async () => {

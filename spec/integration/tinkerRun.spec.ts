@@ -29,7 +29,7 @@ import { trainedLines } from '../helpers/runDir.js';
 
 const execFileAsync = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 let tokenizer: Tokenizer;
 let base: PolicyModel;
 let modelDir: string;

@@ -23,7 +23,7 @@ import { initialModel } from '../../pipelines/parts/policy.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixture = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen3');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 const GiB = 2 ** 30;
 
 let dir: string;

@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 
 const run = promisify(execFile);
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 
 async function rxrl(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   if (!existsSync(join(root, 'dist', 'lib', 'observe', 'report.js'))) {

@@ -15,7 +15,7 @@ import { PolicyModel } from '../../lib/model/transformer.js';
 import { spawnServe } from '../../lib/serve/spawn.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 const run = promisify(execFile);
 
 let dir: string;

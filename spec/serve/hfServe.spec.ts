@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnServe, type SpawnedServer } from '../../lib/serve/spawn.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const cli = join(root, 'dist', 'lib', 'cli.js');
+const cli = join(root, 'dist', 'cli', 'main.js');
 const modelDir = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2');
 
 /** Written by `scripts/make_hf_fixtures.py` with torch + transformers: logits of fixed inputs and rendered chats. */

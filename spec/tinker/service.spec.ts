@@ -190,7 +190,7 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
   }, 180_000);
 
   it('runs as `rxrl tinker --model DIR` (built CLI), serves the SDK, and stops on SIGTERM', async () => {
-    const cli = fileURLToPath(new URL('../../dist/lib/cli.js', import.meta.url));
+    const cli = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
     const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--backend', 'cpu', '--api-key', 'tml-cli'], { stdio: ['ignore', 'pipe', 'ignore'] });
     try {
       const lines = createInterface({ input: child.stdout });

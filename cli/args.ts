@@ -9,7 +9,7 @@
  */
 import { parseArgs } from 'node:util';
 
-import { UsageError } from './errors.js';
+import { UsageError } from '../lib/errors.js';
 
 /** One flag of a command: `--name VALUE` (`string`) or `--name` (`boolean`). */
 export interface FlagSpec {

@@ -4,9 +4,9 @@
  *
  * @packageDocumentation
  */
-import { parseCommand, type ParsedCommand } from './cliArgs.js';
-import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './cliUsage.js';
-import { ConfigError, isRxrlError, isUsageError, UsageError } from './errors.js';
+import { parseCommand, type ParsedCommand } from './args.js';
+import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './usage.js';
+import { ConfigError, isRxrlError, isUsageError, UsageError } from '../lib/errors.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {
@@ -30,7 +30,7 @@ async function start(args: ParsedCommand): Promise<number> {
   const backend = text(args, 'backend', 'RXRL_BACKEND');
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort());
-  const { Progress } = await import('./observe/progress.js');
+  const { Progress } = await import('../lib/observe/progress.js');
   const progress = new Progress({ total: steps ?? EMBEDDED_STEPS });
   const summary = await runEmbedded({
     ...(steps === undefined ? {} : { steps }),
@@ -59,7 +59,7 @@ function loraModules(value: string | undefined): Record<string, string> | undefi
 }
 
 async function serveCommand(args: ParsedCommand): Promise<number> {
-  const { runServeCommand } = await import('./serve/command.js');
+  const { runServeCommand } = await import('../lib/serve/command.js');
   const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
   const { stringTransformTask } = await import('../recipes/stringTransform.js');
   const flag = (name: string): string | undefined => text(args, name, `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`);
@@ -102,7 +102,7 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
 }
 
 async function tinkerCommand(args: ParsedCommand): Promise<number> {
-  const { runTinkerCommand } = await import('./tinker/command.js');
+  const { runTinkerCommand } = await import('../lib/tinker/command.js');
   const flag = (name: string): string | undefined => text(args, name, `RXRL_TINKER_${name.toUpperCase().replaceAll('-', '_')}`);
   const port = integer(flag('port'), 'port');
   const maxModels = integer(flag('max-models'), 'max-models');
@@ -123,8 +123,8 @@ async function tinkerCommand(args: ParsedCommand): Promise<number> {
 }
 
 /** The recipe of `rxrl run|trainer|worker|config <recipe> [--set k=v]…`, resolved and validated. */
-async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('./config/schema.js').RxrlConfig; dir: string }> {
-  const { loadConfig } = await import('./config/schema.js');
+async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('../lib/config/schema.js').RxrlConfig; dir: string }> {
+  const { loadConfig } = await import('../lib/config/schema.js');
   const { recipeDir } = await import('../pipelines/parts/data.js');
   const { basename, extname, resolve } = await import('node:path');
   const file = args.positionals[0];
@@ -136,23 +136,23 @@ async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('./
 }
 
 async function configCommand(args: ParsedCommand): Promise<number> {
-  const { describeConfig } = await import('./config/schema.js');
+  const { describeConfig } = await import('../lib/config/schema.js');
   const { config } = await resolvedConfig(args);
   process.stdout.write(`${describeConfig(config)}\n`);
   return 0;
 }
 
 /** The Kafka client and topics of a recipe's `kafka` section. */
-async function kafkaOf(config: import('./config/schema.js').RxrlConfig, clientId: string) {
-  const { createKafka } = await import('./kafka/client.js');
-  const { kafkaTopics } = await import('./kafka/types.js');
+async function kafkaOf(config: import('../lib/config/schema.js').RxrlConfig, clientId: string) {
+  const { createKafka } = await import('../lib/kafka/client.js');
+  const { kafkaTopics } = await import('../lib/kafka/types.js');
   return { kafka: createKafka(config.kafka.brokers, { clientId: `${config.kafka.clientId}-${clientId}` }), topics: kafkaTopics(config.kafka.topicPrefix) };
 }
 
 /** `rxrl run` (embedded rollouts) and `rxrl trainer` (rollouts by `rxrl worker` processes over Kafka). */
 async function runCommand(args: ParsedCommand, overKafka = false): Promise<number> {
   const { runTraining } = await import('../pipelines/run.js');
-  const { Progress } = await import('./observe/progress.js');
+  const { Progress } = await import('../lib/observe/progress.js');
   const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(args);
   const kafka = overKafka
@@ -160,9 +160,9 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
     : undefined;
   if (config.agents.environment !== 'none') return agentsCommand(config, dir, kafka);
   const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
-  const { createLogger } = await import('./observe/logger.js');
+  const { createLogger } = await import('../lib/observe/logger.js');
   const logger = createLogger({ level: config.logging.level });
-  const { moduleLogger } = await import('./observe/logger.js');
+  const { moduleLogger } = await import('../lib/observe/logger.js');
   const kafkaLog = moduleLogger(logger, 'kafka');
   const controller = stopOnSignals();
   const summary = await runTraining(config, {
@@ -190,7 +190,7 @@ function stopOnSignals(): AbortController {
 
 /** `rxrl run` or `rxrl trainer` of a multi-agent recipe (`agents.environment` set): every policy's steps, one summary line. */
 async function agentsCommand(
-  config: import('./config/schema.js').RxrlConfig,
+  config: import('../lib/config/schema.js').RxrlConfig,
   dir: string,
   kafka: import('../pipelines/run.js').KafkaTransport | undefined,
 ): Promise<number> {
@@ -214,7 +214,7 @@ async function agentsCommand(
 async function workerCommand(args: ParsedCommand): Promise<number> {
   const { runWorker } = await import('../pipelines/run.js');
   const { config, dir } = await resolvedConfig(args);
-  const { createLogger, moduleLogger } = await import('./observe/logger.js');
+  const { createLogger, moduleLogger } = await import('../lib/observe/logger.js');
   const kafkaLog = moduleLogger(createLogger({ level: config.logging.level }), 'kafka');
   const controller = stopOnSignals();
   const summary = await runWorker(config, {
@@ -236,7 +236,7 @@ async function workerCommand(args: ParsedCommand): Promise<number> {
 
 /** `rxrl report <run-dir> [--out FILE]`: writes the HTML report of a run and prints its path. */
 async function reportCommand(args: ParsedCommand): Promise<number> {
-  const { writeReport } = await import('./observe/report.js');
+  const { writeReport } = await import('../lib/observe/report.js');
   const out = text(args, 'out');
   const path = await writeReport(args.positionals[0], out === undefined ? {} : { out });
   process.stdout.write(`${path}\n`);

@@ -1,10 +1,10 @@
 /**
  * What each `rxrl` command accepts and how its usage reads: one {@link CommandSpec} per command, parsed by
- * `cliArgs.ts`, and the text `rxrl <command> --help` prints (`rxrl --help` prints them all).
+ * `args.ts`, and the text `rxrl <command> --help` prints (`rxrl --help` prints them all).
  *
  * @packageDocumentation
  */
-import type { CommandSpec, FlagSpec } from './cliArgs.js';
+import type { CommandSpec, FlagSpec } from './args.js';
 
 /** The commands of `rxrl`. */
 export type CommandName = 'start' | 'serve' | 'tinker' | 'run' | 'trainer' | 'worker' | 'config' | 'report';

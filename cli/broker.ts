@@ -4,20 +4,20 @@
  *
  * ```sh
  * npm run build
- * node dist/lib/kafka/brokerCli.js start      # prints KAFKA_BROKERS=127.0.0.1:<port>, runs until Ctrl-C
- * node dist/lib/kafka/brokerCli.js fetch      # only downloads the jars (prints their directory)
- * node dist/lib/kafka/brokerCli.js version    # the pinned Kafka version
+ * node dist/cli/broker.js start      # prints KAFKA_BROKERS=127.0.0.1:<port>, runs until Ctrl-C
+ * node dist/cli/broker.js fetch      # only downloads the jars (prints their directory)
+ * node dist/cli/broker.js version    # the pinned Kafka version
  * ```
  *
  * `start --port 9092` picks the client port; `--dir <path>` keeps configuration, logs and data there.
  *
  * @packageDocumentation
  */
-import { parseCommand, usageError, type CommandSpec } from '../cliArgs.js';
-import { isUsageError } from '../errors.js';
-import { fetchKafkaBroker, kafkaVersion, startKafkaBroker } from './broker.js';
+import { parseCommand, usageError, type CommandSpec } from './args.js';
+import { isUsageError } from '../lib/errors.js';
+import { fetchKafkaBroker, kafkaVersion, startKafkaBroker } from '../lib/kafka/broker.js';
 
-const PROGRAM = 'node dist/lib/kafka/brokerCli.js';
+const PROGRAM = 'node dist/cli/broker.js';
 const USAGE = `usage: ${PROGRAM} start [--port N] [--dir PATH] | fetch | version\n`;
 const COMMANDS: Readonly<Record<string, CommandSpec>> = {
   start: { name: `${PROGRAM} start`, flags: { port: { type: 'string' }, dir: { type: 'string' } } },
