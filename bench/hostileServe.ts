@@ -187,10 +187,11 @@ interface Child {
   close(): Promise<void>;
 }
 
-const TOKENIZERS = ['char', 'tiny-qwen2'] as const;
+/** The tokenizers a child server can run with. */
+type ChildTokenizer = 'char' | 'tiny-qwen2';
 
 /** Starts `node dist/bench/run.js hostileServe --serve <tokenizer>` and waits for its address. */
-function startChild(tokenizer: (typeof TOKENIZERS)[number]): Promise<Child> {
+function startChild(tokenizer: ChildTokenizer): Promise<Child> {
   const child = spawn(process.execPath, [fileURLToPath(new URL('./run.js', import.meta.url)), 'hostileServe', '--serve', tokenizer], { stdio: ['ignore', 'pipe', 'inherit'] });
   const close = (): Promise<void> =>
     new Promise((resolve) => {
@@ -232,7 +233,7 @@ async function serveChild(name: string): Promise<void> {
 export async function main(args: readonly string[]): Promise<void> {
   if (args[0] === '--serve') return serveChild(args[1]);
   const seconds = Number(flag(args, 'seconds', '40'));
-  const rows: [(typeof TOKENIZERS)[number], (server: Child) => Promise<void>][] = [
+  const rows: [ChildTokenizer, (server: Child) => Promise<void>][] = [
     ['char', invalidRequests],
     ['char', concurrentSession],
     ['char', (server) => hugePrompt(server, 'char')],

@@ -16,7 +16,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import type { NamedWeights, WeightArray } from './types.js';
-import { ConfigError, DecodeError, ShapeError } from '../errors.js';
+import { ConfigError, ShapeError } from '../errors.js';
 import { createRng } from '../random.js';
 import { readCopy } from './backend.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';

@@ -675,7 +675,9 @@ export class PolicyModel {
       const { cos, sin } = rot.qkv();
       return tf.split(this.rope(parts[0], H + 2 * Hkv, cos, sin), widths, 1) as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D];
     }
-    let [q, k, v] = parts.length === 3 ? parts : (tf.split(parts[0], widths, 1) as tf.Tensor2D[]);
+    const [q0, k0, v] = parts.length === 3 ? parts : (tf.split(parts[0], widths, 1) as tf.Tensor2D[]);
+    let q = q0;
+    let k = k0;
     if (block.qNorm !== null && block.kNorm !== null) {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);

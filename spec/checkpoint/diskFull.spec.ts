@@ -133,7 +133,7 @@ describe(`disk full while a run writes its directory (${how})`, () => {
     const path = metricsPath(runDir);
     const writer = MetricsWriter.open(runDir, { now: () => 0 });
     writer.write({ step: 0, version: 1, metrics: { 'actor/pg_loss': 0.5 } });
-    let undo = (): void => undefined;
+    let undo: () => void;
     if (mounted) {
       // No free page, and 10 bytes left in the file's last one: the next line is torn after 10 bytes.
       const filler = fill(runDir, 0);
