@@ -28,7 +28,7 @@ export interface ConfigWarningsContext {
  * @param context - facts known after loading, such as the number of training tasks.
  * @returns the warnings, in a fixed order; empty when there is nothing to say.
  */
-export function configWarnings(config: RxrlConfig, context: ConfigWarningsContext = {}): string[] {
+export function configWarnings(config: Pick<RxrlConfig, 'algorithm' | 'data' | 'rollout'>, context: ConfigWarningsContext = {}): string[] {
   const warnings: string[] = [];
   if (config.rollout.groupSize === 1) {
     warnings.push(

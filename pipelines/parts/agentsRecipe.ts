@@ -48,7 +48,7 @@ export interface AgentsRecipe {
  * @param baseDir - what `model.path` is relative to.
  * @returns the recipe's task, tokenizer, agents and episode spec.
  */
-export async function loadAgentsRecipe(config: RxrlConfig, baseDir: string): Promise<AgentsRecipe> {
+export async function loadAgentsRecipe(config: Pick<RxrlConfig, 'agents' | 'data' | 'model' | 'rollout' | 'run'>, baseDir: string): Promise<AgentsRecipe> {
   if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   let task: AgentsTask;

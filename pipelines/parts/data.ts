@@ -41,7 +41,7 @@ export interface Data {
  * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
  */
 export async function loadRollout(
-  config: RxrlConfig,
+  config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run'>,
   baseDir: string,
 ): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
   const data = await loadData(config, baseDir);
@@ -63,7 +63,7 @@ export async function loadRollout(
  * The recipe's agent (`rollout.agent`) as a rollout worker: each sample runs it against a session of a gateway
  * over the run's engine, rendering chats with the model directory's template (the bundled one without a model).
  */
-async function agentWorker(config: RxrlConfig, baseDir: string, modelDir: string | undefined, tokenizer: Tokenizer): Promise<GatewayWorker> {
+async function agentWorker(config: Pick<RxrlConfig, 'model' | 'rollout'>, baseDir: string, modelDir: string | undefined, tokenizer: Tokenizer): Promise<GatewayWorker> {
   const agent = config.rollout.agent;
   const template = (modelDir === undefined ? undefined : await loadChatTemplate(modelDir, tokenizer)) ?? createChatTemplate(tokenizer);
   let contextLength = config.model.maxSeqLen;
@@ -113,7 +113,7 @@ interface GeneratedTask {
  *
  * @internal
  */
-export async function loadData(config: RxrlConfig, baseDir: string): Promise<Data> {
+export async function loadData(config: Pick<RxrlConfig, 'data' | 'rollout' | 'run'>, baseDir: string): Promise<Data> {
   /** A generated task's data; its responses get `maxTokens` new tokens unless the recipe sets `rollout.maxTokens`. */
   const generated = (task: GeneratedTask, maxTokens: number): Data => ({
     name: task.name,

@@ -39,7 +39,7 @@ export interface RunLedgerOptions {
 
 /** The run's ledger over the recipe's training tasks, from the checkpoint's loader position. */
 export function openLedger(
-  config: RxrlConfig,
+  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run'>,
   run: { readonly data: { readonly train: Parameters<typeof loadTasks>[0] }; readonly checkpoint: Checkpoint | undefined; readonly runDir: string | undefined },
   save: SaveCheckpoint,
 ): Promise<RunLedger> {

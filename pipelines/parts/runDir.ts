@@ -34,7 +34,7 @@ export function runDirWarnings(options: { readonly log?: (line: string) => void;
  *
  * @internal
  */
-export function resumeOf(config: RxrlConfig, baseDir: string): { mode: RxrlConfig['resume']['mode']; path: string | null } {
+export function resumeOf(config: Pick<RxrlConfig, 'resume'>, baseDir: string): { mode: RxrlConfig['resume']['mode']; path: string | null } {
   return { mode: config.resume.mode, path: config.resume.path === null ? null : resolve(baseDir, config.resume.path) };
 }
 

@@ -16,7 +16,7 @@ import type { Batch } from '../../lib/types.js';
 import type { KlInRewardOptions } from '../../operators/grpoPrepare.js';
 
 /** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
-export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
+export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>): GrpoTrainerOptions {
   const t = config.trainer;
   return {
     learningRate: t.learningRate,
@@ -42,7 +42,7 @@ export function grpoTrainerOptions(config: RxrlConfig): GrpoTrainerOptions {
  *
  * @internal
  */
-export function loopSettings(config: RxrlConfig) {
+export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 'run' | 'store' | 'sync'>) {
   return {
     mode: config.sync.mode,
     stalenessThreshold: config.sync.stalenessThreshold,
@@ -98,7 +98,7 @@ export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, k
  *
  * @internal
  */
-export function klInRewardOf(config: RxrlConfig, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
+export function klInRewardOf(config: Pick<RxrlConfig, 'algorithm'>, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
   if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
   return {
     klInReward: {

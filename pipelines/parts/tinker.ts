@@ -20,7 +20,7 @@ import { openLedger } from './ledger.js';
  * @throws {@link ConfigError} for what such a run cannot do (Kafka workers, a caller's engine, a local checkpoint).
  */
 export async function tinkerParts(
-  config: RxrlConfig,
+  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run' | 'tinker' | 'trainer'>,
   options: RunTrainingOptions,
   setup: RunSetup,
   runDir: string | undefined,
@@ -80,7 +80,7 @@ export async function tinkerParts(
  * @param lost - The error that lost it (the cause of the timeout's error).
  * @throws {@link TinkerError} when it does not answer in time; the signal's reason when the run is stopped.
  */
-export async function waitForTinker(config: RxrlConfig, signal: AbortSignal, lost: unknown): Promise<void> {
+export async function waitForTinker(config: Pick<RxrlConfig, 'tinker'>, signal: AbortSignal, lost: unknown): Promise<void> {
   const target = { baseURL: config.tinker.baseUrl as string, apiKey: config.tinker.apiKey };
   const deadline = performance.now() + config.tinker.recoverTimeoutMs;
   let delay = 100;
