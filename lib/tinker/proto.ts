@@ -1,6 +1,7 @@
 /**
- * A hand-written, dependency-free protobuf codec for the part of the Tinker API wire format (package
- * `tinker_public`, as spoken by the `tinker==0.38.0` Python SDK) that a Tinker-compatible server needs:
+ * rxrl's mapping of the part of the Tinker API wire format (package `tinker_public`, as spoken by the
+ * `tinker==0.38.0` Python SDK) that a Tinker-compatible server needs, onto protobuf-es's binary wire layer
+ * (`@bufbuild/protobuf/wire`: `BinaryReader`, `BinaryWriter`, which pass the protobuf conformance suite):
  *
  * - `ForwardBackwardRequest`: the body of `POST /api/v1/forward_backward` (decoded by the server);
  * - `ForwardBackwardOutput`: the result of a forward/backward future (encoded by the server);
@@ -12,13 +13,16 @@
  * SDK's `proto/response_conv.py` reads, the decoders read what its `proto/request_conv.py` writes. Raw arrays
  * inside `bytes` fields are little-endian on every platform (read and written through `DataView`).
  *
- * Decoding follows protobuf rules: unknown fields are skipped by wire type (groups included), a repeated scalar
- * is accepted packed or unpacked, the last occurrence of a singular field wins, and a map is a repeated entry
- * message `{ key = 1; value = 2 }` whose missing key or value takes the default. Malformed input throws a
- * {@link ProtoError} whose message names the field path and byte offset.
+ * Decoding follows protobuf rules: unknown fields are skipped by wire type (groups included, at most 64 deep), a
+ * repeated scalar is accepted packed or unpacked, the last occurrence of a singular field wins, and a map is a
+ * repeated entry message `{ key = 1; value = 2 }` whose missing key or value takes the default. Malformed input
+ * throws a {@link ProtoError} whose message names the field path and byte offset (the codec's own error, if any, is
+ * its `cause`); nothing else escapes a decoder.
  *
  * @packageDocumentation
  */
+
+import { BinaryReader, BinaryWriter, WireType, getTextEncoding } from '@bufbuild/protobuf/wire';
 
 import { RxrlError } from '../errors.js';
 
@@ -128,13 +132,6 @@ export class ProtoError extends RxrlError {
 // Wire constants (tinker_public)
 // ---------------------------------------------------------------------------------------------------------------
 
-const WIRE_VARINT = 0;
-const WIRE_FIXED64 = 1;
-const WIRE_LEN = 2;
-const WIRE_START_GROUP = 3;
-const WIRE_END_GROUP = 4;
-const WIRE_FIXED32 = 5;
-
 const DTYPE_FLOAT32 = 1;
 const DTYPE_INT64 = 2;
 const DTYPE_INT32 = 3;
@@ -182,134 +179,135 @@ const TWO_POW_32 = 2 ** 32;
 const INT32_MIN = -(2 ** 31);
 const INT32_MAX = 2 ** 31 - 1;
 
-const utf8Decoder = new TextDecoder('utf-8', { fatal: true });
-const utf8Encoder = new TextEncoder();
+/** protobuf-es's UTF-8 (`TextDecoder` with `fatal` for strict reads; a leading U+FEFF is text, as in protobuf). */
+const utf8 = getTextEncoding();
 
 // ---------------------------------------------------------------------------------------------------------------
-// Reader
+// Reader: protobuf-es's BinaryReader, with field paths, byte offsets and rxrl's strictness
 // ---------------------------------------------------------------------------------------------------------------
 
 /** A field tag: its number and wire type. */
 interface Tag {
   readonly field: number;
-  readonly wire: number;
+  readonly wire: WireType;
 }
 
-/** Reads one message's fields from a byte range; errors carry the message's field path. */
+/**
+ * Reads one message's fields through a `BinaryReader`. Whatever the codec throws (past the end, a varint over ten
+ * bytes, invalid UTF-8) becomes a {@link ProtoError} naming this message's field path and the value's byte offset.
+ */
 class Reader {
-  private pos = 0;
+  private readonly r: BinaryReader;
 
   constructor(
     private readonly buf: Uint8Array,
     readonly path: string,
-  ) {}
+  ) {
+    this.r = new BinaryReader(buf);
+  }
 
   get done(): boolean {
-    return this.pos >= this.buf.length;
+    return this.r.pos >= this.r.len;
   }
 
-  fail(message: string): never {
-    throw new ProtoError(`${message} (at byte ${this.pos} of ${this.buf.length})`, this.path);
+  fail(message: string, at = this.r.pos, cause?: unknown): never {
+    const error = new ProtoError(`${message} (at byte ${at} of ${this.buf.length})`, this.path);
+    if (cause !== undefined) Object.defineProperty(error, 'cause', { value: cause, configurable: true, writable: true });
+    throw error;
   }
 
-  /** The next tag. */
+  /** Runs one read of the codec; on failure rewinds and throws what `explain` says (given whether it ran past the end). */
+  private read<T>(op: (r: BinaryReader) => T, explain: (pastEnd: boolean) => string): T {
+    const start = this.r.pos;
+    try {
+      return op(this.r);
+    } catch (error) {
+      const message = explain(this.r.pos > this.r.len);
+      this.r.pos = start;
+      return this.fail(message, start, error);
+    }
+  }
+
+  /** One varint read (`uint32`, `int32`, `int64`, `bool`: each refuses more than ten bytes). */
+  private varint<T>(op: (r: BinaryReader) => T): T {
+    return this.read(op, (pastEnd) => (pastEnd ? 'truncated varint' : 'varint longer than 10 bytes'));
+  }
+
+  /** The next tag. The codec's `uint32` keeps a key's low 32 bits, so a longer key (a field past 2^29 - 1) is refused here. */
   tag(): Tag {
-    const value = this.varintNumber();
-    const field = Math.floor(value / 8);
-    const wire = value % 8;
-    if (field === 0 || field > MAX_FIELD_NUMBER) this.fail(`invalid field number ${field}`);
-    if (wire > WIRE_FIXED32) this.fail(`invalid wire type ${wire} for field ${field}`);
+    const start = this.r.pos;
+    const key = this.varint((r) => r.uint32());
+    const size = this.r.pos - start;
+    if (size > 5 || (size === 5 && this.buf[start + 4] > 0x0f)) this.fail(`invalid field number (over ${MAX_FIELD_NUMBER})`, start);
+    const field = key >>> 3;
+    const wire = key & 7;
+    if (field === 0) this.fail('invalid field number 0', start);
+    if (wire > WireType.Bit32) this.fail(`invalid wire type ${wire} for field ${field}`, start);
     return { field, wire };
   }
 
-  /** An unsigned varint as a number; exact up to 2^53, approximate beyond (callers needing 64 bits use `varintBig`). */
-  private varintNumber(): number {
-    let result = 0;
-    let scale = 1;
-    for (let i = 0; i < 10; i++) {
-      if (this.pos >= this.buf.length) this.fail('truncated varint');
-      const byte = this.buf[this.pos++];
-      if (i === 9 && byte > 1) this.fail('varint overflows 64 bits');
-      result += (byte & 0x7f) * scale;
-      if (byte < 0x80) return result;
-      scale *= 128;
-    }
-    return this.fail('varint longer than 10 bytes');
-  }
-
-  /** An unsigned 64-bit varint. */
-  private varintBig(): bigint {
-    const start = this.pos;
-    const value = this.varintNumber();
-    if (this.pos - start <= 7) return BigInt(value); // at most 49 bits: the number is exact
-    let result = 0n;
-    for (let i = this.pos - 1; i >= start; i--) result = (result << 7n) | BigInt(this.buf[i] & 0x7f);
-    return result;
-  }
-
-  private expect(tag: Tag, wire: number, name: string): void {
+  private expect(tag: Tag, wire: WireType, name: string): void {
     if (tag.wire !== wire) this.fail(`field ${name} (${tag.field}) has wire type ${tag.wire}, expected ${wire}`);
   }
 
   /** A length-delimited payload (a view, not a copy). */
   bytes(tag: Tag, name: string): Uint8Array {
-    this.expect(tag, WIRE_LEN, name);
+    this.expect(tag, WireType.LengthDelimited, name);
     return this.lengthDelimited();
   }
 
   private lengthDelimited(): Uint8Array {
-    const length = this.varintNumber();
-    if (length > this.buf.length - this.pos) this.fail(`length ${length} runs past the end`);
-    const out = this.buf.subarray(this.pos, this.pos + length);
-    this.pos += length;
+    const start = this.r.pos;
+    const out = this.read((r) => r.bytes(), (pastEnd) => (pastEnd ? 'length-delimited value runs past the end' : 'varint longer than 10 bytes'));
+    const prefix = this.r.pos - out.length - start; // the codec keeps a length's low 32 bits: refuse a longer one
+    if (prefix > 5 || (prefix === 5 && this.buf[start + 4] > 0x0f)) this.fail('length over 2^32 - 1 runs past the end', start);
     return out;
   }
 
   string(tag: Tag, name: string): string {
+    const start = this.r.pos;
     const bytes = this.bytes(tag, name);
     try {
-      return utf8Decoder.decode(bytes);
-    } catch {
-      return this.fail(`field ${name} (${tag.field}) is not valid UTF-8`);
+      return utf8.decodeUtf8(bytes, true);
+    } catch (error) {
+      return this.fail(`field ${name} (${tag.field}) is not valid UTF-8`, start, error);
     }
   }
 
   /** `int32` (and enums): the low 32 bits of the varint, signed. */
   int32(tag: Tag, name: string): number {
-    this.expect(tag, WIRE_VARINT, name);
-    return Number(BigInt.asIntN(32, this.varintBig()));
+    this.expect(tag, WireType.Varint, name);
+    return this.varint((r) => r.int32());
   }
 
   /** `int64` as a number; fails outside the safe-integer range. */
   int64(tag: Tag, name: string): number {
-    this.expect(tag, WIRE_VARINT, name);
+    this.expect(tag, WireType.Varint, name);
     return this.safeInt64(name);
   }
 
   private safeInt64(name: string): number {
-    const value = BigInt.asIntN(64, this.varintBig());
+    const start = this.r.pos;
+    const value = BigInt(this.varint((r) => r.int64())); // a bigint, or a string where BigInt is off
     if (value > BigInt(Number.MAX_SAFE_INTEGER) || value < BigInt(Number.MIN_SAFE_INTEGER)) {
-      this.fail(`field ${name}: ${value} is outside the safe-integer range`);
+      this.fail(`field ${name}: ${value} is outside the safe-integer range`, start);
     }
     return Number(value);
   }
 
   bool(tag: Tag, name: string): boolean {
-    this.expect(tag, WIRE_VARINT, name);
-    return this.varintBig() !== 0n;
+    this.expect(tag, WireType.Varint, name);
+    return this.varint((r) => r.bool());
   }
 
   double(tag: Tag, name: string): number {
-    this.expect(tag, WIRE_FIXED64, name);
-    if (this.buf.length - this.pos < 8) this.fail('truncated fixed64');
-    const value = viewOf(this.buf).getFloat64(this.pos, true);
-    this.pos += 8;
-    return value;
+    this.expect(tag, WireType.Bit64, name);
+    return this.read((r) => r.double(), () => 'truncated fixed64');
   }
 
   /** One or more `repeated int64` values, packed (wire type 2) or not (wire type 0), appended to `out`. */
   repeatedInt64(tag: Tag, name: string, out: number[]): void {
-    if (tag.wire === WIRE_VARINT) {
+    if (tag.wire === WireType.Varint) {
       out.push(this.safeInt64(name));
       return;
     }
@@ -320,40 +318,40 @@ class Reader {
   /** Skips the value of an unhandled field. */
   skip(tag: Tag, depth = 0): void {
     switch (tag.wire) {
-      case WIRE_VARINT:
-        this.varintNumber();
+      case WireType.Varint:
+        this.varint((r) => r.uint32()); // not r.skip(), which takes a varint of any length
         return;
-      case WIRE_FIXED64:
-        this.advance(8);
+      case WireType.Bit64:
+        this.read((r) => r.skip(WireType.Bit64), () => 'truncated fixed64');
         return;
-      case WIRE_LEN:
+      case WireType.LengthDelimited:
         this.lengthDelimited();
         return;
-      case WIRE_FIXED32:
-        this.advance(4);
+      case WireType.Bit32:
+        this.read((r) => r.skip(WireType.Bit32), () => 'truncated fixed32');
         return;
-      case WIRE_START_GROUP: {
-        if (depth >= MAX_GROUP_DEPTH) this.fail('groups nested too deeply');
-        for (;;) {
-          if (this.done) this.fail(`unterminated group ${tag.field}`);
-          const inner = this.tag();
-          if (inner.wire === WIRE_END_GROUP) {
-            if (inner.field !== tag.field) this.fail(`group ${tag.field} closed by end-group ${inner.field}`);
-            return;
-          }
-          this.skip(inner, depth + 1);
-        }
-      }
-      case WIRE_END_GROUP:
+      case WireType.StartGroup:
+        this.skipGroup(tag.field, depth);
+        return;
+      case WireType.EndGroup:
         return this.fail(`unexpected end-group for field ${tag.field}`);
       default:
-        return this.fail(`invalid wire type ${tag.wire} for field ${tag.field}`);
+        return this.fail(`invalid wire type ${String(tag.wire)} for field ${tag.field}`);
     }
   }
 
-  private advance(n: number): void {
-    if (this.buf.length - this.pos < n) this.fail(`truncated ${n === 8 ? 'fixed64' : 'fixed32'}`);
-    this.pos += n;
+  /** Skips a group's fields, each by the rules above, up to its end-group (rxrl's depth limit, not the codec's 100). */
+  private skipGroup(field: number, depth: number): void {
+    if (depth >= MAX_GROUP_DEPTH) this.fail('groups nested too deeply');
+    for (;;) {
+      if (this.done) this.fail(`unterminated group ${field}`);
+      const inner = this.tag();
+      if (inner.wire === WireType.EndGroup) {
+        if (inner.field !== field) this.fail(`group ${field} closed by end-group ${inner.field}`);
+        return;
+      }
+      this.skip(inner, depth + 1);
+    }
   }
 }
 
@@ -460,113 +458,14 @@ function int64sToLE(values: ArrayLike<number> | BigInt64Array, what: string, pat
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Writer
+// Writer: protobuf-es's BinaryWriter (default values are the caller's to omit, proto3 style)
 // ---------------------------------------------------------------------------------------------------------------
 
-/** Appends protobuf fields to a growing buffer. Default values are the caller's to omit (proto3 style). */
-class Writer {
-  private buf = new Uint8Array(256);
-  private view = new DataView(this.buf.buffer);
-  private length = 0;
-
-  private reserve(n: number): void {
-    if (this.length + n <= this.buf.length) return;
-    let size = this.buf.length * 2;
-    while (size < this.length + n) size *= 2;
-    const grown = new Uint8Array(size);
-    grown.set(this.buf.subarray(0, this.length));
-    this.buf = grown;
-    this.view = new DataView(grown.buffer);
-  }
-
-  /** An unsigned varint of a non-negative safe integer. */
-  private varint(value: number): void {
-    this.reserve(10);
-    while (value >= 0x80) {
-      this.buf[this.length++] = (value % 0x80) | 0x80;
-      value = Math.floor(value / 0x80);
-    }
-    this.buf[this.length++] = value;
-  }
-
-  private varintBig(value: bigint): void {
-    let v = BigInt.asUintN(64, value);
-    this.reserve(10);
-    while (v >= 0x80n) {
-      this.buf[this.length++] = Number(v & 0x7fn) | 0x80;
-      v >>= 7n;
-    }
-    this.buf[this.length++] = Number(v);
-  }
-
-  private tag(field: number, wire: number): void {
-    this.varint(field * 8 + wire);
-  }
-
-  /** `int32`/enum: negative values are sign-extended to ten bytes, as protobuf does. */
-  int32(field: number, value: number): this {
-    this.tag(field, WIRE_VARINT);
-    if (value >= 0) this.varint(value);
-    else this.varintBig(BigInt(value));
-    return this;
-  }
-
-  /** `int64` of a safe integer. */
-  int64(field: number, value: number): this {
-    this.tag(field, WIRE_VARINT);
-    if (value >= 0) this.varint(value);
-    else this.varintBig(BigInt(value));
-    return this;
-  }
-
-  bool(field: number, value: boolean): this {
-    this.tag(field, WIRE_VARINT);
-    this.varint(value ? 1 : 0);
-    return this;
-  }
-
-  double(field: number, value: number): this {
-    this.tag(field, WIRE_FIXED64);
-    this.reserve(8);
-    this.view.setFloat64(this.length, value, true);
-    this.length += 8;
-    return this;
-  }
-
-  bytes(field: number, value: Uint8Array): this {
-    this.tag(field, WIRE_LEN);
-    this.varint(value.length);
-    this.reserve(value.length);
-    this.buf.set(value, this.length);
-    this.length += value.length;
-    return this;
-  }
-
-  string(field: number, value: string): this {
-    return this.bytes(field, utf8Encoder.encode(value));
-  }
-
-  /** A nested message, built by `build` on a fresh writer. */
-  message(field: number, build: (w: Writer) => void): this {
-    const inner = new Writer();
-    build(inner);
-    return this.bytes(field, inner.finish());
-  }
-
-  /** `repeated int64`, packed (what proto3 writes by default); nothing when empty. */
-  packedInt64(field: number, values: readonly number[]): this {
-    if (values.length === 0) return this;
-    const inner = new Writer();
-    for (const v of values) {
-      if (v >= 0) inner.varint(v);
-      else inner.varintBig(BigInt(v));
-    }
-    return this.bytes(field, inner.finish());
-  }
-
-  finish(): Uint8Array {
-    return this.buf.slice(0, this.length);
-  }
+/** Writes field `field` as a nested message (or a packed field) that `build` writes into the same writer. */
+function message(w: BinaryWriter, field: number, build: (w: BinaryWriter) => void): void {
+  w.tag(field, WireType.LengthDelimited).fork();
+  build(w);
+  w.join();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -728,7 +627,7 @@ function decodeTensor(bytes: Uint8Array, path: string, budget: Budget): WireTens
   return { dtype, data, shape: shape.length === 0 ? [data.length] : shape };
 }
 
-function encodeTensor(w: Writer, tensor: WireTensor, path: string): void {
+function encodeTensor(w: BinaryWriter, tensor: WireTensor, path: string): void {
   const { dtype, data, shape } = tensor;
   const size = shape.reduce((a, b) => a * b, 1);
   for (const dim of shape) {
@@ -739,17 +638,17 @@ function encodeTensor(w: Writer, tensor: WireTensor, path: string): void {
   }
   switch (dtype) {
     case 'float32':
-      w.bytes(1, float32sToLE(data instanceof BigInt64Array ? Array.from(data, Number) : data));
-      w.int32(3, DTYPE_FLOAT32);
+      w.tag(1, WireType.LengthDelimited).bytes(float32sToLE(data instanceof BigInt64Array ? Array.from(data, Number) : data));
+      w.tag(3, WireType.Varint).int32(DTYPE_FLOAT32);
       break;
     case 'int64':
-      w.bytes(1, int64sToLE(data, 'data', path));
-      w.int32(3, DTYPE_INT64);
+      w.tag(1, WireType.LengthDelimited).bytes(int64sToLE(data, 'data', path));
+      w.tag(3, WireType.Varint).int32(DTYPE_INT64);
       break;
     default:
       throw new ProtoError(`unsupported dtype ${String(dtype satisfies never)}`, path);
   }
-  w.packedInt64(4, shape);
+  if (shape.length > 0) message(w, 4, (packed) => shape.forEach((dim) => packed.int64(dim))); // packed, as proto3 writes it
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -784,11 +683,11 @@ function decodeDoubleMapEntry(bytes: Uint8Array, path: string): [string, number]
   return [key, value];
 }
 
-function encodeDoubleMap(w: Writer, field: number, map: Readonly<Record<string, number>>): void {
+function encodeDoubleMap(w: BinaryWriter, field: number, map: Readonly<Record<string, number>>): void {
   for (const [key, value] of Object.entries(map)) {
-    w.message(field, (e) => {
-      if (key !== '') e.string(1, key);
-      if (value !== 0 || Object.is(value, -0)) e.double(2, value);
+    message(w, field, (e) => {
+      if (key !== '') e.tag(1, WireType.LengthDelimited).string(key);
+      if (value !== 0 || Object.is(value, -0)) e.tag(2, WireType.Bit64).double(value);
     });
   }
 }
@@ -989,33 +888,33 @@ export function encodeForwardBackwardRequest(req: ForwardBackwardRequest): Uint8
   if (!Number.isInteger(req.seqId) || req.seqId < INT32_MIN || req.seqId > INT32_MAX) {
     throw new ProtoError(`seq_id ${req.seqId} is not an int32`, REQUEST);
   }
-  const w = new Writer();
-  if (req.modelId !== '') w.string(1, req.modelId);
-  if (req.seqId !== 0) w.int32(2, req.seqId);
+  const w = new BinaryWriter();
+  if (req.modelId !== '') w.tag(1, WireType.LengthDelimited).string(req.modelId);
+  if (req.seqId !== 0) w.tag(2, WireType.Varint).int32(req.seqId);
   req.data.forEach((datum, i) => {
     const path = `${REQUEST}.data[${i}]`;
-    w.message(3, (d) => {
+    message(w, 3, (d) => {
       if (datum.tokens.length > 0) {
         const tokens = int32sToLE(datum.tokens, 'tokens', path);
-        d.message(1, (chunk) => chunk.message(1, (text) => text.bytes(1, tokens)));
+        message(d, 1, (chunk) => message(chunk, 1, (text) => text.tag(1, WireType.LengthDelimited).bytes(tokens)));
       }
       for (const [key, tensor] of Object.entries(datum.lossFnInputs)) {
-        d.message(2, (e) => {
-          if (key !== '') e.string(1, key);
-          e.message(2, (t) => encodeTensor(t, tensor, `${path}.loss_fn_inputs[${JSON.stringify(key)}]`));
+        message(d, 2, (e) => {
+          if (key !== '') e.tag(1, WireType.LengthDelimited).string(key);
+          message(e, 2, (t) => encodeTensor(t, tensor, `${path}.loss_fn_inputs[${JSON.stringify(key)}]`));
         });
       }
     });
   });
-  if (req.lossFn !== '') w.string(4, req.lossFn);
+  if (req.lossFn !== '') w.tag(4, WireType.LengthDelimited).string(req.lossFn);
   const numeric: Record<string, number> = {};
   for (const [key, value] of Object.entries(req.lossFnConfig)) if (typeof value === 'number') setEntry(numeric, key, value);
   encodeDoubleMap(w, 5, numeric);
-  if (req.forwardOnly) w.bool(6, true);
+  if (req.forwardOnly) w.tag(6, WireType.Varint).bool(true);
   for (const [key, value] of Object.entries(req.lossFnConfig)) {
-    w.message(7, (e) => {
-      if (key !== '') e.string(1, key);
-      e.message(2, (v) => (typeof value === 'number' ? v.double(1, value) : v.string(2, value)));
+    message(w, 7, (e) => {
+      if (key !== '') e.tag(1, WireType.LengthDelimited).string(key);
+      message(e, 2, (v) => (typeof value === 'number' ? v.tag(1, WireType.Bit64).double(value) : v.tag(2, WireType.LengthDelimited).string(value)));
     });
   }
   return w.finish();
@@ -1048,8 +947,8 @@ const OUTPUT = 'ForwardBackwardOutput';
  * @throws {@link ProtoError} when datums have different field names.
  */
 export function encodeForwardBackwardOutput(out: ForwardBackwardOutputWire): Uint8Array {
-  const w = new Writer();
-  w.string(1, ARRAY_RECORD);
+  const w = new BinaryWriter();
+  w.tag(1, WireType.LengthDelimited).string(ARRAY_RECORD);
   const n = out.outputs.length;
   if (n > 0) {
     const names = Object.keys(out.outputs[0]);
@@ -1062,8 +961,8 @@ export function encodeForwardBackwardOutput(out: ForwardBackwardOutputWire): Uin
         );
       }
     });
-    w.message(2, (rec) => {
-      rec.string(1, ARRAY_RECORD);
+    message(w, 2, (rec) => {
+      rec.tag(1, WireType.LengthDelimited).string(ARRAY_RECORD);
       for (const name of names) {
         const total = out.outputs.reduce((sum, record) => sum + record[name].length, 0);
         const data = new Float32Array(total);
@@ -1074,16 +973,16 @@ export function encodeForwardBackwardOutput(out: ForwardBackwardOutputWire): Uin
           at += record[name].length;
           offsets.push(at * 4);
         }
-        rec.message(2, (e) => {
-          if (name !== '') e.string(1, name);
-          e.message(2, (bt) => {
-            bt.bytes(1, float32sToLE(data));
-            bt.bytes(2, int64sToLE(offsets, 'offsets', OUTPUT));
-            bt.int32(3, DTYPE_FLOAT32);
+        message(rec, 2, (e) => {
+          if (name !== '') e.tag(1, WireType.LengthDelimited).string(name);
+          message(e, 2, (bt) => {
+            bt.tag(1, WireType.LengthDelimited).bytes(float32sToLE(data));
+            bt.tag(2, WireType.LengthDelimited).bytes(int64sToLE(offsets, 'offsets', OUTPUT));
+            bt.tag(3, WireType.Varint).int32(DTYPE_FLOAT32);
           });
         });
       }
-      rec.int64(3, n);
+      rec.tag(3, WireType.Varint).int64(n);
     });
   }
   encodeDoubleMap(w, 3, out.metrics);
@@ -1225,28 +1124,28 @@ const SAMPLE = 'SampleResponse';
  * @throws {@link ProtoError} when a token is not an int32 or a sequence's logprobs and tokens differ in length.
  */
 export function encodeSampleResponse(res: SampleResponseWire): Uint8Array {
-  const w = new Writer();
+  const w = new BinaryWriter();
   res.sequences.forEach((seq, i) => {
     const path = `${SAMPLE}.sequences[${i}]`;
     if (seq.logprobs.length !== seq.tokens.length) {
       throw new ProtoError(`${seq.tokens.length} tokens but ${seq.logprobs.length} logprobs`, path);
     }
     const tokens = int32sToLE(seq.tokens, 'tokens', path);
-    w.message(1, (s) => {
+    message(w, 1, (s) => {
       switch (seq.stopReason) {
         case 'stop':
           break; // STOP_REASON_STOP = 0, the default: not written
         case 'length':
-          s.int32(1, STOP_REASON_LENGTH);
+          s.tag(1, WireType.Varint).int32(STOP_REASON_LENGTH);
           break;
         default:
           throw new ProtoError(`unknown stop reason ${JSON.stringify(seq.stopReason satisfies never)}`, path);
       }
-      if (tokens.length > 0) s.bytes(2, tokens);
-      s.bytes(3, float32sToLE(seq.logprobs));
+      if (tokens.length > 0) s.tag(2, WireType.LengthDelimited).bytes(tokens);
+      s.tag(3, WireType.LengthDelimited).bytes(float32sToLE(seq.logprobs));
     });
   });
-  if (res.promptLogprobs !== undefined) w.bytes(2, float32sToLE(res.promptLogprobs));
+  if (res.promptLogprobs !== undefined) w.tag(2, WireType.LengthDelimited).bytes(float32sToLE(res.promptLogprobs));
   return w.finish();
 }
 
