@@ -136,5 +136,12 @@ describe('BatchSender', () => {
     expect(log).toEqual([]);
     expect(sends.length).toBe(1);
     expect(sender.waiting).toBe(0);
+
+    const failing = setup();
+    failing.sender.push(0);
+    failing.sender.close();
+    failing.sends[0].reject('late failure');
+    await settle();
+    expect(failing.log).toEqual([]);
   });
 });
