@@ -1,23 +1,16 @@
-import { Observable } from 'rxjs';
-import type { Batch, ConsumerConfig, IHeaders, Kafka, KafkaMessage, Producer } from 'kafkajs';
+import { Observable, type Subscriber, type TeardownLogic } from 'rxjs';
+import type { Consumer, ConsumerConfig, EachBatchPayload, Kafka, KafkaMessage, Producer } from 'kafkajs';
 import { ConfigError, DecodeError } from '../lib/errors.js';
+import { CommitScheduler, type KafkaEventSink } from '../lib/kafka/commitScheduler.js';
+import { DeadLetterWriter } from '../lib/kafka/deadLetter.js';
 import { KafkaBridgeError } from '../lib/kafka/errors.js';
-import { OffsetTracker } from '../lib/kafka/offsets.js';
-import type { KafkaEvent, KafkaEventType, KafkaRecord } from '../lib/kafka/types.js';
+import { checkFlowLimits, FlowController } from '../lib/kafka/flowControl.js';
+import { DeliveredRecord } from '../lib/kafka/record.js';
+import type { KafkaEvent, KafkaRecord } from '../lib/kafka/types.js';
 
-/** Headers a dead-lettered message carries, besides its original ones. */
-export const DEAD_LETTER_HEADERS = {
-  /** Why decoding failed (the error message). */
-  reason: 'rxrl-dlq-reason',
-  /** Name of the decode error (`DecodeError`). */
-  error: 'rxrl-dlq-error',
-  /** Where the message came from. */
-  topic: 'rxrl-dlq-topic',
-  partition: 'rxrl-dlq-partition',
-  offset: 'rxrl-dlq-offset',
-  /** Consumer group that rejected it. */
-  group: 'rxrl-dlq-group',
-} as const;
+// Moved to lib/kafka; still importable from here.
+export { DEAD_LETTER_HEADERS } from '../lib/kafka/deadLetter.js';
+export { isRebalanceCommitError } from '../lib/kafka/commitScheduler.js';
 
 /** Where {@link fromKafka} sends messages that fail to decode. */
 export interface DeadLetterOptions {
@@ -56,29 +49,6 @@ export interface FromKafkaOptions<T> {
   readonly onEvent?: (event: KafkaEvent) => void;
   /** Receives, at teardown, the promise of the consumer's close (final commit, leave the group, disconnect). */
   readonly onClosed?: (closing: Promise<void>) => void;
-}
-
-/** Consecutive failed commits (each retried by kafkajs) after which the stream errors. */
-const MAX_COMMIT_FAILURES = 5;
-
-/** kafkajs's messages (its non-retriable wrapper keeps only the message) for a member the group has moved past. */
-const REBALANCE_MESSAGE = /coordinator is not aware of this member|group is rebalancing|generation id is not valid/i;
-const REBALANCE_TYPES = new Set(['UNKNOWN_MEMBER_ID', 'REBALANCE_IN_PROGRESS', 'ILLEGAL_GENERATION']);
-
-/**
- * Whether a failed commit failed because the group rebalanced past this member (a stall longer than its session,
- * say): kafkajs rejoins by itself, and the offsets not committed are delivered again to the partitions' owners —
- * at-least-once, as designed — so such failures do not count towards giving up.
- *
- * @internal
- */
-export function isRebalanceCommitError(error: unknown): boolean {
-  for (let e: unknown = error, depth = 0; e !== undefined && e !== null && depth < 4; e = (e as { cause?: unknown }).cause, depth++) {
-    const { type, message } = e as { type?: unknown; message?: unknown };
-    if (typeof type === 'string' && REBALANCE_TYPES.has(type)) return true;
-    if (typeof message === 'string' && REBALANCE_MESSAGE.test(message)) return true;
-  }
-  return false;
 }
 
 /**
@@ -122,279 +92,193 @@ export function isRebalanceCommitError(error: unknown): boolean {
 export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observable<KafkaRecord<T>> {
   const capacity = options.capacity ?? 256;
   const resumeBelow = options.resumeBelow ?? Math.ceil(capacity / 2);
-  const commitIntervalMs = options.commitIntervalMs ?? 20;
-  if (!Number.isInteger(capacity) || capacity < 1) {
-    throw new ConfigError(`fromKafka capacity must be an integer >= 1, got ${capacity}`);
-  }
-  if (!(Number.isInteger(resumeBelow) && resumeBelow >= 1 && resumeBelow <= capacity)) {
-    throw new ConfigError(`fromKafka resumeBelow must be an integer in [1, capacity], got ${resumeBelow}`);
-  }
+  checkFlowLimits(capacity, resumeBelow, 'fromKafka');
   if (options.topics.length === 0) throw new ConfigError('fromKafka needs at least one topic');
-  const topics = [...options.topics];
-  const { groupId } = options;
+  const settings: Settings<T> = { ...options, capacity, resumeBelow, commitIntervalMs: options.commitIntervalMs ?? 20, topics: [...options.topics] };
+  return new Observable<KafkaRecord<T>>((subscriber) => consume(kafka, settings, subscriber));
+}
 
-  return new Observable<KafkaRecord<T>>((subscriber) => {
-    const consumer = kafka.consumer({
-      sessionTimeout: 10_000,
-      rebalanceTimeout: 20_000,
-      heartbeatInterval: 1_000,
-      maxWaitTimeInMs: 100,
-      ...options.consumer,
+/** {@link FromKafkaOptions} with the defaults resolved. */
+interface Settings<T> extends FromKafkaOptions<T> {
+  readonly capacity: number;
+  readonly resumeBelow: number;
+  readonly commitIntervalMs: number;
+  readonly topics: string[];
+}
+
+/** What one subscription's batch handler works with. */
+interface Consumption<T> {
+  readonly decode: (bytes: Uint8Array) => T;
+  readonly commits: CommitScheduler;
+  readonly flow: FlowController;
+  readonly deadLetter: DeadLetterWriter | undefined;
+  readonly closed: () => boolean;
+  readonly next: (record: KafkaRecord<T>) => void;
+  readonly fail: (error: unknown) => void;
+}
+
+/** kafkajs consumer settings that {@link FromKafkaOptions.consumer} overrides. */
+const CONSUMER_DEFAULTS = { sessionTimeout: 10_000, rebalanceTimeout: 20_000, heartbeatInterval: 1_000, maxWaitTimeInMs: 100 } as const;
+
+/** One subscription: a consumer of its own, the state classes over it, and the teardown that closes it. */
+function consume<T>(kafka: Kafka, settings: Settings<T>, subscriber: Subscriber<KafkaRecord<T>>): TeardownLogic {
+  const { groupId, topics } = settings;
+  const consumer = kafka.consumer({ ...CONSUMER_DEFAULTS, ...settings.consumer, groupId });
+  let closed = false;
+  const fail = (error: unknown): void => {
+    if (!closed) subscriber.error(error);
+  };
+  const emit = eventSink(groupId, settings.onEvent);
+  const work = consumption(consumer, settings, emit, { closed: () => closed, next: (record) => subscriber.next(record), fail });
+  watchGroup(consumer, work.commits, emit, fail, groupId);
+
+  const started = (async () => {
+    await consumer.connect();
+    await consumer.subscribe({ topics, fromBeginning: settings.fromBeginning ?? true });
+    if (closed) return;
+    await consumer.run({ autoCommit: false, eachBatchAutoResolve: false, partitionsConsumedConcurrently: 1, eachBatch: (payload) => eachBatch(work, payload) });
+  })();
+  started.catch((cause: unknown) => {
+    fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} could not start: ${String(cause)}`, { cause }));
+  });
+
+  const onAbort = (): void => subscriber.complete();
+  if (settings.signal?.aborted) onAbort();
+  settings.signal?.addEventListener('abort', onAbort, { once: true });
+
+  return () => {
+    closed = true;
+    work.flow.close();
+    settings.signal?.removeEventListener('abort', onAbort);
+    work.commits.stop();
+    closeConsumer(consumer, started, work.commits, settings);
+  };
+}
+
+/** The commit scheduler, flow controller and dead-letter writer of one subscription, wired to its consumer. */
+function consumption<T>(
+  consumer: Consumer,
+  settings: Settings<T>,
+  emit: KafkaEventSink,
+  stream: Pick<Consumption<T>, 'closed' | 'next' | 'fail'>,
+): Consumption<T> {
+  const { groupId, topics } = settings;
+  const commits = new CommitScheduler({
+    commit: (offsets) => consumer.commitOffsets(offsets.map((o) => ({ ...o }))),
+    intervalMs: settings.commitIntervalMs,
+    emit,
+    onGiveUp: stream.fail,
+  });
+  const flow = new FlowController({
+    capacity: settings.capacity,
+    resumeBelow: settings.resumeBelow,
+    pause: () => consumer.pause(topics.map((topic) => ({ topic }))),
+    resume: () => consumer.resume(topics.map((topic) => ({ topic }))),
+    emit,
+  });
+  const target = settings.deadLetter;
+  const deadLetter =
+    target &&
+    new DeadLetterWriter({
+      topic: target.topic,
       groupId,
+      send: (record) => target.producer.send(record),
+      markDone: (topic, partition, offset) => commits.deliver(topic, partition, offset)(),
+      emit,
     });
-    const tracker = new OffsetTracker();
-    let inFlight = 0;
-    let paused = false;
-    let closed = false;
-    let eventSeq = 0;
-    let commitTimer: ReturnType<typeof setTimeout> | undefined;
-    let committing: Promise<void> | undefined;
-    let commitAgain = false;
-    let commitFailures = 0;
+  return { ...stream, decode: settings.decode, commits, flow, deadLetter };
+}
 
-    const emit = (type: KafkaEventType, payload: Record<string, unknown>): void => {
-      options.onEvent?.({ id: `${groupId}#${eventSeq++}`, type, timestamp: Date.now(), payload });
-    };
-    const fail = (error: unknown): void => {
-      if (!closed) subscriber.error(error);
-    };
-
-    const commitOnce = async (): Promise<void> => {
-      do {
-        commitAgain = false;
-        const offsets = tracker.committable();
-        if (offsets.length === 0) continue;
-        try {
-          await consumer.commitOffsets(offsets.map((o) => ({ ...o })));
-          tracker.markCommitted(offsets);
-          commitFailures = 0;
-          emit('kafka.commit', { offsets });
-        } catch (error) {
-          const rebalance = isRebalanceCommitError(error);
-          if (!rebalance) commitFailures++;
-          emit('kafka.commit_failed', { error: String(error), failures: commitFailures, rebalance });
-          if (commitFailures >= MAX_COMMIT_FAILURES) {
-            fail(new KafkaBridgeError(`offset commit failed ${commitFailures} times in a row: ${String(error)}`, { cause: error }));
-          }
-          return;
-        }
-      } while (commitAgain);
-    };
-    const flush = (): Promise<void> => {
-      if (committing) {
-        commitAgain = true;
-        return committing;
-      }
-      committing = commitOnce().finally(() => {
-        committing = undefined;
-      });
-      return committing;
-    };
-    const scheduleCommit = (): void => {
-      if (closed || commitTimer !== undefined) return;
-      commitTimer = setTimeout(() => {
-        commitTimer = undefined;
-        void flush();
-      }, commitIntervalMs);
-    };
-
-    const pause = (): void => {
-      if (paused) return;
-      paused = true;
-      consumer.pause(topics.map((topic) => ({ topic })));
-      emit('kafka.pause', { inFlight, capacity });
-    };
-    const maybeResume = (): void => {
-      if (!paused || closed || inFlight >= resumeBelow) return;
-      paused = false;
-      try {
-        consumer.resume(topics.map((topic) => ({ topic })));
-        emit('kafka.resume', { inFlight });
-      } catch {
-        // The consumer stopped meanwhile; nothing to resume.
-      }
-    };
-
-    const onAck = (): void => {
-      inFlight--;
-      scheduleCommit();
-      maybeResume();
-    };
-
-    const deadLetter = async (batch: Batch, message: KafkaMessage, error: DecodeError): Promise<void> => {
-      const target = options.deadLetter!;
-      const headers: IHeaders = {
-        ...(message.headers ?? {}),
-        [DEAD_LETTER_HEADERS.reason]: error.message,
-        [DEAD_LETTER_HEADERS.error]: error.name,
-        [DEAD_LETTER_HEADERS.topic]: batch.topic,
-        [DEAD_LETTER_HEADERS.partition]: String(batch.partition),
-        [DEAD_LETTER_HEADERS.offset]: message.offset,
-        [DEAD_LETTER_HEADERS.group]: groupId,
-      };
-      try {
-        await target.producer.send({
-          topic: target.topic,
-          acks: -1,
-          messages: [{ key: message.key, value: message.value, headers }],
-        });
-      } catch (cause) {
-        throw new KafkaBridgeError(`could not dead-letter ${batch.topic}/${batch.partition}@${message.offset}: ${String(cause)}`, {
-          cause,
-        });
-      }
-      emit('kafka.dead_letter', {
-        topic: batch.topic,
-        partition: batch.partition,
-        offset: message.offset,
-        reason: error.message,
-        deadLetterTopic: target.topic,
-      });
-    };
-
-    const eachBatch = async ({
-      batch,
-      resolveOffset,
-      heartbeat,
-      isRunning,
-      isStale,
-    }: {
-      batch: Batch;
-      resolveOffset: (offset: string) => void;
-      heartbeat: () => Promise<void>;
-      isRunning: () => boolean;
-      isStale: () => boolean;
-    }): Promise<void> => {
-      const { topic, partition } = batch;
-      // kafkajs parses an offset on every resolve, so resolve once: the last message handled, before returning.
-      let handled: string | undefined;
-      const resolveHandled = (): void => {
-        if (handled !== undefined) resolveOffset(handled);
-        handled = undefined;
-      };
-      for (const message of batch.messages) {
-        if (closed || !isRunning() || isStale()) return resolveHandled();
-        if (inFlight >= capacity) {
-          // Unresolved messages are fetched again after the resume.
-          pause();
-          return resolveHandled();
-        }
-        let value: T;
-        try {
-          if (message.value === null) throw new DecodeError('message has no value (a tombstone)');
-          value = options.decode(message.value);
-        } catch (error) {
-          resolveHandled();
-          if (!(error instanceof DecodeError) || options.deadLetter === undefined) {
-            fail(error);
-            return;
-          }
-          try {
-            await deadLetter(batch, message, error);
-          } catch (sendError) {
-            fail(sendError);
-            return;
-          }
-          tracker.deliver(topic, partition, message.offset)();
-          resolveOffset(message.offset);
-          scheduleCommit();
-          continue;
-        }
-        inFlight++;
-        const record = new Delivered(value, topic, partition, message, tracker.deliver(topic, partition, message.offset), onAck);
-        handled = message.offset;
-        subscriber.next(record);
-      }
-      resolveHandled();
-      if (!closed) await heartbeat();
-    };
-
-    consumer.on(consumer.events.GROUP_JOIN, (event) => {
-      tracker.retain(event.payload.memberAssignment);
-      emit('kafka.join', { assignment: event.payload.memberAssignment, memberId: event.payload.memberId });
-    });
-    consumer.on(consumer.events.CRASH, (event) => {
-      emit('kafka.crash', { error: String(event.payload.error), restart: event.payload.restart });
-      if (!event.payload.restart) {
-        fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} crashed: ${String(event.payload.error)}`, { cause: event.payload.error }));
-      }
-    });
-
-    const started = (async () => {
-      await consumer.connect();
-      await consumer.subscribe({ topics, fromBeginning: options.fromBeginning ?? true });
-      if (closed) return;
-      await consumer.run({ autoCommit: false, eachBatchAutoResolve: false, partitionsConsumedConcurrently: 1, eachBatch });
-    })();
-    started.catch((cause: unknown) => {
-      fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} could not start: ${String(cause)}`, { cause }));
-    });
-
-    const onAbort = (): void => subscriber.complete();
-    if (options.signal?.aborted) onAbort();
-    options.signal?.addEventListener('abort', onAbort, { once: true });
-
-    return () => {
-      closed = true;
-      options.signal?.removeEventListener('abort', onAbort);
-      if (commitTimer !== undefined) clearTimeout(commitTimer);
-      const closing = (async () => {
-        await started.catch(() => undefined);
-        await flush().catch(() => undefined);
-        await consumer.disconnect();
-      })();
-      const reported = closing.catch((cause: unknown) => {
-        throw new KafkaBridgeError(`Kafka consumer of group ${groupId} did not close cleanly: ${String(cause)}`, { cause });
-      });
-      if (options.onClosed) options.onClosed(reported);
-      else reported.catch(() => undefined);
-    };
+/** Reports joins (and forgets the partitions a rebalance took away) and crashes (fatal unless kafkajs restarts). */
+function watchGroup(consumer: Consumer, commits: CommitScheduler, emit: KafkaEventSink, fail: (error: unknown) => void, groupId: string): void {
+  consumer.on(consumer.events.GROUP_JOIN, (event) => {
+    commits.retain(event.payload.memberAssignment);
+    emit('kafka.join', { assignment: event.payload.memberAssignment, memberId: event.payload.memberId });
+  });
+  consumer.on(consumer.events.CRASH, (event) => {
+    emit('kafka.crash', { error: String(event.payload.error), restart: event.payload.restart });
+    if (!event.payload.restart) {
+      fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} crashed: ${String(event.payload.error)}`, { cause: event.payload.error }));
+    }
   });
 }
 
-/** A consumed record; key and headers are decoded on first access (most consumers never read them). */
-class Delivered<T> implements KafkaRecord<T> {
-  private acked = false;
-  private decodedHeaders: Record<string, string> | undefined;
+/** Once the start settled: the final commit, then leaving the group; the outcome goes to `onClosed`. */
+function closeConsumer<T>(consumer: Consumer, started: Promise<void>, commits: CommitScheduler, settings: Settings<T>): void {
+  const closing = (async () => {
+    await started.catch(() => undefined);
+    await commits.flush().catch(() => undefined);
+    await consumer.disconnect();
+  })();
+  const reported = closing.catch((cause: unknown) => {
+    throw new KafkaBridgeError(`Kafka consumer of group ${settings.groupId} did not close cleanly: ${String(cause)}`, { cause });
+  });
+  if (settings.onClosed) settings.onClosed(reported);
+  else reported.catch(() => undefined);
+}
 
-  constructor(
-    readonly value: T,
-    readonly topic: string,
-    readonly partition: number,
-    private readonly message: KafkaMessage,
-    private readonly done: () => void,
-    private readonly onAck: () => void,
-  ) {}
-
-  get offset(): string {
-    return this.message.offset;
+/**
+ * Emits a batch's messages as records until the capacity is reached (then pauses: unresolved messages are
+ * fetched again after the resume), dead-letters poison messages, and resolves what it handled.
+ */
+async function eachBatch<T>(work: Consumption<T>, { batch, resolveOffset, heartbeat, isRunning, isStale }: EachBatchPayload): Promise<void> {
+  const { topic, partition } = batch;
+  // kafkajs parses an offset on every resolve, so resolve once: the last message handled, before returning.
+  let handled: string | undefined;
+  const resolveHandled = (): void => {
+    if (handled !== undefined) resolveOffset(handled);
+    handled = undefined;
+  };
+  for (const message of batch.messages) {
+    if (work.closed() || !isRunning() || isStale()) return resolveHandled();
+    if (work.flow.full) {
+      work.flow.pause();
+      return resolveHandled();
+    }
+    let value: T;
+    try {
+      value = decodeValue(work.decode, message);
+    } catch (error) {
+      resolveHandled();
+      if (!(await rejectPoison(work, topic, partition, message, error))) return;
+      resolveOffset(message.offset);
+      continue;
+    }
+    work.flow.admit();
+    const ack = work.commits.deliver(topic, partition, message.offset);
+    const record = new DeliveredRecord(value, topic, partition, message, ack, () => work.flow.release());
+    handled = message.offset;
+    work.next(record);
   }
+  resolveHandled();
+  if (!work.closed()) await heartbeat();
+}
 
-  get key(): string | undefined {
-    return this.message.key === null ? undefined : this.message.key.toString('utf8');
+/** The message's decoded value; a tombstone (no value) is a {@link DecodeError}. */
+function decodeValue<T>(decode: (bytes: Uint8Array) => T, message: KafkaMessage): T {
+  if (message.value === null) throw new DecodeError('message has no value (a tombstone)');
+  return decode(message.value);
+}
+
+/** Dead-letters a poison message; false (after failing the stream) when that is impossible or the send failed. */
+async function rejectPoison<T>(work: Consumption<T>, topic: string, partition: number, message: KafkaMessage, error: unknown): Promise<boolean> {
+  if (!(error instanceof DecodeError) || work.deadLetter === undefined) {
+    work.fail(error);
+    return false;
   }
-
-  get headers(): Readonly<Record<string, string>> {
-    return (this.decodedHeaders ??= stringHeaders(this.message.headers));
-  }
-
-  get timestamp(): string {
-    return this.message.timestamp;
-  }
-
-  ack(): void {
-    if (this.acked) return;
-    this.acked = true;
-    this.done();
-    this.onAck();
+  try {
+    await work.deadLetter.write(topic, partition, message, error);
+    return true;
+  } catch (sendError) {
+    work.fail(sendError);
+    return false;
   }
 }
 
-function stringHeaders(headers: IHeaders | undefined): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [name, value] of Object.entries(headers ?? {})) {
-    const first = Array.isArray(value) ? value[0] : value;
-    if (first !== undefined) out[name] = first.toString();
-  }
-  return out;
+/** Wraps a type and payload in the {@link KafkaEvent} envelope, numbering the ids within the group. */
+function eventSink(groupId: string, onEvent: ((event: KafkaEvent) => void) | undefined): KafkaEventSink {
+  let seq = 0;
+  return (type, payload) => {
+    onEvent?.({ id: `${groupId}#${seq++}`, type, timestamp: Date.now(), payload });
+  };
 }

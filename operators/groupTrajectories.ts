@@ -60,22 +60,7 @@ export interface GroupTrajectoriesOptions {
  * @see batchGroups
  */
 export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFunction<RolloutOutput, Group> {
-  const keys = options.keys ?? [];
-  const { groupSize } = options;
-  const capacity = options.capacity ?? 4096;
-  const onIncomplete = options.onIncomplete ?? 'release';
-  const onTimeout = options.onTimeout ?? 'release';
-  const scheduler = options.scheduler ?? asyncScheduler;
-  const { timeoutMs } = options;
-  if (timeoutMs !== undefined && !(timeoutMs >= 0)) {
-    throw new ConfigError(`groupTrajectories timeoutMs must be >= 0, got ${timeoutMs}`);
-  }
-  if (!Number.isInteger(groupSize) || groupSize < 1) {
-    throw new ConfigError(`groupTrajectories groupSize must be an integer >= 1, got ${groupSize}`);
-  }
-  if (!(capacity >= 1)) {
-    throw new ConfigError(`groupTrajectories capacity must be >= 1, got ${capacity}`);
-  }
+  const { keys, groupSize, capacity, onIncomplete, onTimeout, scheduler, timeoutMs } = resolveOptions(options);
   return (source) =>
     new Observable<Group>((subscriber) => {
       const store = new GroupStore(keys, groupSize, capacity);
@@ -124,4 +109,28 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
         store.clear();
       };
     });
+}
+
+/** The options with their defaults, checked. */
+function resolveOptions(options: GroupTrajectoriesOptions) {
+  const resolved = {
+    keys: options.keys ?? [],
+    groupSize: options.groupSize,
+    capacity: options.capacity ?? 4096,
+    onIncomplete: options.onIncomplete ?? 'release',
+    onTimeout: options.onTimeout ?? 'release',
+    scheduler: options.scheduler ?? asyncScheduler,
+    timeoutMs: options.timeoutMs,
+  } as const;
+  const { timeoutMs, groupSize, capacity } = resolved;
+  if (timeoutMs !== undefined && !(timeoutMs >= 0)) {
+    throw new ConfigError(`groupTrajectories timeoutMs must be >= 0, got ${timeoutMs}`);
+  }
+  if (!Number.isInteger(groupSize) || groupSize < 1) {
+    throw new ConfigError(`groupTrajectories groupSize must be an integer >= 1, got ${groupSize}`);
+  }
+  if (!(capacity >= 1)) {
+    throw new ConfigError(`groupTrajectories capacity must be >= 1, got ${capacity}`);
+  }
+  return resolved;
 }

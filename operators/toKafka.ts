@@ -2,7 +2,7 @@ import { Observable, type OperatorFunction } from 'rxjs';
 import type { IHeaders, Message, Producer, TopicMessages } from 'kafkajs';
 import { ConfigError } from '../lib/errors.js';
 import { KafkaBridgeError } from '../lib/kafka/errors.js';
-import { Fifo } from './internal/fifo.js';
+import { BatchSender } from './internal/batchSender.js';
 
 /** Options of {@link toKafka}. */
 export interface ToKafkaOptions<T> {
@@ -68,82 +68,43 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
   const topicOf = typeof options.topic === 'string' ? ((topic: string) => () => topic)(options.topic) : options.topic;
   return (source) =>
     new Observable<T>((subscriber) => {
-      // Items not yet encoded.
-      const queue = new Fifo<T>();
-      // The next produce request, encoded while the previous one is in flight.
-      let prepared: Pending<T>[] | undefined;
-      let sending = false;
-      let sourceDone = false;
-      let closed = false;
-
-      /** Encodes the next request's items; errors the stream (and returns undefined) if one cannot be encoded. */
-      const prepare = (): Pending<T>[] | undefined => {
-        if (queue.length === 0) return undefined;
-        try {
-          return queue.take(maxBatchSize).map((item) => pendingOf(item, options, topicOf));
-        } catch (error) {
-          subscriber.error(error);
-          return undefined;
-        }
-      };
-
-      const pump = (): void => {
-        if (sending || closed) return;
-        const batch = prepared ?? prepare();
-        prepared = undefined;
-        if (closed) return;
-        if (batch === undefined) {
-          if (sourceDone) subscriber.complete();
-          return;
-        }
-        sending = true;
-        producer.sendBatch({ acks: -1, topicMessages: byTopic(batch) }).then(
-          () => {
-            sending = false;
-            if (closed) return;
-            for (const { item } of batch) subscriber.next(item);
-            pump();
-          },
-          (cause: unknown) => {
-            sending = false;
-            if (closed) return;
-            const topics = [...new Set(batch.map((p) => p.topic))].join(', ');
-            subscriber.error(new KafkaBridgeError(`send of ${batch.length} messages to ${topics} failed: ${String(cause)}`, { cause }));
-          },
-        );
-        // Encode the next request once this one is on its way, while the broker works on it.
-        setImmediate(() => {
-          if (!closed && sending && prepared === undefined) prepared = prepare();
-        });
-      };
-
+      const sender = new BatchSender<T, Pending<T>>({
+        encode: (item) => pendingOf(item, options, topicOf),
+        send: (batch) => sendBatch(producer, batch),
+        maxBatchSize,
+        capacity,
+        sent: (batch) => {
+          for (const { item } of batch) subscriber.next(item);
+        },
+        error: (error) => subscriber.error(error),
+        complete: () => subscriber.complete(),
+      });
       const subscription = source.subscribe({
         next: (item) => {
-          const waiting = queue.length + (prepared?.length ?? 0);
-          if (waiting >= capacity) {
-            subscriber.error(
-              new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, {
-                context: { capacity },
-              }),
-            );
-            return;
-          }
-          queue.push(item);
-          pump();
+          if (sender.push(item)) return;
+          const waiting = sender.waiting;
+          subscriber.error(
+            new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, { context: { capacity } }),
+          );
         },
         error: (error: unknown) => subscriber.error(error),
-        complete: () => {
-          sourceDone = true;
-          pump();
-        },
+        complete: () => sender.end(),
       });
       return () => {
-        closed = true;
-        queue.clear();
-        prepared = undefined;
+        sender.close();
         subscription.unsubscribe();
       };
     });
+}
+
+/** One produce request (`acks: -1`); a failure is a {@link KafkaBridgeError} naming the topics. */
+async function sendBatch<T>(producer: Producer, batch: readonly Pending<T>[]): Promise<void> {
+  try {
+    await producer.sendBatch({ acks: -1, topicMessages: byTopic(batch) });
+  } catch (cause) {
+    const topics = [...new Set(batch.map((p) => p.topic))].join(', ');
+    throw new KafkaBridgeError(`send of ${batch.length} messages to ${topics} failed: ${String(cause)}`, { cause });
+  }
 }
 
 /** One item as a message for `topicOf(item)`: its encoded value, key and headers. */
