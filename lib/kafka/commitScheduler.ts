@@ -139,13 +139,17 @@ export class CommitScheduler {
       this.commitAgain = true;
       return this.committing;
     }
-    this.committing = this.commitLoop().finally(() => {
+    // A flush that arrives after the loop's last check and before this promise lets go still sets `commitAgain`
+    // and gets this promise: it commits once more before settling (a failed commit waits for the next flush).
+    this.committing = this.commitLoop().then((ok) => {
       this.committing = undefined;
+      return ok && this.commitAgain ? this.flush() : undefined;
     });
     return this.committing;
   }
 
-  private async commitLoop(): Promise<void> {
+  /** Commits until no flush asked again meanwhile; false after a failed commit. */
+  private async commitLoop(): Promise<boolean> {
     do {
       this.commitAgain = false;
       const offsets = this.tracker.committable();
@@ -157,9 +161,10 @@ export class CommitScheduler {
         this.options.emit('kafka.commit', { offsets });
       } catch (error) {
         this.failed(error);
-        return;
+        return false;
       }
     } while (this.commitAgain);
+    return true;
   }
 
   private failed(error: unknown): void {

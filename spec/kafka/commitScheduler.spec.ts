@@ -134,6 +134,48 @@ describe('CommitScheduler', () => {
     expect(events.map((e) => e.type)).toEqual(['kafka.commit', 'kafka.commit']);
   });
 
+  it('a flush in the moment after a commit loop ended (before it let go of its promise) still commits, and its promise waits for that commit', async () => {
+    const timer = new ManualTimer();
+    const commits = new ManualCommits();
+    let late: (() => void) | undefined;
+    let lateFlush: Promise<void> | undefined;
+    const scheduler: CommitScheduler = new CommitScheduler({
+      commit: commits.commit,
+      intervalMs: 20,
+      // The commit's event queues a microtask that runs after the loop returns and before its promise settles.
+      emit: (type) => {
+        if (type === 'kafka.commit' && late) {
+          const ack = late;
+          late = undefined;
+          queueMicrotask(() => {
+            ack();
+            lateFlush = scheduler.flush();
+          });
+        }
+      },
+      onGiveUp: () => undefined,
+      schedule: timer.schedule,
+    });
+    scheduler.deliver('t', 0, '0')();
+    late = scheduler.deliver('t', 0, '1');
+    scheduler.stop(); // the final commit of a closing consumer: flush alone commits
+    const first = scheduler.flush();
+    commits.last.resolve();
+    await settle();
+    expect(lateFlush).toBeDefined();
+    expect(commits.calls.map((c) => c.offsets)).toEqual([
+      [{ topic: 't', partition: 0, offset: '1' }],
+      [{ topic: 't', partition: 0, offset: '2' }],
+    ]);
+    let settled = false;
+    void lateFlush!.then(() => (settled = true));
+    await settle();
+    expect(settled).toBe(false); // it waits for the second commit
+    commits.last.resolve();
+    await lateFlush;
+    await first;
+  });
+
   it('does not call commit when nothing moved', async () => {
     const { commits, events, scheduler } = setup();
     await scheduler.flush();
