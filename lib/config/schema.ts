@@ -11,88 +11,6 @@ import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../errors.js';
 import { LORA_TARGETS, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 
-/** The resolved, validated configuration of a run. */
-export interface RxrlConfig {
-  run: {
-    dir: string | null;
-    seed: number;
-    steps: number;
-    backend: 'auto' | 'wasm' | 'cpu' | 'tensorflow';
-    errorPolicy: 'stop_on_error' | 'continue';
-  };
-  data: {
-    source: 'bundled' | 'arithmetic' | 'calculator' | 'jsonl';
-    task: { transform: 'copy' | 'reverse' | 'shift'; alphabet: string; minLength: number; maxLength: number; validationSize: number };
-    arithmetic: { operators: string; maxOperand: number; validationSize: number };
-    calculator: { operators: string; maxOperand: number; validationSize: number };
-    trainFile: string | null;
-    validationFile: string | null;
-    alphabet: string | null;
-    epochs: number;
-    shuffle: boolean;
-  };
-  model: {
-    path: string | null;
-    maxModelLen: number | null;
-    type: 'qwen2' | 'llama' | 'qwen3';
-    dModel: number;
-    nLayers: number;
-    nHeads: number;
-    nKvHeads: number;
-    dFF: number;
-    maxSeqLen: number;
-    ropeTheta: number;
-  };
-  rollout: {
-    groupSize: number;
-    concurrency: number;
-    maxTokens: number;
-    temperature: number;
-    topP: number;
-    weightSync: 'continue' | 'interrupt';
-    sampleTimeoutMs: number | null;
-    chatTemplate: 'none' | 'model';
-    system: string | null;
-    worker: { module: string | null; export: string };
-    agent: { command: string | null; cwd: string | null; env: Record<string, string>; inheritEnv: boolean; module: string | null; export: string };
-    evaluator: { module: string | null; export: string };
-  };
-  store: { groupTimeoutMs: number | null; onGroupTimeout: 'release' | 'drop' };
-  algorithm: {
-    normalizeByStd: boolean;
-    std: 'sample' | 'population';
-    stdEpsilon: number;
-    filterZeroVariance: boolean;
-    klInReward: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
-  };
-  trainer: {
-    backend: 'local' | 'tinker';
-    learningRate: number;
-    clipLow: number;
-    clipHigh: number;
-    clipRatioC: number | null;
-    lossAggregation: 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean' | 'seq-mean-token-sum-norm';
-    microBatchSize: number;
-    ppoEpochs: number;
-    miniBatches: number;
-    maxGradNorm: number;
-    entropyCoef: number;
-    maxStaleness: number | null;
-    importanceCap: number | null;
-    klLoss: { coef: number; estimator: 'k1' | 'abs' | 'mse' | 'k3' | 'low_var_kl' };
-  };
-  sync: { mode: 'sync' | 'batch-async' | 'fully-async'; stalenessThreshold: number; capacity: number; batchSize: number };
-  kafka: { brokers: string; clientId: string; topicPrefix: string; weightsDir: string | null; weightsRoot: string | null; keepVersions: number; workerConcurrency: number; rolloutDelayMs: number };
-  openai: { baseUrl: string | null; apiKey: string; model: string };
-  tinker: { baseUrl: string | null; apiKey: string; baseModel: string | null; rank: number; futureTimeoutMs: number; recoverTimeoutMs: number; maxRecoveries: number };
-  checkpoint: { every: number; keepLast: number; onStop: boolean };
-  resume: { mode: 'disable' | 'auto' | 'from_path'; path: string | null };
-  validation: { beforeTrain: boolean; every: number; temperature: number };
-  logging: { level: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent' };
-  agents: { environment: 'none' | 'writer-editor' | 'module'; module: { module: string | null; export: string }; granularity: 'turn' | 'agent'; roles: AgentRoleConfig[] };
-  policies: PolicyEntryConfig[];
-}
-
 /** One agent of a multi-agent run (`agents.roles[i]`). */
 export interface AgentRoleConfig {
   /** The agent's name in the environment's turn order. */
@@ -122,13 +40,40 @@ export interface PolicyEntryConfig {
   lora?: LoraConfig;
 }
 
-const KL_ESTIMATORS = ['k1', 'abs', 'mse', 'k3', 'low_var_kl'];
+const KL_ESTIMATORS = ['k1', 'abs', 'mse', 'k3', 'low_var_kl'] as const;
 
 function check(ok: boolean, what: string): void {
   if (!ok) throw new Error(`must be ${what}`);
 }
 
-convict.addFormats({
+/**
+ * The TypeScript type of a value each registered format accepts: the table {@link RxrlConfig} is typed by.
+ * {@link FORMATS} must register exactly these names (it `satisfies` a record over them), so a format cannot be
+ * added, renamed or removed on one side only.
+ */
+interface FormatValues {
+  'positive-int': number;
+  'non-negative-int': number;
+  'positive-number': number;
+  'non-negative-number': number;
+  'unit-interval': number;
+  'clip-range': number;
+  'optional-positive-number': number | null;
+  'optional-positive-int': number | null;
+  'optional-non-negative-int': number | null;
+  'optional-string': string | null;
+  flag: boolean;
+  'string-map': Record<string, string>;
+  'non-empty-string': string;
+  'agent-roles': AgentRoleConfig[];
+  'policy-entries': PolicyEntryConfig[];
+}
+
+/** A format name registered with convict (a key of {@link FORMATS}). */
+type FormatName = keyof FormatValues;
+
+/** The formats of {@link SCHEMA}'s leaves, registered with convict once, below. */
+const FORMATS = {
   'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: Number },
   'non-negative-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'), coerce: Number },
   'positive-number': {
@@ -175,7 +120,9 @@ convict.addFormats({
   'policy-entries': {
     validate: (v: unknown) => checkEntries(v, ['name', 'specialization'], ['lora'], { name: 'string', specialization: SPECIALIZATIONS, lora: 'object' }),
   },
-});
+} satisfies { readonly [F in FormatName]: convict.Format };
+
+convict.addFormats(FORMATS);
 
 /** Checks a list of plain objects: required and optional fields, each a non-empty string, one of a list, or an object. */
 function checkEntries(
@@ -204,6 +151,24 @@ convict.addParser([
   { extension: 'json', parse: JSON.parse },
   { extension: ['yml', 'yaml'], parse: parseYaml },
 ]);
+
+/**
+ * A leaf of {@link SCHEMA}: a documented key with a registered format, a list of allowed values or `String`
+ * (any string, empty too), and a default: its type is checked against the format's where {@link loadConfig} hands
+ * SCHEMA to convict, its value by convict's validation of every load.
+ */
+interface SchemaLeaf {
+  readonly doc: string;
+  readonly format: FormatName | readonly string[] | StringConstructor;
+  readonly default: unknown;
+  readonly env?: string;
+  readonly sensitive?: boolean;
+}
+
+/** A group of {@link SCHEMA}: named leaves and groups. */
+interface SchemaGroup {
+  readonly [key: string]: SchemaLeaf | SchemaGroup;
+}
 
 /** The schema: every key with `doc`, `format`, `default` and, where useful, `env`. */
 export const SCHEMA = {
@@ -436,7 +401,21 @@ export const SCHEMA = {
     format: 'policy-entries',
     default: [],
   },
-} as const;
+} as const satisfies SchemaGroup;
+
+/** The value type of a leaf's format: its {@link FormatValues} entry, the union of its allowed values, or `string`. */
+type FormatValue<F> = F extends FormatName ? FormatValues[F] : F extends readonly (infer V)[] ? V : F extends StringConstructor ? string : never;
+
+/** The configuration a schema group resolves to: a leaf's value typed by its format, a group recursively. */
+type ConfigOf<S extends SchemaGroup> = {
+  -readonly [K in keyof S]: S[K] extends SchemaLeaf ? FormatValue<S[K]['format']> : S[K] extends SchemaGroup ? ConfigOf<S[K]> : never;
+};
+
+/** The resolved, validated configuration of a run: one field per {@link SCHEMA} leaf, typed by its format. */
+export type RxrlConfig = ConfigOf<typeof SCHEMA>;
+
+/** `T` with every `readonly` removed, in arrays too (functions such as `String` kept as they are). */
+type Writable<T> = T extends (...args: never[]) => unknown ? T : { -readonly [K in keyof T]: Writable<T[K]> };
 
 /** Options of {@link loadConfig}. */
 export interface LoadConfigOptions {
@@ -456,7 +435,9 @@ export interface LoadConfigOptions {
  * {@link ConfigError} whose message names each offending key.
  */
 export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
-  const config = convict(SCHEMA as unknown as convict.Schema<RxrlConfig>, { env: options.env ?? process.env, args: [] });
+  // convict's typings take mutable arrays (`format: any[]`); SCHEMA is readonly (`as const`, so that its literals
+  // type RxrlConfig). convict clones each leaf and never writes the schema, so the writable view is only a type.
+  const config = convict<RxrlConfig>(SCHEMA as Writable<typeof SCHEMA>, { env: options.env ?? process.env, args: [] });
   try {
     if (options.file !== undefined) {
       const text = readFileSync(options.file, 'utf8');
