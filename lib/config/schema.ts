@@ -462,13 +462,7 @@ export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
       throw new ConfigError(`--set ${assignment}: '${key || assignment}' is not a configuration key`, { context: { key } });
     }
     const raw = assignment.slice(eq + 1);
-    let value: unknown = raw;
-    try {
-      value = JSON.parse(raw);
-    } catch {
-      value = raw;
-    }
-    config.set(key as never, value as never);
+    config.set(key as never, parseSetValue(raw) as never);
   }
   try {
     config.validate({ allowed: 'strict' });
@@ -581,6 +575,15 @@ export const DEFAULT_POLICY_LORA: LoraConfig = { rank: 8, alpha: 16, targetModul
 /** A `lora` policy's adapter with the defaults filled in. */
 export function resolvedLora(policy: PolicyEntryConfig): LoraConfig {
   return { ...DEFAULT_POLICY_LORA, ...policy.lora };
+}
+
+/** A `--set` value: JSON when it parses (`3`, `true`, `null`, `[1]`), else the text itself. */
+function parseSetValue(raw: string): unknown {
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
+  }
 }
 
 function leafKeys(schema: object, prefix = ''): Set<string> {
