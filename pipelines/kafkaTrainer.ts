@@ -114,8 +114,9 @@ export interface KafkaTrainerConfig {
 }
 
 /**
- * The trainer half of a Kafka deployment: the GRPO loop of `grpoPipeline` with its rollout stage replaced by two
- * topics.
+ * The trainer half of a Kafka deployment: the GRPO loop of `grpoPipeline` (`policyLoop`, the same admission,
+ * batching and staleness semantics) with its rollout stage replaced by two topics (`kafkaRollout`) and each
+ * policy's weights published on a third.
  *
  * - The admission gate pulls the loader on credit; each admitted task goes to `tasks` with the version it
  *   requires (`b − η` for admission batch `b`), its group size and sampling settings.
