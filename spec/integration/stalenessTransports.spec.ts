@@ -8,10 +8,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import type { Kafka } from 'kafkajs';
+
 import { lastValueFrom, toArray } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
+import { ConfigError } from '../../lib/errors.js';
 import { ensureTopics } from '../../lib/kafka/client.js';
 import { kafkaTopics, type KafkaEvent } from '../../lib/kafka/types.js';
 import { initBackend } from '../../lib/model/backend.js';
@@ -41,12 +43,12 @@ beforeAll(async () => {
 
 /** Records every batch it trains (with the step that trained it), taking a random time per step. */
 class RecordingTrainer implements Trainer {
-  readonly modelTag = 'policy';
   step = 0;
   readonly batches: { step: number; batch: Batch }[] = [];
   constructor(
     private readonly rng: Rng,
     private readonly weights: () => NamedWeights,
+    readonly modelTag = 'policy',
   ) {}
   async trainStep(batch: Batch): Promise<StepResult> {
     const step = this.step;
@@ -226,4 +228,47 @@ describe('the Kafka rollout stage', () => {
     expect(admitted).toHaveLength(t.admitted.length);
     expect(admitted).toEqual(admitted.map(({ index }) => ({ index, minVersion: Math.max(0, Math.floor(index / t.batchSize) - eta) })));
   }, 120_000);
+});
+
+describe("the loop's checks on a Kafka run", () => {
+  it('a policy no agent samples from fails the run with a ConfigError before it touches the broker', async () => {
+    const topics = kafkaTopics(uniqueName('idle'));
+    const writer = PolicyModel.create(MODEL, 1);
+    const idle = PolicyModel.create(MODEL, 2);
+    try {
+      const policy = (model: PolicyModel, tag: string): { trainer: RecordingTrainer; policy: PolicyModel } => ({
+        trainer: new RecordingTrainer(createRng(1, tag), () => model.getWeights(), tag),
+        policy: model,
+      });
+      const run = lastValueFrom(
+        kafkaTrainer({
+          kafka,
+          topics,
+          tasks: task.train.slice(0, 2),
+          policies: [policy(writer, 'writer'), policy(idle, 'idle')],
+          episodes: {
+            environment: { turnOrder: ['writer'], maxTurns: 1, reset: () => ({ observe: () => 'a', step: () => ({ rewards: {}, done: true }) }) },
+            agents: [{ name: 'writer', policy: 'writer' }],
+          },
+          padId: tokenizer.padId,
+          weightsDir: mkdtempSync(join(tmpdir(), 'rxrl-idle-')),
+          batchSize: 1,
+          groupSize: 1,
+          maxTokens: 2,
+        }),
+      );
+      await expect(run).rejects.toBeInstanceOf(ConfigError);
+      await expect(run).rejects.toMatchObject({ context: { key: 'policies', modelTag: 'idle' } });
+      const admin = kafka.admin();
+      await admin.connect();
+      try {
+        expect(await admin.listTopics()).not.toContain(topics.tasks);
+      } finally {
+        await admin.disconnect();
+      }
+    } finally {
+      writer.dispose();
+      idle.dispose();
+    }
+  });
 });
