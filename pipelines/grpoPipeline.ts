@@ -364,7 +364,7 @@ function sampleListener(config: PolicyLoopConfig): (output: RolloutOutput) => vo
 }
 
 /**
- * `grpoPrepare`'s options from a loop's advantage and KL settings (shared with `kafkaTrainer`).
+ * `grpoPrepare`'s options from a loop's advantage and KL settings.
  *
  * @internal
  */
