@@ -60,7 +60,7 @@ export interface GrpoPipelineConfig {
   readonly topP?: number;
   /** A sample running this long (ms) fails with an `EngineError` (see `rollout`). Default: no limit. */
   readonly sampleTimeoutMs?: number;
-  /** Stop after this many train steps (0 or absent: when the loader is exhausted). */
+  /** Stop after this many train steps, admitting at most `steps · batchSize` tasks (0 or absent: when the loader is exhausted). */
   readonly steps?: number;
   /** Base seed of the sampling streams. Default 0. */
   readonly seed?: number;
@@ -119,7 +119,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
       },
     ],
     slots: [{ suffix: '', modelTag }],
-    rollout: (concurrency) =>
+    rollout: ({ concurrency }) =>
       rollout(engine, {
         samplesPerTask: config.groupSize,
         concurrency,
@@ -152,54 +152,79 @@ export interface PolicyLane {
   readonly startVersion?: PolicyVersion;
 }
 
+/**
+ * One policy of a loop whose samplers live elsewhere (Kafka workers): its trainer, and where each new version goes
+ * in place of engines.
+ */
+export interface PublishingLane {
+  readonly trainer: Trainer;
+  /** Publishes the weights of a trained step; resolves once the samplers can load them. */
+  readonly publish: (step: StepResult, signal?: AbortSignal) => Promise<void>;
+  /** Version the samplers hold at the start: admission counts this policy's batches from there. */
+  readonly startVersion: PolicyVersion;
+  /** Token id written on padding in this policy's batches. */
+  readonly padId: number;
+  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
+  readonly onBatch?: (batch: Batch) => void;
+}
+
+/** What a loop tells its rollout stage about admission. */
+export interface LoopAdmission {
+  /** Most samples in flight: `concurrency`, or every sample the mode may admit. */
+  readonly concurrency: number;
+  /**
+   * The lowest version, over every policy, that the admission batch of task `index` (0-based) waited for
+   * (`startVersion + b − η`); `undefined` in `fully-async`, where admission waits for no version.
+   */
+  readonly admissionVersion: (index: number) => PolicyVersion | undefined;
+}
+
+/** Where the tasks a loop admits are rolled out, and what that stage hears of them afterwards. */
+export interface RolloutStage {
+  /** The operator from admitted tasks, in admission order, to their rollout outputs. */
+  readonly rollout: (admission: LoopAdmission) => OperatorFunction<Task, RolloutOutput>;
+  /** Sees each group the group store releases (complete or timed out). */
+  readonly released?: (group: Group) => void;
+  /**
+   * Sees each step, with the ids of every group its batch was made from, once `afterStep` ran and before the gate is
+   * credited (a Kafka stage acknowledges their records here).
+   */
+  readonly trained?: (step: PolicyStepResult, groupIds: readonly string[]) => void;
+}
+
 /** A step result of one policy of a multi-policy loop. */
 export interface PolicyStepResult extends StepResult {
   /** The policy (trainer's `modelTag`) that took the step. */
   readonly modelTag: ModelTag;
 }
 
+/** What {@link policyLoop} runs: its policies, the groups each task feeds, and the rollout stage. */
+export interface LoopStage extends RolloutStage {
+  readonly lanes: readonly (PolicyLane | PublishingLane)[];
+  /** Every group a task feeds, with its policy: group id `groupIdOf(task) + suffix`. */
+  readonly slots: readonly { readonly suffix: string; readonly modelTag: ModelTag }[];
+  /** Prefix each step's metrics with `<modelTag>/`. */
+  readonly namespaceMetrics: boolean;
+  /** Extra metrics of a prepared batch (for example per agent), merged into its step's metrics. */
+  readonly batchMetrics?: (batch: Batch) => Metrics;
+}
+
 /**
- * The loop behind {@link grpoPipeline} and `multiAgentPipeline`: one loader and one rollout stage, then per policy
- * (`modelTag`) its own group store, batching, `grpoPrepare`, trainer, weight sync and admission gate, so each policy
- * has its own version, staleness and step count. A task is admitted when every policy still training admits it.
+ * The loop behind {@link grpoPipeline}, `multiAgentPipeline` and `kafkaTrainer`: one loader and one rollout stage,
+ * then per policy (`modelTag`) its own group store, batching, `grpoPrepare`, trainer, weight publication and
+ * admission gate, so each policy has its own version, staleness and step count. A task is admitted when every
+ * policy still training admits it; with `steps`, at most `steps · batchSize` tasks are admitted.
  *
  * @internal
  */
-export function policyLoop(
-  config: PolicyLoopConfig,
-  stage: {
-    readonly lanes: readonly PolicyLane[];
-    /** Every group a task feeds, with its policy: group id `groupIdOf(task) + suffix`. */
-    readonly slots: readonly { readonly suffix: string; readonly modelTag: ModelTag }[];
-    /** The rollout stage, given its concurrency. */
-    readonly rollout: (concurrency: number) => OperatorFunction<Task, RolloutOutput>;
-    /** Prefix each step's metrics with `<modelTag>/`. */
-    readonly namespaceMetrics: boolean;
-    /** Extra metrics of a prepared batch (for example per agent), merged into its step's metrics. */
-    readonly batchMetrics?: (batch: Batch) => Metrics;
-  },
-): Observable<PolicyStepResult> {
+export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observable<PolicyStepResult> {
   const { batchSize, groupSize } = config;
   const tags = stage.lanes.map((lane) => lane.trainer.modelTag);
   if (new Set(tags).size !== tags.length) throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
   return new Observable<PolicyStepResult>((subscriber) => {
-    const lanes = stage.lanes.map((lane) => {
-      const { modelTag } = lane.trainer;
-      const [engine] = lane.engines;
-      if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
-      const gate = new AdmissionGate({
-        mode: config.mode ?? 'sync',
-        tasksPerBatch: batchSize,
-        stalenessThreshold: config.stalenessThreshold,
-        capacity: config.capacity,
-        startVersion: lane.startVersion ?? engine.version,
-      });
-      const slotsPerTask = stage.slots.filter((slot) => slot.modelTag === modelTag).length;
-      if (slotsPerTask === 0) throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies', modelTag } });
-      return { ...lane, gate, modelTag, slotsPerTask, padId: engine.tokenizer.padId };
-    });
+    const lanes = stage.lanes.map((lane) => loopLane(lane, config, stage.slots));
     const [first] = lanes;
-    const loader = taskStream(config.tasks, config.loader);
+    const gates = lanes.map((lane) => lane.gate);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
     // In sync and batch-async modes a train batch of a policy holds exactly its groups of one admission batch (see
     // batchGroups' batchOf): that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
@@ -215,8 +240,14 @@ export function policyLoop(
       if (ordered) for (const slot of stage.slots) admissionBatch.set(groupIdOf(task) + slot.suffix, Math.floor(index / batchSize));
       config.onAdmit?.(task, index);
     };
-    const groups$ = admit(loader, allGates(lanes.map((lane) => lane.gate)), { onAdmit }).pipe(
-      stage.rollout(config.concurrency ?? admittable(first.gate) * groupSize),
+    const admission: LoopAdmission = {
+      concurrency: config.concurrency ?? admittable(first.gate) * groupSize,
+      admissionVersion: (index) => lowest(gates.map((gate) => gate.admissionVersion(index))),
+    };
+    // The step budget bounds admission too: no task is rolled out that no step would train.
+    const loader = limit(taskStream(config.tasks, config.loader), config.steps ? config.steps * batchSize : Infinity);
+    const groups$ = admit(loader, allGates(gates), { onAdmit }).pipe(
+      stage.rollout(admission),
       tap(sampleListener(config)),
       groupTrajectories({
         keys: ['groupId'],
@@ -224,37 +255,11 @@ export function policyLoop(
         ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
         onTimeout: config.onGroupTimeout,
       }),
+      tap((group) => stage.released?.(group)),
       share(),
     );
     const steps$ = merge(
-      ...lanes.map((lane) =>
-        groups$.pipe(
-          filter((group) => group.modelTag === lane.modelTag),
-          // Each task feeds this policy slotsPerTask groups, all of one admission batch.
-          batchGroups({ batchSize: batchSize * lane.slotsPerTask, ...(ordered ? { batchOf } : {}) }),
-          grpoPrepare(prepareOptions(config, lane.padId, lane.modelTag, config.signal)),
-          // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
-          config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
-          map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
-          tap((batch) => lane.onBatch?.(batch)),
-          train(lane.trainer, { signal: config.signal }),
-        ).pipe(
-          syncWeights(lane.engines),
-          concatMap(async (trained) => {
-            const groups = trained.metrics['batch/groups'] ?? batchSize * lane.slotsPerTask;
-            const step: PolicyStepResult = {
-              ...trained,
-              modelTag: lane.modelTag,
-              ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}),
-            };
-            const extra = lane.afterStep ? await lane.afterStep(step) : undefined;
-            // The gate is credited last: checkpoints and validation in afterStep see nothing admitted beyond this step.
-            lane.gate.publish(step.version, groups / lane.slotsPerTask);
-            return extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
-          }),
-          finalize(() => lane.gate.close()),
-        ),
-      ),
+      ...lanes.map((lane) => laneSteps(lane, groups$.pipe(filter((group) => group.modelTag === lane.modelTag)), { config, stage, batchOf: ordered ? batchOf : undefined })),
     ).pipe(takeUntil(aborted));
     if (config.signal?.aborted) {
       subscriber.complete();
@@ -262,6 +267,92 @@ export function policyLoop(
     }
     return steps$.subscribe(subscriber);
   });
+}
+
+/** A policy of a loop as it runs: its gate, the groups each task feeds it, and where its weights go. */
+interface LoopLane {
+  readonly trainer: Trainer;
+  readonly modelTag: ModelTag;
+  readonly gate: AdmissionGate;
+  readonly slotsPerTask: number;
+  readonly padId: number;
+  /** Publishes each trained step's weights (to engines, or through the lane's `publish`). */
+  readonly publish: OperatorFunction<StepResult, StepResult>;
+  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
+  readonly onBatch?: (batch: Batch) => void;
+}
+
+/** A lane of `policyLoop` with its gate; refuses a policy without engines or without trajectories. */
+function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, slots: LoopStage['slots']): LoopLane {
+  const { trainer, afterStep, onBatch } = lane;
+  const { modelTag } = trainer;
+  const sink = 'engines' in lane ? engineSink(lane) : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal) };
+  const gate = new AdmissionGate({
+    mode: config.mode ?? 'sync',
+    tasksPerBatch: config.batchSize,
+    stalenessThreshold: config.stalenessThreshold,
+    capacity: config.capacity,
+    startVersion: sink.startVersion,
+  });
+  const slotsPerTask = slots.filter((slot) => slot.modelTag === modelTag).length;
+  if (slotsPerTask === 0) throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies', modelTag } });
+  return { trainer, modelTag, gate, slotsPerTask, padId: sink.padId, publish: sink.publish, afterStep, onBatch };
+}
+
+/** Where an in-process lane's weights go: to every engine of it (`syncWeights`). */
+function engineSink(lane: PolicyLane): { startVersion: PolicyVersion; padId: number; publish: OperatorFunction<StepResult, StepResult> } {
+  const { modelTag } = lane.trainer;
+  const [engine] = lane.engines;
+  if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
+  return { startVersion: lane.startVersion ?? engine.version, padId: engine.tokenizer.padId, publish: syncWeights(lane.engines) };
+}
+
+/** Each step once `publish` resolved for it. */
+function publishWith(publish: PublishingLane['publish'], signal: AbortSignal | undefined): OperatorFunction<StepResult, StepResult> {
+  return concatMap(async (step) => {
+    await publish(step, signal);
+    return step;
+  });
+}
+
+/**
+ * One policy's steps: its groups batched (one admission batch per train batch when `batchOf` is given), prepared,
+ * trained and published; then its `afterStep`, the stage's `trained`, and last the gate's credit.
+ */
+function laneSteps(
+  lane: LoopLane,
+  groups$: Observable<Group>,
+  loop: { readonly config: PolicyLoopConfig; readonly stage: LoopStage; readonly batchOf: ((group: Group) => number) | undefined },
+): Observable<PolicyStepResult> {
+  const { config, stage, batchOf } = loop;
+  // Training and publishing take one batch at a time, in order: each step is of the oldest batch sent on.
+  const sent: Batch[] = [];
+  return groups$.pipe(
+    // Each task feeds this policy slotsPerTask groups, all of one admission batch.
+    batchGroups({ batchSize: config.batchSize * lane.slotsPerTask, ...(batchOf ? { batchOf } : {}) }),
+    grpoPrepare(prepareOptions(config, lane.padId, lane.modelTag, config.signal)),
+    // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
+    config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
+    map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
+    tap((batch) => {
+      lane.onBatch?.(batch);
+      sent.push(batch);
+    }),
+    train(lane.trainer, { signal: config.signal }),
+    lane.publish,
+    concatMap(async (trained) => {
+      const batch = sent.shift() as Batch;
+      const groups = trained.metrics['batch/groups'] ?? config.batchSize * lane.slotsPerTask;
+      const step: PolicyStepResult = { ...trained, modelTag: lane.modelTag, ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}) };
+      const extra = lane.afterStep ? await lane.afterStep(step) : undefined;
+      const result = extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
+      stage.trained?.(result, batch.meta.groups ?? []);
+      // The gate is credited last: checkpoints and validation in afterStep see nothing admitted beyond this step.
+      lane.gate.publish(step.version, groups / lane.slotsPerTask);
+      return result;
+    }),
+    finalize(() => lane.gate.close()),
+  );
 }
 
 /** The listener of each rollout output: `onSample`, then `onSampleFailure` for a failure that was not skipped. */
@@ -273,7 +364,7 @@ function sampleListener(config: PolicyLoopConfig): (output: RolloutOutput) => vo
 }
 
 /**
- * `grpoPrepare`'s options from a loop's advantage and KL settings (shared with `kafkaTrainer`).
+ * `grpoPrepare`'s options from a loop's advantage and KL settings.
  *
  * @internal
  */
@@ -309,4 +400,24 @@ export function prefixed(tag: string, metrics: Metrics): Metrics {
 /** Most tasks the gate lets in flight at once. */
 function admittable(gate: AdmissionGate): number {
   return gate.mode === 'fully-async' ? gate.capacity : (gate.eta + 1) * gate.tasksPerBatch;
+}
+
+/** The lowest of some versions; `undefined` when any is (a gate that awaits no version). */
+function lowest(versions: readonly (PolicyVersion | undefined)[]): PolicyVersion | undefined {
+  let low: PolicyVersion | undefined;
+  for (const version of versions) {
+    if (version === undefined) return undefined;
+    low = low === undefined ? version : Math.min(low, version);
+  }
+  return low;
+}
+
+/** The first `n` items of an async iterable; closes it (its `finally` runs) after the last one. */
+async function* limit<T>(source: AsyncIterable<T>, n: number): AsyncGenerator<T> {
+  if (n <= 0) return;
+  let count = 0;
+  for await (const item of source) {
+    yield item;
+    if (++count >= n) return;
+  }
 }

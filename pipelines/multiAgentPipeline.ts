@@ -78,7 +78,7 @@ export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable
   return policyLoop(config, {
     lanes: config.policies.map((policy) => ({ ...policy, afterStep: config.afterStep, onBatch: config.onBatch })),
     slots,
-    rollout: (concurrency) =>
+    rollout: ({ concurrency }) =>
       rolloutEpisodes(engines, {
         environment: config.environment,
         agents: config.agents,

@@ -114,8 +114,17 @@ export class AdmissionGate {
   mayAdmit(index: number): boolean {
     if (this.closed) return true;
     if (this.mode === 'fully-async') return index - this.trainedTasks < this.capacity;
-    const batch = Math.floor(index / this.tasksPerBatch);
-    return this.published - this.startVersion >= batch - this.eta;
+    return this.published >= (this.admissionVersion(index) as PolicyVersion);
+  }
+
+  /**
+   * The version the admission batch of task `index` (0-based) waits for: `startVersion + b − η` for batch `b`, at
+   * least 0, so a rollout of that task may use any version from it on. `undefined` in `fully-async`, where
+   * admission waits for no version.
+   */
+  admissionVersion(index: number): PolicyVersion | undefined {
+    if (this.mode === 'fully-async') return undefined;
+    return Math.max(0, this.startVersion + Math.floor(index / this.tasksPerBatch) - this.eta);
   }
 
   /** Resolves once task `index` may start; rejects with {@link AbortError} if `signal` fires first. */

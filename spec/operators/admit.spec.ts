@@ -87,6 +87,18 @@ describe('AdmissionGate and admit', () => {
     expect(seen).toHaveLength(5);
   });
 
+  it('admissionVersion: the version batch b waits for (startVersion + b − η, at least 0), none in fully-async', () => {
+    const sync = new AdmissionGate({ mode: 'sync', tasksPerBatch: 2 });
+    expect([0, 1, 2, 3, 4].map((i) => sync.admissionVersion(i))).toEqual([0, 0, 1, 1, 2]);
+    const resumed = new AdmissionGate({ mode: 'batch-async', tasksPerBatch: 2, stalenessThreshold: 2, startVersion: 5 });
+    expect([0, 2, 4, 6].map((i) => resumed.admissionVersion(i))).toEqual([3, 4, 5, 6]);
+    const early = new AdmissionGate({ mode: 'batch-async', tasksPerBatch: 1, stalenessThreshold: 2 });
+    expect([0, 1, 2, 3].map((i) => early.admissionVersion(i))).toEqual([0, 0, 0, 1]);
+    // mayAdmit agrees: a task may start once its admission version is published.
+    expect([0, 1, 2, 3, 4].map((i) => resumed.mayAdmit(2 * i))).toEqual([true, true, true, false, false]);
+    expect(new AdmissionGate({ mode: 'fully-async', tasksPerBatch: 2 }).admissionVersion(7)).toBeUndefined();
+  });
+
   it("unsubscribing stops the loader and runs its finally", async () => {
     const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: 2 });
     const loader = counting(100);
