@@ -231,7 +231,7 @@ function trlUnmatched(config: RxrlConfig): string[] {
 
 /** rxrl's side: `rxrl run` of the recipe, read back from its metrics file. */
 async function runRxrl(recipe: string, set: readonly string[], runDir: string): Promise<SideResult> {
-  const cli = fileURLToPath(new URL('../../cli/main.js', import.meta.url));
+  const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
   // `rxrl run` ends its stdout with one JSON line, the run's summary.
   let lastLine = '';
   await runProcess(process.execPath, [cli, 'run', recipe, ...set.flatMap((s) => ['--set', s])], (line) => (lastLine = line));
