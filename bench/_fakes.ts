@@ -5,9 +5,9 @@
  * @packageDocumentation
  */
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../lib/engine/types.js';
-import type { Evaluator } from '../lib/evaluator.js';
+import type { Evaluator } from '../lib/core/evaluator.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch } from '../lib/types.js';
+import type { Batch } from '../lib/core/types.js';
 
 /** Waits `ms` milliseconds (0: a macrotask turn). */
 export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));

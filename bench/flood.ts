@@ -17,7 +17,7 @@ import { EMBEDDED_MODEL } from '../pipelines/embedded.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { PolicyModel } from '../lib/model/transformer.js';
-import { createRng } from '../lib/random.js';
+import { createRng } from '../lib/core/random.js';
 import { serve } from '../lib/serve/server.js';
 
 function flag(args: readonly string[], name: string, fallback: string): string {

@@ -30,10 +30,10 @@ import { collate } from '../lib/data/collate.js';
 import { initBackend } from '../lib/model/backend.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import type { PolicyModel } from '../lib/model/transformer.js';
-import { createRng } from '../lib/random.js';
+import { createRng } from '../lib/core/random.js';
 import { Adam, gradientSquares } from '../lib/train/adam.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
-import type { Batch, Trajectory } from '../lib/types.js';
+import type { Batch, Trajectory } from '../lib/core/types.js';
 import { median } from './_stats.js';
 
 const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');

@@ -20,7 +20,7 @@ import { startKafkaBroker, kafkaVersion, type KafkaBroker } from '../lib/kafka/b
 import { createKafka, createProducer } from '../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, TrajectoryMessage } from '../lib/kafka/types.js';
-import type { Trajectory } from '../lib/types.js';
+import type { Trajectory } from '../lib/core/types.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { toKafka } from '../operators/toKafka.js';
 import { median } from './_stats.js';

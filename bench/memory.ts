@@ -11,7 +11,7 @@
  */
 import { lastValueFrom, toArray } from 'rxjs';
 import type { StalenessMode } from '../lib/sync/gate.js';
-import type { Task } from '../lib/types.js';
+import type { Task } from '../lib/core/types.js';
 import { grpoPipeline } from '../pipelines/grpoPipeline.js';
 import { LatencyEngine, SleepTrainer, constantEvaluator } from './_fakes.js';
 

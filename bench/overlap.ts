@@ -14,9 +14,9 @@
  * speedups over sync.
  */
 import { lastValueFrom, toArray } from 'rxjs';
-import { createRng, hashSeed } from '../lib/random.js';
+import { createRng, hashSeed } from '../lib/core/random.js';
 import type { StalenessMode } from '../lib/sync/gate.js';
-import type { Task } from '../lib/types.js';
+import type { Task } from '../lib/core/types.js';
 import { groupIdOf } from '../operators/rollout.js';
 import { grpoPipeline } from '../pipelines/grpoPipeline.js';
 import { LatencyEngine, SleepTrainer, constantEvaluator } from './_fakes.js';

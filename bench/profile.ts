@@ -14,7 +14,7 @@ import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, nativeBackendInstalled, type BackendName } from '../lib/model/backend.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
-import { createRng } from '../lib/random.js';
+import { createRng } from '../lib/core/random.js';
 
 const CONFIG: PolicyConfig = { vocabSize: 64, dModel: 256, nLayers: 4, nHeads: 4, dFF: 1024, maxSeqLen: 96 };
 const TRAIN = { batch: 16, seqLen: 64 };

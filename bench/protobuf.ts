@@ -10,7 +10,7 @@
  *
  * @packageDocumentation
  */
-import { createRng, normalArray } from '../lib/random.js';
+import { createRng, normalArray } from '../lib/core/random.js';
 import {
   decodeForwardBackwardOutput,
   decodeForwardBackwardRequest,

@@ -14,7 +14,7 @@ import * as tf from '@tensorflow/tfjs-core';
 
 import type { GenerateRequest } from '../lib/engine/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { createRng } from '../lib/random.js';
+import { createRng } from '../lib/core/random.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { torchBySize, torchShape, vsTorch } from './_torch.js';
 

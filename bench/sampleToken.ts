@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 import { sampleToken, type SamplingParams } from '../lib/model/sampling.js';
-import { createRng, normalArray } from '../lib/random.js';
+import { createRng, normalArray } from '../lib/core/random.js';
 
 const SETTINGS: readonly SamplingParams[] = [
   { temperature: 0, topP: 1 },

@@ -14,7 +14,7 @@ import { loadavg } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
-import { createRng } from '../lib/random.js';
+import { createRng } from '../lib/core/random.js';
 import { ratio, torchBySize, torchShape, vsTorch } from './_torch.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 

@@ -47,7 +47,7 @@ import { fileURLToPath } from 'node:url';
 
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError } from '../lib/core/errors.js';
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { JinjaChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../lib/config/schema.js';
@@ -55,7 +55,7 @@ import { initBackend, type BackendKind } from '../lib/model/backend.js';
 import { policyConfigFromHf } from '../lib/model/modelDir.js';
 import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.js';
 import { writeReport } from '../lib/observe/report.js';
-import type { Task } from '../lib/types.js';
+import type { Task } from '../lib/core/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
 import { modelSizes, stepBounds } from './_bounds.js';
 import { median } from './_stats.js';

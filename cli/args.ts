@@ -9,7 +9,7 @@
  */
 import { parseArgs } from 'node:util';
 
-import { UsageError } from '../lib/errors.js';
+import { UsageError } from '../lib/core/errors.js';
 
 /** One flag of a command: `--name VALUE` (`string`) or `--name` (`boolean`). */
 export interface FlagSpec {

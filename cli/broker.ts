@@ -14,7 +14,7 @@
  * @packageDocumentation
  */
 import { parseCommand, usageError, type CommandSpec } from './args.js';
-import { isUsageError } from '../lib/errors.js';
+import { isUsageError } from '../lib/core/errors.js';
 import { fetchKafkaBroker, kafkaVersion, startKafkaBroker } from '../lib/kafka/broker.js';
 
 const PROGRAM = 'node dist/cli/broker.js';

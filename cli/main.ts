@@ -6,7 +6,7 @@
  */
 import { parseCommand, type ParsedCommand } from './args.js';
 import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './usage.js';
-import { ConfigError, isRxrlError, isUsageError, UsageError } from '../lib/errors.js';
+import { ConfigError, isRxrlError, isUsageError, UsageError } from '../lib/core/errors.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {

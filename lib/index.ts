@@ -19,8 +19,8 @@ export type {
   Task,
   TimeSpan,
   Trajectory,
-} from './types.js';
-export { isSampleFailure } from './types.js';
+} from './core/types.js';
+export { isSampleFailure } from './core/types.js';
 
 // ── errors ─────────────────────────────────────────────────────────────────────
 export {
@@ -46,8 +46,8 @@ export {
   isRxrlError,
   isUsageError,
   throwIfAborted,
-} from './errors.js';
-export type { RxrlErrorOptions } from './errors.js';
+} from './core/errors.js';
+export type { RxrlErrorOptions } from './core/errors.js';
 
 // ── engines ────────────────────────────────────────────────────────────────────
 export type {
@@ -186,7 +186,7 @@ export { LocalEngine } from './engine/local.js';
 export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engine/local.js';
 
 // ── evaluators ─────────────────────────────────────────────────────────────────
-export type { EvaluationResult, Evaluator, ResponseInfo } from './evaluator.js';
+export type { EvaluationResult, Evaluator, ResponseInfo } from './core/evaluator.js';
 
 // ── data ───────────────────────────────────────────────────────────────────────
 export { TaskLoader, loadTasks, parseTaskLine, readLocatedTasks, readTaskFile, validateTask } from './data/loader.js';
@@ -206,8 +206,8 @@ export type { BatchGradients, GrpoTrainerOptions } from './train/grpoTrainer.js'
 export type { StepResult, Trainer } from './train/types.js';
 
 // ── seeded randomness ──────────────────────────────────────────────────────────
-export { createRng, hashSeed, normalArray, shuffledIndices } from './random.js';
-export type { Rng } from './random.js';
+export { createRng, hashSeed, normalArray, shuffledIndices } from './core/random.js';
+export type { Rng } from './core/random.js';
 
 // ── Kafka bridge ───────────────────────────────────────────────────────────────
 export { createKafka, createProducer, ensureTopics, parseBrokers } from './kafka/client.js';
@@ -253,9 +253,9 @@ export { fetchKafkaBroker, kafkaVersion, repositoryRoot, startKafkaBroker } from
 export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';
 
 // ── OpenAI-compatible serving, remote rollouts and agents ──────────────────────
-export { RetriesExhaustedError } from './errors.js';
-export { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from './retry.js';
-export type { RetryEvent, RetryOptions } from './retry.js';
+export { RetriesExhaustedError } from './core/errors.js';
+export { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from './core/retry.js';
+export type { RetryEvent, RetryOptions } from './core/retry.js';
 export { DEFAULT_WEIGHT_UPDATE_ENDPOINT, OpenAIEngine, TOKEN_ID_PREFIX, resolveEndpoint } from './engine/openai.js';
 export type { OpenAIEngineOptions, OpenAIEngineStats, OpenAIWeightSyncOptions } from './engine/openai.js';
 export { CHAT_ROLES, isChatEngine } from './chat/types.js';
@@ -275,8 +275,8 @@ export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from 
 export type { JinjaChatTemplate, JinjaChatTemplateOptions } from './chat/jinjaTemplate.js';
 export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
 export type { ParsedAssistantText } from './chat/toolCalls.js';
-export { chatWorker, closeWorker, singleTurnWorker } from './worker.js';
-export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './worker.js';
+export { chatWorker, closeWorker, singleTurnWorker } from './engine/worker.js';
+export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './engine/worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
 export { gatewayWorker } from './agent/gateway.js';

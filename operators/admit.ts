@@ -1,7 +1,7 @@
 import { Observable } from 'rxjs';
-import { isAbortError } from '../lib/errors.js';
+import { isAbortError } from '../lib/core/errors.js';
 import type { AdmissionGate } from '../lib/sync/gate.js';
-import type { Task } from '../lib/types.js';
+import type { Task } from '../lib/core/types.js';
 
 /** Options of {@link admit}. */
 export interface AdmitOptions {

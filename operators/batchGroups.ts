@@ -1,6 +1,6 @@
 import { Observable, type OperatorFunction } from 'rxjs';
-import { ConfigError } from '../lib/errors.js';
-import type { Group } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Group } from '../lib/core/types.js';
 
 /**
  * When a batch is ready. `batch_size` (NexRL's `batch_size_reached` is accepted too): as soon as `batchSize`

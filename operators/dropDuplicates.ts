@@ -1,5 +1,5 @@
 import { Observable, type OperatorFunction } from 'rxjs';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError } from '../lib/core/errors.js';
 
 /** Options of {@link dropDuplicates}. */
 export interface DropDuplicatesOptions<T> {

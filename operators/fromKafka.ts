@@ -1,6 +1,6 @@
 import { Observable, type Subscriber, type TeardownLogic } from 'rxjs';
 import type { Consumer, ConsumerConfig, EachBatchPayload, Kafka, KafkaMessage, Producer } from 'kafkajs';
-import { ConfigError, DecodeError } from '../lib/errors.js';
+import { ConfigError, DecodeError } from '../lib/core/errors.js';
 import { CommitScheduler, type KafkaEventSink } from '../lib/kafka/commitScheduler.js';
 import { DeadLetterWriter } from '../lib/kafka/deadLetter.js';
 import { KafkaBridgeError } from '../lib/kafka/errors.js';

@@ -1,6 +1,6 @@
 import { Observable, asyncScheduler, type OperatorFunction, type SchedulerLike, type Subscription } from 'rxjs';
-import { ConfigError } from '../lib/errors.js';
-import type { Group, RolloutOutput } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Group, RolloutOutput } from '../lib/core/types.js';
 import { GroupStore, type GroupKey, type OpenGroup } from './internal/groupStore.js';
 
 export type { GroupKey, KeyFields } from './internal/groupStore.js';

@@ -6,7 +6,7 @@ import { type KlController, createKlController, updateKlController } from '../li
 import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
 import { spanSeconds } from '../lib/observe/spans.js';
-import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/types.js';
+import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/core/types.js';
 
 /** A frozen reference policy that scores the response tokens of a batch. */
 export interface ReferencePolicy {

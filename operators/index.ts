@@ -38,4 +38,4 @@ export { dropDuplicates } from './dropDuplicates.js';
 export type { DropDuplicatesOptions } from './dropDuplicates.js';
 
 // ── rollout workers (single-turn default, multi-turn agents) ───────────────────
-export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../lib/worker.js';
+export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../lib/engine/worker.js';

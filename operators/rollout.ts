@@ -1,10 +1,10 @@
 import { concatMap, mergeMap, range, map, type Observable, type OperatorFunction } from 'rxjs';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError, EvaluationError } from '../lib/errors.js';
-import type { Evaluator } from '../lib/evaluator.js';
-import { hashSeed } from '../lib/random.js';
-import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/types.js';
-import { singleTurnWorker, type RolloutWorker } from '../lib/worker.js';
+import { ConfigError, EvaluationError } from '../lib/core/errors.js';
+import type { Evaluator } from '../lib/core/evaluator.js';
+import { hashSeed } from '../lib/core/random.js';
+import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/core/types.js';
+import { singleTurnWorker, type RolloutWorker } from '../lib/engine/worker.js';
 import { runSample } from './internal/runSample.js';
 
 /** Options of {@link rollout}. */

@@ -10,9 +10,9 @@ import {
   TRAJECTORY_GRANULARITIES,
 } from '../lib/agent/environment.js';
 import type { GenerateResponse, RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError, EvaluationError, isAbortError, throwIfAborted } from '../lib/errors.js';
-import { hashSeed } from '../lib/random.js';
-import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/types.js';
+import { ConfigError, EvaluationError, isAbortError, throwIfAborted } from '../lib/core/errors.js';
+import { hashSeed } from '../lib/core/random.js';
+import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/core/types.js';
 import { runSample } from './internal/runSample.js';
 import { groupIdOf } from './rollout.js';
 

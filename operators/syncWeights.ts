@@ -1,7 +1,7 @@
 import { concatMap, defer, from, map, type OperatorFunction } from 'rxjs';
 import type { NamedWeights, RolloutEngine } from '../lib/engine/types.js';
 import type { StepResult } from '../lib/train/types.js';
-import type { Metrics } from '../lib/types.js';
+import type { Metrics } from '../lib/core/types.js';
 
 /** Options of {@link syncWeights}. */
 export interface SyncWeightsOptions {

@@ -1,6 +1,6 @@
 import { Observable, type OperatorFunction } from 'rxjs';
 import type { IHeaders, Message, Producer, TopicMessages } from 'kafkajs';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError } from '../lib/core/errors.js';
 import { KafkaBridgeError } from '../lib/kafka/errors.js';
 import { BatchSender } from './internal/batchSender.js';
 

@@ -1,6 +1,6 @@
 import { Observable, concatMap, type OperatorFunction } from 'rxjs';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { Batch } from '../lib/types.js';
+import type { Batch } from '../lib/core/types.js';
 
 /** Options of {@link train}. */
 export interface TrainOptions {

@@ -1,11 +1,11 @@
 import { loadConfig, type RxrlConfig } from '../lib/config/schema.js';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError } from '../lib/core/errors.js';
 import type { BackendKind } from '../lib/model/backend.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { StalenessMode } from '../lib/sync/gate.js';
 import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
-import type { Metrics } from '../lib/types.js';
+import type { Metrics } from '../lib/core/types.js';
 import type { StringTransformOptions } from '../recipes/stringTransform.js';
 import { tinyModelConfig } from './parts/policy.js';
 import { runTraining, type RunSummary } from './run.js';

@@ -2,8 +2,8 @@ import { EMPTY, Observable, concatMap, filter, finalize, fromEvent, map, merge, 
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError } from '../lib/errors.js';
-import type { Evaluator } from '../lib/evaluator.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Evaluator } from '../lib/core/evaluator.js';
 import { AdmissionGate, allGates, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import {
@@ -16,8 +16,8 @@ import {
   type RolloutOutput,
   type SampleFailure,
   type Task,
-} from '../lib/types.js';
-import type { RolloutWorker } from '../lib/worker.js';
+} from '../lib/core/types.js';
+import type { RolloutWorker } from '../lib/engine/worker.js';
 import { admit } from '../operators/admit.js';
 import { batchGroups } from '../operators/batchGroups.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';

@@ -20,7 +20,7 @@ import type { ResolvedLoraConfig } from '../lib/model/lora.js';
 import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import type { PolicyConfig } from '../lib/model/transformer.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
-import type { ModelTag, PolicyVersion, RolloutOutput, Task } from '../lib/types.js';
+import type { ModelTag, PolicyVersion, RolloutOutput, Task } from '../lib/core/types.js';
 import { dropDuplicates } from '../operators/dropDuplicates.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf } from '../operators/rollout.js';

@@ -27,14 +27,14 @@ import {
 
 import type { LocalEngine, LocalEngineOptions } from '../lib/engine/local.js';
 import type { Tokenizer } from '../lib/engine/types.js';
-import { ConfigError } from '../lib/errors.js';
-import type { Evaluator } from '../lib/evaluator.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTaskMessage, decodeWeightsMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
-import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/types.js';
-import type { RolloutWorker } from '../lib/worker.js';
+import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/core/types.js';
+import type { RolloutWorker } from '../lib/engine/worker.js';
 import { fromKafka } from '../operators/fromKafka.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { rolloutEpisodes } from '../operators/rolloutEpisodes.js';

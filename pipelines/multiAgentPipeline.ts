@@ -1,8 +1,8 @@
 import type { Observable } from 'rxjs';
 import { episodeSlots, type AgentSpec, type EpisodeSlot, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import { ConfigError } from '../lib/errors.js';
-import type { Batch, Metrics, ModelTag } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Batch, Metrics, ModelTag } from '../lib/core/types.js';
 import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
 import { policyLoop, type PolicyLane, type PolicyLoopConfig, type PolicyStepResult } from './grpoPipeline.js';
 

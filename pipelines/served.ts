@@ -11,7 +11,7 @@ import { join } from 'node:path';
 
 import OpenAI from 'openai';
 import { OpenAIEngine, type OpenAIEngineStats } from '../lib/engine/openai.js';
-import { ConfigError } from '../lib/errors.js';
+import { ConfigError } from '../lib/core/errors.js';
 import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { spawnServe, type SpawnedServer } from '../lib/serve/spawn.js';
 import { embeddedConfig, embeddedSummary, type EmbeddedRunOptions, type EmbeddedRunSummary } from './embedded.js';

@@ -1,9 +1,9 @@
 import { from, lastValueFrom, reduce, tap } from 'rxjs';
 import { episodeSlots, type AgentName, type AgentSpec, type MultiAgentEnvironment } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
-import type { Evaluator } from '../lib/evaluator.js';
-import { isSampleFailure, type Metrics, type ModelTag, type Task } from '../lib/types.js';
-import type { RolloutWorker } from '../lib/worker.js';
+import type { Evaluator } from '../lib/core/evaluator.js';
+import { isSampleFailure, type Metrics, type ModelTag, type Task } from '../lib/core/types.js';
+import type { RolloutWorker } from '../lib/engine/worker.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
 

@@ -8,10 +8,10 @@
  *
  * @packageDocumentation
  */
-import { ConfigError } from '../lib/errors.js';
-import type { EvaluationResult, Evaluator, ResponseInfo } from '../lib/evaluator.js';
-import { createRng, shuffledIndices } from '../lib/random.js';
-import type { Task } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { EvaluationResult, Evaluator, ResponseInfo } from '../lib/core/evaluator.js';
+import { createRng, shuffledIndices } from '../lib/core/random.js';
+import type { Task } from '../lib/core/types.js';
 
 /** Operators of the arithmetic task. */
 export type ArithmeticOperator = '+' | '-' | '*';

@@ -16,10 +16,10 @@
  */
 import type { ToolEnvironment } from '../lib/agent/agentWorker.js';
 import type { ChatTool } from '../lib/chat/types.js';
-import { ConfigError, DecodeError } from '../lib/errors.js';
-import type { EvaluationResult, Evaluator } from '../lib/evaluator.js';
-import { createRng, shuffledIndices } from '../lib/random.js';
-import type { Task } from '../lib/types.js';
+import { ConfigError, DecodeError } from '../lib/core/errors.js';
+import type { EvaluationResult, Evaluator } from '../lib/core/evaluator.js';
+import { createRng, shuffledIndices } from '../lib/core/random.js';
+import type { Task } from '../lib/core/types.js';
 import { partialCredit } from './stringTransform.js';
 
 /** Arithmetic operators the tasks use. */

@@ -5,10 +5,10 @@
  *
  * @packageDocumentation
  */
-import { ConfigError } from '../lib/errors.js';
-import type { EvaluationResult, Evaluator, ResponseInfo } from '../lib/evaluator.js';
-import { createRng, shuffledIndices } from '../lib/random.js';
-import type { Task } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { EvaluationResult, Evaluator, ResponseInfo } from '../lib/core/evaluator.js';
+import { createRng, shuffledIndices } from '../lib/core/random.js';
+import type { Task } from '../lib/core/types.js';
 
 /** Which transformation the policy must learn. */
 export type StringTransform = 'copy' | 'reverse' | 'shift';

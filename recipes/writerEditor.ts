@@ -7,8 +7,8 @@
  * @packageDocumentation
  */
 import type { AgentSpec, Episode, MultiAgentEnvironment } from '../lib/agent/environment.js';
-import { ConfigError } from '../lib/errors.js';
-import type { Task } from '../lib/types.js';
+import { ConfigError } from '../lib/core/errors.js';
+import type { Task } from '../lib/core/types.js';
 import { partialCredit, stringTransformTask, type StringTransformOptions } from './stringTransform.js';
 
 /** Ends the draft in the editor's prompt. */

@@ -65,7 +65,7 @@ LARGE_FULL = {(1.0, 1.0, 0), (1.3, 1.0, 0)}
 
 
 def mix32(x: int) -> int:
-    """murmur3's finalizer on 32 bits (as ``mix32`` in lib/random.ts)."""
+    """murmur3's finalizer on 32 bits (as ``mix32`` in lib/core/random.ts)."""
     h = x & MASK32
     h = ((h ^ (h >> 16)) * 0x85EBCA6B) & MASK32
     h = ((h ^ (h >> 13)) * 0xC2B2AE35) & MASK32

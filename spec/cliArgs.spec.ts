@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { parseCommand, type CommandSpec } from '../cli/args.js';
-import { ConfigError, isUsageError, UsageError } from '../lib/errors.js';
+import { ConfigError, isUsageError, UsageError } from '../lib/core/errors.js';
 
 const run: CommandSpec = {
   name: 'rxrl run',

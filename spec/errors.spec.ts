@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { AbortError, ConfigError, EngineError, isAbortError, isRetriable, throwIfAborted } from '../lib/errors.js';
+import { AbortError, ConfigError, EngineError, isAbortError, isRetriable, throwIfAborted } from '../lib/core/errors.js';
 
 describe('errors', () => {
   it('carries name, retriable flag, cause and context', () => {

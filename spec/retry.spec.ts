@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { AbortError, ConfigError, EngineError, RetriesExhaustedError, ShapeError } from '../lib/errors.js';
-import { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from '../lib/retry.js';
+import { AbortError, ConfigError, EngineError, RetriesExhaustedError, ShapeError } from '../lib/core/errors.js';
+import { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from '../lib/core/retry.js';
 
 const transient = (): EngineError => new EngineError('try again', { retriable: true });
 

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { GenerateRequest, GenerateResponse, RolloutEngine } from '../lib/engine/types.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
-import { chatWorker, singleTurnWorker, type RolloutWorkerInput } from '../lib/worker.js';
+import { chatWorker, singleTurnWorker, type RolloutWorkerInput } from '../lib/engine/worker.js';
 
 const FIXTURE = new URL('./fixtures/hf/tiny-qwen2/', import.meta.url).pathname;
 

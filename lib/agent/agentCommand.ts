@@ -8,8 +8,8 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 
-import { AgentError } from '../errors.js';
-import type { Task } from '../types.js';
+import { AgentError } from '../core/errors.js';
+import type { Task } from '../core/types.js';
 import { endTree, SAMPLE_COOKIE_VARIABLE, trackTree, type ProcessTree } from './processTree.js';
 
 /** An agent as a program: run with `/bin/sh -c`, its last stdout line may be `{"reward": r}`. */

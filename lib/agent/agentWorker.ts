@@ -18,10 +18,10 @@
  * @packageDocumentation
  */
 import { isChatEngine, type ChatEngine, type ChatMessage, type ChatResult, type ChatTool, type ToolCall } from '../chat/types.js';
-import { ConfigError, DecodeError, isAbortError, throwIfAborted } from '../errors.js';
-import { hashSeed } from '../random.js';
-import type { FinishReason, PolicyVersion, Task } from '../types.js';
-import type { RolloutSample, RolloutWorker } from '../worker.js';
+import { ConfigError, DecodeError, isAbortError, throwIfAborted } from '../core/errors.js';
+import { hashSeed } from '../core/random.js';
+import type { FinishReason, PolicyVersion, Task } from '../core/types.js';
+import type { RolloutSample, RolloutWorker } from '../engine/worker.js';
 
 /** The world an agent acts in: the tools it may call and what they answer. */
 export interface ToolEnvironment {

@@ -4,8 +4,8 @@
  *
  * @packageDocumentation
  */
-import { ConfigError } from '../errors.js';
-import type { ModelTag, Task } from '../types.js';
+import { ConfigError } from '../core/errors.js';
+import type { ModelTag, Task } from '../core/types.js';
 
 /** Names an agent (a role in the episode, such as `writer` or `editor`). */
 export type AgentName = string;

@@ -16,11 +16,11 @@ import { randomBytes } from 'node:crypto';
 import type { ChatTemplate } from '../chat/template.js';
 import { createChatTemplate } from '../chat/template.js';
 import type { RolloutEngine } from '../engine/types.js';
-import { AgentError, ConfigError, isAbortError } from '../errors.js';
+import { AgentError, ConfigError, isAbortError } from '../core/errors.js';
 import { serve, type RxrlServer } from '../serve/server.js';
 import { sessionSamples, type Session } from '../serve/sessions.js';
-import type { Task } from '../types.js';
-import type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../worker.js';
+import type { Task } from '../core/types.js';
+import type { RolloutSample, RolloutWorker, RolloutWorkerInput } from '../engine/worker.js';
 import { runAgentCommand, type AgentCommand } from './agentCommand.js';
 
 export type { AgentCommand } from './agentCommand.js';

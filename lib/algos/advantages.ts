@@ -22,8 +22,8 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../errors.js';
-import type { Metrics } from '../types.js';
+import { ConfigError } from '../core/errors.js';
+import type { Metrics } from '../core/types.js';
 import type { ScalarMetrics } from './metrics.js';
 import { assertLength, assertRank } from './shapes.js';
 

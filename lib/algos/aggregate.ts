@@ -5,7 +5,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError, assertNever } from '../errors.js';
+import { ConfigError, assertNever } from '../core/errors.js';
 import { MASK_EPSILON, applyMask, maskToBool } from './masked.js';
 import { assertRank, assertSameShape } from './shapes.js';
 

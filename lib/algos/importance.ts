@@ -5,7 +5,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { applyMask, maskToBool, maskedMean } from './masked.js';
 import type { ScalarMetrics } from './metrics.js';
 import { importanceRatio } from './ratio.js';

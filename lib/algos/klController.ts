@@ -6,7 +6,7 @@
  *
  * @packageDocumentation
  */
-import { ConfigError, assertNever } from '../errors.js';
+import { ConfigError, assertNever } from '../core/errors.js';
 
 /** Bound on the proportional error `kl/target − 1` of the adaptive controller. */
 export const ADAPTIVE_KL_ERROR_CLIP = 0.2;

@@ -8,7 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import type { Metrics } from '../types.js';
+import type { Metrics } from '../core/types.js';
 
 /** Scalar tensors keyed by namespaced metric names (`actor/pg_clipfrac`, `critic/advantages_mean`, ...). */
 export type ScalarMetrics = Record<string, tf.Scalar>;

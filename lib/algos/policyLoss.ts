@@ -5,7 +5,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { type LossAggMode, aggregateLoss } from './aggregate.js';
 import { applyMask, maskToBool, maskedMean } from './masked.js';
 import type { LossOutput, ScalarMetrics } from './metrics.js';

@@ -6,7 +6,7 @@
  */
 import type * as tf from '@tensorflow/tfjs-core';
 
-import { ShapeError } from '../errors.js';
+import { ShapeError } from '../core/errors.js';
 
 /**
  * Throws a {@link ShapeError} unless `tensor` has the given rank.

@@ -18,7 +18,7 @@
 import { Template } from '@huggingface/jinja';
 
 import type { Tokenizer } from '../model/types.js';
-import { DecodeError } from '../errors.js';
+import { DecodeError } from '../core/errors.js';
 import { HfTokenizer, TOKENIZER_FILES, namedSpecialTokens, readTokenizerFiles, type JsonRecord } from '../model/hfTokenizer.js';
 import { CHAR_ALPHABET_CONFIG_KEY } from '../model/tokenizer.js';
 import { createChatTemplate, tooLong, type ChatTemplate } from './template.js';

@@ -17,7 +17,7 @@
  * @packageDocumentation
  */
 import type { Tokenizer } from '../model/types.js';
-import { ContextLengthError, DecodeError } from '../errors.js';
+import { ContextLengthError, DecodeError } from '../core/errors.js';
 import { formatToolCall, parseToolCalls, type ParsedAssistantText } from './toolCalls.js';
 import { CHAT_ROLES, type ChatMessage, type ChatRole, type ChatTool } from './types.js';
 

@@ -14,7 +14,7 @@
  *
  * @packageDocumentation
  */
-import { DecodeError } from '../errors.js';
+import { DecodeError } from '../core/errors.js';
 import type { ChatTool, ToolCall } from './types.js';
 
 /** Name of the single argument of a tool that declares no parameter properties. */

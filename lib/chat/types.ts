@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import type { Tokenizer } from '../model/types.js';
-import type { FinishReason, PolicyVersion } from '../types.js';
+import type { FinishReason, PolicyVersion } from '../core/types.js';
 
 /** Who wrote a chat message. */
 export type ChatRole = 'system' | 'user' | 'assistant' | 'tool';

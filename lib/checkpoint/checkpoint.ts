@@ -19,14 +19,14 @@ import { join, relative, sep } from 'node:path';
 import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
 import type { NamedWeights } from '../engine/types.js';
-import { DecodeError, asStorageError } from '../errors.js';
+import { DecodeError, asStorageError } from '../core/errors.js';
 import { entryExists } from '../model/files.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from '../model/config.js';
-import type { PolicyVersion, Task } from '../types.js';
-import type { RolloutSample } from '../worker.js';
+import type { PolicyVersion, Task } from '../core/types.js';
+import type { RolloutSample } from '../engine/worker.js';
 
 /** Version of the `state.json` layout. */
 export const CHECKPOINT_FORMAT = 2;

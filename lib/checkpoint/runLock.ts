@@ -14,7 +14,7 @@ import { randomBytes } from 'node:crypto';
 import { link, mkdir, readFile, rename, rm } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
-import { RunLockedError, asStorageError } from '../errors.js';
+import { RunLockedError, asStorageError } from '../core/errors.js';
 import { writeFileAtomic } from '../model/safetensors.js';
 import { removeUnfinishedCheckpoints } from './checkpoint.js';
 

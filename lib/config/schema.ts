@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { extname } from 'node:path';
 import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { LORA_TARGETS, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 
 /** One agent of a multi-agent run (`agents.roles[i]`). */

@@ -6,8 +6,8 @@
  * @packageDocumentation
  */
 import type { Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError } from '../errors.js';
-import type { Task } from '../types.js';
+import { ConfigError, DecodeError } from '../core/errors.js';
+import type { Task } from '../core/types.js';
 import { readLocatedTasks, type LocatedTask } from './loader.js';
 
 /** Options of {@link checkPrompts}. */

@@ -4,8 +4,8 @@
  *
  * @packageDocumentation
  */
-import { ShapeError } from '../errors.js';
-import type { Batch, ModelTag, Trajectory } from '../types.js';
+import { ShapeError } from '../core/errors.js';
+import type { Batch, ModelTag, Trajectory } from '../core/types.js';
 
 /** Options of {@link collate}. */
 export interface CollateOptions {

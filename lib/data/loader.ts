@@ -8,9 +8,9 @@ import { createReadStream } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { AsyncIterableX } from 'ix/asynciterable';
-import { ConfigError, DecodeError } from '../errors.js';
-import { createRng, shuffledIndices } from '../random.js';
-import type { Task } from '../types.js';
+import { ConfigError, DecodeError } from '../core/errors.js';
+import { createRng, shuffledIndices } from '../core/random.js';
+import type { Task } from '../core/types.js';
 
 /** Where tasks come from: an array, any (async) iterable such as a generator, or a JSONL file. */
 export type TaskSource = readonly Task[] | Iterable<Task> | AsyncIterable<Task> | { readonly jsonl: string };

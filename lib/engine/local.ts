@@ -4,10 +4,10 @@
  *
  * @packageDocumentation
  */
-import { AbortError, ConfigError } from '../errors.js';
-import { hashSeed } from '../random.js';
-import { yieldToEventLoop } from '../turns.js';
-import type { ModelTag, PolicyVersion } from '../types.js';
+import { AbortError, ConfigError } from '../core/errors.js';
+import { hashSeed } from '../core/random.js';
+import { yieldToEventLoop } from '../core/turns.js';
+import type { ModelTag, PolicyVersion } from '../core/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
 
 /** What the local engine needs of a model: batched sampling and weight replacement. */

@@ -30,11 +30,11 @@ import type { Completion, CompletionCreateParamsNonStreaming } from 'openai/reso
 
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatTool, ToolCall } from '../chat/types.js';
-import { AbortError, ConfigError, DecodeError, EngineError, isAbortError } from '../errors.js';
+import { AbortError, ConfigError, DecodeError, EngineError, isAbortError } from '../core/errors.js';
 import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTokenIds } from '../model/modelDir.js';
 import type { PolicyConfig } from '../model/config.js';
-import { retry, type RetryOptions } from '../retry.js';
-import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../types.js';
+import { retry, type RetryOptions } from '../core/retry.js';
+import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
 
 /** Prefix of a log-prob token spelled as its id (vLLM's `return_tokens_as_token_ids`). */

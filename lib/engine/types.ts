@@ -3,7 +3,7 @@
  *
  * @packageDocumentation
  */
-import type { ModelTag, PolicyVersion } from '../types.js';
+import type { ModelTag, PolicyVersion } from '../core/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 
 export type { DecodeOptions, EncodeOptions, GenerateRequest, GenerateResponse, NamedWeights, Tokenizer, WeightArray } from '../model/types.js';

@@ -19,7 +19,7 @@ import { fileURLToPath } from 'node:url';
 
 import { Kafka, logLevel } from 'kafkajs';
 
-import { throwIfAborted } from '../errors.js';
+import { throwIfAborted } from '../core/errors.js';
 import { BrokerStartError } from './errors.js';
 
 /** Where the pinned broker lives, relative to the repository root. */

@@ -14,7 +14,7 @@ import {
   type ProducerConfig,
 } from 'kafkajs';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { KafkaBridgeError } from './errors.js';
 import type { KafkaTopics } from './types.js';
 

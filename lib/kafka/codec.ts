@@ -21,9 +21,9 @@
  *
  * @packageDocumentation
  */
-import { AbortError, DecodeError, EngineError, EvaluationError, RxrlError } from '../errors.js';
-import type { FinishReason, SampleFailure, Task, Trajectory } from '../types.js';
-import { isSampleFailure } from '../types.js';
+import { AbortError, DecodeError, EngineError, EvaluationError, RxrlError } from '../core/errors.js';
+import type { FinishReason, SampleFailure, Task, Trajectory } from '../core/types.js';
+import { isSampleFailure } from '../core/types.js';
 import { EncodeError } from './errors.js';
 import type { TaskMessage, TrajectoryMessage, WeightsMessage } from './types.js';
 

@@ -8,7 +8,7 @@
 
 import type { IHeaders, KafkaMessage, ProducerRecord } from 'kafkajs';
 
-import type { DecodeError } from '../errors.js';
+import type { DecodeError } from '../core/errors.js';
 import type { KafkaEventSink } from './commitScheduler.js';
 import { KafkaBridgeError } from './errors.js';
 

@@ -1,10 +1,10 @@
 /**
- * Typed errors of the Kafka bridge. Test them with `instanceof` or the predicates in `lib/errors.ts`
+ * Typed errors of the Kafka bridge. Test them with `instanceof` or the predicates in `lib/core/errors.ts`
  * (`isRetriable`), never by message text.
  *
  * @packageDocumentation
  */
-import { RxrlError, type RxrlErrorOptions } from '../errors.js';
+import { RxrlError, type RxrlErrorOptions } from '../core/errors.js';
 
 /**
  * A Kafka client operation (send, commit, admin call, consumer crash) failed. Retriable when the kafkajs error

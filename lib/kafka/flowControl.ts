@@ -6,7 +6,7 @@
  * @packageDocumentation
  */
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import type { KafkaEventSink } from './commitScheduler.js';
 
 /** Options of {@link FlowController}. */

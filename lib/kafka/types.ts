@@ -13,7 +13,7 @@
  *
  * @packageDocumentation
  */
-import type { ModelTag, PolicyVersion, RolloutOutput, Task } from '../types.js';
+import type { ModelTag, PolicyVersion, RolloutOutput, Task } from '../core/types.js';
 
 /** Names of the topics of one trainer/worker deployment. */
 export interface KafkaTopics {

@@ -21,7 +21,7 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../engine/types.js';
-import { ConfigError, DecodeError, isRetriable, throwIfAborted } from '../errors.js';
+import { ConfigError, DecodeError, isRetriable, throwIfAborted } from '../core/errors.js';
 import { entryExists, readJsonObject, readRegularFile, resolveInside } from '../model/files.js';
 import {
   LoraAdapter,
@@ -43,7 +43,7 @@ import {
 } from '../model/modelDir.js';
 import { decodeSafetensors } from '../model/safetensors.js';
 import { PolicyModel, type PolicyConfig, type ResolvedPolicyConfig } from '../model/transformer.js';
-import type { ModelTag, PolicyVersion } from '../types.js';
+import type { ModelTag, PolicyVersion } from '../core/types.js';
 import { encodeWeightsMessage } from './codec.js';
 import { KafkaBridgeError } from './errors.js';
 import { markWeightsRun, removeEndedRuns, type WeightsCleanup } from './weightsCleanup.js';

@@ -22,7 +22,7 @@ import { createRequire } from 'node:module';
 import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-backend-cpu';
 
-import { BackendUnavailableError, ConfigError, assertNever } from '../errors.js';
+import { BackendUnavailableError, ConfigError, assertNever } from '../core/errors.js';
 import { registerCoreGradients } from './gradients.js';
 
 /** Backend choice: `auto`, or one backend forced by name. */

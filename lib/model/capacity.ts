@@ -13,7 +13,7 @@ import { totalmem } from 'node:os';
 
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import type { ResolvedPolicyConfig } from './config.js';
 
 /** Bytes of one float32 value: every weight and cache entry is widened to it on load. */

@@ -4,7 +4,7 @@
  *
  * @packageDocumentation
  */
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 
 /** Model families the decoder implements (Hugging Face `model_type`). */
 export type ModelType = 'llama' | 'qwen2' | 'qwen3';

@@ -11,7 +11,7 @@ import { constants } from 'node:fs';
 import { lstat, open, realpath } from 'node:fs/promises';
 import { dirname, isAbsolute, relative, sep } from 'node:path';
 
-import { DecodeError, ForbiddenPathError } from '../errors.js';
+import { DecodeError, ForbiddenPathError } from '../core/errors.js';
 
 /** Where a file may be read from and how large it may be. */
 export interface FileLimits {

@@ -7,10 +7,10 @@
 import type * as tf from '@tensorflow/tfjs-core';
 
 import type { GenerateRequest, GenerateResponse } from './types.js';
-import { AbortError, ConfigError } from '../errors.js';
-import type { FinishReason, PolicyVersion } from '../types.js';
-import { createRng, type Rng } from '../random.js';
-import { yieldToEventLoop } from '../turns.js';
+import { AbortError, ConfigError } from '../core/errors.js';
+import type { FinishReason, PolicyVersion } from '../core/types.js';
+import { createRng, type Rng } from '../core/random.js';
+import { yieldToEventLoop } from '../core/turns.js';
 import { sampleToken } from './sampling.js';
 
 /** Options of a generate call. */

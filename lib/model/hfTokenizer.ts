@@ -24,7 +24,7 @@ import { join } from 'node:path';
 import { Tokenizer as JsTokenizerClass } from '@huggingface/tokenizers';
 
 import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
-import { DecodeError } from '../errors.js';
+import { DecodeError } from '../core/errors.js';
 import { tokenCountBound } from './tokenBound.js';
 import { CHAR_ALPHABET_CONFIG_KEY, CharTokenizer } from './tokenizer.js';
 

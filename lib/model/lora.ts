@@ -16,8 +16,8 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import type { NamedWeights, WeightArray } from './types.js';
-import { ConfigError, ShapeError } from '../errors.js';
-import { createRng } from '../random.js';
+import { ConfigError, ShapeError } from '../core/errors.js';
+import { createRng } from '../core/random.js';
 import { readCopy } from './backend.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';

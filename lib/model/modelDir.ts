@@ -14,7 +14,7 @@ import { mkdir } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from './types.js';
-import { ConfigError, DecodeError, ShapeError } from '../errors.js';
+import { ConfigError, DecodeError, ShapeError } from '../core/errors.js';
 import { checkModelFits, modelFootprint, type ModelFitOptions } from './capacity.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, entryExists, readJsonObject, resolveInside } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';

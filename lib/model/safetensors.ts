@@ -15,7 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { open, rename, rm } from 'node:fs/promises';
 
 import type { NamedWeights, WeightArray } from './types.js';
-import { DecodeError, ShapeError, assertNever } from '../errors.js';
+import { DecodeError, ShapeError, assertNever } from '../core/errors.js';
 import { readRegularFile, type FileLimits } from './files.js';
 
 /** Key of the free-form string metadata in a safetensors header. */

@@ -13,7 +13,7 @@
  *
  * @packageDocumentation
  */
-import type { Rng } from '../random.js';
+import type { Rng } from '../core/random.js';
 
 /** How to pick the next token. */
 export interface SamplingParams {

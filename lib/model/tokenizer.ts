@@ -10,7 +10,7 @@
  * @packageDocumentation
  */
 import type { DecodeOptions, EncodeOptions, Tokenizer } from './types.js';
-import { ConfigError, DecodeError } from '../errors.js';
+import { ConfigError, DecodeError } from '../core/errors.js';
 
 /** Id of the padding token of every {@link CharTokenizer}. */
 export const CHAR_PAD_ID = 0;

@@ -33,14 +33,14 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from './types.js';
-import { ShapeError, assertNever } from '../errors.js';
+import { ShapeError, assertNever } from '../core/errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
-import { yieldToEventLoop } from '../turns.js';
+import { yieldToEventLoop } from '../core/turns.js';
 import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import type { LoraTarget, ModelAdapter } from './adapter.js';
 import { SamplingWeightsCache, samplingWeightsFit, type BlockLinear, type BlockWeights, type SamplingLease } from './samplingWeights.js';
 import { configMismatches, validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
-import { createRng, normalArray } from '../random.js';
+import { createRng, normalArray } from '../core/random.js';
 
 export { MODEL_TYPES, RMS_NORM_EPS, ROPE_THETA, configMismatches, validatePolicyConfig } from './config.js';
 export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling } from './config.js';

@@ -4,7 +4,7 @@
  *
  * @packageDocumentation
  */
-import type { FinishReason, PolicyVersion } from '../types.js';
+import type { FinishReason, PolicyVersion } from '../core/types.js';
 
 /** A weight array in plain memory: row-major data and its shape. */
 export interface WeightArray {

@@ -9,7 +9,7 @@
  *
  * @packageDocumentation
  */
-import { AbortError, ConfigError } from '../errors.js';
+import { AbortError, ConfigError } from '../core/errors.js';
 import { ActivityOverflowError } from './errors.js';
 
 /** Default {@link ActivityTrackerOptions.capacity}. */

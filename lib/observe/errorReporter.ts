@@ -6,7 +6,7 @@
  *
  * @packageDocumentation
  */
-import { ConfigError, RxrlError, isAbortError } from '../errors.js';
+import { ConfigError, RxrlError, isAbortError } from '../core/errors.js';
 import type { ErrorInfo, Instrumentation } from './events.js';
 import type { Logger } from './logger.js';
 import { silentLogger } from './logger.js';

@@ -3,7 +3,7 @@
  *
  * @packageDocumentation
  */
-import { RxrlError } from '../errors.js';
+import { RxrlError } from '../core/errors.js';
 
 /**
  * More work is in flight than an {@link ActivityTracker} may hold: almost always an activity whose `done()` is

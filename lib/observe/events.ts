@@ -12,7 +12,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Subject, filter, type Observable } from 'rxjs';
-import type { Metrics, PolicyVersion } from '../types.js';
+import type { Metrics, PolicyVersion } from '../core/types.js';
 import type { Logger } from './logger.js';
 import { silentLogger } from './logger.js';
 

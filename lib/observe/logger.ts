@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 import { pino, type DestinationStream, type Logger } from 'pino';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 
 export type { Logger } from 'pino';
 

@@ -16,8 +16,8 @@
 import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, openSync, readSync, writeSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { Metrics, PolicyVersion } from '../types.js';
-import { asStorageError } from '../errors.js';
+import type { Metrics, PolicyVersion } from '../core/types.js';
+import { asStorageError } from '../core/errors.js';
 import { RunDirError } from './errors.js';
 
 /** File name of the metrics stream inside a run directory. */

@@ -5,8 +5,8 @@
  *
  * @packageDocumentation
  */
-import { ConfigError } from '../errors.js';
-import type { Metrics } from '../types.js';
+import { ConfigError } from '../core/errors.js';
+import type { Metrics } from '../core/types.js';
 
 /** What {@link Progress} writes to; `process.stderr` fits, and so does a test double. */
 export interface ProgressStream {

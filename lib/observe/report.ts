@@ -11,7 +11,7 @@
  */
 import { rename, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { readRunMetrics, type MetricsRecord, type SkippedLine } from './metricsFile.js';
 
 /** One curve of a plot. */

@@ -3,7 +3,7 @@
  *
  * @packageDocumentation
  */
-import type { TimeSpan } from '../types.js';
+import type { TimeSpan } from '../core/types.js';
 
 /**
  * Seconds covered by at least one of `spans` (millisecond `[start, end]` pairs of one clock): the length of their

@@ -6,8 +6,8 @@
  */
 import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
-import { ContextLengthError, DecodeError } from '../errors.js';
-import { mapInTurns } from '../turns.js';
+import { ContextLengthError, DecodeError } from '../core/errors.js';
+import { mapInTurns } from '../core/turns.js';
 import type { TopLogprob } from './servingModel.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';

@@ -3,7 +3,7 @@
  *
  * @packageDocumentation
  */
-import { mapInTurns } from '../turns.js';
+import { mapInTurns } from '../core/turns.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';

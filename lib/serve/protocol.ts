@@ -6,8 +6,8 @@
  *
  * @packageDocumentation
  */
-import { RxrlError, type RxrlErrorOptions } from '../errors.js';
-import { ITEMS_PER_TURN, yieldToEventLoop } from '../turns.js';
+import { RxrlError, type RxrlErrorOptions } from '../core/errors.js';
+import { ITEMS_PER_TURN, yieldToEventLoop } from '../core/turns.js';
 
 /** The `error` object of an OpenAI-style error response. */
 export interface OpenAIErrorBody {

@@ -6,8 +6,8 @@
 import { randomUUID } from 'node:crypto';
 
 import type { GenerateRequest, GenerateResponse, Tokenizer } from '../engine/types.js';
-import { hashSeed } from '../random.js';
-import type { PolicyVersion } from '../types.js';
+import { hashSeed } from '../core/random.js';
+import type { PolicyVersion } from '../core/types.js';
 import { ownModel, type ServeContext } from './context.js';
 import {
   invalid,

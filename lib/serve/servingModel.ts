@@ -12,7 +12,7 @@ import type { SamplingModel } from '../engine/local.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights } from '../engine/types.js';
 import { padPrompts, type GenerateOptions } from '../model/generate.js';
 import type { PolicyModel } from '../model/transformer.js';
-import { yieldToEventLoop } from '../turns.js';
+import { yieldToEventLoop } from '../core/turns.js';
 
 /** Rows per scoring pass: one pass runs per turn of the event loop, so a large batch's scoring leaves it turns. */
 export const SCORE_ROWS = 64;

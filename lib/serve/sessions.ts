@@ -17,9 +17,9 @@
  */
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatMessage, ChatTool } from '../chat/types.js';
-import { ConfigError } from '../errors.js';
-import { hashSeed } from '../random.js';
-import type { FinishReason, PolicyVersion } from '../types.js';
+import { ConfigError } from '../core/errors.js';
+import { hashSeed } from '../core/random.js';
+import type { FinishReason, PolicyVersion } from '../core/types.js';
 import { RequestError, excerpt, invalid, quote, type JsonObject } from './protocol.js';
 
 /** Limits of a {@link SessionStore}. */

@@ -7,7 +7,7 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
-import { AbortError, EngineError } from '../errors.js';
+import { AbortError, EngineError } from '../core/errors.js';
 
 /** Options of {@link spawnServe}. */
 export interface SpawnServeOptions {

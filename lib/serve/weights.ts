@@ -5,11 +5,11 @@
  */
 import { stat } from 'node:fs/promises';
 
-import { ForbiddenPathError, RxrlError, ShapeError } from '../errors.js';
+import { ForbiddenPathError, RxrlError, ShapeError } from '../core/errors.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, resolveInside } from '../model/files.js';
 import { POLICY_VERSION_METADATA_KEY, isModelDir, readModelDir } from '../model/modelDir.js';
 import { configMismatches } from '../model/transformer.js';
-import type { PolicyVersion } from '../types.js';
+import type { PolicyVersion } from '../core/types.js';
 import { ownModel, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 

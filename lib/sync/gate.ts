@@ -4,8 +4,8 @@
  *
  * @packageDocumentation
  */
-import { AbortError, ConfigError } from '../errors.js';
-import type { PolicyVersion } from '../types.js';
+import { AbortError, ConfigError } from '../core/errors.js';
+import type { PolicyVersion } from '../core/types.js';
 
 /** How far rollouts may run ahead of training. */
 export type StalenessMode = 'sync' | 'batch-async' | 'fully-async';

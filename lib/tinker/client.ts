@@ -11,11 +11,11 @@
  * @packageDocumentation
  */
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../engine/types.js';
-import { EngineError, RetriesExhaustedError, RxrlError } from '../errors.js';
-import { retry, type RetryOptions } from '../retry.js';
+import { EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
+import { retry, type RetryOptions } from '../core/retry.js';
 import { stalenessMetrics } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
-import type { Batch, ModelTag, PolicyVersion } from '../types.js';
+import type { Batch, ModelTag, PolicyVersion } from '../core/types.js';
 import {
   decodeForwardBackwardOutput,
   decodeSampleResponse,

@@ -5,7 +5,7 @@
  */
 import { basename, resolve } from 'node:path';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { initBackend, type BackendKind } from '../model/backend.js';
 import { loadTokenizer } from '../model/hfTokenizer.js';
 import { isModelDir, loadModelDir } from '../model/modelDir.js';

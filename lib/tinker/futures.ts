@@ -8,7 +8,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { ConfigError, DecodeError, RxrlError, ShapeError } from '../errors.js';
+import { ConfigError, DecodeError, RxrlError, ShapeError } from '../core/errors.js';
 import { RequestError } from '../serve/protocol.js';
 import { ProtoError } from './proto.js';
 

@@ -24,7 +24,7 @@
 
 import { BinaryReader, BinaryWriter, WireType, getTextEncoding } from '@bufbuild/protobuf/wire';
 
-import { RxrlError } from '../errors.js';
+import { RxrlError } from '../core/errors.js';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Public types

@@ -10,7 +10,7 @@ import * as tf from '@tensorflow/tfjs-core';
 
 import type { GenerateRequest, Tokenizer } from '../engine/types.js';
 import type { PolicyModel } from '../model/transformer.js';
-import { hashSeed } from '../random.js';
+import { hashSeed } from '../core/random.js';
 import { absent, excerpt, invalid, quote, readBoolean, readInteger, readNumber, type JsonObject } from '../serve/protocol.js';
 import type { FutureAnswer, TinkerContext } from './context.js';
 import type { Outcome } from './futures.js';

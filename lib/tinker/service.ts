@@ -34,7 +34,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 import type { Tokenizer } from '../engine/types.js';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 import { WEIGHTS_HEADER_SLACK_BYTES } from '../model/files.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import type { PolicyModel } from '../model/transformer.js';

@@ -14,10 +14,10 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError, ShapeError } from '../errors.js';
+import { ConfigError, ShapeError } from '../core/errors.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
-import { mapInTurns, yieldToEventLoop } from '../turns.js';
+import { mapInTurns, yieldToEventLoop } from '../core/turns.js';
 import type { WireDatum, WireTensor } from './proto.js';
 
 /** The losses a training client computes. */

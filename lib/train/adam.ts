@@ -7,7 +7,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../core/errors.js';
 
 /** Hyper-parameters of {@link Adam}. */
 export interface AdamOptions {

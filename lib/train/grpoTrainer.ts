@@ -10,10 +10,10 @@ import { type KlEstimatorName, klLoss } from '../algos/kl.js';
 import { keepMetrics, readMetricsSync, type ScalarMetrics } from '../algos/metrics.js';
 import { ppoClipLoss } from '../algos/policyLoss.js';
 import type { NamedWeights } from '../engine/types.js';
-import { ConfigError, assertNever, throwIfAborted } from '../errors.js';
+import { ConfigError, assertNever, throwIfAborted } from '../core/errors.js';
 import type { PolicyModel } from '../model/transformer.js';
-import { createRng, shuffledIndices } from '../random.js';
-import type { Batch, BatchMeta, Metrics, ModelTag } from '../types.js';
+import { createRng, shuffledIndices } from '../core/random.js';
+import type { Batch, BatchMeta, Metrics, ModelTag } from '../core/types.js';
 import { Adam, gradientSquares } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 

@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 import type { NamedWeights } from '../engine/types.js';
-import type { Batch, Metrics, ModelTag, PolicyVersion } from '../types.js';
+import type { Batch, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 
 /** What one train step reports. */
 export interface StepResult {

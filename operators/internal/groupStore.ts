@@ -6,8 +6,8 @@
  * @internal
  * @packageDocumentation
  */
-import { ConfigError } from '../../lib/errors.js';
-import { isSampleFailure, type Group, type RolloutOutput, type Trajectory } from '../../lib/types.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import { isSampleFailure, type Group, type RolloutOutput, type Trajectory } from '../../lib/core/types.js';
 
 /** Fields of a rollout output that a group key may read. */
 export type KeyFields = Pick<Trajectory, 'id' | 'taskId' | 'groupId' | 'runId' | 'modelTag'>;

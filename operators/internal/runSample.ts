@@ -6,7 +6,7 @@
  * @packageDocumentation
  */
 import { Observable } from 'rxjs';
-import { EngineError, isAbortError } from '../../lib/errors.js';
+import { EngineError, isAbortError } from '../../lib/core/errors.js';
 
 /** Options of {@link runSample}. */
 export interface RunSampleOptions {

@@ -9,10 +9,10 @@ import type { AgentSpec, MultiAgentEnvironment } from '../../lib/agent/environme
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { TaskSource } from '../../lib/data/loader.js';
 import type { Tokenizer } from '../../lib/engine/types.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
-import type { Task } from '../../lib/types.js';
+import type { Task } from '../../lib/core/types.js';
 import { writerEditorTask } from '../../recipes/writerEditor.js';
 import type { KafkaEpisodes } from './contracts.js';
 import { importExport, loadData, modelPath } from './data.js';

@@ -9,14 +9,14 @@ import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '..
 import type { Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { RolloutEngine, Tokenizer } from '../../lib/engine/types.js';
-import type { Evaluator } from '../../lib/evaluator.js';
+import type { Evaluator } from '../../lib/core/evaluator.js';
 import type { BackendName } from '../../lib/model/backend.js';
 import type { LoraAdapter } from '../../lib/model/lora.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import type { Logger } from '../../lib/observe/logger.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
-import type { Metrics, PolicyVersion } from '../../lib/types.js';
-import type { RolloutWorker } from '../../lib/worker.js';
+import type { Metrics, PolicyVersion } from '../../lib/core/types.js';
+import type { RolloutWorker } from '../../lib/engine/worker.js';
 import type { Data } from './data.js';
 import type { RunLedger } from './ledger.js';
 import type { KafkaTransport } from './settings.js';

@@ -14,8 +14,8 @@
  *
  * @packageDocumentation
  */
-import { StepFailedError } from '../../lib/errors.js';
-import { isSampleFailure, type RolloutOutput, type SampleFailure } from '../../lib/types.js';
+import { StepFailedError } from '../../lib/core/errors.js';
+import { isSampleFailure, type RolloutOutput, type SampleFailure } from '../../lib/core/types.js';
 
 /** Admission batches kept behind the newest (older ones are trained, or far past being judged). */
 export const KEPT_BATCHES = 16;

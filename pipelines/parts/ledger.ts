@@ -11,11 +11,11 @@ import { resolve } from 'node:path';
 import type { BufferedSample, Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { loadTasks, type LoaderPosition, type TaskLoader } from '../../lib/data/loader.js';
-import { asStorageError } from '../../lib/errors.js';
+import { asStorageError } from '../../lib/core/errors.js';
 import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
-import type { Batch, Metrics, Task } from '../../lib/types.js';
-import type { RolloutWorker } from '../../lib/worker.js';
+import type { Batch, Metrics, Task } from '../../lib/core/types.js';
+import type { RolloutWorker } from '../../lib/engine/worker.js';
 import { groupIdOf } from '../../operators/rollout.js';
 import { dropStepsFrom } from './runDir.js';
 

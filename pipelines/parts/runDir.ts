@@ -8,7 +8,7 @@ import { mkdir, readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import { asStorageError } from '../../lib/errors.js';
+import { asStorageError } from '../../lib/core/errors.js';
 import { savePeftAdapter, type LoraAdapter } from '../../lib/model/lora.js';
 import { saveModelDir, type SaveModelDirOptions } from '../../lib/model/modelDir.js';
 import { writeFileAtomic } from '../../lib/model/safetensors.js';

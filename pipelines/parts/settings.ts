@@ -12,7 +12,7 @@ import type { Tokenizer } from '../../lib/engine/types.js';
 import type { KafkaEvent, KafkaTopics } from '../../lib/kafka/types.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import type { GrpoTrainerOptions } from '../../lib/train/grpoTrainer.js';
-import type { Batch } from '../../lib/types.js';
+import type { Batch } from '../../lib/core/types.js';
 import type { KlInRewardOptions } from '../../operators/grpoPrepare.js';
 
 /** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */

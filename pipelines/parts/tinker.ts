@@ -8,7 +8,7 @@
  */
 import { saveCheckpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from '../../lib/tinker/client.js';
 import type { RunParts, RunSetup, RunTrainingOptions, SavedCheckpoint } from './contracts.js';
 import { openLedger } from './ledger.js';

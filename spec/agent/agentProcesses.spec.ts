@@ -16,12 +16,12 @@ import { gatewayWorker, type AgentCommand, type GatewayWorker } from '../../lib/
 import { isRunning } from '../../lib/agent/processTree.js';
 import { loadConfig } from '../../lib/config/schema.js';
 import { LocalEngine } from '../../lib/engine/local.js';
-import { AgentError } from '../../lib/errors.js';
+import { AgentError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import type { Task } from '../../lib/types.js';
-import type { RolloutWorkerInput } from '../../lib/worker.js';
+import type { Task } from '../../lib/core/types.js';
+import type { RolloutWorkerInput } from '../../lib/engine/worker.js';
 import { loadRollout } from '../../pipelines/parts/data.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
 import { lacks } from '../helpers/testSetup.js';

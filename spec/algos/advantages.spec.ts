@@ -12,7 +12,7 @@ import {
   indexGroups,
   readMetricsSync,
 } from '../../lib/algos/index.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { type Rng, mulberry32, randomInt, uniform } from '../helpers/random.js';
 import { expectClose, expectMetricsClose, expectNoLeak, mat, useCpuBackend, values } from './support.js';
 

@@ -8,7 +8,7 @@ import {
   isLossAggMode,
   parseLossAggMode,
 } from '../../lib/algos/index.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix } from '../helpers/random.js';
 import { expectClose, expectNoLeak, mat, referenceAggregate, scalar, useCpuBackend, values } from './support.js';
 

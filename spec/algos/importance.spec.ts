@@ -9,7 +9,7 @@ import {
   stopGradient,
   truncatedImportanceWeights,
 } from '../../lib/algos/index.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix } from '../helpers/random.js';
 import { expectClose, expectMetricsClose, expectNoLeak, mat, useCpuBackend, values } from './support.js';
 

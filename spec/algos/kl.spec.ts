@@ -15,7 +15,7 @@ import {
   readMetricsSync,
   updateKlController,
 } from '../../lib/algos/index.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMatrix } from '../helpers/random.js';
 import { expectClose, expectNoLeak, mat, scalar, useCpuBackend, values } from './support.js';
 

@@ -10,7 +10,7 @@ import {
   readMetrics,
   readMetricsSync,
 } from '../../lib/algos/index.js';
-import { ShapeError } from '../../lib/errors.js';
+import { ShapeError } from '../../lib/core/errors.js';
 import { expectNoLeak, mat, useCpuBackend, values } from './support.js';
 
 useCpuBackend();

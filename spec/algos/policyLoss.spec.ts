@@ -9,7 +9,7 @@ import {
   ppoClipLoss,
   readMetricsSync,
 } from '../../lib/algos/index.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix, randomNormal } from '../helpers/random.js';
 import {
   expectClose,

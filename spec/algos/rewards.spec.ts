@@ -2,7 +2,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
 
 import { tokenLevelRewards } from '../../lib/algos/index.js';
-import { ShapeError } from '../../lib/errors.js';
+import { ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomArray, randomInt, randomMask } from '../helpers/random.js';
 import { expectClose, expectNoLeak, mat, useCpuBackend, values } from './support.js';
 

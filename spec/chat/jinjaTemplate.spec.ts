@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls, type JinjaChatTemplate } from '../../lib/chat/jinjaTemplate.js';
 import { createChatTemplate } from '../../lib/chat/template.js';
 import type { ChatMessage, ChatTool } from '../../lib/chat/types.js';
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 

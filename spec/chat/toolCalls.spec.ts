@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { createChatTemplate } from '../../lib/chat/template.js';
 import { DEFAULT_TOOL_ARGUMENT, formatToolCall, parseToolCalls } from '../../lib/chat/toolCalls.js';
 import type { ChatTool } from '../../lib/chat/types.js';
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 
 const calc: ChatTool = { name: 'calc', parameters: { properties: { expression: { type: 'string' } } } };

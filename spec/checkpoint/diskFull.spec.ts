@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { checkpointName, verifyCheckpoint, writeCheckpointDir } from '../../lib/checkpoint/checkpoint.js';
 import { RUN_LOCK_FILE } from '../../lib/checkpoint/runLock.js';
-import { StorageError } from '../../lib/errors.js';
+import { StorageError } from '../../lib/core/errors.js';
 import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
 import { dropStepsFrom } from '../../pipelines/parts/runDir.js';
 import { runTraining } from '../../pipelines/run.js';

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { verifyCheckpoint, type CheckpointState } from '../../lib/checkpoint/checkpoint.js';
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { runAgents } from '../../pipelines/agents.js';
 import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from './tinyRun.js';

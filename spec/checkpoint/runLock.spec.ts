@@ -5,7 +5,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { RUN_LOCK_FILE, acquireRunLock, withRunLock } from '../../lib/checkpoint/runLock.js';
-import { ConfigError, RunLockedError } from '../../lib/errors.js';
+import { ConfigError, RunLockedError } from '../../lib/core/errors.js';
 import { runAgents } from '../../pipelines/agents.js';
 import { runTraining } from '../../pipelines/run.js';
 import { tinyRun } from './tinyRun.js';

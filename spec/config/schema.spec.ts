@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { describeConfig, loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 
 /** The ConfigError a load raises (fails the test if it does not raise one). */
 function rejection(load: () => unknown): ConfigError {

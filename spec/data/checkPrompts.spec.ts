@@ -4,9 +4,9 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkPrompts } from '../../lib/data/checkPrompts.js';
 import { readLocatedTasks } from '../../lib/data/loader.js';
-import { ConfigError, DecodeError } from '../../lib/errors.js';
+import { ConfigError, DecodeError } from '../../lib/core/errors.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
-import type { Task } from '../../lib/types.js';
+import type { Task } from '../../lib/core/types.js';
 
 const tokenizer = new CharTokenizer('abcdefgh=');
 // 12 positions, 4 of them for the response: a prompt may be 8 tokens, BOS included (7 characters).

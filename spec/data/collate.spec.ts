@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { collate } from '../../lib/data/collate.js';
-import { ShapeError } from '../../lib/errors.js';
+import { ShapeError } from '../../lib/core/errors.js';
 import { traj } from '../helpers/fixtures.js';
 
 describe('collate', () => {

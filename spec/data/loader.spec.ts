@@ -3,8 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadTasks } from '../../lib/data/loader.js';
-import { ConfigError, DecodeError } from '../../lib/errors.js';
-import type { Task } from '../../lib/types.js';
+import { ConfigError, DecodeError } from '../../lib/core/errors.js';
+import type { Task } from '../../lib/core/types.js';
 
 const tasks: Task[] = Array.from({ length: 6 }, (_, i) => ({ id: `t${i}`, prompt: `p${i}`, answer: `a${i}` }));
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { LocalEngine, type SamplingModel } from '../../lib/engine/local.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/engine/types.js';
-import { AbortError, ConfigError } from '../../lib/errors.js';
+import { AbortError, ConfigError } from '../../lib/core/errors.js';
 import { tinyTokenizer } from '../helpers/fixtures.js';
 
 /** Echoes the last prompt token plus the weight value; records each batch. */

@@ -8,9 +8,9 @@ import { from, lastValueFrom, toArray } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { OpenAIEngine } from '../../lib/engine/openai.js';
-import { AbortError, EngineError, RetriesExhaustedError } from '../../lib/errors.js';
+import { AbortError, EngineError, RetriesExhaustedError } from '../../lib/core/errors.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
-import { isSampleFailure, type RolloutOutput, type SampleFailure, type Trajectory } from '../../lib/types.js';
+import { isSampleFailure, type RolloutOutput, type SampleFailure, type Trajectory } from '../../lib/core/types.js';
 import { rollout } from '../../operators/rollout.js';
 import { validate } from '../../pipelines/validate.js';
 import { partialCreditEvaluator } from '../../recipes/stringTransform.js';

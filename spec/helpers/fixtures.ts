@@ -1,5 +1,5 @@
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../../lib/engine/types.js';
-import type { SampleFailure, Task, Trajectory } from '../../lib/types.js';
+import type { SampleFailure, Task, Trajectory } from '../../lib/core/types.js';
 
 /** A task with a prompt and answer. */
 export function task(id: string, prompt = 'ab', answer = 'ba'): Task {

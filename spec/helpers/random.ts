@@ -1,4 +1,4 @@
-import { createRng } from '../../lib/random.js';
+import { createRng } from '../../lib/core/random.js';
 
 /**
  * A tiny seeded PRNG for reproducible tests (mulberry32) and a few samplers on top of it.
@@ -8,7 +8,7 @@ import { createRng } from '../../lib/random.js';
 export type Rng = () => number;
 
 /**
- * A seeded test stream: the library's generator (`lib/random.ts`) as a plain function.
+ * A seeded test stream: the library's generator (`lib/core/random.ts`) as a plain function.
  *
  * @param seed - Any integer; equal seeds give equal sequences.
  * @returns A function returning uniform numbers in `[0, 1)`.

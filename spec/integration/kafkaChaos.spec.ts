@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 import { loadTasks } from '../../lib/data/loader.js';
-import { createRng } from '../../lib/random.js';
+import { createRng } from '../../lib/core/random.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
 import { groupIdOf } from '../../operators/rollout.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';

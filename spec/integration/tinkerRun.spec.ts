@@ -16,7 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { Tokenizer } from '../../lib/engine/types.js';
-import { RxrlError } from '../../lib/errors.js';
+import { RxrlError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { saveModelDir, specialIdsOf } from '../../lib/model/modelDir.js';
 import { loadSafetensors } from '../../lib/model/safetensors.js';

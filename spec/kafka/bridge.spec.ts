@@ -4,12 +4,12 @@ import { firstValueFrom, from, lastValueFrom, map, take, tap, toArray, type Subs
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { MultiAgentEnvironment } from '../../lib/agent/environment.js';
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { createProducer } from '../../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
 import { KafkaBridgeError } from '../../lib/kafka/errors.js';
 import type { KafkaEvent, KafkaRecord, TrajectoryMessage } from '../../lib/kafka/types.js';
-import type { Trajectory } from '../../lib/types.js';
+import type { Trajectory } from '../../lib/core/types.js';
 import { DEAD_LETTER_HEADERS, fromKafka } from '../../operators/fromKafka.js';
 import { groupTrajectories } from '../../operators/groupTrajectories.js';
 import { rolloutEpisodes } from '../../operators/rolloutEpisodes.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { DecodeError, EngineError, EvaluationError, isRetriable } from '../../lib/errors.js';
+import { DecodeError, EngineError, EvaluationError, isRetriable } from '../../lib/core/errors.js';
 import {
   CODEC_VERSION,
   decodeTaskMessage,
@@ -13,7 +13,7 @@ import {
 } from '../../lib/kafka/codec.js';
 import { EncodeError } from '../../lib/kafka/errors.js';
 import type { TaskMessage, WeightsMessage } from '../../lib/kafka/types.js';
-import { isSampleFailure, type SampleFailure, type Trajectory } from '../../lib/types.js';
+import { isSampleFailure, type SampleFailure, type Trajectory } from '../../lib/core/types.js';
 import { failure, traj } from '../helpers/fixtures.js';
 
 const f32 = (x: number): number => Math.fround(x);

@@ -2,7 +2,7 @@
 import type { KafkaMessage, ProducerRecord } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
 
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { DEAD_LETTER_HEADERS, DeadLetterWriter } from '../../lib/kafka/deadLetter.js';
 import { isKafkaBridgeError } from '../../lib/kafka/errors.js';
 import type { KafkaEventType } from '../../lib/kafka/types.js';

@@ -1,7 +1,7 @@
 /** The pause/resume decisions behind fromKafka, over recorded pause and resume actions (no broker). */
 import { describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { checkFlowLimits, FlowController } from '../../lib/kafka/flowControl.js';
 import type { KafkaEventType } from '../../lib/kafka/types.js';
 

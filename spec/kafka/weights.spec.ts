@@ -8,7 +8,7 @@ import type { Kafka, Producer } from 'kafkajs';
 import { firstValueFrom, filter } from 'rxjs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { createProducer } from '../../lib/kafka/client.js';
 import { decodeWeightsMessage, encodeWeightsMessage } from '../../lib/kafka/codec.js';
 import type { WeightsVersionMessage } from '../../lib/kafka/types.js';

@@ -3,9 +3,9 @@ import { createRequire } from 'node:module';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 
-import { BackendUnavailableError, ConfigError } from '../../lib/errors.js';
+import { BackendUnavailableError, ConfigError } from '../../lib/core/errors.js';
 import { initBackend, installBackendFixes, type BackendKind } from '../../lib/model/backend.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 
 const TOLERANCE = 1e-4;
 

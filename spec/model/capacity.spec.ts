@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { WASM_MEMORY_BYTES, backendMemoryBytes, checkModelFits, modelFootprint } from '../../lib/model/capacity.js';
 import { readModelDir } from '../../lib/model/modelDir.js';

@@ -2,12 +2,12 @@ import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 
 import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
-import { AbortError, ConfigError } from '../../lib/errors.js';
+import { AbortError, ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { distinctPromptRows, padPrompts } from '../../lib/model/generate.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PREFILL_ROWS, PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
 
 const LOGPROB_TOLERANCE = 1e-4;

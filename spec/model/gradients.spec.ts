@@ -2,7 +2,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 
 import { initBackend } from '../../lib/model/backend.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 
 /** Central finite difference step and tolerance (float32 arithmetic). */
 const STEP = 1e-2;

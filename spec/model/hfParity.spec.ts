@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
 import { loadModelDir, policyConfigFromHf, readModelDir, saveModelDir } from '../../lib/model/modelDir.js';

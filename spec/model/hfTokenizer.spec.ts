@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { DecodeError } from '../../lib/errors.js';
+import { DecodeError } from '../../lib/core/errors.js';
 import { HfTokenizer, loadTokenizer, namedSpecialTokens, readTokenizerFiles } from '../../lib/model/hfTokenizer.js';
 import { CHAR_ALPHABET_CONFIG_KEY, CharTokenizer, DEFAULT_ALPHABET } from '../../lib/model/tokenizer.js';
 

@@ -7,14 +7,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { collate } from '../../lib/data/collate.js';
 import type { NamedWeights } from '../../lib/engine/types.js';
-import { ConfigError, ShapeError } from '../../lib/errors.js';
+import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LoraAdapter, loadPeftAdapter, readPeftAdapterConfig, savePeftAdapter, validateLoraConfig, type LoraConfig } from '../../lib/model/lora.js';
 import { saveModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
-import type { Trajectory } from '../../lib/types.js';
+import type { Trajectory } from '../../lib/core/types.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
 import { traj } from '../helpers/fixtures.js';
 

@@ -2,11 +2,11 @@ import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NamedWeights } from '../../lib/engine/types.js';
-import { ShapeError } from '../../lib/errors.js';
+import { ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LoraAdapter } from '../../lib/model/lora.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import { createRng } from '../../lib/random.js';
+import { createRng } from '../../lib/core/random.js';
 
 const quiet = { info: (): void => undefined };
 const TOLERANCE = 1e-5;

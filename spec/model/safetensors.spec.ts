@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NamedWeights, WeightArray } from '../../lib/engine/types.js';
-import { DecodeError, ShapeError } from '../../lib/errors.js';
+import { DecodeError, ShapeError } from '../../lib/core/errors.js';
 import {
   decodeSafetensors,
   encodeSafetensors,

@@ -15,8 +15,8 @@ import { initBackend } from '../../lib/model/backend.js';
 import { runGeneration, type StepDecoder } from '../../lib/model/generate.js';
 import { sampleToken, samplingDistribution, type SamplingParams } from '../../lib/model/sampling.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
-import { createRng } from '../../lib/random.js';
-import type { Task, Trajectory } from '../../lib/types.js';
+import { createRng } from '../../lib/core/random.js';
+import type { Task, Trajectory } from '../../lib/core/types.js';
 
 /** Largest allowed |rxrl − transformers| per probability. */
 const PROB_TOLERANCE = 1e-6;

@@ -11,7 +11,7 @@ import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import { MAX_SAMPLING_COPIES, SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from '../../lib/model/samplingWeights.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 import { traj } from '../helpers/fixtures.js';
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { DecodeError, ConfigError } from '../../lib/errors.js';
+import { DecodeError, ConfigError } from '../../lib/core/errors.js';
 import {
   CHAR_BOS_ID,
   CHAR_EOS_ID,

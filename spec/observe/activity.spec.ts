@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { AbortError, ConfigError, isAbortError } from '../../lib/errors.js';
+import { AbortError, ConfigError, isAbortError } from '../../lib/core/errors.js';
 import { ActivityOverflowError, ActivityTracker } from '../../lib/observe/index.js';
 
 function clock(): () => number {

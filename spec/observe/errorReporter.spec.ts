@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { AbortError, ConfigError, EngineError, EvaluationError } from '../../lib/errors.js';
+import { AbortError, ConfigError, EngineError, EvaluationError } from '../../lib/core/errors.js';
 import {
   createLogger,
   describeError,

@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { createLogger, formatPretty, moduleLogger, silentLogger, type LogLevel } from '../../lib/observe/index.js';
 
 function memory(): { lines: string[]; write(line: string): void } {

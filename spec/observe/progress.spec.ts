@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { formatStepLine, Progress, type ProgressStream } from '../../lib/observe/index.js';
 
 class FakeStream implements ProgressStream {

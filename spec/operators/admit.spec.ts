@@ -2,8 +2,8 @@ import { Subscription } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import { admit } from '../../operators/admit.js';
 import { AdmissionGate } from '../../lib/sync/gate.js';
-import { ConfigError } from '../../lib/errors.js';
-import type { Task } from '../../lib/types.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import type { Task } from '../../lib/core/types.js';
 import { task } from '../helpers/fixtures.js';
 
 const tick = (): Promise<void> => new Promise((resolve) => setTimeout(resolve, 5));

@@ -2,8 +2,8 @@ import { Subject, of, take } from 'rxjs';
 import { TestScheduler } from 'rxjs/testing';
 import { beforeEach, describe, expect, it } from 'vitest';
 import { batchGroups } from '../../operators/batchGroups.js';
-import { ConfigError } from '../../lib/errors.js';
-import type { Group } from '../../lib/types.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import type { Group } from '../../lib/core/types.js';
 
 const g = (name: string): Group => ({ key: [name], modelTag: 'policy', trajectories: [] });
 

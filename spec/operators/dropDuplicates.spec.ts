@@ -2,7 +2,7 @@ import { Subject, of, take } from 'rxjs';
 import { TestScheduler } from 'rxjs/testing';
 import { beforeEach, describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { dropDuplicates } from '../../operators/dropDuplicates.js';
 
 const id = (x: string): string => x;

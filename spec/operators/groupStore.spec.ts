@@ -1,8 +1,8 @@
 /** The state behind groupTrajectories, without Rx or a scheduler. */
 import { describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
-import type { Group } from '../../lib/types.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import type { Group } from '../../lib/core/types.js';
 import { CLOSED_MEMORY, GroupStore, type Added } from '../../operators/internal/groupStore.js';
 import { failure, traj } from '../helpers/fixtures.js';
 

@@ -2,8 +2,8 @@ import { Observable, Subject, from, take, throwError, concat } from 'rxjs';
 import { TestScheduler } from 'rxjs/testing';
 import { beforeEach, describe, expect, it } from 'vitest';
 import { groupTrajectories } from '../../operators/groupTrajectories.js';
-import { ConfigError } from '../../lib/errors.js';
-import type { Group, RolloutOutput } from '../../lib/types.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import type { Group, RolloutOutput } from '../../lib/core/types.js';
 import { failure, traj } from '../helpers/fixtures.js';
 
 const src = (...items: RolloutOutput[]): Observable<RolloutOutput> => from(items);

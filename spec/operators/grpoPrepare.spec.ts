@@ -3,7 +3,7 @@ import '@tensorflow/tfjs-backend-cpu';
 import { from, lastValueFrom, throwError, toArray, concat } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { grpoPrepare, type ReferencePolicy } from '../../operators/grpoPrepare.js';
-import type { Batch, Group } from '../../lib/types.js';
+import type { Batch, Group } from '../../lib/core/types.js';
 import { traj } from '../helpers/fixtures.js';
 
 const group = (id: string, rewards: number[]): Group => ({

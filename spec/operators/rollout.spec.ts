@@ -1,9 +1,9 @@
 import { firstValueFrom, from, lastValueFrom, take, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import { rollout } from '../../operators/rollout.js';
-import { ConfigError, EngineError, EvaluationError } from '../../lib/errors.js';
-import type { Evaluator } from '../../lib/evaluator.js';
-import { isSampleFailure, type RolloutOutput, type Trajectory } from '../../lib/types.js';
+import { ConfigError, EngineError, EvaluationError } from '../../lib/core/errors.js';
+import type { Evaluator } from '../../lib/core/evaluator.js';
+import { isSampleFailure, type RolloutOutput, type Trajectory } from '../../lib/core/types.js';
 import { ScriptedEngine, task } from '../helpers/fixtures.js';
 
 const exact: Evaluator = { evaluate: (t, response) => ({ reward: response === t.answer ? 1 : 0, metrics: { len: response.length } }) };

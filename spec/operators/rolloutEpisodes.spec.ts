@@ -1,8 +1,8 @@
 import { from, lastValueFrom, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import type { AgentSpec, EpisodeStep, MultiAgentEnvironment } from '../../lib/agent/environment.js';
-import { ConfigError, EngineError, EvaluationError } from '../../lib/errors.js';
-import { isSampleFailure, type RolloutOutput, type SampleFailure, type Task, type Trajectory } from '../../lib/types.js';
+import { ConfigError, EngineError, EvaluationError } from '../../lib/core/errors.js';
+import { isSampleFailure, type RolloutOutput, type SampleFailure, type Task, type Trajectory } from '../../lib/core/types.js';
 import { rolloutEpisodes, type RolloutEpisodesOptions } from '../../operators/rolloutEpisodes.js';
 import { ScriptedEngine, task } from '../helpers/fixtures.js';
 

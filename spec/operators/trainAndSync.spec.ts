@@ -4,7 +4,7 @@ import { syncWeights } from '../../operators/syncWeights.js';
 import { train } from '../../operators/train.js';
 import type { NamedWeights } from '../../lib/engine/types.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
-import type { Batch } from '../../lib/types.js';
+import type { Batch } from '../../lib/core/types.js';
 import { collate } from '../../lib/data/collate.js';
 import { ScriptedEngine, traj } from '../helpers/fixtures.js';
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { EvaluationError, StepFailedError } from '../../lib/errors.js';
-import type { RolloutOutput } from '../../lib/types.js';
+import { EvaluationError, StepFailedError } from '../../lib/core/errors.js';
+import type { RolloutOutput } from '../../lib/core/types.js';
 import { KEPT_BATCHES, StepOutcomes } from '../../pipelines/parts/failedSteps.js';
 
 const ok = (groupId: string, runId: number): RolloutOutput => ({ groupId, runId, id: `${groupId}/${runId}` }) as unknown as RolloutOutput;

@@ -2,11 +2,11 @@ import { lastValueFrom, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import type { AgentSpec, MultiAgentEnvironment } from '../../lib/agent/environment.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
-import { ConfigError } from '../../lib/errors.js';
-import { createRng, type Rng } from '../../lib/random.js';
+import { ConfigError } from '../../lib/core/errors.js';
+import { createRng, type Rng } from '../../lib/core/random.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
-import type { Batch, Task } from '../../lib/types.js';
+import type { Batch, Task } from '../../lib/core/types.js';
 import { multiAgentPipeline } from '../../pipelines/multiAgentPipeline.js';
 import { tinyTokenizer } from '../helpers/fixtures.js';
 

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError, DecodeError, StepFailedError } from '../../lib/errors.js';
+import { ConfigError, DecodeError, StepFailedError } from '../../lib/core/errors.js';
 import type { BackendName } from '../../lib/model/backend.js';
 import { runTraining } from '../../pipelines/run.js';
 import { SPEC_BACKENDS } from '../helpers/backends.js';

@@ -7,7 +7,7 @@ import OpenAI from 'openai';
 import { beforeAll, describe, expect, it } from 'vitest';
 
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { loadPeftAdapter, readPeftAdapterConfig } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';

@@ -1,11 +1,11 @@
 import { lastValueFrom, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
-import type { Evaluator } from '../../lib/evaluator.js';
-import { createRng, type Rng } from '../../lib/random.js';
+import type { Evaluator } from '../../lib/core/evaluator.js';
+import { createRng, type Rng } from '../../lib/core/random.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
-import type { Batch, Task } from '../../lib/types.js';
+import type { Batch, Task } from '../../lib/core/types.js';
 import { grpoPipeline } from '../../pipelines/grpoPipeline.js';
 import { tinyTokenizer } from '../helpers/fixtures.js';
 

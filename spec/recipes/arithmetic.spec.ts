@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { modelPath } from '../../pipelines/parts/data.js';
 import { runTraining } from '../../pipelines/run.js';
 import { FORMAT_CREDIT, arithmeticTask, equationEvaluator } from '../../recipes/arithmetic.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { ConfigError, DecodeError } from '../../lib/errors.js';
+import { ConfigError, DecodeError } from '../../lib/core/errors.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { calculatorEnvironment, calculatorEvaluator, calculatorTask, evaluateArithmetic } from '../../recipes/calculator.js';
 

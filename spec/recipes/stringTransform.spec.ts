@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { applyTransform, partialCredit, partialCreditEvaluator, stringTransformTask } from '../../recipes/stringTransform.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 
 describe('string transformation recipe', () => {
   it('scores with partial credit per position', () => {

@@ -8,13 +8,13 @@ import { aiSdkCalculatorAgent } from '../../examples/agents/calculatorAiSdk.js';
 import { gatewayWorker, type AgentProgram } from '../../lib/agent/gateway.js';
 import { LocalEngine } from '../../lib/engine/local.js';
 import { OpenAIEngine } from '../../lib/engine/openai.js';
-import { AgentError } from '../../lib/errors.js';
+import { AgentError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import type { Task } from '../../lib/types.js';
+import type { Task } from '../../lib/core/types.js';
 import { serve } from '../../lib/serve/server.js';
-import type { RolloutWorkerInput } from '../../lib/worker.js';
+import type { RolloutWorkerInput } from '../../lib/engine/worker.js';
 import { mergeScripts, scriptedWeights, writeAt } from '../helpers/scripted.js';
 import { lacks } from '../helpers/testSetup.js';
 

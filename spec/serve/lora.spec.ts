@@ -12,7 +12,7 @@ import { LoraAdapter, savePeftAdapter, type LoraConfig } from '../../lib/model/l
 import { saveModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
-import { createRng, normalArray } from '../../lib/random.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
 import { serve, type RxrlServer } from '../../lib/serve/server.js';
 
 const tokenizer = new CharTokenizer();

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { encodeJson } from '../../lib/serve/protocol.js';
-import { ITEMS_PER_TURN } from '../../lib/turns.js';
+import { ITEMS_PER_TURN } from '../../lib/core/turns.js';
 
 describe('encodeJson', () => {
   it('gives the UTF-8 of JSON.stringify in chunks, encoding a long top-level array over several turns of the event loop', async () => {

@@ -15,7 +15,7 @@ import { initBackend } from '../../lib/model/backend.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
-import { EngineError, RetriesExhaustedError } from '../../lib/errors.js';
+import { EngineError, RetriesExhaustedError } from '../../lib/core/errors.js';
 import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerServiceLost } from '../../lib/tinker/client.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';

@@ -12,7 +12,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { Tokenizer } from '../../lib/engine/types.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';

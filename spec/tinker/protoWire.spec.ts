@@ -9,7 +9,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { le, lField, sField, tag, vField, varint } from '../../bench/_protobuf.js';
-import { createRng } from '../../lib/random.js';
+import { createRng } from '../../lib/core/random.js';
 import {
   ProtoError,
   decodeForwardBackwardOutput,

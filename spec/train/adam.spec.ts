@@ -5,9 +5,9 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { createRng } from '../../lib/random.js';
+import { createRng } from '../../lib/core/random.js';
 import { Adam, gradientSquares } from '../../lib/train/adam.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
 

@@ -2,12 +2,12 @@ import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-backend-cpu';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { collate } from '../../lib/data/collate.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { ALL_BACKENDS } from '../helpers/backends.js';
-import type { Batch, Trajectory } from '../../lib/types.js';
+import type { Batch, Trajectory } from '../../lib/core/types.js';
 import { traj } from '../helpers/fixtures.js';
 
 const config: PolicyConfig = { vocabSize: 9, dModel: 16, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 12 };

@@ -17,14 +17,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { TRL_STD_EPSILON, trlSettings } from '../../bench/trl.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/errors.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import type { NamedWeights } from '../../lib/engine/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
-import type { Batch, Group, Trajectory } from '../../lib/types.js';
+import type { Batch, Group, Trajectory } from '../../lib/core/types.js';
 import { grpoPrepare } from '../../operators/grpoPrepare.js';
 import { prepareOptions } from '../../pipelines/grpoPipeline.js';
 import { grpoTrainerOptions, loopSettings } from '../../pipelines/parts/settings.js';

@@ -8,10 +8,10 @@
  *
  * @packageDocumentation
  */
-import type { ChatTemplate } from './chat/template.js';
-import type { ChatMessage } from './chat/types.js';
-import type { RolloutEngine } from './engine/types.js';
-import type { FinishReason, ModelTag, PolicyVersion, Task } from './types.js';
+import type { ChatTemplate } from '../chat/template.js';
+import type { ChatMessage } from '../chat/types.js';
+import type { RolloutEngine } from './types.js';
+import type { FinishReason, ModelTag, PolicyVersion, Task } from '../core/types.js';
 
 /** What a worker is asked to produce: one sample of `task`. */
 export interface RolloutWorkerInput {
