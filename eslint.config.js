@@ -12,7 +12,10 @@ export default tseslint.config(
     languageOptions: { parserOptions: { ecmaVersion: 2022, sourceType: 'module' } },
     rules: {
       // An unused binding named with a leading underscore is deliberate (a destructured field left out).
-      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_' }],
+      '@typescript-eslint/no-unused-vars': [
+        'error',
+        { argsIgnorePattern: '^_', varsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_' },
+      ],
     },
   },
 );

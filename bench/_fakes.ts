@@ -66,7 +66,14 @@ export class SleepTrainer implements Trainer {
  * benchmark measures the server, not a model. Rows whose signal fires stop.
  */
 export class RunOnModel {
-  readonly config: { readonly vocabSize: number; readonly maxSeqLen: number; readonly dModel: number; readonly nLayers: number; readonly nHeads: number; readonly dFF: number };
+  readonly config: {
+    readonly vocabSize: number;
+    readonly maxSeqLen: number;
+    readonly dModel: number;
+    readonly nLayers: number;
+    readonly nHeads: number;
+    readonly dFF: number;
+  };
   /** Tokens written so far, over every request. */
   produced = 0;
   /** Resolves as each generate call ends. */
@@ -84,7 +91,11 @@ export class RunOnModel {
     requests: readonly GenerateRequest[],
     options: { readonly signal?: AbortSignal; readonly version?: number; readonly rowSignals?: readonly (AbortSignal | undefined)[] } = {},
   ): Promise<GenerateResponse[]> {
-    const rows = requests.map(() => ({ tokens: [] as number[], logprobs: [] as number[], finishReason: undefined as GenerateResponse['finishReason'] | undefined }));
+    const rows = requests.map(() => ({
+      tokens: [] as number[],
+      logprobs: [] as number[],
+      finishReason: undefined as GenerateResponse['finishReason'] | undefined,
+    }));
     for (let step = 0; rows.some((r) => r.finishReason === undefined); step++) {
       if (step % 512 === 511) await new Promise((resolve) => setImmediate(resolve));
       requests.forEach((request, i) => {
@@ -103,7 +114,12 @@ export class RunOnModel {
       });
     }
     for (const resolve of this.ended.splice(0)) resolve();
-    return rows.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, finishReason: r.finishReason!, policyVersion: options.version ?? 0 }));
+    return rows.map((r) => ({
+      tokens: r.tokens,
+      logprobs: r.logprobs,
+      finishReason: r.finishReason!,
+      policyVersion: options.version ?? 0,
+    }));
   }
 
   /** Resolves when the next generate call has ended. */

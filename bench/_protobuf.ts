@@ -22,7 +22,11 @@ export const tag = (field: number, wire: number): number[] => varint(field * 8 +
 /** A varint field. */
 export const vField = (field: number, value: number | bigint): number[] => [...tag(field, 0), ...varint(value)];
 /** A length-delimited field. */
-export const lField = (field: number, payload: ArrayLike<number>): number[] => [...tag(field, 2), ...varint(payload.length), ...Array.from(payload)];
+export const lField = (field: number, payload: ArrayLike<number>): number[] => [
+  ...tag(field, 2),
+  ...varint(payload.length),
+  ...Array.from(payload),
+];
 /** A string field (UTF-8). */
 export const sField = (field: number, text: string): number[] => lField(field, new TextEncoder().encode(text));
 

@@ -17,7 +17,10 @@ export function runTorchHf(args: readonly string[]): Record<string, unknown> {
   const script = fileURLToPath(new URL('../../bench/torch_hf.py', import.meta.url));
   const run = spawnSync('python3', [script, ...args], { encoding: 'utf8', maxBuffer: 16 << 20 });
   if (run.status !== 0) {
-    return { bench: 'hf-torch', skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}` };
+    return {
+      bench: 'hf-torch',
+      skipped: `python3 ${script} failed: ${(run.stderr || run.error?.message || '').trim().split('\n').at(-1)}`,
+    };
   }
   return JSON.parse(run.stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
 }
@@ -52,7 +55,11 @@ export interface TorchPair {
  * Runs `bench/torch_hf.py` with 2 threads and with 1 for each size, prints both records (tagged with the size)
  * and returns each size's `field`.
  */
-export function torchBySize(sizes: readonly string[], args: (size: string, threads: number) => string[], field: string): Map<string, TorchPair> {
+export function torchBySize(
+  sizes: readonly string[],
+  args: (size: string, threads: number) => string[],
+  field: string,
+): Map<string, TorchPair> {
   const out = new Map<string, TorchPair>();
   for (const size of sizes) {
     const [t2, t1] = [2, 1].map((threads) => runTorchHf(args(size, threads)));
@@ -64,7 +71,11 @@ export function torchBySize(sizes: readonly string[], args: (size: string, threa
 }
 
 /** Each benchmark row's backend, size and `field`, with that as a ratio to PyTorch's (2 threads and 1) at its size. */
-export function vsTorch(rows: readonly Record<string, unknown>[], field: string, torch: ReadonlyMap<string, TorchPair>): Record<string, unknown>[] {
+export function vsTorch(
+  rows: readonly Record<string, unknown>[],
+  field: string,
+  torch: ReadonlyMap<string, TorchPair>,
+): Record<string, unknown>[] {
   return rows.map((r) => ({
     backend: r.backend,
     size: r.size,

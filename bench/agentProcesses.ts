@@ -50,7 +50,10 @@ export async function main(args: readonly string[]): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'rxrl-bench-agent-processes-'));
   const agent = fileURLToPath(new URL('../../examples/python/calculator_agent.py', import.meta.url));
   const script = join(dir, 'agent.sh');
-  await writeFile(script, `${Array.from({ length: detach }, (_, i) => DETACH[i % DETACH.length]).join('\n')}\nexec python3 ${JSON.stringify(agent)}\n`);
+  await writeFile(
+    script,
+    `${Array.from({ length: detach }, (_, i) => DETACH[i % DETACH.length]).join('\n')}\nexec python3 ${JSON.stringify(agent)}\n`,
+  );
   const pids = join(dir, 'pids');
   const worker = gatewayWorker({ command: `sh ${JSON.stringify(script)}`, env: { PIDS: pids } }, { maxModelLen: config.maxSeqLen });
   const started = performance.now();
@@ -60,15 +63,33 @@ export async function main(args: readonly string[]): Promise<void> {
     const lane = async (): Promise<void> => {
       for (let i = next++; i < samples; i = next++) {
         const task = { id: `calc/${i}`, prompt: `${i % 10}+1`, answer: String((i % 10) + 1) };
-        const input = { engine, task, id: `calc/${i}@0/0`, groupId: `calc/${i}@0`, runId: 0, modelTag: 'policy', seed: i, maxTokens: 8, temperature: 1, topP: 1 };
+        const input = {
+          engine,
+          task,
+          id: `calc/${i}@0/0`,
+          groupId: `calc/${i}@0`,
+          runId: 0,
+          modelTag: 'policy',
+          seed: i,
+          maxTokens: 8,
+          temperature: 1,
+          topP: 1,
+        };
         await worker(input, new AbortController().signal).catch(() => failed++);
       }
     };
     await Promise.all(Array.from({ length: concurrency }, lane));
     const wallMs = performance.now() - started;
-    const all = existsSync(pids) ? readFileSync(pids, 'utf8').split('\n').filter((l) => l !== '').map(Number) : [];
+    const all = existsSync(pids)
+      ? readFileSync(pids, 'utf8')
+          .split('\n')
+          .filter((l) => l !== '')
+          .map(Number)
+      : [];
     const surviving = all.filter(isRunning);
-    process.stdout.write(`${JSON.stringify({ bench: 'agent-processes', samples, failedSamples: failed, detached: all.length, surviving: surviving.length, wallMs: Math.round(wallMs) })}\n`);
+    process.stdout.write(
+      `${JSON.stringify({ bench: 'agent-processes', samples, failedSamples: failed, detached: all.length, surviving: surviving.length, wallMs: Math.round(wallMs) })}\n`,
+    );
     for (const pid of surviving) process.kill(pid, 'SIGKILL');
   } finally {
     await worker.close();

@@ -25,17 +25,36 @@ function level(name: Level, rank: number): Record<string, unknown> {
   switch (name) {
     case 'L1':
       return {
-        agents: { roles: [{ name: 'writer', policy: 'shared' }, { name: 'editor', policy: 'shared' }] },
+        agents: {
+          roles: [
+            { name: 'writer', policy: 'shared' },
+            { name: 'editor', policy: 'shared' },
+          ],
+        },
         policies: [{ name: 'shared', specialization: 'prompt' }],
       };
     case 'L2':
       return {
-        agents: { roles: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'editor' }] },
-        policies: ['writer', 'editor'].map((p) => ({ name: p, specialization: 'lora', lora: { rank, alpha: 2 * rank, targetModules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] } })),
+        agents: {
+          roles: [
+            { name: 'writer', policy: 'writer' },
+            { name: 'editor', policy: 'editor' },
+          ],
+        },
+        policies: ['writer', 'editor'].map((p) => ({
+          name: p,
+          specialization: 'lora',
+          lora: { rank, alpha: 2 * rank, targetModules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] },
+        })),
       };
     case 'L3':
       return {
-        agents: { roles: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'editor' }] },
+        agents: {
+          roles: [
+            { name: 'writer', policy: 'writer' },
+            { name: 'editor', policy: 'editor' },
+          ],
+        },
         policies: ['writer', 'editor'].map((p) => ({ name: p, specialization: 'full' })),
       };
   }
@@ -55,7 +74,13 @@ function row(name: Level, summary: AgentsRunSummary): Record<string, unknown> {
     editor_accuracy: val(summary.valFinal, 'editor', 'accuracy_mean'),
     trainable_parameters: summary.policies.reduce((n, p) => n + p.trainableParameters, 0),
     sync_bytes_per_step: summary.policies.reduce((n, p) => n + p.syncBytes, 0),
-    policies: summary.policies.map((p) => ({ name: p.name, specialization: p.specialization, steps: p.steps, trainable: p.trainableParameters, sync_bytes: p.syncBytes })),
+    policies: summary.policies.map((p) => ({
+      name: p.name,
+      specialization: p.specialization,
+      steps: p.steps,
+      trainable: p.trainableParameters,
+      sync_bytes: p.syncBytes,
+    })),
   };
 }
 
@@ -96,7 +121,14 @@ export async function main(args: readonly string[]): Promise<void> {
       batch: batchSize,
       group: groupSize,
       lr: learningRate,
-      table: rows.map((r) => ({ level: r.level, seconds: r.seconds, writer: r.writer_reward, editor: r.editor_reward, trainable: r.trainable_parameters, sync_bytes: r.sync_bytes_per_step })),
+      table: rows.map((r) => ({
+        level: r.level,
+        seconds: r.seconds,
+        writer: r.writer_reward,
+        editor: r.editor_reward,
+        trainable: r.trainable_parameters,
+        sync_bytes: r.sync_bytes_per_step,
+      })),
     })}\n`,
   );
 }

@@ -98,16 +98,24 @@ export async function main(args: readonly string[]): Promise<void> {
   const reps = Number(flag(args, '--reps', '10'));
   const newTokens = Number(flag(args, '--new', '16'));
   const dir = flag(args, '--model-dir', join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct'));
-  const found = await access(join(dir, 'config.json')).then(() => true, () => false);
+  const found = await access(join(dir, 'config.json')).then(
+    () => true,
+    () => false,
+  );
   const base = found ? (await loadModelDir(dir)).model : PolicyModel.create(SMOLLM2_135M, 1);
   const adapter = LoraAdapter.create(base.config, { rank: 16, alpha: 32, targetModules: LORA_TARGETS }, 1);
   const view = PolicyModel.withAdapter(base, adapter);
   const V = base.config.vocabSize;
-  const prompts = Array.from({ length: rows }, (_, i) => Array.from({ length: promptLength }, (_, j) => 100 + ((i * 7 + j * 13) % Math.min(3000, V - 100))));
+  const prompts = Array.from({ length: rows }, (_, i) =>
+    Array.from({ length: promptLength }, (_, j) => 100 + ((i * 7 + j * 13) % Math.min(3000, V - 100))),
+  );
   const batch = padPrompts(prompts);
   const variants: Variant[] = [];
   const leases: SamplingLease[] = [];
-  for (const [name, policy] of [['base', base], ['lora', view]] as const) {
+  for (const [name, policy] of [
+    ['base', base],
+    ['lora', view],
+  ] as const) {
     // The first build, then a rebuild as after a training step (weightsChanged), which is what a GRPO step pays.
     const fuseMs: number[] = [];
     let lease = policy.samplingLeaseInternal();
@@ -122,10 +130,19 @@ export async function main(args: readonly string[]): Promise<void> {
     leases.push(lease);
     variants.push({ model: name, path: 'variables', policy, blocks: undefined, stepMs: [], prefillMs: [] });
     variants.push({ model: name, path: 'fused', policy, blocks: lease.blocks, stepMs: [], prefillMs: [] });
-    console.log(JSON.stringify({ bench: 'decode-fuse', model: name, fuseMs, samplingWeightBytes: samplingWeightBytes(base.config, policy.adapter) }));
+    console.log(
+      JSON.stringify({ bench: 'decode-fuse', model: name, fuseMs, samplingWeightBytes: samplingWeightBytes(base.config, policy.adapter) }),
+    );
   }
   for (let rep = 0; rep < reps; rep++) for (const v of variants) await measure(v, batch);
-  const results: { model: string; path: string; decodeMsPerStep: number; prefillSeconds: number; kernelsPerStep: number; generateSeconds: number }[] = [];
+  const results: {
+    model: string;
+    path: string;
+    decodeMsPerStep: number;
+    prefillSeconds: number;
+    kernelsPerStep: number;
+    generateSeconds: number;
+  }[] = [];
   for (const v of variants) {
     v.policy.setSamplingWeights(v.path === 'fused');
     const seconds = await generateSeconds(v.policy, prompts, newTokens);
@@ -149,15 +166,22 @@ export async function main(args: readonly string[]): Promise<void> {
     const of = (path: string): number => results.find((r) => r.model === model && r.path === path)![key];
     return Number((of('fused') / of('variables')).toFixed(3));
   };
-  console.log(JSON.stringify({
-    bench: 'decode-summary',
-    fusedOverVariables: Object.fromEntries(['base', 'lora'].map((m) => [m, {
-      decodeMsPerStep: ratio(m, 'decodeMsPerStep'),
-      prefillSeconds: ratio(m, 'prefillSeconds'),
-      kernelsPerStep: ratio(m, 'kernelsPerStep'),
-      generateSeconds: ratio(m, 'generateSeconds'),
-    }])),
-  }));
+  console.log(
+    JSON.stringify({
+      bench: 'decode-summary',
+      fusedOverVariables: Object.fromEntries(
+        ['base', 'lora'].map((m) => [
+          m,
+          {
+            decodeMsPerStep: ratio(m, 'decodeMsPerStep'),
+            prefillSeconds: ratio(m, 'prefillSeconds'),
+            kernelsPerStep: ratio(m, 'kernelsPerStep'),
+            generateSeconds: ratio(m, 'generateSeconds'),
+          },
+        ]),
+      ),
+    }),
+  );
   for (const lease of leases) lease.release();
   view.dispose();
   adapter.dispose();

@@ -68,7 +68,8 @@ export async function main(args: readonly string[]): Promise<void> {
   const server = await serve({ model, tokenizer, maxBatchSize, maxSamplesPerRequest: promptsPerRequest * n });
   const rng = createRng(1, 'flood');
   const letters = 'abcdefghij';
-  const prompt = (): string => Array.from({ length: 3 + Math.floor(rng.next() * 5) }, () => letters[Math.floor(rng.next() * letters.length)]).join('') + '=';
+  const prompt = (): string =>
+    Array.from({ length: 3 + Math.floor(rng.next() * 5) }, () => letters[Math.floor(rng.next() * letters.length)]).join('') + '=';
   const body = (): string =>
     JSON.stringify({
       model: server.modelName,

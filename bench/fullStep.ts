@@ -71,9 +71,20 @@ function recipeBatch(model: PolicyModel): Batch {
       const reward = rng.next() < 0.5 ? 1 : 0;
       rewards.push(reward);
       rows.push({
-        id: `g${g}/${s}`, taskId: `g${g}`, groupId: `g${g}`, runId: s, modelTag: 'policy', policyVersion: 0,
-        promptTokens, responseTokens, logprobs: responseTokens.map(() => 0), lossMask: responseTokens.map(() => 1),
-        reward, finishReason: s === 3 ? 'stop' : 'length', metrics: {}, task: { id: `g${g}`, prompt: '' },
+        id: `g${g}/${s}`,
+        taskId: `g${g}`,
+        groupId: `g${g}`,
+        runId: s,
+        modelTag: 'policy',
+        policyVersion: 0,
+        promptTokens,
+        responseTokens,
+        logprobs: responseTokens.map(() => 0),
+        lossMask: responseTokens.map(() => 1),
+        reward,
+        finishReason: s === 3 ? 'stop' : 'length',
+        metrics: {},
+        task: { id: `g${g}`, prompt: '' },
       });
     }
   }
@@ -85,13 +96,14 @@ function recipeBatch(model: PolicyModel): Batch {
   });
   const batch = collate(rows, { padId: 0, modelTag: 'policy', advantages });
   const T = batch.promptLength + batch.responseLength;
-  const old = tf.tidy(() =>
-    model.responseLogprobs(
-      tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-      tf.tensor2d(batch.attentionMask, [batch.size, T]),
-      tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-      batch.promptLength,
-    ).logprobs,
+  const old = tf.tidy(
+    () =>
+      model.responseLogprobs(
+        tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+        tf.tensor2d(batch.attentionMask, [batch.size, T]),
+        tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+        batch.promptLength,
+      ).logprobs,
   );
   const oldLogprobs = (old.dataSync() as Float32Array).map((x, i) => x * batch.responseMask[i]);
   old.dispose();
@@ -126,7 +138,17 @@ async function interleaved(section: string, variants: Record<string, () => void 
     }
   }
   for (const name of Object.keys(variants)) {
-    console.log(JSON.stringify({ bench: 'fullStep', section, variant: name, median_s: round3(median(times[name])), kernels: kernels[name], times_s: times[name].map(round3), reps }));
+    console.log(
+      JSON.stringify({
+        bench: 'fullStep',
+        section,
+        variant: name,
+        median_s: round3(median(times[name])),
+        kernels: kernels[name],
+        times_s: times[name].map(round3),
+        reps,
+      }),
+    );
   }
 }
 
@@ -141,10 +163,14 @@ async function adamSection(model: PolicyModel, reps: number): Promise<void> {
   const tfjs = tf.train.adam(RECIPE.learningRate, 0.9, 0.999, 1e-8);
   const rxrl = new Adam(variables, { learningRate: RECIPE.learningRate, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 });
   try {
-    await interleaved('adam', {
-      tfjs: () => tfjs.applyGradients(variables.map((v, i) => ({ name: v.name, tensor: grads[i] }))),
-      rxrl: () => rxrl.apply(grads),
-    }, reps);
+    await interleaved(
+      'adam',
+      {
+        tfjs: () => tfjs.applyGradients(variables.map((v, i) => ({ name: v.name, tensor: grads[i] }))),
+        rxrl: () => rxrl.apply(grads),
+      },
+      reps,
+    );
   } finally {
     tfjs.dispose();
     rxrl.dispose();
@@ -186,7 +212,10 @@ async function stepGradients(model: PolicyModel, batch: Batch, part: Part): Prom
     const g = await part(`forward_backward_${from / RECIPE.microBatchSize}`, () => {
       const { value, grads: out } = tf.variableGrads(() => {
         const { logprobs, entropy } = model.responseLogprobs(ids, attention, positions, batch.promptLength);
-        const pg = ppoClipLoss({ logprob: logprobs, oldLogprob: old, advantages, mask }, { clipLow: 0.2, mode: 'token-mean', maxLength: R });
+        const pg = ppoClipLoss(
+          { logprob: logprobs, oldLogprob: old, advantages, mask },
+          { clipLow: 0.2, mode: 'token-mean', maxLength: R },
+        );
         aggregateLoss(entropy, mask, 'token-mean', { maxLength: R });
         return tf.mul(pg.loss, share) as tf.Scalar;
       }, variables);
@@ -270,20 +299,38 @@ async function phasesSection(model: PolicyModel, batch: Batch, reps: number): Pr
   }
   for (const [key, xs] of times) {
     const [variant, part] = key.split('/');
-    console.log(JSON.stringify({ bench: 'fullStep', section: 'phases', variant, part, median_s: round3(median(xs)), kernels: kernels.get(key) ?? null, reps }));
+    console.log(
+      JSON.stringify({
+        bench: 'fullStep',
+        section: 'phases',
+        variant,
+        part,
+        median_s: round3(median(xs)),
+        kernels: kernels.get(key) ?? null,
+        reps,
+      }),
+    );
   }
 }
 
 /** The whole step: the trainer's against the baseline's, interleaved. */
 async function stepSection(model: PolicyModel, batch: Batch, reps: number): Promise<void> {
   const optimizer = tf.train.adam(RECIPE.learningRate, 0.9, 0.999, 1e-8);
-  const trainer = new GrpoTrainer(model, { learningRate: RECIPE.learningRate, microBatchSize: RECIPE.microBatchSize, maxGradNorm: RECIPE.maxGradNorm });
+  const trainer = new GrpoTrainer(model, {
+    learningRate: RECIPE.learningRate,
+    microBatchSize: RECIPE.microBatchSize,
+    maxGradNorm: RECIPE.maxGradNorm,
+  });
   const direct: Part = async (_name, fn) => fn();
   try {
-    await interleaved('step', {
-      baseline: () => baselineStep(model, batch, optimizer, direct),
-      trainer: async () => void (await trainer.trainStep(batch)),
-    }, reps);
+    await interleaved(
+      'step',
+      {
+        baseline: () => baselineStep(model, batch, optimizer, direct),
+        trainer: async () => void (await trainer.trainStep(batch)),
+      },
+      reps,
+    );
   } finally {
     optimizer.dispose();
     trainer.dispose();
@@ -294,7 +341,14 @@ export async function main(args: readonly string[]): Promise<void> {
   const options = parse(args);
   await initBackend('tensorflow', { logger: { info: () => undefined } });
   const { model } = await loadModelDir(options.modelDir);
-  console.log(JSON.stringify({ bench: 'fullStep', params: model.numParameters(), variables: model.trainableVariables().length, loadavg_1m: loadavg()[0] }));
+  console.log(
+    JSON.stringify({
+      bench: 'fullStep',
+      params: model.numParameters(),
+      variables: model.trainableVariables().length,
+      loadavg_1m: loadavg()[0],
+    }),
+  );
   try {
     const batch = recipeBatch(model);
     if (options.sections.includes('adam')) await adamSection(model, options.reps);

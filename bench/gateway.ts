@@ -68,7 +68,9 @@ export async function main(args: readonly string[]): Promise<void> {
     };
     const viaEngine = async (messages: ChatMessage[], seed: number): Promise<string> => {
       const promptTokens = template.render(messages, [], { addGenerationPrompt: true });
-      const [response] = await server.engine.generate([{ promptTokens, maxTokens: MAX_TOKENS, temperature: 1, seed, stopTokens: tokenizer.stopIds }]);
+      const [response] = await server.engine.generate([
+        { promptTokens, maxTokens: MAX_TOKENS, temperature: 1, seed, stopTokens: tokenizer.stopIds },
+      ]);
       return tokenizer.decode(response.tokens);
     };
     const viaUrl =
@@ -82,7 +84,8 @@ export async function main(args: readonly string[]): Promise<void> {
       const started = performance.now();
       const exported = (await (await fetch(base)).json()) as { trajectories: unknown[]; drift: number };
       await fetch(base, { method: 'DELETE' });
-      if (exported.trajectories.length !== 1) throw new Error(`session ${tag}-${chatId}: ${exported.trajectories.length} trajectories, not one`);
+      if (exported.trajectories.length !== 1)
+        throw new Error(`session ${tag}-${chatId}: ${exported.trajectories.length} trajectories, not one`);
       drifted += exported.drift; // a reply with special tokens decodes to text that re-encodes otherwise
       return [...times, performance.now() - started];
     };
@@ -102,7 +105,16 @@ export async function main(args: readonly string[]): Promise<void> {
       times.export.push(s[TURNS]);
     }
     for (const [path, xs] of Object.entries(times)) {
-      console.log(JSON.stringify({ bench: 'gateway', measure: 'call', path, calls: xs.length, p50_ms: round3(median(xs)), mean_ms: round3(mean(xs)) }));
+      console.log(
+        JSON.stringify({
+          bench: 'gateway',
+          measure: 'call',
+          path,
+          calls: xs.length,
+          p50_ms: round3(median(xs)),
+          mean_ms: round3(mean(xs)),
+        }),
+      );
     }
 
     // Throughput: `agents` concurrent clients, each running chats back to back for `seconds`.
@@ -119,7 +131,9 @@ export async function main(args: readonly string[]): Promise<void> {
         }),
       );
       const rate = done / seconds;
-      console.log(JSON.stringify({ bench: 'gateway', measure: 'throughput', path: label, agents, seconds, chats: done, chats_per_s: round3(rate) }));
+      console.log(
+        JSON.stringify({ bench: 'gateway', measure: 'throughput', path: label, agents, seconds, chats: done, chats_per_s: round3(rate) }),
+      );
       return rate;
     };
     const sessionsPerS = await throughput('session', (i) => viaSession(i, 'rate'));

@@ -67,7 +67,9 @@ function parse(args: readonly string[]): Options {
   };
   const modelDir = value('model-dir') ?? (existsSync(join(SMOLLM2_DIR, 'config.json')) ? SMOLLM2_DIR : undefined);
   return {
-    backends: (value('backends')?.split(',').map((b) => b.trim() as BackendName) ?? [...(nativeBackendInstalled() ? (['tensorflow'] as const) : []), 'wasm']),
+    backends: value('backends')
+      ?.split(',')
+      .map((b) => b.trim() as BackendName) ?? [...(nativeBackendInstalled() ? (['tensorflow'] as const) : []), 'wasm'],
     reps: int('reps', 3),
     batch: int('batch', 1),
     seq: int('seq', 128),
@@ -95,12 +97,24 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
   const { batch: B, seq: T } = options;
   const V = model.config.vocabSize;
   const ids = Int32Array.from({ length: B * (T + 1) }, (_, i) => (i * 7919 + 13) % V);
-  const inputs = tf.tensor2d(ids.filter((_, i) => i % (T + 1) !== T), [B, T], 'int32');
+  const inputs = tf.tensor2d(
+    ids.filter((_, i) => i % (T + 1) !== T),
+    [B, T],
+    'int32',
+  );
   const mask = tf.ones([B, T]) as tf.Tensor2D;
-  const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+  const positions = tf.tensor2d(
+    Int32Array.from({ length: B * T }, (_, i) => i % T),
+    [B, T],
+    'int32',
+  );
   const sequence = tf.tensor2d(ids, [B, T + 1], 'int32');
   const seqMask = tf.ones([B, T + 1]) as tf.Tensor2D;
-  const seqPositions = tf.tensor2d(Int32Array.from({ length: B * (T + 1) }, (_, i) => i % (T + 1)), [B, T + 1], 'int32');
+  const seqPositions = tf.tensor2d(
+    Int32Array.from({ length: B * (T + 1) }, (_, i) => i % (T + 1)),
+    [B, T + 1],
+    'int32',
+  );
   try {
     const forward = await timed(async () => {
       const logits = tf.tidy(() => model.logits(inputs, mask, positions));
@@ -108,7 +122,9 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
       logits.dispose();
     }, options.reps);
     const grad = await timed(async () => {
-      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar);
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar,
+      );
       await value.data();
       tf.dispose([value, ...Object.values(grads)]);
     }, options.reps);
@@ -117,7 +133,10 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
       const variables = model.trainableVariables();
       const optimizer = new Adam(variables, { learningRate: 1e-5 }); // the trainer's Adam
       train = await timed(async () => {
-        const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar, variables);
+        const { value, grads } = tf.variableGrads(
+          () => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar,
+          variables,
+        );
         const ordered = variables.map((v) => grads[v.name]);
         optimizer.apply(ordered);
         await value.data();
@@ -146,7 +165,16 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
 }
 
 function benchTorch(options: Options): Record<string, unknown> {
-  const args = ['--threads', String(options.threads), '--reps', String(options.reps), '--batch', String(options.batch), '--seq', String(options.seq)];
+  const args = [
+    '--threads',
+    String(options.threads),
+    '--reps',
+    String(options.reps),
+    '--batch',
+    String(options.batch),
+    '--seq',
+    String(options.seq),
+  ];
   if (options.modelDir) args.push('--model-dir', options.modelDir);
   return runTorchHf(args);
 }

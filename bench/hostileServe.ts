@@ -45,16 +45,22 @@ const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout
 const round = (x: number, digits = 1): number => Number(x.toFixed(digits));
 
 async function post(url: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> {
-  const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
   return { status: response.status, json: (await response.json()) as Record<string, unknown> };
 }
 
 /** Runs `count` jobs, `width` at a time. */
 async function pool(count: number, width: number, job: (i: number) => Promise<unknown>): Promise<void> {
   let next = 0;
-  await Promise.all(Array.from({ length: width }, async () => {
-    while (next < count) await job(next++);
-  }));
+  await Promise.all(
+    Array.from({ length: width }, async () => {
+      while (next < count) await job(next++);
+    }),
+  );
 }
 
 async function invalidRequests(server: Child): Promise<void> {
@@ -65,7 +71,11 @@ async function invalidRequests(server: Child): Promise<void> {
     const response =
       i % 2 === 0
         ? await fetch(url, { method: 'GET' })
-        : await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: -1 }) });
+        : await fetch(url, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: -1 }),
+          });
     statuses[response.status] = (statuses[response.status] ?? 0) + 1;
     await response.arrayBuffer();
   });
@@ -77,11 +87,25 @@ async function invalidRequests(server: Child): Promise<void> {
     await response.arrayBuffer();
   });
   const agent = await post(`${server.url}/sessions/agent-after/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
-  print({ bench: 'hostileServe', row: 10, case: 'invalid-requests', requests: 2000, statuses, seconds: round(seconds, 2), sessions_held: sessionsHeld, max_sessions: 1024, agent_status: agent.status });
+  print({
+    bench: 'hostileServe',
+    row: 10,
+    case: 'invalid-requests',
+    requests: 2000,
+    statuses,
+    seconds: round(seconds, 2),
+    sessions_held: sessionsHeld,
+    max_sessions: 1024,
+    agent_status: agent.status,
+  });
 }
 
 async function concurrentSession(server: Child): Promise<void> {
-  const results = await Promise.all(Array.from({ length: 20 }, () => post(`${server.url}/sessions/agent/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 16 })));
+  const results = await Promise.all(
+    Array.from({ length: 20 }, () =>
+      post(`${server.url}/sessions/agent/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 16 }),
+    ),
+  );
   const session = await fetch(`${server.url}/sessions/agent`);
   const recorded = session.status === 200 ? ((await session.json()) as { tokens: number }).tokens : null;
   print({
@@ -148,7 +172,9 @@ async function slowReader(server: Child, seconds: number): Promise<void> {
   const body = JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: maxTokens, n, stream: true });
   const socket = connect(server.port, '127.0.0.1');
   socket.pause();
-  socket.write(`POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  socket.write(
+    `POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+  );
   let read = 0;
   for (let s = 0; s < seconds; s++) {
     await sleep(1000);
@@ -176,7 +202,15 @@ async function rewardOverflow(server: Child): Promise<void> {
   const first = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
   const second = await post(`${server.url}/sessions/greedy/reward`, { reward: 1.7e308 });
   const stored = (await (await fetch(`${server.url}/sessions/greedy`)).json()) as { reward: number | null };
-  print({ bench: 'hostileServe', row: 15, case: 'reward-overflow', first_status: first.status, second_status: second.status, second_code: (second.json.error as { code?: string } | undefined)?.code ?? null, stored_reward: stored.reward === null ? null : String(stored.reward) });
+  print({
+    bench: 'hostileServe',
+    row: 15,
+    case: 'reward-overflow',
+    first_status: first.status,
+    second_status: second.status,
+    second_code: (second.json.error as { code?: string } | undefined)?.code ?? null,
+    stored_reward: stored.reward === null ? null : String(stored.reward),
+  });
 }
 
 /** The server of one row: a child process (`--serve <tokenizer>`), so that its memory and event loop are its own. */
@@ -192,7 +226,9 @@ type ChildTokenizer = 'char' | 'tiny-qwen2';
 
 /** Starts `node dist/bench/run.js hostileServe --serve <tokenizer>` and waits for its address. */
 function startChild(tokenizer: ChildTokenizer): Promise<Child> {
-  const child = spawn(process.execPath, [fileURLToPath(new URL('./run.js', import.meta.url)), 'hostileServe', '--serve', tokenizer], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [fileURLToPath(new URL('./run.js', import.meta.url)), 'hostileServe', '--serve', tokenizer], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   const close = (): Promise<void> =>
     new Promise((resolve) => {
       if (child.exitCode !== null) return resolve();
@@ -223,7 +259,12 @@ async function serveChild(name: string): Promise<void> {
     chatTemplate = await loadChatTemplate(dir, tokenizer);
   }
   const model = new RunOnModel(tokenizer.encode('ab'), tokenizer.vocabSize, 200_000);
-  const server = await serve({ model: model as unknown as PolicyModel, tokenizer, ...(chatTemplate ? { chatTemplate } : {}), sessions: { maxTokens: 100 } });
+  const server = await serve({
+    model: model as unknown as PolicyModel,
+    tokenizer,
+    ...(chatTemplate ? { chatTemplate } : {}),
+    sessions: { maxTokens: 100 },
+  });
   process.stdout.write(`${JSON.stringify({ url: server.url, port: server.port })}\n`);
   await new Promise<void>((resolve) => process.once('SIGTERM', () => resolve()));
   await server.close();

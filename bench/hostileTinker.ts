@@ -57,7 +57,11 @@ function clientOf(url: string) {
     });
     const type = response.headers.get('content-type') ?? '';
     const bytes = Buffer.from(await response.arrayBuffer());
-    return { status: response.status, json: type.includes('json') ? (JSON.parse(bytes.toString('utf8')) as Record<string, unknown>) : {}, proto: type.includes('protobuf') };
+    return {
+      status: response.status,
+      json: type.includes('json') ? (JSON.parse(bytes.toString('utf8')) as Record<string, unknown>) : {},
+      proto: type.includes('protobuf'),
+    };
   };
   const result = async (future: Answer): Promise<Answer> => {
     if (future.status !== 200) return future;
@@ -68,7 +72,9 @@ function clientOf(url: string) {
   };
   const session = async (): Promise<string> => (await post('/api/v1/create_session', {})).json.session_id as string;
   const model = async (sessionId: string, seq: number, rank = 2): Promise<Answer> =>
-    result(await post('/api/v1/create_model', { session_id: sessionId, model_seq_id: seq, base_model: 'tiny-qwen3', lora_config: { rank } }));
+    result(
+      await post('/api/v1/create_model', { session_id: sessionId, model_seq_id: seq, base_model: 'tiny-qwen3', lora_config: { rank } }),
+    );
   return { post, result, session, model };
 }
 
@@ -85,7 +91,8 @@ function probe(url: string): { stop(): Promise<{ p50Ms: number; p99Ms: number; m
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
   })();
-  const at = (sorted: readonly number[], q: number): number => Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] * 10) / 10;
+  const at = (sorted: readonly number[], q: number): number =>
+    Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] * 10) / 10;
   return {
     stop: async () => {
       running = false;
@@ -97,7 +104,13 @@ function probe(url: string): { stop(): Promise<{ p50Ms: number; p99Ms: number; m
 }
 
 /** Runs one case with the prober on and prints its line. */
-async function measure(child: ChildProcess, url: string, row: number, name: string, work: () => Promise<Record<string, unknown>>): Promise<void> {
+async function measure(
+  child: ChildProcess,
+  url: string,
+  row: number,
+  name: string,
+  work: () => Promise<Record<string, unknown>>,
+): Promise<void> {
   const pid = child.pid as number;
   const rssBeforeMb = await rssMb(pid);
   const prober = probe(url);
@@ -106,7 +119,9 @@ async function measure(child: ChildProcess, url: string, row: number, name: stri
   const ms = Math.round((performance.now() - started) * 10) / 10;
   const healthz = await prober.stop();
   const rssAfterMb = await rssMb(pid);
-  process.stdout.write(`${JSON.stringify({ row, case: name, ...out, ms, rssBeforeMb, rssAfterMb, healthzP50Ms: healthz.p50Ms, healthzP99Ms: healthz.p99Ms, healthzMaxMs: healthz.maxMs, healthzProbes: healthz.probes })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ row, case: name, ...out, ms, rssBeforeMb, rssAfterMb, healthzP50Ms: healthz.p50Ms, healthzP99Ms: healthz.p99Ms, healthzMaxMs: healthz.maxMs, healthzProbes: healthz.probes })}\n`,
+  );
 }
 
 function datum(n: number, shift: number): WireDatum {
@@ -122,7 +137,9 @@ function datum(n: number, shift: number): WireDatum {
 
 /** Starts `rxrl tinker` with `args`; resolves with the child and its listening line. */
 async function startService(args: readonly string[]): Promise<{ child: ChildProcess; url: string; backend: string }> {
-  const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   const [line] = (await once(createInterface({ input: child.stdout! }), 'line')) as [string];
   const listening = JSON.parse(line) as { url: string; backend: string };
   return { child, url: listening.url, backend: listening.backend };
@@ -134,7 +151,9 @@ export async function main(args: readonly string[]): Promise<void> {
   const stateDir = join(await mkdtemp(join(tmpdir(), 'rxrl-bench-hostile-')), 'state');
   const { child, url, backend: chosen } = await startService(['--api-key', KEY, '--backend', backend, '--state-dir', stateDir]);
   try {
-    process.stdout.write(`${JSON.stringify({ event: 'service', backend: chosen, url, loadAverage: loadavg().map((x) => Math.round(x * 100) / 100), cpus: cpus().length })}\n`);
+    process.stdout.write(
+      `${JSON.stringify({ event: 'service', backend: chosen, url, loadAverage: loadavg().map((x) => Math.round(x * 100) / 100), cpus: cpus().length })}\n`,
+    );
     const api = clientOf(url);
     const rows = new Set(flag(args, 'rows', '2,3,4,5,6,7,8,9').split(',').map(Number));
     if (rows.has(2)) await rowTwo(child, url, api);
@@ -154,8 +173,13 @@ type Api = ReturnType<typeof clientOf>;
 async function rowTwo(child: ChildProcess, url: string, api: Api): Promise<void> {
   const s = await api.session();
   const modelId = (await api.model(s, 0)).json.model_id as string;
-  await measure(child, url, 2, 'sparse 1x2^26 for an unknown model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb('sess-none:train:0', 1, 2 ** 26))).status, bytes: sparseBomb('sess-none:train:0', 1, 2 ** 26).length }));
-  await measure(child, url, 2, 'sparse 1x2^26 for a real model', async () => ({ status: (await api.post('/api/v1/forward_backward', sparseBomb(modelId, 1, 2 ** 26))).status }));
+  await measure(child, url, 2, 'sparse 1x2^26 for an unknown model', async () => ({
+    status: (await api.post('/api/v1/forward_backward', sparseBomb('sess-none:train:0', 1, 2 ** 26))).status,
+    bytes: sparseBomb('sess-none:train:0', 1, 2 ** 26).length,
+  }));
+  await measure(child, url, 2, 'sparse 1x2^26 for a real model', async () => ({
+    status: (await api.post('/api/v1/forward_backward', sparseBomb(modelId, 1, 2 ** 26))).status,
+  }));
   await api.post(`/api/v1/sessions/${s}/finish`, {});
 }
 
@@ -163,13 +187,38 @@ async function rowFour(child: ChildProcess, url: string, api: Api, datums: numbe
   const s = await api.session();
   const modelId = (await api.model(s, 0)).json.model_id as string;
   if (longDatum > 0) {
-    const long = encodeForwardBackwardRequest({ modelId, seqId: 1, data: [datum(longDatum, 3)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
-    await measure(child, url, 4, `${longDatum}-token datum on a 128-context model`, async () => ({ status: (await api.post('/api/v1/forward_backward', long)).status }));
+    const long = encodeForwardBackwardRequest({
+      modelId,
+      seqId: 1,
+      data: [datum(longDatum, 3)],
+      lossFn: 'cross_entropy',
+      lossFnConfig: {},
+      forwardOnly: false,
+    });
+    await measure(child, url, 4, `${longDatum}-token datum on a 128-context model`, async () => ({
+      status: (await api.post('/api/v1/forward_backward', long)).status,
+    }));
   }
   // The first forward pass after start (the service warms its backend up at start): measured apart from the long one.
-  const warm = encodeForwardBackwardRequest({ modelId, seqId: 2, data: [datum(127, 1)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
-  await measure(child, url, 4, 'first forward_backward after start: 1 datum x 127 tokens', async () => ({ status: (await api.result(await api.post('/api/v1/forward_backward', warm))).status }));
-  const heavy = encodeForwardBackwardRequest({ modelId, seqId: 3, data: Array.from({ length: datums }, (_, i) => datum(127, i)), lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
+  const warm = encodeForwardBackwardRequest({
+    modelId,
+    seqId: 2,
+    data: [datum(127, 1)],
+    lossFn: 'cross_entropy',
+    lossFnConfig: {},
+    forwardOnly: false,
+  });
+  await measure(child, url, 4, 'first forward_backward after start: 1 datum x 127 tokens', async () => ({
+    status: (await api.result(await api.post('/api/v1/forward_backward', warm))).status,
+  }));
+  const heavy = encodeForwardBackwardRequest({
+    modelId,
+    seqId: 3,
+    data: Array.from({ length: datums }, (_, i) => datum(127, i)),
+    lossFn: 'cross_entropy',
+    lossFnConfig: {},
+    forwardOnly: false,
+  });
   await measure(child, url, 4, `legit forward_backward: ${datums} datums x 127 tokens`, async () => {
     const answer = await api.result(await api.post('/api/v1/forward_backward', heavy));
     return { status: answer.status, protobuf: answer.proto };
@@ -216,13 +265,21 @@ async function rowsSixToEight(child: ChildProcess, url: string, api: Api, names:
   // Rank 32, the SDK's default: each name holds about half a megabyte of this model's adapter.
   const modelId = (await api.model(s, 0, 32)).json.model_id as string;
   await measure(child, url, 6, `${names} save_weights_for_sampler names (rank 32)`, async () => {
-    for (let i = 0; i < names; i++) await api.result(await api.post('/api/v1/save_weights_for_sampler', { model_id: modelId, path: `w${i}` }));
-    const open = async (i: number): Promise<number> => (await api.post('/api/v1/create_sampling_session', { session_id: s, model_path: `tinker://${modelId}/sampler_weights/w${i}` })).status;
+    for (let i = 0; i < names; i++)
+      await api.result(await api.post('/api/v1/save_weights_for_sampler', { model_id: modelId, path: `w${i}` }));
+    const open = async (i: number): Promise<number> =>
+      (await api.post('/api/v1/create_sampling_session', { session_id: s, model_path: `tinker://${modelId}/sampler_weights/w${i}` }))
+        .status;
     return { oldestStatus: await open(0), newestStatus: await open(names - 1) };
   });
   const base = (await api.post('/api/v1/create_sampling_session', { session_id: s, base_model: 'tiny-qwen3' })).json.sampling_session_id;
   const sample = (sampler: unknown, maxTokens: number, n: number, seed: number): Promise<Answer> =>
-    api.post('/api/v1/asample', { sampling_session_id: sampler, num_samples: n, prompt: { chunks: [{ type: 'encoded_text', tokens: [5, 17, 42, 8] }] }, sampling_params: { max_tokens: maxTokens, seed } });
+    api.post('/api/v1/asample', {
+      sampling_session_id: sampler,
+      num_samples: n,
+      prompt: { chunks: [{ type: 'encoded_text', tokens: [5, 17, 42, 8] }] },
+      sampling_params: { max_tokens: maxTokens, seed },
+    });
   await measure(child, url, 7, 'asample max_tokens 1e9 batched with two valid ones', async () => {
     const [a, bad, b] = await Promise.all([sample(base, 8, 2, 1), sample(base, 1e9, 2, 2), sample(base, 8, 2, 3)]);
     const done = await Promise.all([api.result(a), api.result(b)]);
@@ -246,7 +303,11 @@ async function rowNine(child: ChildProcess, url: string, api: Api, backend: stri
     return { chunksNull: nulls.status, badEscape: escape.status };
   });
   const started = performance.now();
-  const empty = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--api-key', '', '--backend', backend], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const empty = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--api-key', '', '--backend', backend], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   const [code] = (await once(empty, 'exit')) as [number];
-  process.stdout.write(`${JSON.stringify({ row: 9, case: 'rxrl tinker --api-key ""', exitCode: code, ms: Math.round(performance.now() - started) })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ row: 9, case: 'rxrl tinker --api-key ""', exitCode: code, ms: Math.round(performance.now() - started) })}\n`,
+  );
 }

@@ -85,7 +85,9 @@ async function rxrlRound(kafka: Kafka, producer: Producer, items: readonly Traje
   );
   await firstValueFrom(joined);
   const started = performance.now();
-  await lastValueFrom(from(items).pipe(toKafka(producer, { topic, encode: encodeTrajectoryMessage, key: (m) => m.output.groupId, maxBatchSize: BATCH })));
+  await lastValueFrom(
+    from(items).pipe(toKafka(producer, { topic, encode: encodeTrajectoryMessage, key: (m) => m.output.groupId, maxBatchSize: BATCH })),
+  );
   await received;
   const seconds = (performance.now() - started) / 1000;
   await closing;

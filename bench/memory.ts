@@ -15,10 +15,6 @@ import type { Task } from '../lib/core/types.js';
 import { grpoPipeline } from '../pipelines/grpoPipeline.js';
 import { LatencyEngine, SleepTrainer, constantEvaluator } from './_fakes.js';
 
-
-
-
-
 function* tasks(n: number): Generator<Task> {
   for (let i = 0; i < n; i++) yield { id: `t${i}`, prompt: 'x' };
 }

@@ -19,7 +19,9 @@ export async function main(args: readonly string[]): Promise<void> {
   const seeds = flag(args, 'seeds', '1').split(',').map(Number);
   const progress = (label: string) => (step: { step: number; metrics: Record<string, number> }, elapsed: number) => {
     if ((step.step + 1) % 25 === 0) {
-      process.stderr.write(`${label} step ${step.step + 1} reward ${step.metrics['rollout/reward_mean'].toFixed(3)} ${elapsed.toFixed(0)}s\n`);
+      process.stderr.write(
+        `${label} step ${step.step + 1} reward ${step.metrics['rollout/reward_mean'].toFixed(3)} ${elapsed.toFixed(0)}s\n`,
+      );
     }
   };
   const rows: { seed: number; engine: string; valRewardFinal: number | null; seconds: number }[] = [];

@@ -34,7 +34,6 @@ interface Settings {
   readonly seed: number;
 }
 
-
 /** Latency (ms) of the sample whose sampling seed is `seed`. */
 function latencyOf(seed: number, s: Settings): number {
   const rng = createRng(seed, 'latency');
@@ -42,10 +41,6 @@ function latencyOf(seed: number, s: Settings): number {
   const u = rng.next();
   return tail ? s.tailLo + u * (s.tailHi - s.tailLo) : s.lo + u * (s.hi - s.lo);
 }
-
-
-
-
 
 /** Rollout time of each task: the slowest of its samples (unbounded parallelism). */
 function taskTimes(tasks: readonly Task[], s: Settings): number[] {

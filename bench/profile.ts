@@ -20,7 +20,24 @@ const CONFIG: PolicyConfig = { vocabSize: 64, dModel: 256, nLayers: 4, nHeads: 4
 const TRAIN = { batch: 16, seqLen: 64 };
 const DECODE = { batch: 32, prompt: 16, newTokens: 8 };
 /** Kernels that rearrange or convert data without arithmetic. */
-const DATA_MOVEMENT = new Set(['Cast', 'Transpose', 'Concat', 'Reshape', 'Slice', 'StridedSlice', 'Identity', 'Tile', 'GatherV2', 'Pack', 'Unpack', 'ExpandDims', 'Pad', 'OnesLike', 'ZerosLike', 'Fill']);
+const DATA_MOVEMENT = new Set([
+  'Cast',
+  'Transpose',
+  'Concat',
+  'Reshape',
+  'Slice',
+  'StridedSlice',
+  'Identity',
+  'Tile',
+  'GatherV2',
+  'Pack',
+  'Unpack',
+  'ExpandDims',
+  'Pad',
+  'OnesLike',
+  'ZerosLike',
+  'Fill',
+]);
 
 interface KernelRow {
   name: string;
@@ -75,11 +92,18 @@ export async function main(args: readonly string[]): Promise<void> {
     const { batch: B, seqLen: T } = TRAIN;
     const inputIds = tf.tensor2d(Int32Array.from({ length: B * T }, token), [B, T], 'int32');
     const mask = tf.ones([B, T]) as tf.Tensor2D;
-    const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+    const positions = tf.tensor2d(
+      Int32Array.from({ length: B * T }, (_, i) => i % T),
+      [B, T],
+      'int32',
+    );
     const optimizer = tf.train.adam(1e-3);
     const vars = model.trainableVariables();
     const step = async (): Promise<void> => {
-      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(inputIds, mask, positions).logprobs)) as tf.Scalar, vars);
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(model.tokenLogprobs(inputIds, mask, positions).logprobs)) as tf.Scalar,
+        vars,
+      );
       optimizer.applyGradients(Object.entries(grads).map(([name, tensor]) => ({ name, tensor })));
       await value.data();
       value.dispose();
@@ -99,7 +123,11 @@ export async function main(args: readonly string[]): Promise<void> {
       seed: 1,
     }));
     await model.generate(requests); // warm-up
-    console.log(JSON.stringify(report(backend, `generate-${DECODE.newTokens}-tokens`, await profiled(async () => void (await model.generate(requests))), top)));
+    console.log(
+      JSON.stringify(
+        report(backend, `generate-${DECODE.newTokens}-tokens`, await profiled(async () => void (await model.generate(requests))), top),
+      ),
+    );
     model.dispose();
   }
 }

@@ -50,7 +50,14 @@ function request(datums: number, tokens: number): ForwardBackwardRequest {
       },
     };
   });
-  return { modelId: 'sess-1:train:0', seqId: 7, data, lossFn: 'importance_sampling', lossFnConfig: { clip_low: 0.8, clip_high: 1.2 }, forwardOnly: false };
+  return {
+    modelId: 'sess-1:train:0',
+    seqId: 7,
+    data,
+    lossFn: 'importance_sampling',
+    lossFnConfig: { clip_low: 0.8, clip_high: 1.2 },
+    forwardOnly: false,
+  };
 }
 
 function output(datums: number, tokens: number): ForwardBackwardOutputWire {
@@ -67,7 +74,10 @@ function samples(n: number, tokens: number): SampleResponseWire {
     logprobs: Array.from(normalArray(tokens, 1, createRng(i, 'sample')), (x) => Math.fround(-Math.abs(x))),
     stopReason: i % 3 === 0 ? ('length' as const) : ('stop' as const),
   }));
-  return { sequences, promptLogprobs: [Number.NaN, ...Array.from(normalArray(tokens - 1, 1, createRng(0, 'prompt')), (x) => -Math.abs(x))] };
+  return {
+    sequences,
+    promptLogprobs: [Number.NaN, ...Array.from(normalArray(tokens - 1, 1, createRng(0, 'prompt')), (x) => -Math.abs(x))],
+  };
 }
 
 /** Times `op` (after one warm-up call); prints its line. */
@@ -81,7 +91,16 @@ function time(op: string, bytes: number, rounds: number, run: () => unknown): vo
   }
   const msMedian = median(ms);
   const mbPerSecond = bytes / 1e6 / (msMedian / 1e3);
-  console.log(JSON.stringify({ bench: 'protobuf', op, bytes, rounds, msMedian: Number(msMedian.toFixed(3)), mbPerSecond: Number(mbPerSecond.toFixed(1)) }));
+  console.log(
+    JSON.stringify({
+      bench: 'protobuf',
+      op,
+      bytes,
+      rounds,
+      msMedian: Number(msMedian.toFixed(3)),
+      mbPerSecond: Number(mbPerSecond.toFixed(1)),
+    }),
+  );
 }
 
 /** Runs the bench; see the module comment. */

@@ -62,7 +62,18 @@ export async function main(args: readonly string[]): Promise<void> {
   if (args.includes('--no-torch')) return;
   const torch = torchBySize(
     sizes.filter((name) => CASES.some((c) => c.name === name)),
-    (size, threads) => ['--threads', String(threads), '--reps', '3', '--batch', String(batch), '--sample', String(newTokens), '--shape', torchShape(CASES.find((c) => c.name === size)!.config)],
+    (size, threads) => [
+      '--threads',
+      String(threads),
+      '--reps',
+      '3',
+      '--batch',
+      String(batch),
+      '--sample',
+      String(newTokens),
+      '--shape',
+      torchShape(CASES.find((c) => c.name === size)!.config),
+    ],
     'sample_tok_s',
   );
   console.log(JSON.stringify({ bench: 'sample-summary', rows: vsTorch(rows, 'kvTokensPerSecond', torch) }));

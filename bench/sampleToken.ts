@@ -35,6 +35,8 @@ export async function main(args: readonly string[]): Promise<void> {
     const started = process.hrtime.bigint();
     for (let i = 0; i < draws; i++) sampleToken(logits, 0, vocab, params, rng);
     const us = Number(process.hrtime.bigint() - started) / 1e3 / draws;
-    console.log(JSON.stringify({ bench: 'sampleToken', vocab, ...params, topK: params.topK ?? 0, draws, usPerToken: Number(us.toFixed(1)) }));
+    console.log(
+      JSON.stringify({ bench: 'sampleToken', vocab, ...params, topK: params.topK ?? 0, draws, usPerToken: Number(us.toFixed(1)) }),
+    );
   }
 }

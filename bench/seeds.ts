@@ -46,7 +46,13 @@ function option(args: readonly string[], name: string, fallback: string): string
 
 /** One run in this process (the child's side). */
 async function runOne(run: SeedRun): Promise<SeedResult> {
-  const summary = await runEmbedded({ backend: run.backend, seed: run.seed, steps: run.steps, trainer: run.trainer, model: run.model ?? {} });
+  const summary = await runEmbedded({
+    backend: run.backend,
+    seed: run.seed,
+    steps: run.steps,
+    trainer: run.trainer,
+    model: run.model ?? {},
+  });
   return {
     backend: run.backend,
     resolved: summary.backend,
@@ -62,7 +68,9 @@ async function runOne(run: SeedRun): Promise<SeedResult> {
 /** One run in a child process: a clean backend and heap per run, and runs side by side on several cores. */
 function runChild(run: SeedRun): Promise<SeedResult> {
   return new Promise((resolve, reject) => {
-    const child = fork(fileURLToPath(new URL('./run.js', import.meta.url)), ['seeds', '--one', JSON.stringify(run)], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'] });
+    const child = fork(fileURLToPath(new URL('./run.js', import.meta.url)), ['seeds', '--one', JSON.stringify(run)], {
+      stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
+    });
     let out = '';
     child.stdout?.on('data', (chunk: Buffer) => (out += chunk.toString()));
     child.on('error', reject);
@@ -100,7 +108,14 @@ export async function main(args: readonly string[]): Promise<void> {
     backends.map((backend) => {
       const rows = results.filter((r) => r.backend === backend).sort((a, b) => a.seed - b.seed);
       const finals = rows.map((r) => r.valRewardFinal ?? 0);
-      return [backend, { bySeed: Object.fromEntries(rows.map((r) => [r.seed, r.valRewardFinal])), mean: Number((finals.reduce((a, b) => a + b, 0) / finals.length).toFixed(3)), reached: `${finals.filter((x) => x >= TARGET).length}/${finals.length}` }];
+      return [
+        backend,
+        {
+          bySeed: Object.fromEntries(rows.map((r) => [r.seed, r.valRewardFinal])),
+          mean: Number((finals.reduce((a, b) => a + b, 0) / finals.length).toFixed(3)),
+          reached: `${finals.filter((x) => x >= TARGET).length}/${finals.length}`,
+        },
+      ];
     }),
   );
   console.log(JSON.stringify({ bench: 'seeds', steps, trainer, model, target: TARGET, table }));

@@ -55,7 +55,11 @@ export async function main(args: readonly string[]): Promise<void> {
     const service = await tinkerService({ model: base, tokenizer, baseModel: 'reverse-base', seed: seed + 1 });
     const recipes = {
       local: { ...common, trainer: { learningRate }, policies: [{ name: 'policy', specialization: 'lora', lora: { rank, alpha: rank } }] },
-      tinker: { ...common, trainer: { backend: 'tinker', learningRate }, tinker: { baseUrl: service.url, baseModel: 'reverse-base', rank } },
+      tinker: {
+        ...common,
+        trainer: { backend: 'tinker', learningRate },
+        tinker: { baseUrl: service.url, baseModel: 'reverse-base', rank },
+      },
     };
     const row = { seed, local: [0, null] as [number, number | null], tinker: [0, null] as [number, number | null] };
     try {

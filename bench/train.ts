@@ -84,7 +84,11 @@ export async function main(args: readonly string[]): Promise<void> {
   if (args.includes('--no-torch')) return;
   const torch = torchBySize(
     CASES.filter((k) => sizes.includes(k.name)).map((c) => c.name),
-    (size, threads) => benchTorchArgs(CASES.find((c) => c.name === size)!, threads),
+    (size, threads) =>
+      benchTorchArgs(
+        CASES.find((c) => c.name === size)!,
+        threads,
+      ),
     'train_tok_s',
   );
   const tokS = (backend: string, size: string): unknown => rows.find((r) => r.backend === backend && r.size === size)?.tokensPerSecond;
@@ -93,14 +97,28 @@ export async function main(args: readonly string[]): Promise<void> {
       bench: 'train-summary',
       loadavg_1m_at_start: Number(load.toFixed(2)),
       rows: vsTorch(rows, 'tokensPerSecond', torch),
-      tensorflow_vs_wasm: CASES.filter((k) => sizes.includes(k.name)).map((c) => ({ size: c.name, ratio: ratio(tokS('tensorflow', c.name), tokS('wasm', c.name)) })),
+      tensorflow_vs_wasm: CASES.filter((k) => sizes.includes(k.name)).map((c) => ({
+        size: c.name,
+        ratio: ratio(tokS('tensorflow', c.name), tokS('wasm', c.name)),
+      })),
     }),
   );
 }
 
 /** `bench/torch_hf.py` arguments of PyTorch CPU's train step (AdamW) on the case's shape, batch and sequence. */
 function benchTorchArgs(c: TrainCase, threads: number): string[] {
-  return ['--threads', String(threads), '--reps', '3', '--batch', String(c.batch), '--seq', String(c.seqLen), '--shape', torchShape(c.config)];
+  return [
+    '--threads',
+    String(threads),
+    '--reps',
+    '3',
+    '--batch',
+    String(c.batch),
+    '--seq',
+    String(c.seqLen),
+    '--shape',
+    torchShape(c.config),
+  ];
 }
 
 async function runCase(backend: BackendName, c: TrainCase, warmup: number, steps: number): Promise<Record<string, unknown>> {

@@ -145,7 +145,11 @@ function runProcess(command: string, args: readonly string[], onLine: (line: str
 }
 
 /** The recipe's task as JSONL, each prompt as the model's chat template renders it and its token ids. */
-async function exportData(config: RxrlConfig, baseDir: string, out: string): Promise<{ modelDir: string; rows: number; promptTokens: number }> {
+async function exportData(
+  config: RxrlConfig,
+  baseDir: string,
+  out: string,
+): Promise<{ modelDir: string; rows: number; promptTokens: number }> {
   const { data, modelDir, tokenizer } = await loadRollout(config, baseDir);
   if (modelDir === undefined || !Array.isArray(data.train)) {
     throw new ConfigError('bench trl needs a recipe with model.path and generated data (data.source arithmetic or task)');
@@ -157,7 +161,10 @@ async function exportData(config: RxrlConfig, baseDir: string, out: string): Pro
   const system = config.rollout.system;
   let promptTokens = 0;
   const line = (task: Task): string => {
-    const messages = [...(system === null ? [] : [{ role: 'system' as const, content: system }]), { role: 'user' as const, content: task.prompt }];
+    const messages = [
+      ...(system === null ? [] : [{ role: 'system' as const, content: system }]),
+      { role: 'user' as const, content: task.prompt },
+    ];
     const prompt = template.renderText(messages, [], { addGenerationPrompt: true });
     const ids = template.render(messages, [], { addGenerationPrompt: true });
     promptTokens += ids.length;
@@ -180,10 +187,15 @@ async function exportData(config: RxrlConfig, baseDir: string, out: string): Pro
 export function trlSettings(config: RxrlConfig): Record<string, unknown> {
   const { trainer, rollout, algorithm, sync } = config;
   if (config.policies.length > 1) throw new ConfigError('bench trl compares single-policy recipes');
-  if (trainer.lossAggregation !== 'token-mean') throw new ConfigError(`bench trl maps trainer.lossAggregation token-mean only, got ${trainer.lossAggregation}`);
-  if (algorithm.klInReward.coef !== 0) throw new ConfigError('bench trl: TRL has no KL penalty in the reward (algorithm.klInReward.coef must be 0)');
+  if (trainer.lossAggregation !== 'token-mean')
+    throw new ConfigError(`bench trl maps trainer.lossAggregation token-mean only, got ${trainer.lossAggregation}`);
+  if (algorithm.klInReward.coef !== 0)
+    throw new ConfigError('bench trl: TRL has no KL penalty in the reward (algorithm.klInReward.coef must be 0)');
   const unmatched = trlUnmatched(config);
-  if (unmatched.length > 0) throw new ConfigError(`bench trl: TRL would not run this recipe the same way:\n${unmatched.join('\n')}`, { context: { keys: unmatched.map((u) => u.split(':')[0]) } });
+  if (unmatched.length > 0)
+    throw new ConfigError(`bench trl: TRL would not run this recipe the same way:\n${unmatched.join('\n')}`, {
+      context: { keys: unmatched.map((u) => u.split(':')[0]) },
+    });
   const rows = sync.batchSize * rollout.groupSize;
   const micro = Math.min(trainer.microBatchSize, rows);
   if (rows % micro !== 0) throw new ConfigError(`bench trl: trainer.microBatchSize ${micro} must divide the batch of ${rows} completions`);
@@ -223,8 +235,14 @@ function trlUnmatched(config: RxrlConfig): string[] {
     [trainer.importanceCap !== null, 'trainer.importanceCap: must be null (not mapped)'],
     [trainer.maxStaleness !== null, 'trainer.maxStaleness: must be null (TRL trains on-policy)'],
     [sync.mode !== 'sync', "sync.mode: must be 'sync' (TRL trains on-policy)"],
-    [trainer.klLoss.coef > 0 && !['k3', 'low_var_kl'].includes(trainer.klLoss.estimator), "trainer.klLoss.estimator: must be 'k3' or 'low_var_kl' (TRL's KL estimator)"],
-    [rollout.temperature !== 1, "rollout.temperature: must be 1 (TRL's loss divides the logits by the sampling temperature; rxrl's does not)"],
+    [
+      trainer.klLoss.coef > 0 && !['k3', 'low_var_kl'].includes(trainer.klLoss.estimator),
+      "trainer.klLoss.estimator: must be 'k3' or 'low_var_kl' (TRL's KL estimator)",
+    ],
+    [
+      rollout.temperature !== 1,
+      "rollout.temperature: must be 1 (TRL's loss divides the logits by the sampling temperature; rxrl's does not)",
+    ],
   ];
   return checks.filter(([bad]) => bad).map(([, why]) => why);
 }
@@ -287,11 +305,29 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
 }
 
 /** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
-async function runTrl(args: { modelDir: string; data: string; settings: Record<string, unknown>; out: string; steps: number; seed: number; threads: number; valEvery: number }): Promise<SideResult | { skipped: string }> {
+async function runTrl(args: {
+  modelDir: string;
+  data: string;
+  settings: Record<string, unknown>;
+  out: string;
+  steps: number;
+  seed: number;
+  threads: number;
+  valEvery: number;
+}): Promise<SideResult | { skipped: string }> {
   const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
   const events: Record<string, unknown>[] = [];
   const argv = [script, '--model', args.modelDir, '--data', args.data, '--settings', JSON.stringify(args.settings), '--out', args.out];
-  argv.push('--steps', String(args.steps), '--seed', String(args.seed), '--threads', String(args.threads), '--val-every', String(args.valEvery));
+  argv.push(
+    '--steps',
+    String(args.steps),
+    '--seed',
+    String(args.seed),
+    '--threads',
+    String(args.threads),
+    '--val-every',
+    String(args.valEvery),
+  );
   await runProcess('python3', argv, (line) => events.push(JSON.parse(line) as Record<string, unknown>));
   const skipped = events.find((e) => e.event === 'skipped');
   if (skipped) return { skipped: String(skipped.reason) };
@@ -314,7 +350,11 @@ async function runTrl(args: { modelDir: string; data: string; settings: Record<s
       };
     });
   const first = vals[0] ?? {};
-  const scores = (e: Record<string, unknown>): ValScores => ({ reward: Number(e.reward_mean), format: Number(e.format_mean), correct: Number(e.correct_mean) });
+  const scores = (e: Record<string, unknown>): ValScores => ({
+    reward: Number(e.reward_mean),
+    format: Number(e.format_mean),
+    correct: Number(e.correct_mean),
+  });
   return {
     steps,
     vals: vals.map((e) => ({ step: Number(e.step), reward: Number(e.reward_mean) })),
@@ -326,7 +366,10 @@ async function runTrl(args: { modelDir: string; data: string; settings: Record<s
 
 function rxrlScores(record: MetricsRecord): ValScores {
   const m = record.metrics;
-  return { reward: m['val/reward_mean'], ...(m['val/format_mean'] === undefined ? {} : { format: m['val/format_mean'], correct: m['val/correct_mean'] }) };
+  return {
+    reward: m['val/reward_mean'],
+    ...(m['val/format_mean'] === undefined ? {} : { format: m['val/format_mean'], correct: m['val/correct_mean'] }),
+  };
 }
 
 /** Held-out reward after training minus before, or null when a side has not both. */
@@ -386,7 +429,11 @@ function sideSummary(side: string, result: SideResult, target: number): Record<s
  * The last line: each side's held-out gain, TRL's median step seconds over rxrl's, and each side's seconds to the
  * target with TRL's over rxrl's (null where a side never reached it, or rxrl needed no training to).
  */
-export function summaryLine(steps: number, target: number, sides: Readonly<Record<string, SideResult | undefined>>): Record<string, unknown> {
+export function summaryLine(
+  steps: number,
+  target: number,
+  sides: Readonly<Record<string, SideResult | undefined>>,
+): Record<string, unknown> {
   const stepTime = (s: SideResult | undefined): number => (s === undefined ? Number.NaN : median(s.steps.map((r) => r.total_s)));
   const ratio = stepTime(sides.trl) / stepTime(sides.rxrl);
   const reached = (s: SideResult | undefined): number | null => (s === undefined ? null : (timeToTarget(s, target)?.seconds ?? null));
@@ -411,7 +458,8 @@ function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
   for (const [side, result] of Object.entries(sides)) {
     // Each held-out score once per step (a run may score its last step twice: every N steps, then at the end).
     const vals = new Map(result.vals.map((v) => [v.step, v.reward]));
-    for (const [step, reward] of vals) lines.push(JSON.stringify({ step, version: step + 1, time: 0, [`${side}/val/reward_mean`]: reward }));
+    for (const [step, reward] of vals)
+      lines.push(JSON.stringify({ step, version: step + 1, time: 0, [`${side}/val/reward_mean`]: reward }));
     for (const s of result.steps) {
       lines.push(
         JSON.stringify({
@@ -459,7 +507,13 @@ async function measureRates(backend: BackendKind): Promise<{ backend: string; gf
 }
 
 /** The `trl-bounds` line: the machine's rates, the step's bounds, and each side's measured medians over them. */
-async function boundsLine(backend: BackendKind, modelDir: string, settings: Record<string, unknown>, promptTokens: number, sides: Readonly<Record<string, SideResult>>): Promise<Record<string, unknown>> {
+async function boundsLine(
+  backend: BackendKind,
+  modelDir: string,
+  settings: Record<string, unknown>,
+  promptTokens: number,
+  sides: Readonly<Record<string, SideResult>>,
+): Promise<Record<string, unknown>> {
   const rates = await measureRates(backend);
   const config = policyConfigFromHf(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')));
   const sizes = modelSizes(config);
@@ -477,7 +531,8 @@ async function boundsLine(backend: BackendKind, modelDir: string, settings: Reco
   });
   const measured: Record<string, unknown> = {};
   for (const [side, result] of Object.entries(sides)) {
-    const med = (key: 'generate_s' | 'trainer_s' | 'train_s'): number => median(result.steps.map((s) => s[key] ?? Number.NaN).filter(Number.isFinite));
+    const med = (key: 'generate_s' | 'trainer_s' | 'train_s'): number =>
+      median(result.steps.map((s) => s[key] ?? Number.NaN).filter(Number.isFinite));
     // rxrl's training is its trainer's step; TRL's, the step less its generation and scoring.
     const generate = med('generate_s');
     const train = med(side === 'rxrl' ? 'trainer_s' : 'train_s');
@@ -507,7 +562,8 @@ export async function main(args: readonly string[]): Promise<void> {
   const threads = Number(option(args, 'threads', '2'));
   const target = Number(option(args, 'target', '0.75'));
   const valEvery = Number(option(args, 'val-every', '10'));
-  if (!(Number.isInteger(valEvery) && valEvery >= 1)) throw new ConfigError(`bench trl: --val-every must be an integer >= 1, got ${option(args, 'val-every', '')}`);
+  if (!(Number.isInteger(valEvery) && valEvery >= 1))
+    throw new ConfigError(`bench trl: --val-every must be an integer >= 1, got ${option(args, 'val-every', '')}`);
   const only = option(args, 'only', '');
   const backend = option(args, 'backend', 'tensorflow') as BackendKind;
   const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
@@ -516,13 +572,36 @@ export async function main(args: readonly string[]): Promise<void> {
   // TRL's advantage epsilon is a constant: rxrl's side takes it too.
   // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
   const overrides = args.flatMap((a, i) => (a === '--set' && args[i + 1] !== undefined ? [args[i + 1]] : []));
-  const set = [...overrides, `run.steps=${steps}`, `run.seed=${seed}`, `run.dir=${join(out, 'rxrl')}`, `run.backend=${backend}`, `validation.every=${valEvery}`, 'validation.beforeTrain=true', 'checkpoint.every=0', `algorithm.stdEpsilon=${TRL_STD_EPSILON}`];
+  const set = [
+    ...overrides,
+    `run.steps=${steps}`,
+    `run.seed=${seed}`,
+    `run.dir=${join(out, 'rxrl')}`,
+    `run.backend=${backend}`,
+    `validation.every=${valEvery}`,
+    'validation.beforeTrain=true',
+    'checkpoint.every=0',
+    `algorithm.stdEpsilon=${TRL_STD_EPSILON}`,
+  ];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
   for (const dir of ['data', 'rxrl', 'trl']) await rm(join(out, dir), { recursive: true, force: true });
   const { modelDir, rows, promptTokens } = await exportData(config, recipeDir(recipe), join(out, 'data'));
-  console.log(JSON.stringify({ bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows, settings }));
+  console.log(
+    JSON.stringify({
+      bench: 'trl',
+      recipe,
+      steps,
+      seed,
+      threads,
+      target,
+      val_every: valEvery,
+      model: modelDir,
+      train_prompts: rows,
+      settings,
+    }),
+  );
 
   const sides: Record<string, SideResult> = {};
   if (only !== 'trl') {

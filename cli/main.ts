@@ -52,7 +52,8 @@ function loraModules(value: string | undefined): Record<string, string> | undefi
   const out: Record<string, string> = {};
   for (const entry of value.split(',')) {
     const at = entry.indexOf('=');
-    if (at <= 0 || at === entry.length - 1) throw new ConfigError(`--lora-modules: '${entry}' is not NAME=DIR`, { context: { key: 'lora-modules' } });
+    if (at <= 0 || at === entry.length - 1)
+      throw new ConfigError(`--lora-modules: '${entry}' is not NAME=DIR`, { context: { key: 'lora-modules' } });
     out[entry.slice(0, at)] = entry.slice(at + 1);
   }
   return out;
@@ -146,7 +147,10 @@ async function configCommand(args: ParsedCommand): Promise<number> {
 async function kafkaOf(config: import('../lib/config/schema.js').RxrlConfig, clientId: string) {
   const { createKafka } = await import('../lib/kafka/client.js');
   const { kafkaTopics } = await import('../lib/kafka/types.js');
-  return { kafka: createKafka(config.kafka.brokers, { clientId: `${config.kafka.clientId}-${clientId}` }), topics: kafkaTopics(config.kafka.topicPrefix) };
+  return {
+    kafka: createKafka(config.kafka.brokers, { clientId: `${config.kafka.clientId}-${clientId}` }),
+    topics: kafkaTopics(config.kafka.topicPrefix),
+  };
 }
 
 /** `rxrl run` (embedded rollouts) and `rxrl trainer` (rollouts by `rxrl worker` processes over Kafka). */
@@ -156,7 +160,10 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
   const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(args);
   const kafka = overKafka
-    ? { ...(await kafkaOf(config, 'trainer')), weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir) }
+    ? {
+        ...(await kafkaOf(config, 'trainer')),
+        weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir),
+      }
     : undefined;
   if (config.agents.environment !== 'none') return agentsCommand(config, dir, kafka);
   const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
@@ -227,7 +234,8 @@ async function workerCommand(args: ParsedCommand): Promise<number> {
       else kafkaLog.debug({ event: event.type, ...event.payload }, event.type);
     },
     onTask: (r) => {
-      if (r.outcome === 'rolled-out') process.stderr.write(`rxrl: task ${r.taskId} (${r.trajectories} trajectories, v${r.policyVersion})\n`);
+      if (r.outcome === 'rolled-out')
+        process.stderr.write(`rxrl: task ${r.taskId} (${r.trajectories} trajectories, v${r.policyVersion})\n`);
     },
   });
   process.stdout.write(`${JSON.stringify(summary)}\n`);
@@ -280,7 +288,11 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (error: unknown) => {
-    const text = isRxrlError(error) ? `${error.name}: ${error.message}` : error instanceof Error ? (error.stack ?? error.message) : String(error);
+    const text = isRxrlError(error)
+      ? `${error.name}: ${error.message}`
+      : error instanceof Error
+        ? (error.stack ?? error.message)
+        : String(error);
     process.stderr.write(`rxrl: ${text}\n`);
     process.exitCode = isUsageError(error) ? 2 : 1;
   },

@@ -35,9 +35,26 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
     name: 'rxrl serve',
     flags: {
       ...Object.fromEntries(
-        ['model', 'checkpoint', 'served-model-name', 'model-name', 'port', 'host', 'alphabet', 'seed', 'max-batch-size', 'max-wait-ms', 'weights-root', 'api-key', 'backend', 'lora-modules', 'max-model-len', 'max-sessions', 'max-session-tokens', 'session-idle-ms'].map(
-          (name) => [name, value],
-        ),
+        [
+          'model',
+          'checkpoint',
+          'served-model-name',
+          'model-name',
+          'port',
+          'host',
+          'alphabet',
+          'seed',
+          'max-batch-size',
+          'max-wait-ms',
+          'weights-root',
+          'api-key',
+          'backend',
+          'lora-modules',
+          'max-model-len',
+          'max-sessions',
+          'max-session-tokens',
+          'session-idle-ms',
+        ].map((name) => [name, value]),
       ),
       verbose: flagSwitch,
     },
@@ -63,7 +80,12 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
   },
   tinker: {
     name: 'rxrl tinker',
-    flags: Object.fromEntries(['model', 'served-model-name', 'port', 'host', 'api-key', 'state-dir', 'max-models', 'max-rank', 'backend'].map((name) => [name, value])),
+    flags: Object.fromEntries(
+      ['model', 'served-model-name', 'port', 'host', 'api-key', 'state-dir', 'max-models', 'max-rank', 'backend'].map((name) => [
+        name,
+        value,
+      ]),
+    ),
     usage: `  rxrl tinker --model DIR [--served-model-name NAME] [--port N] [--host H] [--api-key KEY] [--state-dir DIR]
              [--max-models N] [--max-rank N] [--backend …]
                     a Tinker-API service for the official tinker SDK (TINKER_BASE_URL=<url>): LoRA training
@@ -128,7 +150,9 @@ export function commandHelp(command: CommandUsage): string {
 
 /** What `rxrl --help` prints: every command's usage. */
 export function generalHelp(): string {
-  const commands = Object.values(COMMANDS).map((c) => c.usage).join('\n');
+  const commands = Object.values(COMMANDS)
+    .map((c) => c.usage)
+    .join('\n');
   return `rxrl — reinforcement-learning post-training as a reactive stream
 
 Usage:

@@ -7,15 +7,7 @@
  * The last stdout line is a JSON summary.
  */
 import { lastValueFrom, take, tap } from 'rxjs';
-import {
-  AdmissionGate,
-  CharTokenizer,
-  GrpoTrainer,
-  LocalEngine,
-  PolicyModel,
-  initBackend,
-  loadTasks,
-} from '../lib/index.js';
+import { AdmissionGate, CharTokenizer, GrpoTrainer, LocalEngine, PolicyModel, initBackend, loadTasks } from '../lib/index.js';
 import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
 import { validate } from '../pipelines/index.js';
 import { stringTransformTask } from '../recipes/index.js';
@@ -48,7 +40,9 @@ await lastValueFrom(
     syncWeights([engine], { onPublished: (version) => gate.publish(version) }),
     tap((step) => {
       const m = step.metrics;
-      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, staleness ${m['rollout/staleness_max']}\n`);
+      process.stderr.write(
+        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, staleness ${m['rollout/staleness_max']}\n`,
+      );
     }),
     take(steps),
   ),

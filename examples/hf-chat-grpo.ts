@@ -87,7 +87,9 @@ const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: tasksPerStep });
 const held = arithmetic(8, 2);
 process.stderr.write(`scoring ${held.length} held-out questions (greedy)\n`);
 const before = await validate(engine, held, evaluator, { maxTokens, worker });
-process.stderr.write(`held-out reward ${before['val/reward_mean'].toFixed(3)}; training ${trainedBlocks} of ${policy.config.nLayers} blocks\n`);
+process.stderr.write(
+  `held-out reward ${before['val/reward_mean'].toFixed(3)}; training ${trainedBlocks} of ${policy.config.nLayers} blocks\n`,
+);
 const started = performance.now();
 await lastValueFrom(
   admit(loadTasks(arithmetic(200, 1), { epochs: Infinity, shuffle: true, seed: 1 }), gate).pipe(
@@ -100,7 +102,9 @@ await lastValueFrom(
     tap((step) => {
       const m = step.metrics;
       const seconds = (key: string): string => (m[key] ?? 0).toFixed(1);
-      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${seconds('timing/total_s')} s (trainer ${seconds('timing/step_s')} s)\n`);
+      process.stderr.write(
+        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${seconds('timing/total_s')} s (trainer ${seconds('timing/step_s')} s)\n`,
+      );
     }),
     take(steps),
   ),

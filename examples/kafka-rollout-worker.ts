@@ -79,4 +79,6 @@ await new Promise<void>((resolve, reject) => {
     complete: resolve,
   });
 });
-console.log(JSON.stringify({ example: 'kafka-rollout-worker', workerId, run, steps: finalVersion, tasks, trajectories, duplicates, skipped }));
+console.log(
+  JSON.stringify({ example: 'kafka-rollout-worker', workerId, run, steps: finalVersion, tasks, trajectories, duplicates, skipped }),
+);

@@ -62,7 +62,12 @@ const onEvent = (event: KafkaEvent): void => {
   const p = event.payload;
   if (event.type === 'trainer.admitted') admitted.push({ taskId: String(p.taskId), groupId: String(p.groupId), index: Number(p.index) });
   if (event.type === 'trainer.trained') {
-    trained.push({ step: Number(p.step), version: Number(p.version), groupIds: p.groupIds as string[], trajectoryIds: p.trajectoryIds as string[] });
+    trained.push({
+      step: Number(p.step),
+      version: Number(p.version),
+      groupIds: p.groupIds as string[],
+      trajectoryIds: p.trajectoryIds as string[],
+    });
   }
   if (event.type === 'trainer.duplicate') duplicates++;
   if (event.type === 'kafka.dead_letter') {
@@ -75,13 +80,22 @@ const onEvent = (event: KafkaEvent): void => {
 const workers: Subscription[] = [];
 for (let i = 0; i < localWorkers; i++) {
   workers.push(
-    kafkaRolloutWorker({ kafka, topics, tokenizer, evaluator: task.evaluator, workerId: `local-${process.pid}-${i}`, signal: controller.signal }).subscribe({
+    kafkaRolloutWorker({
+      kafka,
+      topics,
+      tokenizer,
+      evaluator: task.evaluator,
+      workerId: `local-${process.pid}-${i}`,
+      signal: controller.signal,
+    }).subscribe({
       error: (error: unknown) => process.stderr.write(`local worker ${i} failed: ${String(error)}\n`),
     }),
   );
 }
 
-process.stderr.write(`trainer: ${mode}, ${steps} steps of ${batchSize}×${groupSize} on topics ${prefix}.* (${backend}); waiting for workers\n`);
+process.stderr.write(
+  `trainer: ${mode}, ${steps} steps of ${batchSize}×${groupSize} on topics ${prefix}.* (${backend}); waiting for workers\n`,
+);
 const started = performance.now();
 const rewards: number[] = [];
 let stalenessMax = 0;

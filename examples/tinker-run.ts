@@ -56,7 +56,9 @@ try {
   const summary = await runTraining(config, {
     onStep: (step, elapsed) => {
       const m = step.metrics;
-      process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, loss ${m['actor/pg_loss'].toFixed(4)}, ${elapsed.toFixed(1)}s\n`);
+      process.stderr.write(
+        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, loss ${m['actor/pg_loss'].toFixed(4)}, ${elapsed.toFixed(1)}s\n`,
+      );
     },
   });
   const { lastStep: _last, ...printed } = summary;

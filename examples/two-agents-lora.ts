@@ -34,18 +34,34 @@ const policies = agents.map((agent, i) => {
   const adapter = LoraAdapter.create(config, { ...lora, targetModules: [...lora.targetModules] }, 10 + i);
   const sampling = LoraAdapter.fromWeights(config, { ...lora, targetModules: [...lora.targetModules] }, adapter.getWeights());
   const engine = new LocalEngine(PolicyModel.withAdapter(sampleBase, sampling), { tokenizer, modelTag: agent.policy });
-  const trainer = new GrpoTrainer(PolicyModel.withAdapter(trainBase, adapter), { modelTag: agent.policy, learningRate: 2e-3, clipHigh: 0.28, seed: i });
+  const trainer = new GrpoTrainer(PolicyModel.withAdapter(trainBase, adapter), {
+    modelTag: agent.policy,
+    learningRate: 2e-3,
+    clipHigh: 0.28,
+    seed: i,
+  });
   return { trainer, engines: [engine] };
 });
 const engines = new Map(policies.map((p) => [p.trainer.modelTag, p.engines[0]]));
 const maxTokens = task.maxAnswerLength + 1;
-const score = (): Promise<Record<string, number>> => validateAgents(engines, task.validation, { environment: task.environment, agents, maxTokens });
+const score = (): Promise<Record<string, number>> =>
+  validateAgents(engines, task.validation, { environment: task.environment, agents, maxTokens });
 
 const before = await score();
 const started = performance.now();
 const last = new Map<string, number>();
 await lastValueFrom(
-  multiAgentPipeline({ tasks: task.train, environment: task.environment, agents, policies, batchSize, groupSize, maxTokens, steps, loader: { epochs: Infinity, shuffle: true, seed: 3 } }).pipe(
+  multiAgentPipeline({
+    tasks: task.train,
+    environment: task.environment,
+    agents,
+    policies,
+    batchSize,
+    groupSize,
+    maxTokens,
+    steps,
+    loader: { epochs: Infinity, shuffle: true, seed: 3 },
+  }).pipe(
     tap((step) => {
       last.set(step.modelTag, step.step + 1);
       console.log(`${step.modelTag} step ${step.step}: reward ${step.metrics[`${step.modelTag}/rollout/reward_mean`]?.toFixed(3)}`);

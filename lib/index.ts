@@ -242,12 +242,7 @@ export type {
   WeightsMessage,
   WeightsVersionMessage,
 } from './kafka/types.js';
-export {
-  WEIGHTS_RUN_METADATA_KEY,
-  WEIGHTS_VERSION_METADATA_KEY,
-  WeightsFollower,
-  WeightsPublisher,
-} from './kafka/weights.js';
+export { WEIGHTS_RUN_METADATA_KEY, WEIGHTS_VERSION_METADATA_KEY, WeightsFollower, WeightsPublisher } from './kafka/weights.js';
 export type { WeightsFollowerEvent, WeightsFollowerOptions, WeightsPublisherOptions } from './kafka/weights.js';
 export { fetchKafkaBroker, kafkaVersion, repositoryRoot, startKafkaBroker } from './kafka/broker.js';
 export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';
@@ -259,16 +254,7 @@ export type { RetryEvent, RetryOptions } from './core/retry.js';
 export { DEFAULT_WEIGHT_UPDATE_ENDPOINT, OpenAIEngine, TOKEN_ID_PREFIX, resolveEndpoint } from './engine/openai.js';
 export type { OpenAIEngineOptions, OpenAIEngineStats, OpenAIWeightSyncOptions } from './engine/openai.js';
 export { CHAT_ROLES, isChatEngine } from './chat/types.js';
-export type {
-  ChatEngine,
-  ChatMessage,
-  ChatRequest,
-  ChatResult,
-  ChatRole,
-  ChatTool,
-  ToolCall,
-  ToolParameters,
-} from './chat/types.js';
+export type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatRole, ChatTool, ToolCall, ToolParameters } from './chat/types.js';
 export { createChatTemplate } from './chat/template.js';
 export type { ChatTemplate, ChatTemplateOptions } from './chat/template.js';
 export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from './chat/jinjaTemplate.js';
@@ -280,9 +266,25 @@ export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './engine/
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
 export { gatewayWorker } from './agent/gateway.js';
-export type { AgentCommand, AgentContext, AgentFunction, AgentProgram, AgentResult, GatewayWorker, GatewayWorkerOptions } from './agent/gateway.js';
+export type {
+  AgentCommand,
+  AgentContext,
+  AgentFunction,
+  AgentProgram,
+  AgentResult,
+  GatewayWorker,
+  GatewayWorkerOptions,
+} from './agent/gateway.js';
 export { TRAJECTORY_GRANULARITIES, episodeSlots } from './agent/environment.js';
-export type { AgentName, AgentSpec, Episode, EpisodeSlot, EpisodeStep, MultiAgentEnvironment, TrajectoryGranularity } from './agent/environment.js';
+export type {
+  AgentName,
+  AgentSpec,
+  Episode,
+  EpisodeSlot,
+  EpisodeStep,
+  MultiAgentEnvironment,
+  TrajectoryGranularity,
+} from './agent/environment.js';
 export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, serve } from './serve/server.js';
 export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
 export { RequestError } from './serve/protocol.js';
@@ -294,7 +296,15 @@ export { TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
 export { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from './tinker/client.js';
 export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/client.js';
 export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
-export type { Drift, ExportMode, RecordedCall, RecordedChoice, SessionDefaults, SessionLimits, SessionTrajectory } from './serve/sessions.js';
+export type {
+  Drift,
+  ExportMode,
+  RecordedCall,
+  RecordedChoice,
+  SessionDefaults,
+  SessionLimits,
+  SessionTrajectory,
+} from './serve/sessions.js';
 export { runServeCommand } from './serve/command.js';
 export type { ServeCommandOptions } from './serve/command.js';
 export { spawnServe } from './serve/spawn.js';
@@ -386,6 +396,13 @@ export {
   TINKER_STATE_FILE,
   verifyCheckpoint,
 } from './checkpoint/checkpoint.js';
-export type { BufferedSample, Checkpoint, CheckpointFiles, CheckpointState, CheckpointTinker, TinkerStateRef } from './checkpoint/checkpoint.js';
+export type {
+  BufferedSample,
+  Checkpoint,
+  CheckpointFiles,
+  CheckpointState,
+  CheckpointTinker,
+  TinkerStateRef,
+} from './checkpoint/checkpoint.js';
 export { RUN_LOCK_FILE, acquireRunLock, withRunLock } from './checkpoint/runLock.js';
 export type { RunLock, RunLockHolder, RunLockOptions } from './checkpoint/runLock.js';

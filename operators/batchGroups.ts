@@ -55,9 +55,7 @@ export function batchGroups(options: BatchGroupsOptions): OperatorFunction<Group
   }
   const bySize = readiness === 'batch_size' || readiness === 'batch_size_reached';
   if (!bySize && readiness !== 'loaded_batch_finished') {
-    throw new ConfigError(
-      `unknown batch readiness '${String(readiness)}'; valid: batch_size, batch_size_reached, loaded_batch_finished`,
-    );
+    throw new ConfigError(`unknown batch readiness '${String(readiness)}'; valid: batch_size, batch_size_reached, loaded_batch_finished`);
   }
   const capacity = options.capacity ?? 65536;
   const { batchOf } = options;

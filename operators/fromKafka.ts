@@ -94,7 +94,13 @@ export function fromKafka<T>(kafka: Kafka, options: FromKafkaOptions<T>): Observ
   const resumeBelow = options.resumeBelow ?? Math.ceil(capacity / 2);
   checkFlowLimits(capacity, resumeBelow, 'fromKafka');
   if (options.topics.length === 0) throw new ConfigError('fromKafka needs at least one topic');
-  const settings: Settings<T> = { ...options, capacity, resumeBelow, commitIntervalMs: options.commitIntervalMs ?? 20, topics: [...options.topics] };
+  const settings: Settings<T> = {
+    ...options,
+    capacity,
+    resumeBelow,
+    commitIntervalMs: options.commitIntervalMs ?? 20,
+    topics: [...options.topics],
+  };
   return new Observable<KafkaRecord<T>>((subscriber) => consume(kafka, settings, subscriber));
 }
 
@@ -136,7 +142,12 @@ function consume<T>(kafka: Kafka, settings: Settings<T>, subscriber: Subscriber<
     await consumer.connect();
     await consumer.subscribe({ topics, fromBeginning: settings.fromBeginning ?? true });
     if (closed) return;
-    await consumer.run({ autoCommit: false, eachBatchAutoResolve: false, partitionsConsumedConcurrently: 1, eachBatch: (payload) => eachBatch(work, payload) });
+    await consumer.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      partitionsConsumedConcurrently: 1,
+      eachBatch: (payload) => eachBatch(work, payload),
+    });
   })();
   started.catch((cause: unknown) => {
     fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} could not start: ${String(cause)}`, { cause }));
@@ -190,7 +201,13 @@ function consumption<T>(
 }
 
 /** Reports joins (and forgets the partitions a rebalance took away) and crashes (fatal unless kafkajs restarts). */
-function watchGroup(consumer: Consumer, commits: CommitScheduler, emit: KafkaEventSink, fail: (error: unknown) => void, groupId: string): void {
+function watchGroup(
+  consumer: Consumer,
+  commits: CommitScheduler,
+  emit: KafkaEventSink,
+  fail: (error: unknown) => void,
+  groupId: string,
+): void {
   consumer.on(consumer.events.GROUP_JOIN, (event) => {
     commits.retain(event.payload.memberAssignment);
     emit('kafka.join', { assignment: event.payload.memberAssignment, memberId: event.payload.memberId });
@@ -198,7 +215,9 @@ function watchGroup(consumer: Consumer, commits: CommitScheduler, emit: KafkaEve
   consumer.on(consumer.events.CRASH, (event) => {
     emit('kafka.crash', { error: String(event.payload.error), restart: event.payload.restart });
     if (!event.payload.restart) {
-      fail(new KafkaBridgeError(`Kafka consumer of group ${groupId} crashed: ${String(event.payload.error)}`, { cause: event.payload.error }));
+      fail(
+        new KafkaBridgeError(`Kafka consumer of group ${groupId} crashed: ${String(event.payload.error)}`, { cause: event.payload.error }),
+      );
     }
   });
 }
@@ -221,7 +240,10 @@ function closeConsumer<T>(consumer: Consumer, started: Promise<void>, commits: C
  * Emits a batch's messages as records until the capacity is reached (then pauses: unresolved messages are
  * fetched again after the resume), dead-letters poison messages, and resolves what it handled.
  */
-async function eachBatch<T>(work: Consumption<T>, { batch, resolveOffset, heartbeat, isRunning, isStale }: EachBatchPayload): Promise<void> {
+async function eachBatch<T>(
+  work: Consumption<T>,
+  { batch, resolveOffset, heartbeat, isRunning, isStale }: EachBatchPayload,
+): Promise<void> {
   const { topic, partition } = batch;
   // kafkajs parses an offset on every resolve, so resolve once: the last message handled, before returning.
   let handled: string | undefined;
@@ -261,7 +283,13 @@ function decodeValue<T>(decode: (bytes: Uint8Array) => T, message: KafkaMessage)
 }
 
 /** Dead-letters a poison message; false (after failing the stream) when that is impossible or the send failed. */
-async function rejectPoison<T>(work: Consumption<T>, topic: string, partition: number, message: KafkaMessage, error: unknown): Promise<boolean> {
+async function rejectPoison<T>(
+  work: Consumption<T>,
+  topic: string,
+  partition: number,
+  message: KafkaMessage,
+  error: unknown,
+): Promise<boolean> {
   if (!(error instanceof DecodeError) || work.deadLetter === undefined) {
     work.fail(error);
     return false;

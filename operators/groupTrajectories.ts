@@ -82,11 +82,14 @@ export function groupTrajectories(options: GroupTrajectoriesOptions): OperatorFu
           if (added.late === true) return void options.onLate?.(item);
           if (added.opened !== undefined && added.released === undefined && timeoutMs !== undefined) {
             const group = added.opened;
-            timers.set(group, scheduler.schedule(() => {
-              timers.delete(group);
-              const out = store.expire(group, onTimeout === 'drop');
-              if (out !== undefined) subscriber.next(out);
-            }, timeoutMs));
+            timers.set(
+              group,
+              scheduler.schedule(() => {
+                timers.delete(group);
+                const out = store.expire(group, onTimeout === 'drop');
+                if (out !== undefined) subscriber.next(out);
+              }, timeoutMs),
+            );
           }
           if (added.released !== undefined) {
             closed(added.released.group);

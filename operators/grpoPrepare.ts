@@ -117,7 +117,12 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
         // Usually nothing is filtered: the batch collated above only needs its advantages.
         const prepared: Batch =
           kept.length === rows.length
-            ? { ...base, advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages), tokenRewards, ...(refLogprobs ? { refLogprobs } : {}) }
+            ? {
+                ...base,
+                advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages),
+                tokenRewards,
+                ...(refLogprobs ? { refLogprobs } : {}),
+              }
             : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
         metrics['batch/rows'] = prepared.size;
         Object.assign(metrics, rolloutSeconds(rows));

@@ -95,14 +95,19 @@ export function rolloutEpisodes(
   }
   const timeoutMs = options.episodeTimeoutMs;
   if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
-    throw new ConfigError(`rolloutEpisodes episodeTimeoutMs must be a finite number > 0, got ${timeoutMs}`, { context: { key: 'episodeTimeoutMs' } });
+    throw new ConfigError(`rolloutEpisodes episodeTimeoutMs must be a finite number > 0, got ${timeoutMs}`, {
+      context: { key: 'episodeTimeoutMs' },
+    });
   }
   const agents = agentMap(options.agents);
   for (const spec of agents.values()) {
     if (!engines.has(spec.policy)) {
-      throw new ConfigError(`agent '${spec.name}' samples from policy '${spec.policy}', which has no engine; engines: ${[...engines.keys()].join(', ')}`, {
-        context: { key: 'agents', agent: spec.name },
-      });
+      throw new ConfigError(
+        `agent '${spec.name}' samples from policy '${spec.policy}', which has no engine; engines: ${[...engines.keys()].join(', ')}`,
+        {
+          context: { key: 'agents', agent: spec.name },
+        },
+      );
     }
   }
   const slots = episodeSlots(environment, agents, granularity);
@@ -117,7 +122,8 @@ export function rolloutEpisodes(
 export function agentMap(specs: readonly AgentSpec[]): Map<AgentName, AgentSpec> {
   const map = new Map<AgentName, AgentSpec>();
   specs.forEach((spec, i) => {
-    if (map.has(spec.name)) throw new ConfigError(`agents[${i}].name: agent '${spec.name}' is listed twice`, { context: { key: `agents[${i}].name` } });
+    if (map.has(spec.name))
+      throw new ConfigError(`agents[${i}].name: agent '${spec.name}' is listed twice`, { context: { key: `agents[${i}].name` } });
     map.set(spec.name, spec);
   });
   return map;
@@ -132,7 +138,10 @@ function episodeOnce(
   options: RolloutEpisodesOptions,
 ): Observable<RolloutOutput> {
   const taskGroup = groupIdOf(task);
-  const ids = (slot: EpisodeSlot): { id: string; groupId: string } => ({ id: `${taskGroup}${slot.suffix}/${runId}`, groupId: `${taskGroup}${slot.suffix}` });
+  const ids = (slot: EpisodeSlot): { id: string; groupId: string } => ({
+    id: `${taskGroup}${slot.suffix}/${runId}`,
+    groupId: `${taskGroup}${slot.suffix}`,
+  });
   const failure = (slot: EpisodeSlot, error: Error, skipped = false): RolloutOutput => ({
     kind: 'sample-failure',
     ...ids(slot),
@@ -273,9 +282,12 @@ function joinTurns(
       const withoutStop = previous.finishReason === 'stop' ? context.slice(0, -1) : context;
       const matched = [context, withoutStop].find((prefix) => startsWith(turn.promptTokens, prefix));
       if (matched === undefined) {
-        throw new EvaluationError(`trajectory ${id}: the observation of the agent's turn ${k} does not extend its previous prompt and response`, {
-          context: { id },
-        });
+        throw new EvaluationError(
+          `trajectory ${id}: the observation of the agent's turn ${k} does not extend its previous prompt and response`,
+          {
+            context: { id },
+          },
+        );
       }
       const added = turn.promptTokens.slice(matched.length);
       responseTokens.push(...added);

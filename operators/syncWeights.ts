@@ -40,10 +40,7 @@ export interface SyncWeightsOptions {
  * @returns an operator that re-emits each step result after its weights are published.
  * @see train
  */
-export function syncWeights(
-  engines: readonly RolloutEngine[],
-  options: SyncWeightsOptions = {},
-): OperatorFunction<StepResult, StepResult> {
+export function syncWeights(engines: readonly RolloutEngine[], options: SyncWeightsOptions = {}): OperatorFunction<StepResult, StepResult> {
   return (source) =>
     defer(() => {
       let previous = performance.now();

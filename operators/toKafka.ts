@@ -65,7 +65,13 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
   if (!Number.isInteger(capacity) || capacity < 1) {
     throw new ConfigError(`toKafka capacity must be an integer >= 1, got ${capacity}`);
   }
-  const topicOf = typeof options.topic === 'string' ? ((topic: string) => () => topic)(options.topic) : options.topic;
+  const topicOf =
+    typeof options.topic === 'string'
+      ? (
+          (topic: string) => () =>
+            topic
+        )(options.topic)
+      : options.topic;
   return (source) =>
     new Observable<T>((subscriber) => {
       const sender = new BatchSender<T, Pending<T>>({
@@ -84,7 +90,9 @@ export function toKafka<T>(producer: Producer, options: ToKafkaOptions<T>): Oper
           if (sender.push(item)) return;
           const waiting = sender.waiting;
           subscriber.error(
-            new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, { context: { capacity } }),
+            new ConfigError(`toKafka holds ${waiting} unsent items, its capacity; raise 'capacity' or slow the source`, {
+              context: { capacity },
+            }),
           );
         },
         error: (error: unknown) => subscriber.error(error),

@@ -4,7 +4,12 @@ import { EMPTY, lastValueFrom, tap, type Observable } from 'rxjs';
 
 import type { AgentSpec } from '../lib/agent/environment.js';
 import { pruneCheckpoints, resumeCheckpoint } from '../lib/checkpoint/checkpoint.js';
-import { loadPoliciesCheckpoint, savePoliciesCheckpoint, type PoliciesCheckpoint, type PolicyCheckpoint } from '../lib/checkpoint/policiesCheckpoint.js';
+import {
+  loadPoliciesCheckpoint,
+  savePoliciesCheckpoint,
+  type PoliciesCheckpoint,
+  type PolicyCheckpoint,
+} from '../lib/checkpoint/policiesCheckpoint.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
 import type { RxrlConfig, Specialization } from '../lib/config/schema.js';
 import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
@@ -40,7 +45,6 @@ export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | '
   /** Sees every policy's steps. */
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
 }
-
 
 /** One policy of a multi-agent run, as {@link runAgents} reports it. */
 export interface PolicyRunSummary {
@@ -90,7 +94,12 @@ export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = 
   return withRunLock(runDir, () => trainAgents(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
 }
 
-async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDir: string, runDir: string | undefined): Promise<AgentsRunSummary> {
+async function trainAgents(
+  config: RxrlConfig,
+  options: AgentsRunOptions,
+  baseDir: string,
+  runDir: string | undefined,
+): Promise<AgentsRunSummary> {
   const log = (line: string): void => options.log?.(line);
   const recipe = await loadAgentsRecipe(config, baseDir);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
@@ -136,7 +145,9 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, recipe.agents)}`);
     const started = performance.now();
-    const steps$ = finished ? EMPTY : agentSteps(config, options, recipe, { built, base, loader, remaining, runDir, afterStep: () => checkpointIfLevel(false) });
+    const steps$ = finished
+      ? EMPTY
+      : agentSteps(config, options, recipe, { built, base, loader, remaining, runDir, afterStep: () => checkpointIfLevel(false) });
     const writer = metricsFile;
     await lastValueFrom(
       steps$.pipe(
@@ -173,10 +184,18 @@ async function trainAgents(config: RxrlConfig, options: AgentsRunOptions, baseDi
  * frozen base (sampled through a second copy of it), each with its engine and trainer. What is built goes to
  * `built` (and `owned`) as it is, so a failure part-way leaves nothing behind.
  */
-function buildPolicies(config: RxrlConfig, recipe: AgentsRecipe, base: PolicyModel, built: BuiltPolicy[], owned: { dispose(): unknown }[]): void {
+function buildPolicies(
+  config: RxrlConfig,
+  recipe: AgentsRecipe,
+  base: PolicyModel,
+  built: BuiltPolicy[],
+  owned: { dispose(): unknown }[],
+): void {
   const { batchSize, mode } = config.sync;
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
-  const sampleBase = config.policies.some((p) => p.specialization === 'lora') ? PolicyModel.fromWeights(base.config, base.getWeights()) : undefined;
+  const sampleBase = config.policies.some((p) => p.specialization === 'lora')
+    ? PolicyModel.fromWeights(base.config, base.getWeights())
+    : undefined;
   if (sampleBase) owned.push(sampleBase);
   for (const [i, entry] of config.policies.entries()) {
     const models = policyModels(entry, i, base, sampleBase, config.run.seed);
@@ -209,15 +228,23 @@ async function resumePolicies(
   runDir: string | undefined,
   built: readonly BuiltPolicy[],
 ): Promise<PoliciesCheckpoint | undefined> {
-  const resumed = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadPoliciesCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
+  const resumed = await resumeCheckpoint(
+    resumeOf(config, baseDir),
+    runDir,
+    loadPoliciesCheckpoint,
+    damagedCheckpointWarning(runDirWarnings(options)),
+  );
   if (!resumed) return undefined;
   const step = resumed.state.step;
   for (const b of built) {
     const saved = resumed.policies.get(b.entry.name);
     if (saved === undefined) {
-      throw new ConfigError(`resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`, {
-        context: { key: 'policies', path: resumed.path },
-      });
+      throw new ConfigError(
+        `resume: checkpoint ${resumed.path} has no policy '${b.entry.name}' (it has ${[...resumed.policies.keys()].join(', ')})`,
+        {
+          context: { key: 'policies', path: resumed.path },
+        },
+      );
     }
     b.train.setWeights(saved.weights);
     await b.engine.loadWeights(step, saved.weights);
@@ -228,7 +255,13 @@ async function resumePolicies(
 }
 
 /** The run directory before the first step: each step appears once, and a LoRA run's base is written. */
-async function prepareRunDir(runDir: string, fromStep: number, loraBase: string | undefined, base: PolicyModel, files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>): Promise<void> {
+async function prepareRunDir(
+  runDir: string,
+  fromStep: number,
+  loraBase: string | undefined,
+  base: PolicyModel,
+  files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>,
+): Promise<void> {
   await mkdir(runDir, { recursive: true });
   // Lines of steps at or past the checkpoint (all of them on a fresh start) go.
   await dropStepsFrom(metricsPath(runDir), fromStep);
@@ -272,14 +305,32 @@ async function saveLevelCheckpoint(
   config: RxrlConfig,
   runDir: string,
   built: readonly BuiltPolicy[],
-  at: { step: number; loader: LoaderPosition; loraBase: string | undefined; files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>; log: (line: string) => void },
+  at: {
+    step: number;
+    loader: LoaderPosition;
+    loraBase: string | undefined;
+    files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>;
+    log: (line: string) => void;
+  },
 ): Promise<void> {
   const policies: PolicyCheckpoint[] = [];
   for (const b of built) {
     const optimizer = await b.trainer.optimizerState();
-    policies.push({ name: b.entry.name, weights: b.train.getWeights(), optimizer, ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }) });
+    policies.push({
+      name: b.entry.name,
+      weights: b.train.getWeights(),
+      optimizer,
+      ...(b.adapter ? { lora: b.adapter.lora } : { config: b.train.config }),
+    });
   }
-  const path = await savePoliciesCheckpoint(runDir, { step: at.step, seed: config.run.seed, loader: at.loader, policies, ...(at.loraBase ? { baseDir: at.loraBase } : {}), ...at.files });
+  const path = await savePoliciesCheckpoint(runDir, {
+    step: at.step,
+    seed: config.run.seed,
+    loader: at.loader,
+    policies,
+    ...(at.loraBase ? { baseDir: at.loraBase } : {}),
+    ...at.files,
+  });
   await pruneCheckpoints(runDir, config.checkpoint.keepLast);
   at.log(`checkpoint ${path}`);
 }
@@ -289,7 +340,14 @@ function agentSteps(
   config: RxrlConfig,
   options: AgentsRunOptions,
   recipe: AgentsRecipe,
-  run: { built: readonly BuiltPolicy[]; base: PolicyModel; loader: AsyncIterable<Task>; remaining: number; runDir: string | undefined; afterStep: () => Promise<void> },
+  run: {
+    built: readonly BuiltPolicy[];
+    base: PolicyModel;
+    loader: AsyncIterable<Task>;
+    remaining: number;
+    runDir: string | undefined;
+    afterStep: () => Promise<void>;
+  },
 ): Observable<PolicyStepResult> {
   const { built, base, runDir } = run;
   // Each trained step of each policy gets its trained.jsonl line.
@@ -309,7 +367,11 @@ function agentSteps(
       ...common,
       ...kafkaSettings(transport, recipe.tokenizer, config.kafka),
       // A LoRA policy ships its adapter alone; its base is written once for the workers.
-      policies: built.map((b, i) => ({ trainer: trainers[i], policy: b.train, ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}) })),
+      policies: built.map((b, i) => ({
+        trainer: trainers[i],
+        policy: b.train,
+        ...(b.adapter ? { adapter: { lora: b.adapter.lora, base } } : {}),
+      })),
       episodes: recipe.episodes,
     });
   }
@@ -328,7 +390,14 @@ function agentSteps(
 function agentsSummary(
   config: RxrlConfig,
   recipe: AgentsRecipe,
-  run: { backend: string; seconds: number; built: readonly BuiltPolicy[]; saved: ReadonlyMap<string, string>; valInitial: Metrics | null; valFinal: Metrics },
+  run: {
+    backend: string;
+    seconds: number;
+    built: readonly BuiltPolicy[];
+    saved: ReadonlyMap<string, string>;
+    valInitial: Metrics | null;
+    valFinal: Metrics;
+  },
 ): AgentsRunSummary {
   return {
     recipe: recipe.task.name,

@@ -108,7 +108,20 @@ export function embeddedConfig(options: EmbeddedRunOptions = {}): RxrlConfig {
     model: { ...options.model },
     rollout: { groupSize: options.groupSize ?? 8, temperature: options.temperature ?? 1 },
     trainer: {
-      ...pick(trainer, ['learningRate', 'clipLow', 'clipHigh', 'clipRatioC', 'lossAggregation', 'microBatchSize', 'ppoEpochs', 'miniBatches', 'maxGradNorm', 'entropyCoef', 'maxStaleness', 'importanceCap']),
+      ...pick(trainer, [
+        'learningRate',
+        'clipLow',
+        'clipHigh',
+        'clipRatioC',
+        'lossAggregation',
+        'microBatchSize',
+        'ppoEpochs',
+        'miniBatches',
+        'maxGradNorm',
+        'entropyCoef',
+        'maxStaleness',
+        'importanceCap',
+      ]),
     },
     sync: {
       mode: options.mode ?? 'sync',

@@ -1,4 +1,18 @@
-import { EMPTY, Observable, concatMap, filter, finalize, fromEvent, map, merge, share, take, takeUntil, tap, type OperatorFunction } from 'rxjs';
+import {
+  EMPTY,
+  Observable,
+  concatMap,
+  filter,
+  finalize,
+  fromEvent,
+  map,
+  merge,
+  share,
+  take,
+  takeUntil,
+  tap,
+  type OperatorFunction,
+} from 'rxjs';
 import type { StdKind } from '../lib/algos/advantages.js';
 import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/loader.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
@@ -65,7 +79,12 @@ export interface GrpoPipelineConfig {
   /** Base seed of the sampling streams. Default 0. */
   readonly seed?: number;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly epsilon?: number; readonly filterZeroVariance?: boolean };
+  readonly advantage?: {
+    readonly normalizeByStd?: boolean;
+    readonly std?: StdKind;
+    readonly epsilon?: number;
+    readonly filterZeroVariance?: boolean;
+  };
   /** Close incomplete groups after this many ms (see `groupTrajectories`). Default: wait for every sample. */
   readonly groupTimeoutMs?: number;
   /** What a group timeout does: `release` the partial group (default) or `drop` it (counted). */
@@ -137,7 +156,10 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
 }
 
 /** Settings every policy of one loop shares: the data, the staleness mode, the sizes and the hooks. */
-export type PolicyLoopConfig = Omit<GrpoPipelineConfig, 'engines' | 'trainer' | 'evaluator' | 'worker' | 'afterStep' | 'onBatch' | 'startVersion'>;
+export type PolicyLoopConfig = Omit<
+  GrpoPipelineConfig,
+  'engines' | 'trainer' | 'evaluator' | 'worker' | 'afterStep' | 'onBatch' | 'startVersion'
+>;
 
 /** One policy of a loop: its trainer and the engines that sample for it. */
 export interface PolicyLane {
@@ -220,7 +242,8 @@ export interface LoopStage extends RolloutStage {
 export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observable<PolicyStepResult> {
   const { batchSize, groupSize } = config;
   const tags = stage.lanes.map((lane) => lane.trainer.modelTag);
-  if (new Set(tags).size !== tags.length) throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
+  if (new Set(tags).size !== tags.length)
+    throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
   return new Observable<PolicyStepResult>((subscriber) => {
     const lanes = stage.lanes.map((lane) => loopLane(lane, config, stage.slots));
     const [first] = lanes;
@@ -259,7 +282,13 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
       share(),
     );
     const steps$ = merge(
-      ...lanes.map((lane) => laneSteps(lane, groups$.pipe(filter((group) => group.modelTag === lane.modelTag)), { config, stage, batchOf: ordered ? batchOf : undefined })),
+      ...lanes.map((lane) =>
+        laneSteps(lane, groups$.pipe(filter((group) => group.modelTag === lane.modelTag)), {
+          config,
+          stage,
+          batchOf: ordered ? batchOf : undefined,
+        }),
+      ),
     ).pipe(takeUntil(aborted));
     if (config.signal?.aborted) {
       subscriber.complete();
@@ -286,7 +315,10 @@ interface LoopLane {
 function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, slots: LoopStage['slots']): LoopLane {
   const { trainer, afterStep, onBatch } = lane;
   const { modelTag } = trainer;
-  const sink = 'engines' in lane ? engineSink(lane) : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal) };
+  const sink =
+    'engines' in lane
+      ? engineSink(lane)
+      : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal) };
   const gate = new AdmissionGate({
     mode: config.mode ?? 'sync',
     tasksPerBatch: config.batchSize,
@@ -295,7 +327,10 @@ function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, s
     startVersion: sink.startVersion,
   });
   const slotsPerTask = slots.filter((slot) => slot.modelTag === modelTag).length;
-  if (slotsPerTask === 0) throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, { context: { key: 'policies', modelTag } });
+  if (slotsPerTask === 0)
+    throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, {
+      context: { key: 'policies', modelTag },
+    });
   return { trainer, modelTag, gate, slotsPerTask, padId: sink.padId, publish: sink.publish, afterStep, onBatch };
 }
 
@@ -343,7 +378,11 @@ function laneSteps(
     concatMap(async (trained) => {
       const batch = sent.shift() as Batch;
       const groups = trained.metrics['batch/groups'] ?? config.batchSize * lane.slotsPerTask;
-      const step: PolicyStepResult = { ...trained, modelTag: lane.modelTag, ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}) };
+      const step: PolicyStepResult = {
+        ...trained,
+        modelTag: lane.modelTag,
+        ...(stage.namespaceMetrics ? { metrics: prefixed(lane.modelTag, trained.metrics) } : {}),
+      };
       const extra = lane.afterStep ? await lane.afterStep(step) : undefined;
       const result = extra ? { ...step, metrics: { ...step.metrics, ...extra } } : step;
       stage.trained?.(result, batch.meta.groups ?? []);

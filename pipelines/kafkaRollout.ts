@@ -13,7 +13,15 @@ import { Observable, Subject, Subscription, map, tap, type OperatorFunction } fr
 import type { NamedWeights, Tokenizer } from '../lib/engine/types.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
-import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TaskSampling, TrajectoryMessage } from '../lib/kafka/types.js';
+import type {
+  KafkaEvent,
+  KafkaEventType,
+  KafkaRecord,
+  KafkaTopics,
+  TaskMessage,
+  TaskSampling,
+  TrajectoryMessage,
+} from '../lib/kafka/types.js';
 import { WeightsPublisher, weightsRunDir } from '../lib/kafka/weights.js';
 import { markWeightsRun } from '../lib/kafka/weightsCleanup.js';
 import type { ResolvedLoraConfig } from '../lib/model/lora.js';
@@ -288,7 +296,14 @@ export function kafkaRollout(options: KafkaRolloutOptions): RolloutStage {
     },
     trained: (step, groupIds) => {
       const taskIds = groups.trained(groupIds, options.checkpointed?.(step) ?? true);
-      options.emit('trainer.trained', { modelTag: step.modelTag, step: step.step, version: step.version, groupIds, taskIds, trajectoryIds: step.trajectoryIds });
+      options.emit('trainer.trained', {
+        modelTag: step.modelTag,
+        step: step.step,
+        version: step.version,
+        groupIds,
+        taskIds,
+        trajectoryIds: step.trajectoryIds,
+      });
     },
   };
 }
@@ -344,7 +359,9 @@ function sendTasks(admission: LoopAdmission, groups: GroupRecords, options: Kafk
         return taskMessage(task, index++, admission, options);
       }),
       toKafka(options.producer, { topic: options.topics.tasks, encode: encodeTaskMessage, key: (m) => m.task.id }),
-      tap((m) => options.emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion })),
+      tap((m) =>
+        options.emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion }),
+      ),
     );
 }
 

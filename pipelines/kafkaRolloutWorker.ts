@@ -154,10 +154,14 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
   }
   if (!(rolloutDelayMs >= 0)) throw new ConfigError(`rolloutDelayMs must be >= 0, got ${rolloutDelayMs}`);
   if (config.episodes === undefined && config.evaluator === undefined) {
-    throw new ConfigError('kafkaRolloutWorker needs an evaluator (or episodes, whose environment scores)', { context: { key: 'evaluator' } });
+    throw new ConfigError('kafkaRolloutWorker needs an evaluator (or episodes, whose environment scores)', {
+      context: { key: 'evaluator' },
+    });
   }
   const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
-  return new Observable<WorkerTaskResult>((subscriber) => new WorkerRun(config, { concurrency, rolloutDelayMs, workerId }, subscriber).begin());
+  return new Observable<WorkerTaskResult>((subscriber) =>
+    new WorkerRun(config, { concurrency, rolloutDelayMs, workerId }, subscriber).begin(),
+  );
 }
 
 /** A task's result before it is rolled out: its ids and no trajectories. */
@@ -253,7 +257,7 @@ class WorkerRun {
     await new Promise<void>((resolve, reject) => {
       this.inner = merge(work$, this.follower.events.pipe(ignoreElements()))
         .pipe(
-          config.untilRunEnds ?? true ? takeUntil(this.runEnd$()) : identity,
+          (config.untilRunEnds ?? true) ? takeUntil(this.runEnd$()) : identity,
           takeUntil(signal.aborted ? of(true) : fromEvent(signal, 'abort')),
         )
         .subscribe({ next: (result) => this.subscriber.next(result), error: reject, complete: resolve });
@@ -325,7 +329,11 @@ class WorkerRun {
       this.settings.rolloutDelayMs > 0 ? delay(this.settings.rolloutDelayMs) : identity,
       this.sampler(m, engines, engine),
       map((output): TrajectoryMessage => ({ run: m.run, output })),
-      toKafka(this.producer, { topic: config.topics.trajectories, encode: encodeTrajectoryMessage, key: (message) => message.output.groupId }),
+      toKafka(this.producer, {
+        topic: config.topics.trajectories,
+        encode: encodeTrajectoryMessage,
+        key: (message) => message.output.groupId,
+      }),
       reduce(
         (acc, { output }) =>
           isSampleFailure(output)

@@ -81,7 +81,12 @@ export interface KafkaTrainerConfig {
   /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
   readonly steps?: number;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: { readonly normalizeByStd?: boolean; readonly std?: StdKind; readonly epsilon?: number; readonly filterZeroVariance?: boolean };
+  readonly advantage?: {
+    readonly normalizeByStd?: boolean;
+    readonly std?: StdKind;
+    readonly epsilon?: number;
+    readonly filterZeroVariance?: boolean;
+  };
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions;
   /** Close a group this long (ms) after its first trajectory arrived, complete or not. Default: wait. */
@@ -163,7 +168,14 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
   return new Observable<PolicyStepResult>((subscriber) => {
     const link = new RunProducer(config.kafka, config.signal);
     const emit = runEvents(run, config.onEvent);
-    const weights = new PolicyWeights(link.producer, policies, { topic: config.topics.weights, dir: config.weightsDir, run, keepVersions: config.keepVersions, tokenizer: config.tokenizer, emit });
+    const weights = new PolicyWeights(link.producer, policies, {
+      topic: config.topics.weights,
+      dir: config.weightsDir,
+      run,
+      keepVersions: config.keepVersions,
+      tokenizer: config.tokenizer,
+      emit,
+    });
     const { kafka, topics, groupSize, batchSize, groupId, consumer, checkpointed, stepsPerCheckpoint, onEvent } = config;
     const stage = kafkaRollout({
       kafka,
@@ -195,12 +207,19 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       publish: (step, signal) => weights.publish(trainer.modelTag, step, signal),
       afterStep: config.afterStep,
     }));
-    const fail = (error: unknown): void => void link.close().then(() => (link.signal.aborted ? subscriber.complete() : subscriber.error(error)));
-    const subscription = policyLoop(loopConfig(config, link.signal), { ...stage, lanes, slots, namespaceMetrics: config.episodes !== undefined }).subscribe({
+    const fail = (error: unknown): void =>
+      void link.close().then(() => (link.signal.aborted ? subscriber.complete() : subscriber.error(error)));
+    const subscription = policyLoop(loopConfig(config, link.signal), {
+      ...stage,
+      lanes,
+      slots,
+      namespaceMetrics: config.episodes !== undefined,
+    }).subscribe({
       next: (step) => subscriber.next(step),
       error: fail,
       // One end for the run: workers stop following every policy of it. A cancelled run ends without it.
-      complete: () => void (link.signal.aborted ? Promise.resolve() : weights.end()).then(() => link.close().then(() => subscriber.complete()), fail),
+      complete: () =>
+        void (link.signal.aborted ? Promise.resolve() : weights.end()).then(() => link.close().then(() => subscriber.complete()), fail),
     });
     return () => {
       link.abort();
@@ -248,14 +267,17 @@ function checkTrainerConfig(config: KafkaTrainerConfig): { policies: readonly Ka
     throw new ConfigError(`groupSize must be an integer >= 1, got ${groupSize}`, { context: { key: 'groupSize' } });
   }
   const policies = config.policies ?? (config.trainer && config.policy ? [{ trainer: config.trainer, policy: config.policy }] : []);
-  if (policies.length === 0) throw new ConfigError('kafkaTrainer needs a trainer and its policy, or policies', { context: { key: 'policies' } });
+  if (policies.length === 0)
+    throw new ConfigError('kafkaTrainer needs a trainer and its policy, or policies', { context: { key: 'policies' } });
   const { episodes } = config;
   const slots = episodes
     ? episodeSlots(episodes.environment, agentMap(episodes.agents), episodes.granularity ?? 'turn')
     : [{ suffix: '', modelTag: policies[0].trainer.modelTag }];
   for (const tag of new Set(slots.map((slot) => slot.modelTag))) {
     if (!policies.some((p) => p.trainer.modelTag === tag)) {
-      throw new ConfigError(`an agent samples from policy '${tag}', which kafkaTrainer does not train`, { context: { key: 'policies', modelTag: tag } });
+      throw new ConfigError(`an agent samples from policy '${tag}', which kafkaTrainer does not train`, {
+        context: { key: 'policies', modelTag: tag },
+      });
     }
   }
   return { policies, slots };

@@ -1,5 +1,11 @@
 import type { Observable } from 'rxjs';
-import { episodeSlots, type AgentSpec, type EpisodeSlot, type MultiAgentEnvironment, type TrajectoryGranularity } from '../lib/agent/environment.js';
+import {
+  episodeSlots,
+  type AgentSpec,
+  type EpisodeSlot,
+  type MultiAgentEnvironment,
+  type TrajectoryGranularity,
+} from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Batch, Metrics, ModelTag } from '../lib/core/types.js';
@@ -64,9 +70,12 @@ export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable
   const tags = new Set(config.policies.map((policy) => policy.trainer.modelTag));
   config.agents.forEach((agent, i) => {
     if (!tags.has(agent.policy)) {
-      throw new ConfigError(`agents[${i}].policy: agent '${agent.name}' maps to unknown policy '${agent.policy}'; policies: ${[...tags].join(', ')}`, {
-        context: { key: `agents[${i}].policy` },
-      });
+      throw new ConfigError(
+        `agents[${i}].policy: agent '${agent.name}' maps to unknown policy '${agent.policy}'; policies: ${[...tags].join(', ')}`,
+        {
+          context: { key: `agents[${i}].policy` },
+        },
+      );
     }
   });
   const slots = episodeSlots(config.environment, agents, granularity);

@@ -85,7 +85,10 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
       inARow = memo.saved === savedBefore ? inARow + 1 : 1;
       if (!recoverable || inARow > config.tinker.maxRecoveries) throw error;
       const log = moduleLogger(options.logger ?? silentLogger, 'tinker');
-      log.warn({ err: error, from: memo.saved ?? 'the start', attempt: inARow }, 'the Tinker service was lost; restarting from the last checkpoint once it answers');
+      log.warn(
+        { err: error, from: memo.saved ?? 'the start', attempt: inARow },
+        'the Tinker service was lost; restarting from the last checkpoint once it answers',
+      );
       options.log?.(`tinker service lost (${(error as Error).message}); restarting from ${memo.saved ?? 'the start'} once it answers`);
       await waitForTinker(config, reporter.signal, error);
       memo.recoveries++;
@@ -106,7 +109,14 @@ interface RunMemo {
 }
 
 /** One attempt: set up, build the parts, train, release. */
-async function trainOnce(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined, reporter: ErrorReporter, memo: RunMemo): Promise<RunSummary> {
+async function trainOnce(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  baseDir: string,
+  runDir: string | undefined,
+  reporter: ErrorReporter,
+  memo: RunMemo,
+): Promise<RunSummary> {
   const setup = await setUp(config, options, baseDir, runDir, reporter.signal);
   if (memo.recoveries === 0) memo.resumedFrom = setup.checkpoint?.path;
   const parts = await buildParts(config, options, setup, runDir, memo).catch(async (error: unknown) => {
@@ -125,13 +135,27 @@ async function trainOnce(config: RxrlConfig, options: RunTrainingOptions, baseDi
  * Picks the backend, loads the recipe's data, tokenizer and checkpoint, builds the initial model and refuses what
  * cannot run: a tokenizer larger than the model's vocabulary, prompts that do not encode or leave no room.
  */
-async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined, signal: AbortSignal): Promise<RunSetup> {
+async function setUp(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  baseDir: string,
+  runDir: string | undefined,
+  signal: AbortSignal,
+): Promise<RunSetup> {
   const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const { data, evaluator, worker, modelDir, tokenizer } = await loadRollout(config, baseDir);
-  const checkpoint = await resumeCheckpoint(resumeOf(config, baseDir), runDir, loadCheckpoint, damagedCheckpointWarning(runDirWarnings(options)));
+  const checkpoint = await resumeCheckpoint(
+    resumeOf(config, baseDir),
+    runDir,
+    loadCheckpoint,
+    damagedCheckpointWarning(runDirWarnings(options)),
+  );
   if (checkpoint) {
-    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info({ path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length }, 'resuming');
+    moduleLogger(options.logger ?? silentLogger, 'checkpoint').info(
+      { path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length },
+      'resuming',
+    );
     log(`resuming from ${checkpoint.path} (step ${checkpoint.state.step})`);
   }
   // A Tinker-backed run's policy lives on the service: only its context length is needed here.
@@ -142,7 +166,9 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
   let trainTasks: number | undefined;
   try {
     if (initial && tokenizer.vocabSize > initial.config.vocabSize) {
-      throw new ConfigError(`model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`);
+      throw new ConfigError(
+        `model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`,
+      );
     }
     // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
     // custom worker builds its own prompts, so it is trusted with them).
@@ -168,7 +194,13 @@ async function setUp(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
  * checkpoint; its engine (the in-process one, or the caller's); its trainer; and the ledger that checkpoints it.
  * Whatever is built is released if a later part fails.
  */
-async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, runDir: string | undefined, memo: RunMemo): Promise<RunParts> {
+async function buildParts(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  setup: RunSetup,
+  runDir: string | undefined,
+  memo: RunMemo,
+): Promise<RunParts> {
   const onSaved: SavedCheckpoint = async (path, step, pending) => {
     if (runDir) await pruneCheckpoints(runDir, config.checkpoint.keepLast);
     memo.saved = path;
@@ -187,12 +219,15 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
   let engine: RolloutEngine | undefined;
   try {
     if (entry.specialization === 'lora' && options.createEngine) {
-      throw new ConfigError('policies[0]: a LoRA policy samples from the in-process engines or Kafka workers, not from createEngine', { context: { key: 'policies[0].specialization' } });
+      throw new ConfigError('policies[0]: a LoRA policy samples from the in-process engines or Kafka workers, not from createEngine', {
+        context: { key: 'policies[0].specialization' },
+      });
     }
     checkCheckpointKind(checkpoint, entry.specialization === 'lora');
     const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
     // A full policy keeps a copy of its start as the reference; a LoRA policy's frozen base is its start.
-    const reference = needsReference && entry.specialization !== 'lora' ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
+    const reference =
+      needsReference && entry.specialization !== 'lora' ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
     if (reference) owned.push(reference);
     const lora = entry.specialization === 'lora';
     // Over Kafka or a caller's engine the in-process engine only validates, between steps: a full policy's reads
@@ -239,24 +274,42 @@ async function buildParts(config: RxrlConfig, options: RunTrainingOptions, setup
 /** A checkpoint of a full model cannot resume a LoRA policy, nor the other way round; a Tinker one neither. */
 function checkCheckpointKind(checkpoint: Checkpoint | undefined, lora: boolean): void {
   if (checkpoint?.tinker !== undefined) {
-    throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds a state on a Tinker service; resume it with trainer.backend 'tinker'`, {
-      context: { key: 'trainer.backend', path: checkpoint.path },
-    });
+    throw new ConfigError(
+      `resume: checkpoint ${checkpoint.path} holds a state on a Tinker service; resume it with trainer.backend 'tinker'`,
+      {
+        context: { key: 'trainer.backend', path: checkpoint.path },
+      },
+    );
   }
   if (checkpoint === undefined || (checkpoint.lora !== undefined) === lora) return;
   const holds = checkpoint.lora ? 'a LoRA adapter' : 'a full model';
-  throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds ${holds}, but policies[0] is ${lora ? "a 'lora' policy" : 'a full model'}`, {
-    context: { key: 'policies', path: checkpoint.path },
-  });
+  throw new ConfigError(
+    `resume: checkpoint ${checkpoint.path} holds ${holds}, but policies[0] is ${lora ? "a 'lora' policy" : 'a full model'}`,
+    {
+      context: { key: 'policies', path: checkpoint.path },
+    },
+  );
 }
 
 /** The rollout engine: the caller's (`createEngine`), or an in-process one sampling from `sample`. */
-async function buildEngine(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, policy: PolicyModel, sample: PolicyModel): Promise<RolloutEngine> {
+async function buildEngine(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  setup: RunSetup,
+  policy: PolicyModel,
+  sample: PolicyModel,
+): Promise<RolloutEngine> {
   const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const version = setup.checkpoint?.state.version ?? 0;
   if (options.createEngine) {
-    return options.createEngine({ policy, tokenizer: setup.tokenizer, version, backend: setup.backend, samplesPerStep: batchSize * groupSize });
+    return options.createEngine({
+      policy,
+      tokenizer: setup.tokenizer,
+      version,
+      backend: setup.backend,
+      samplesPerStep: batchSize * groupSize,
+    });
   }
   const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
   return new LocalEngine(sample, {
@@ -274,7 +327,14 @@ async function buildEngine(config: RxrlConfig, options: RunTrainingOptions, setu
  */
 async function checkpointWriter(
   config: RxrlConfig,
-  parts: { runDir: string | undefined; policy: PolicyModel; lora: RunParts['lora']; trainer: GrpoTrainer; tokenizer: Tokenizer; onSaved: SavedCheckpoint },
+  parts: {
+    runDir: string | undefined;
+    policy: PolicyModel;
+    lora: RunParts['lora'];
+    trainer: GrpoTrainer;
+    tokenizer: Tokenizer;
+    onSaved: SavedCheckpoint;
+  },
 ): Promise<SaveCheckpoint> {
   const { runDir, policy, lora, trainer, tokenizer } = parts;
   const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
@@ -289,7 +349,9 @@ async function checkpointWriter(
     const path = await saveCheckpoint(runDir, {
       state: { step: trainer.step, version: trainer.step, seed: config.run.seed, loader, pendingTasks },
       buffered,
-      model: lora ? { lora: lora.adapter.lora, weights: policy.getWeights(), baseDir: baseDir ?? null } : { config: policy.config, weights: policy.getWeights(), ...files },
+      model: lora
+        ? { lora: lora.adapter.lora, weights: policy.getWeights(), baseDir: baseDir ?? null }
+        : { config: policy.config, weights: policy.getWeights(), ...files },
       optimizer: await trainer.optimizerState(),
     });
     await parts.onSaved(path, trainer.step, pendingTasks.length);
@@ -300,7 +362,14 @@ async function checkpointWriter(
  * The loop: validates before, trains `run.steps` steps (the embedded pipeline, or the Kafka trainer), validates
  * every `validation.every` versions and after, and reports.
  */
-async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup: RunSetup, parts: RunParts, reporter: ErrorReporter, memo: RunMemo): Promise<RunSummary> {
+async function trainLoop(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  setup: RunSetup,
+  parts: RunParts,
+  reporter: ErrorReporter,
+  memo: RunMemo,
+): Promise<RunSummary> {
   const { data, evaluator } = setup;
   const { engine, trainer, ledger } = parts;
   // The attempt ends when the reporter stops the run, or when the trainer's service is lost (a Tinker-backed run).
@@ -319,11 +388,18 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
   // `timing/wait_s` and `timing/total_s`, which it delays.
   const score = async (): Promise<Metrics> => {
     const started = performance.now();
-    const scores = await validate(engine, data.validation, evaluator, { maxTokens: data.maxTokens, temperature: config.validation.temperature, seed, signal, worker: baseWorker });
+    const scores = await validate(engine, data.validation, evaluator, {
+      maxTokens: data.maxTokens,
+      temperature: config.validation.temperature,
+      seed,
+      signal,
+      worker: baseWorker,
+    });
     return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
   };
   // A restarted attempt keeps the first attempt's validation before training.
-  const before = memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
+  const before =
+    memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
   // Validation lines carry the step they follow (−1 before the first).
   if (before && memo.recoveries === 0) ledger.writeMetrics(trainer.step - 1, trainer.step, before);
   memo.before = before;
@@ -338,7 +414,16 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
   if (remaining === 0) options.log?.(`run already finished: ${trainer.step} of ${config.run.steps} steps trained`);
   else {
-    const steps$ = stepsOf(config, options, setup, parts, { remaining, score, worker: ledger.recording(baseWorker), reporter, signal, noticeLost, outcomes, failed });
+    const steps$ = stepsOf(config, options, setup, parts, {
+      remaining,
+      score,
+      worker: ledger.recording(baseWorker),
+      reporter,
+      signal,
+      noticeLost,
+      outcomes,
+      failed,
+    });
     try {
       await lastValueFrom(
         steps$.pipe(
@@ -355,7 +440,9 @@ async function trainLoop(config: RxrlConfig, options: RunTrainingOptions, setup:
     } finally {
       // Under stop_on_error, failures of steps that never completed (the data ended mid-step, the run was cancelled)
       // are reported all the same.
-      if (reporter.policy === 'stop_on_error') for (const failure of outcomes.pending()) reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+      if (reporter.policy === 'stop_on_error')
+        for (const failure of outcomes.pending())
+          reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
     }
   }
   // A lost service ends the attempt with its error: nothing more can be saved there.
@@ -418,12 +505,17 @@ function stepsOf(
   };
   const transport = options.kafka;
   if (transport) {
-    if (policy === undefined) throw new ConfigError("kafka: a run trained on a Tinker service samples through it, not through Kafka workers", { context: { key: 'trainer.backend' } });
+    if (policy === undefined)
+      throw new ConfigError('kafka: a run trained on a Tinker service samples through it, not through Kafka workers', {
+        context: { key: 'trainer.backend' },
+      });
     const checkpointed = config.run.dir !== null && config.checkpoint.every > 0;
     return kafkaTrainer({
       ...common,
       ...kafkaSettings(transport, setup.tokenizer, config.kafka),
-      ...(parts.lora ? { policies: [{ trainer: common.trainer, policy, adapter: { lora: parts.lora.adapter.lora, base: parts.lora.base } }] } : { policy }),
+      ...(parts.lora
+        ? { policies: [{ trainer: common.trainer, policy, adapter: { lora: parts.lora.adapter.lora, base: parts.lora.base } }] }
+        : { policy }),
       // Trajectory offsets are committed once a checkpoint holds their step.
       ...(checkpointed ? { checkpointed: () => ledger.checkpointed(trainer.step), stepsPerCheckpoint: config.checkpoint.every } : {}),
     });
@@ -437,7 +529,8 @@ function stepsOf(
     ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
     onSample: (output) => {
       if (isSampleFailure(output) && loop.noticeLost(output.error)) return;
-      const report = (failure: SampleFailure): unknown => loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
+      const report = (failure: SampleFailure): unknown =>
+        loop.reporter.report(failure.error, { module: 'rollout', taskId: failure.taskId, trajectoryId: failure.id });
       // Under continue each failure is reported as it comes; under stop_on_error once its step's samples have ended.
       if (isSampleFailure(output) && output.skipped !== true && loop.reporter.policy === 'continue') report(output);
       const verdict = loop.outcomes.ended(output);
@@ -525,7 +618,9 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
   // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
   const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir);
-  const { evaluator, worker, tokenizer } = agents ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer } : await loadRollout(config, baseDir);
+  const { evaluator, worker, tokenizer } = agents
+    ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer }
+    : await loadRollout(config, baseDir);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
   try {
@@ -573,4 +668,3 @@ function describeStop(cause: unknown): string {
 function round(x: number, digits: number): number {
   return Number(x.toFixed(digits));
 }
-

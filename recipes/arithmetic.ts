@@ -60,7 +60,11 @@ export const equationEvaluator: Evaluator = {
     const match = info?.finishReason === 'length' ? null : EQUATION.exec(response);
     const format = match !== null && `${match[1]} ${match[2]} ${match[3]}` === question;
     const correct = format && `${question} = ${match[4]}` === answer;
-    return { reward: correct ? 1 : format ? FORMAT_CREDIT : 0, groundTruth: answer, metrics: { format: format ? 1 : 0, correct: correct ? 1 : 0 } };
+    return {
+      reward: correct ? 1 : format ? FORMAT_CREDIT : 0,
+      groundTruth: answer,
+      metrics: { format: format ? 1 : 0, correct: correct ? 1 : 0 },
+    };
   },
 };
 
@@ -80,13 +84,18 @@ export function arithmeticTask(options: ArithmeticTaskOptions = {}): ArithmeticT
   const validationSize = options.validationSize ?? 64;
   const ops = [...operators];
   if (ops.length === 0 || new Set(ops).size !== ops.length || !ops.every((op) => ARITHMETIC_OPERATORS.includes(op as ArithmeticOperator))) {
-    throw new ConfigError(`data.arithmetic.operators: distinct characters of '+-*', got '${operators}'`, { context: { key: 'data.arithmetic.operators' } });
+    throw new ConfigError(`data.arithmetic.operators: distinct characters of '+-*', got '${operators}'`, {
+      context: { key: 'data.arithmetic.operators' },
+    });
   }
   if (!(Number.isInteger(maxOperand) && maxOperand >= 2 && maxOperand <= 999)) {
-    throw new ConfigError(`data.arithmetic.maxOperand: an integer in 2..999, got ${maxOperand}`, { context: { key: 'data.arithmetic.maxOperand' } });
+    throw new ConfigError(`data.arithmetic.maxOperand: an integer in 2..999, got ${maxOperand}`, {
+      context: { key: 'data.arithmetic.maxOperand' },
+    });
   }
   const questions: { a: number; op: ArithmeticOperator; b: number }[] = [];
-  for (const op of ops as ArithmeticOperator[]) for (let a = 1; a <= maxOperand; a++) for (let b = 1; b <= maxOperand; b++) questions.push({ a, op, b });
+  for (const op of ops as ArithmeticOperator[])
+    for (let a = 1; a <= maxOperand; a++) for (let b = 1; b <= maxOperand; b++) questions.push({ a, op, b });
   if (validationSize >= questions.length) {
     throw new ConfigError(`data.task.validationSize: ${validationSize} leaves no training questions (${questions.length} in all)`, {
       context: { key: 'data.task.validationSize' },
@@ -104,5 +113,11 @@ export function arithmeticTask(options: ArithmeticTaskOptions = {}): ArithmeticT
     };
   });
   const maxAnswerLength = Math.max(...tasks.map((t) => (t.answer ?? '').length));
-  return { name, train: tasks.slice(validationSize), validation: tasks.slice(0, validationSize), evaluator: equationEvaluator, maxAnswerLength };
+  return {
+    name,
+    train: tasks.slice(validationSize),
+    validation: tasks.slice(0, validationSize),
+    evaluator: equationEvaluator,
+    maxAnswerLength,
+  };
 }

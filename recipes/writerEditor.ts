@@ -40,7 +40,9 @@ export interface WriterEditorTask {
 export function writerEditorTask(options: StringTransformOptions = {}): WriterEditorTask {
   const base = stringTransformTask(options);
   if (base.characters.includes(DRAFT_SEPARATOR)) {
-    throw new ConfigError(`the writer–editor task needs an alphabet without '${DRAFT_SEPARATOR}'`, { context: { key: 'data.task.alphabet' } });
+    throw new ConfigError(`the writer–editor task needs an alphabet without '${DRAFT_SEPARATOR}'`, {
+      context: { key: 'data.task.alphabet' },
+    });
   }
   return {
     name: `writer-editor-${base.name}`,

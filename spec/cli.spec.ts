@@ -46,7 +46,9 @@ describe('rxrl CLI (built by pretest)', () => {
     expect(bad.stderr).toMatch(/ConfigError: steps must be a non-negative integer/);
     const mode = await rxrl(['start', '--steps', '1', '--mode', 'eventually']);
     expect(mode.code).toBe(1);
-    expect(mode.stderr).toMatch(/ConfigError: invalid configuration:\s+sync\.mode: must be one of the possible values: \["sync","batch-async","fully-async"\]/);
+    expect(mode.stderr).toMatch(
+      /ConfigError: invalid configuration:\s+sync\.mode: must be one of the possible values: \["sync","batch-async","fully-async"\]/,
+    );
     // A typo is refused, not ignored (the run would otherwise start with defaults).
     const typo = await rxrl(['start', '--bogus-flag']);
     expect(typo.code).toBe(2);
@@ -62,12 +64,20 @@ const COMMANDS = ['start', 'serve', 'tinker', 'run', 'trainer', 'worker', 'confi
 describe('rxrl CLI: strict arguments on every command', () => {
   it('a flag without its value is one line on stderr and exit 2, not a run with the default', async () => {
     const result = await rxrl(['start', '--steps']);
-    expect(result).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl start: option '--steps' needs a value (see rxrl start --help)\n" });
+    expect(result).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: "rxrl: UsageError: rxrl start: option '--steps' needs a value (see rxrl start --help)\n",
+    });
     const before = await rxrl(['start', '--steps', '--seed', '3']);
     expect(before.code).toBe(2);
     expect(before.stderr).toMatch(/^rxrl: UsageError: rxrl start: option '--steps' needs a value, got the option '--seed'.*\n$/);
     const set = await rxrl(['config', join(root, 'recipes', 'reverse.json'), '--set']);
-    expect(set).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl config: option '--set' needs a value (see rxrl config --help)\n" });
+    expect(set).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: "rxrl: UsageError: rxrl config: option '--set' needs a value (see rxrl config --help)\n",
+    });
   });
 
   it('every command refuses an unknown flag and a wrong argument count with one line and exit 2', async () => {
@@ -78,11 +88,19 @@ describe('rxrl CLI: strict arguments on every command', () => {
     }
     expect((await rxrl(['run'])).stderr).toBe('rxrl: UsageError: rxrl run: missing <recipe.json|yaml> (see rxrl run --help)\n');
     const extra = await rxrl(['report', 'a', 'b']);
-    expect(extra).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: rxrl report: unexpected argument 'b' (see rxrl report --help)\n" });
-    expect(await rxrl(['frobnicate'])).toEqual({ code: 2, stdout: '', stderr: "rxrl: UsageError: unknown command 'frobnicate' (see rxrl --help)\n" });
+    expect(extra).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: "rxrl: UsageError: rxrl report: unexpected argument 'b' (see rxrl report --help)\n",
+    });
+    expect(await rxrl(['frobnicate'])).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: "rxrl: UsageError: unknown command 'frobnicate' (see rxrl --help)\n",
+    });
   });
 
-  it('-h and --help print that command\'s usage and exit 0, on every command', async () => {
+  it("-h and --help print that command's usage and exit 0, on every command", async () => {
     for (const command of COMMANDS) {
       for (const flag of ['-h', '--help']) {
         const result = await rxrl([command, flag]);
@@ -110,7 +128,15 @@ describe('rxrl CLI: strict arguments on every command', () => {
       expect(await rxrl(['report', dir, '--out', first, `--out=${last}`])).toEqual({ code: 0, stdout: `${last}\n`, stderr: '' });
       expect(existsSync(last)).toBe(true);
       expect(existsSync(first)).toBe(false);
-      const config = await rxrl(['config', join(root, 'recipes', 'reverse.json'), '--set', 'run.steps=7', '--set=run.seed=9', '--set', 'run.steps=8']);
+      const config = await rxrl([
+        'config',
+        join(root, 'recipes', 'reverse.json'),
+        '--set',
+        'run.steps=7',
+        '--set=run.seed=9',
+        '--set',
+        'run.steps=8',
+      ]);
       expect(config.code).toBe(0);
       expect(JSON.parse(config.stdout).run).toMatchObject({ steps: 8, seed: 9 });
     } finally {

@@ -22,7 +22,11 @@ function refusal(argv: string[]): UsageError {
 
 describe('parseCommand', () => {
   it('reads --flag VALUE and --flag=VALUE, switches and positionals', () => {
-    expect(parseCommand(run, ['r.yaml', '--steps', '3', '--verbose'])).toEqual({ help: false, values: { steps: '3', verbose: true }, positionals: ['r.yaml'] });
+    expect(parseCommand(run, ['r.yaml', '--steps', '3', '--verbose'])).toEqual({
+      help: false,
+      values: { steps: '3', verbose: true },
+      positionals: ['r.yaml'],
+    });
     expect(parseCommand(run, ['--steps=-1', 'r.yaml']).values.steps).toBe('-1');
     expect(parseCommand(run, ['--', '--steps']).positionals).toEqual(['--steps']);
   });
@@ -38,7 +42,10 @@ describe('parseCommand', () => {
       [['r.yaml', '-x'], "rxrl run: unknown option '-x' (see rxrl run --help)"],
       [['r.yaml', '--steps'], "rxrl run: option '--steps' needs a value (see rxrl run --help)"],
       [['r.yaml', '--steps='], "rxrl run: option '--steps' needs a value (see rxrl run --help)"],
-      [['r.yaml', '--steps', '--verbose'], "rxrl run: option '--steps' needs a value, got the option '--verbose' (write --steps=VALUE for a value that starts with '-') (see rxrl run --help)"],
+      [
+        ['r.yaml', '--steps', '--verbose'],
+        "rxrl run: option '--steps' needs a value, got the option '--verbose' (write --steps=VALUE for a value that starts with '-') (see rxrl run --help)",
+      ],
       [['r.yaml', '--set'], "rxrl run: option '--set' needs a value (see rxrl run --help)"],
       [['r.yaml', '--verbose=yes'], "rxrl run: option '--verbose' takes no value (see rxrl run --help)"],
       [[], 'rxrl run: missing <recipe> (see rxrl run --help)'],

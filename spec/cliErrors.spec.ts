@@ -75,7 +75,9 @@ describe('rxrl CLI: missing paths are one typed line', () => {
     const result = await rxrl(['serve', '--lora-modules', `coder=${missing}`, '--port', '0', '--backend', 'cpu']);
     expect(result.code).not.toBe(0);
     expect(result.stderr).not.toContain('    at ');
-    expect(result.stderr.trim().split('\n').at(-1)).toMatch(/^rxrl: ConfigError: loraModules\.coder: lora_path ".*missing-adapter" does not exist$/);
+    expect(result.stderr.trim().split('\n').at(-1)).toMatch(
+      /^rxrl: ConfigError: loraModules\.coder: lora_path ".*missing-adapter" does not exist$/,
+    );
   });
 
   it('serve --model with a directory that is no model: ConfigError naming it', async () => {
@@ -100,13 +102,29 @@ describe('rxrl CLI: multi-agent recipes', () => {
   it('run trains a multi-agent recipe and prints its summary: both policies, adapter-sized syncs', async () => {
     const runDir = join(dir, 'agents-run');
     const result = await rxrl([
-      'run', join(root, 'recipes', 'writer-editor-lora.yaml'),
-      '--set', 'run.steps=2', '--set', 'sync.batchSize=2', '--set', 'rollout.groupSize=2', '--set', 'data.task.validationSize=10',
-      '--set', `run.dir=${runDir}`, '--set', 'logging.level=silent',
+      'run',
+      join(root, 'recipes', 'writer-editor-lora.yaml'),
+      '--set',
+      'run.steps=2',
+      '--set',
+      'sync.batchSize=2',
+      '--set',
+      'rollout.groupSize=2',
+      '--set',
+      'data.task.validationSize=10',
+      '--set',
+      `run.dir=${runDir}`,
+      '--set',
+      'logging.level=silent',
     ]);
     expect(result.code).toBe(0);
-    const summary = JSON.parse(result.stdout.trim().split('\n').at(-1) ?? '') as { policies: { name: string; steps: number; syncBytes: number }[] };
-    expect(summary.policies.map((p) => [p.name, p.steps])).toEqual([['writer', 2], ['editor', 2]]);
+    const summary = JSON.parse(result.stdout.trim().split('\n').at(-1) ?? '') as {
+      policies: { name: string; steps: number; syncBytes: number }[];
+    };
+    expect(summary.policies.map((p) => [p.name, p.steps])).toEqual([
+      ['writer', 2],
+      ['editor', 2],
+    ]);
     expect(summary.policies[0].syncBytes).toBe(94208);
     expect((await readdir(join(runDir, 'policies', 'writer'))).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
   }, 60_000);

@@ -69,7 +69,13 @@ describe('retry', () => {
     };
     expect(await attempts(new EngineError('400', { retriable: false }))).toBe(1);
     expect(await attempts(new Error('plain'))).toBe(1);
-    for (const bug of [new TypeError('x is undefined'), new RangeError('r'), new SyntaxError('s'), new ConfigError('c'), new ShapeError('s')]) {
+    for (const bug of [
+      new TypeError('x is undefined'),
+      new RangeError('r'),
+      new SyntaxError('s'),
+      new ConfigError('c'),
+      new ShapeError('s'),
+    ]) {
       expect(isProgrammerError(bug)).toBe(true);
       expect(await attempts(bug, () => true)).toBe(1);
     }

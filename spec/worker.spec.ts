@@ -54,7 +54,9 @@ describe('rollout workers', () => {
       { addGenerationPrompt: true },
     );
     expect(requests[0]).toMatchObject({ promptTokens: expected, maxTokens: 8, seed: 7, stopTokens: engine.tokenizer.stopIds });
-    expect(engine.tokenizer.decode(expected, { skipSpecialTokens: false })).toMatch(/<\|im_start\|>user\nWhat is 2 \+ 3\?<\|im_end\|>\n<\|im_start\|>assistant\n$/);
+    expect(engine.tokenizer.decode(expected, { skipSpecialTokens: false })).toMatch(
+      /<\|im_start\|>user\nWhat is 2 \+ 3\?<\|im_end\|>\n<\|im_start\|>assistant\n$/,
+    );
     expect(sample).toMatchObject({ promptTokens: expected, response: '2 + 3 = 5', finishReason: 'stop', policyVersion: 3 });
     expect(sample.lossMask.every((m) => m === 1)).toBe(true);
   });

@@ -44,7 +44,9 @@ export async function trainAgent(example: string, agent: AgentProgram): Promise<
       }).pipe(
         tap((step) => {
           const m = step.metrics;
-          process.stderr.write(`step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, response ${m['response_length/mean'].toFixed(1)} tokens\n`);
+          process.stderr.write(
+            `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, response ${m['response_length/mean'].toFixed(1)} tokens\n`,
+          );
         }),
       ),
       { defaultValue: undefined },

@@ -52,7 +52,20 @@ export interface RunAgentCommandOptions {
  * Variables of this process's environment that an agent gets without `inheritEnv`: what a program needs to run
  * at all (find executables, a home and a temporary directory, its locale and time zone), plus every `LC_*`.
  */
-export const AGENT_BASE_ENV: readonly string[] = ['PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'TMPDIR', 'TMP', 'TEMP'];
+export const AGENT_BASE_ENV: readonly string[] = [
+  'PATH',
+  'HOME',
+  'USER',
+  'LOGNAME',
+  'SHELL',
+  'LANG',
+  'LANGUAGE',
+  'TZ',
+  'TERM',
+  'TMPDIR',
+  'TMP',
+  'TEMP',
+];
 
 /**
  * The environment of an agent command: {@link AGENT_BASE_ENV} and `LC_*` from `parent` (or all of it with
@@ -66,7 +79,13 @@ export const AGENT_BASE_ENV: readonly string[] = ['PATH', 'HOME', 'USER', 'LOGNA
  * @param cookie - The sample's cookie ({@link SAMPLE_COOKIE_VARIABLE}).
  * @returns The variables.
  */
-export function agentEnvironment(parent: NodeJS.ProcessEnv, agent: AgentCommand, endpoint: AgentEndpoint, task: Task, cookie: string): Record<string, string> {
+export function agentEnvironment(
+  parent: NodeJS.ProcessEnv,
+  agent: AgentCommand,
+  endpoint: AgentEndpoint,
+  task: Task,
+  cookie: string,
+): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [name, value] of Object.entries(parent)) {
     if (value !== undefined && (agent.inheritEnv === true || AGENT_BASE_ENV.includes(name) || name.startsWith('LC_'))) env[name] = value;
@@ -96,8 +115,15 @@ export function agentEnvironment(parent: NodeJS.ProcessEnv, agent: AgentCommand,
  * @throws {@link AgentError} when it cannot start, exits non-zero or prints a reward that is no finite number;
  * `signal.reason` when cancelled.
  */
-export async function runAgentCommand(agent: AgentCommand, task: Task, endpoint: AgentEndpoint, signal: AbortSignal, options: RunAgentCommandOptions): Promise<AgentCommandResult> {
-  if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new AgentError('the agent was cancelled', { context: { taskId: task.id } });
+export async function runAgentCommand(
+  agent: AgentCommand,
+  task: Task,
+  endpoint: AgentEndpoint,
+  signal: AbortSignal,
+  options: RunAgentCommandOptions,
+): Promise<AgentCommandResult> {
+  if (signal.aborted)
+    throw signal.reason instanceof Error ? signal.reason : new AgentError('the agent was cancelled', { context: { taskId: task.id } });
   const cookie = randomBytes(16).toString('hex');
   const child = spawn('/bin/sh', ['-c', agent.command], {
     cwd: agent.cwd,
@@ -120,7 +146,10 @@ export async function runAgentCommand(agent: AgentCommand, task: Task, endpoint:
   });
   if (child.pid === undefined) {
     const cause = await exited;
-    throw new AgentError(`cannot start the agent '${agent.command}': ${cause instanceof Error ? cause.message : 'no process'}`, { cause, context: { taskId: task.id } });
+    throw new AgentError(`cannot start the agent '${agent.command}': ${cause instanceof Error ? cause.message : 'no process'}`, {
+      cause,
+      context: { taskId: task.id },
+    });
   }
   const tree: ProcessTree = { leader: child.pid, cookie };
   const untrack = trackTree(tree);
@@ -141,8 +170,10 @@ export async function runAgentCommand(agent: AgentCommand, task: Task, endpoint:
     signal.removeEventListener('abort', stop);
     untrack();
   }
-  if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new AgentError('the agent was cancelled', { context: { taskId: task.id } });
-  if (outcome instanceof Error) throw new AgentError(`the agent '${agent.command}' failed: ${outcome.message}`, { cause: outcome, context: { taskId: task.id } });
+  if (signal.aborted)
+    throw signal.reason instanceof Error ? signal.reason : new AgentError('the agent was cancelled', { context: { taskId: task.id } });
+  if (outcome instanceof Error)
+    throw new AgentError(`the agent '${agent.command}' failed: ${outcome.message}`, { cause: outcome, context: { taskId: task.id } });
   if (outcome.code !== 0) {
     const how = outcome.code === null ? `signal ${outcome.killedBy}` : `code ${outcome.code}`;
     throw new AgentError(`the agent exited with ${how} on task ${task.id}${stderr ? `: ${stderr.trim()}` : ''}`, {

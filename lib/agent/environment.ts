@@ -110,7 +110,8 @@ export function episodeSlots(
   granularity: TrajectoryGranularity,
 ): EpisodeSlot[] {
   const { turnOrder, maxTurns } = environment;
-  if (turnOrder.length === 0) throw new ConfigError('a multi-agent environment needs at least one agent in turnOrder', { context: { key: 'turnOrder' } });
+  if (turnOrder.length === 0)
+    throw new ConfigError('a multi-agent environment needs at least one agent in turnOrder', { context: { key: 'turnOrder' } });
   if (!(Number.isInteger(maxTurns) && maxTurns >= 1)) {
     throw new ConfigError(`environment maxTurns must be an integer >= 1, got ${maxTurns}`, { context: { key: 'maxTurns' } });
   }
@@ -120,9 +121,12 @@ export function episodeSlots(
     const agent = turnOrder[turn % turnOrder.length];
     const spec = agents.get(agent);
     if (spec === undefined) {
-      throw new ConfigError(`agent '${agent}' of the environment's turnOrder has no agent spec; given: ${[...agents.keys()].join(', ') || 'none'}`, {
-        context: { key: 'agents', agent },
-      });
+      throw new ConfigError(
+        `agent '${agent}' of the environment's turnOrder has no agent spec; given: ${[...agents.keys()].join(', ') || 'none'}`,
+        {
+          context: { key: 'agents', agent },
+        },
+      );
     }
     if (granularity === 'turn') slots.push({ agent, modelTag: spec.policy, turn, suffix: `/${agent}/${turn}` });
     else if (!seen.has(agent)) slots.push({ agent, modelTag: spec.policy, turn: null, suffix: `/${agent}` });

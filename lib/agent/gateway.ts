@@ -114,7 +114,12 @@ export function gatewayWorker(agent: AgentProgram, options: GatewayWorkerOptions
   const runSample = async (input: RolloutWorkerInput, signal: AbortSignal): Promise<RolloutSample> => {
     const gateway = await gatewayOf(input.engine);
     const sessionId = `${input.id.replace(/[^A-Za-z0-9._:-]/g, '_').slice(0, 100)}-${randomBytes(4).toString('hex')}`;
-    const session = gateway.sessions.open(sessionId, { seed: input.seed, maxTokens: input.maxTokens, temperature: input.temperature, topP: input.topP });
+    const session = gateway.sessions.open(sessionId, {
+      seed: input.seed,
+      maxTokens: input.maxTokens,
+      temperature: input.temperature,
+      topP: input.topP,
+    });
     const context: AgentContext = { baseURL: `${gateway.url}/sessions/${sessionId}/v1`, apiKey, model: gateway.modelName, signal };
     try {
       if ('run' in agent) return sampleOf(session, await runFunction(agent.run, input.task, context), input.id);
@@ -151,18 +156,28 @@ async function runFunction(run: AgentFunction, task: Task, context: AgentContext
     result = await run(task, context);
   } catch (cause) {
     if (context.signal.aborted || isAbortError(cause)) throw cause;
-    throw new AgentError(`the agent failed on task ${task.id}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, context: { taskId: task.id } });
+    throw new AgentError(`the agent failed on task ${task.id}: ${cause instanceof Error ? cause.message : String(cause)}`, {
+      cause,
+      context: { taskId: task.id },
+    });
   }
   if (result === undefined || result === null) return undefined;
   const reward = typeof result === 'number' ? result : result.reward;
   if (typeof reward !== 'number' || !Number.isFinite(reward)) {
-    throw new AgentError(`the agent returned a reward that is not a finite number for task ${task.id}`, { context: { taskId: task.id, reward } });
+    throw new AgentError(`the agent returned a reward that is not a finite number for task ${task.id}`, {
+      context: { taskId: task.id, reward },
+    });
   }
   return reward;
 }
 
 /** The sample of a finished session: its last sequence, with the agent's reward or the session's. */
-function sampleOf(session: Session, agentReward: number | undefined, id: string, metrics: Readonly<Record<string, number>> = {}): RolloutSample {
+function sampleOf(
+  session: Session,
+  agentReward: number | undefined,
+  id: string,
+  metrics: Readonly<Record<string, number>> = {},
+): RolloutSample {
   if (session.calls.length === 0) throw new AgentError(`the agent made no call to the model (sample ${id})`, { context: { id } });
   const sequences = sessionSamples(session, 'trajectory');
   const lastCall = session.calls[session.calls.length - 1].id;

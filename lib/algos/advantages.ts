@@ -370,14 +370,8 @@ export function computeGroupAdvantagesTensor(
     const isNonfinite = tf.logicalAnd(present, poisoned); // [G]
     const eligible = tf.logicalAnd(present, tf.logicalNot(isNonfinite)); // [G]
     const isSingleton = tf.logicalAnd(eligible, tf.equal(units, 1)); // [G]
-    const isZeroVariance = tf.logicalAnd(
-      tf.logicalAnd(eligible, tf.greater(units, 1)),
-      tf.equal(groupMax, groupMin),
-    ); // [G]
-    const isNormal = tf.logicalAnd(
-      tf.logicalAnd(eligible, tf.greater(units, 1)),
-      tf.logicalNot(isZeroVariance),
-    ); // [G]
+    const isZeroVariance = tf.logicalAnd(tf.logicalAnd(eligible, tf.greater(units, 1)), tf.equal(groupMax, groupMin)); // [G]
+    const isNormal = tf.logicalAnd(tf.logicalAnd(eligible, tf.greater(units, 1)), tf.logicalNot(isZeroVariance)); // [G]
 
     // Each unit's group statistics: a product with the membership matrix (0 outside normal groups, never NaN).
     const normalF = tf.cast(isNormal, 'float32'); // [G]
@@ -430,7 +424,10 @@ function checkTensorArguments(
   assertLength(groupIndex, n, 'groupIndex', fn);
   if (options.runIndex !== undefined) assertLength(options.runIndex, n, 'runIndex', fn);
   const numRuns = options.numRuns ?? n;
-  for (const [name, value] of [['numGroups', numGroups], ['numRuns', numRuns]] as const) {
+  for (const [name, value] of [
+    ['numGroups', numGroups],
+    ['numRuns', numRuns],
+  ] as const) {
     if (!Number.isInteger(value) || value < 0) {
       throw new ConfigError(`${fn}: ${name} must be an integer ≥ 0, got ${value}`, { context: { [name]: value } });
     }

@@ -95,12 +95,7 @@ export interface AggregateLossOptions {
  * @returns Scalar loss, `[]`; differentiable with respect to `lossMat`.
  * @throws {@link ConfigError} for an unknown mode or a non-positive `maxLength`.
  */
-export function aggregateLoss(
-  lossMat: tf.Tensor,
-  mask: tf.Tensor,
-  mode: LossAggMode,
-  options: AggregateLossOptions = {},
-): tf.Scalar {
+export function aggregateLoss(lossMat: tf.Tensor, mask: tf.Tensor, mode: LossAggMode, options: AggregateLossOptions = {}): tf.Scalar {
   assertRank(lossMat, 2, 'lossMat', 'aggregateLoss');
   assertSameShape('aggregateLoss', { lossMat, mask });
   const [rows, width] = lossMat.shape;

@@ -45,23 +45,10 @@ export {
   klLowVar,
   klMse,
 } from './kl.js';
-export type {
-  KlEstimator,
-  KlEstimatorName,
-  KlLossInput,
-  KlLossOptions,
-  KlPenaltyInput,
-  KlPenaltyOptions,
-  KlPenaltyResult,
-} from './kl.js';
+export type { KlEstimator, KlEstimatorName, KlLossInput, KlLossOptions, KlPenaltyInput, KlPenaltyOptions, KlPenaltyResult } from './kl.js';
 
 // ── KL controllers ─────────────────────────────────────────────────────────────
-export {
-  ADAPTIVE_KL_ERROR_CLIP,
-  KL_CONTROLLER_TYPES,
-  createKlController,
-  updateKlController,
-} from './klController.js';
+export { ADAPTIVE_KL_ERROR_CLIP, KL_CONTROLLER_TYPES, createKlController, updateKlController } from './klController.js';
 export type { AdaptiveKlController, FixedKlController, KlController, KlControllerType } from './klController.js';
 
 // ── policy loss ────────────────────────────────────────────────────────────────

@@ -98,10 +98,7 @@ export function updateKlController(controller: KlController, currentKl: number, 
       return controller;
     case 'adaptive': {
       if (!Number.isFinite(currentKl) || !(n > 0)) return controller;
-      const error = Math.min(
-        Math.max(currentKl / controller.targetKl - 1, -ADAPTIVE_KL_ERROR_CLIP),
-        ADAPTIVE_KL_ERROR_CLIP,
-      );
+      const error = Math.min(Math.max(currentKl / controller.targetKl - 1, -ADAPTIVE_KL_ERROR_CLIP), ADAPTIVE_KL_ERROR_CLIP);
       const multiplier = Math.max(1 + (error * n) / controller.horizon, 0); // n ≫ horizon must not flip the sign
       return { ...controller, coef: controller.coef * multiplier };
     }

@@ -37,10 +37,9 @@ export function assertSameShape(fn: string, tensors: Readonly<Record<string, tf.
   for (const [name, tensor] of entries.slice(1)) {
     const same = tensor.rank === ref.rank && tensor.shape.every((d, i) => d === ref.shape[i]);
     if (!same) {
-      throw new ShapeError(
-        `${fn}: ${name} has shape [${tensor.shape.join(', ')}] but ${refName} has [${ref.shape.join(', ')}]`,
-        { context: { fn, argument: name, shape: tensor.shape, expected: ref.shape } },
-      );
+      throw new ShapeError(`${fn}: ${name} has shape [${tensor.shape.join(', ')}] but ${refName} has [${ref.shape.join(', ')}]`, {
+        context: { fn, argument: name, shape: tensor.shape, expected: ref.shape },
+      });
     }
   }
 }

@@ -79,13 +79,19 @@ export function createChatTemplate(tokenizer: Tokenizer, options: ChatTemplateOp
         try {
           return prefixes[message.role] + message.content + calls.map((call) => formatToolCall(call, tools)).join('');
         } catch (cause) {
-          throw new DecodeError(`message ${index}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause, context: { message: index } });
+          throw new DecodeError(`message ${index}: ${cause instanceof Error ? cause.message : String(cause)}`, {
+            cause,
+            context: { message: index },
+          });
         }
       });
       if (maxTokens !== undefined) {
         // BOS, each message's text and its EOS, the assistant's prefix: each encoded apart, so their bounds add up.
         const bound = (text: string): number => tokenizer.minTokens?.(text) ?? 0;
-        const atLeast = (tokenizer.bosId === undefined ? 0 : 1) + texts.reduce((sum, text) => sum + bound(text) + 1, 0) + (addGenerationPrompt ? bound(prefixes.assistant) : 0);
+        const atLeast =
+          (tokenizer.bosId === undefined ? 0 : 1) +
+          texts.reduce((sum, text) => sum + bound(text) + 1, 0) +
+          (addGenerationPrompt ? bound(prefixes.assistant) : 0);
         if (atLeast > maxTokens) throw tooLong(atLeast, maxTokens);
       }
       const ids = tokenizer.bosId === undefined ? [] : [tokenizer.bosId];

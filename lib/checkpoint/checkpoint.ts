@@ -143,22 +143,27 @@ export async function saveCheckpoint(
   return writeCheckpointDir(runDir, contents.state.step, async (tmp) => {
     const metadata = { ...contents.metadata, [POLICY_VERSION_METADATA_KEY]: String(contents.state.version) };
     const model = contents.model;
-    if ('tinker' in model) await writeFileAtomic(join(tmp, TINKER_STATE_FILE), `${JSON.stringify({ ...model.tinker, metadata }, null, 2)}\n`);
+    if ('tinker' in model)
+      await writeFileAtomic(join(tmp, TINKER_STATE_FILE), `${JSON.stringify({ ...model.tinker, metadata }, null, 2)}\n`);
     else if ('lora' in model) await savePeftWeights(tmp, model.lora, model.weights, model.baseDir, metadata);
     else {
       const { config, weights, tokenizerFiles, special } = model;
-      await saveModelDir(tmp, { config, weights }, { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata });
+      await saveModelDir(
+        tmp,
+        { config, weights },
+        { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata },
+      );
     }
-  if (contents.optimizer !== undefined) await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
-  const buffered = contents.buffered ?? [];
-  await writeFileAtomic(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
-  const state: CheckpointState = {
-    format: CHECKPOINT_FORMAT,
-    savedAt: new Date().toISOString(),
-    ...contents.state,
-    bufferedSamples: buffered.length,
-  };
-  return state;
+    if (contents.optimizer !== undefined) await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
+    const buffered = contents.buffered ?? [];
+    await writeFileAtomic(join(tmp, 'buffered.jsonl'), buffered.map((b) => `${JSON.stringify(b)}\n`).join(''));
+    const state: CheckpointState = {
+      format: CHECKPOINT_FORMAT,
+      savedAt: new Date().toISOString(),
+      ...contents.state,
+      bufferedSamples: buffered.length,
+    };
+    return state;
   });
 }
 
@@ -220,7 +225,9 @@ export async function verifyCheckpoint(path: string): Promise<void> {
   const { files } = (await readCheckpointState(path)) as { files?: unknown };
   if (files === undefined) return;
   const damaged = (reason: string, file?: string): DecodeError =>
-    new DecodeError(`checkpoint ${path}: ${file === undefined ? '' : `${file} `}${reason}`, { context: { path, ...(file === undefined ? {} : { file }), reason } });
+    new DecodeError(`checkpoint ${path}: ${file === undefined ? '' : `${file} `}${reason}`, {
+      context: { path, ...(file === undefined ? {} : { file }), reason },
+    });
   if (typeof files !== 'object' || files === null) throw damaged('state.json: files is not an object');
   for (const [file, expected] of Object.entries(files as Record<string, { size?: unknown; sha256?: unknown }>)) {
     const actual = await sizeAndHash(join(path, file)).catch(() => undefined);
@@ -265,7 +272,9 @@ export async function resumeCheckpoint<T>(
     }
   }
   if (steps.length === 0) return undefined;
-  throw new DecodeError(`${runDir}: none of its ${steps.length} checkpoints is intact; set resume.mode to 'disable' to start over`, { context: { path: runDir } });
+  throw new DecodeError(`${runDir}: none of its ${steps.length} checkpoints is intact; set resume.mode to 'disable' to start over`, {
+    context: { path: runDir },
+  });
 }
 
 /** Size and sha256 of every file under `dir`, by path relative to it. */
@@ -353,10 +362,21 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     Number.isInteger(state.loader?.index) &&
     Array.isArray(state.pendingTasks);
   if (!ok) throw new DecodeError(`checkpoint ${path}: state.json does not match format ${CHECKPOINT_FORMAT}`, { context: { path } });
-  const pendingTasks = state.pendingTasks.map((t) => ({ ...validateTask(t, { path }), ...(t.epoch === undefined ? {} : { epoch: t.epoch }) }));
+  const pendingTasks = state.pendingTasks.map((t) => ({
+    ...validateTask(t, { path }),
+    ...(t.epoch === undefined ? {} : { epoch: t.epoch }),
+  }));
   if (await entryExists(join(path, TINKER_STATE_FILE))) {
     const buffered = await readBuffered(join(path, 'buffered.jsonl'));
-    return { path, state: { ...state, pendingTasks }, buffered, tinker: await readTinkerState(path), weights: new Map(), optimizer: new Map(), metadata: {} };
+    return {
+      path,
+      state: { ...state, pendingTasks },
+      buffered,
+      tinker: await readTinkerState(path),
+      weights: new Map(),
+      optimizer: new Map(),
+      metadata: {},
+    };
   }
   const optimizer = await loadSafetensors(join(path, 'optimizer.safetensors'));
   const buffered = await readBuffered(join(path, 'buffered.jsonl'));

@@ -77,11 +77,15 @@ export async function savePoliciesCheckpoint(
       const dir = join(tmp, 'policies', policy.name);
       if (policy.lora) await savePeftWeights(dir, policy.lora, policy.weights, contents.baseDir ?? null, metadata);
       else {
-        await saveModelDir(dir, { config: policy.config, weights: policy.weights }, {
-          ...(contents.tokenizerFiles ? { tokenizerFiles: contents.tokenizerFiles } : {}),
-          ...(contents.special ? { special: contents.special } : {}),
-          metadata,
-        });
+        await saveModelDir(
+          dir,
+          { config: policy.config, weights: policy.weights },
+          {
+            ...(contents.tokenizerFiles ? { tokenizerFiles: contents.tokenizerFiles } : {}),
+            ...(contents.special ? { special: contents.special } : {}),
+            metadata,
+          },
+        );
       }
       await saveSafetensors(join(dir, 'optimizer.safetensors'), policy.optimizer);
     }
@@ -116,7 +120,10 @@ export async function loadPoliciesCheckpoint(path: string): Promise<PoliciesChec
     Number.isInteger(state.loader?.index) &&
     Array.isArray(state.policies) &&
     state.policies.every((p) => typeof p?.name === 'string' && typeof p.adapter === 'boolean');
-  if (!ok) throw new DecodeError(`checkpoint ${path}: state.json is not a multi-policy checkpoint of format ${POLICIES_CHECKPOINT_FORMAT}`, { context: { path } });
+  if (!ok)
+    throw new DecodeError(`checkpoint ${path}: state.json is not a multi-policy checkpoint of format ${POLICIES_CHECKPOINT_FORMAT}`, {
+      context: { path },
+    });
   const policies = new Map<string, { weights: NamedWeights; optimizer: NamedWeights }>();
   for (const { name, adapter } of state.policies) {
     const dir = join(path, 'policies', name);

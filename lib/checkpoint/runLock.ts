@@ -74,10 +74,19 @@ export async function acquireRunLock(runDir: string, options: RunLockOptions = {
       if (current === 'unreadable' || !isStale(current, path) || attempt >= TAKEOVER_ATTEMPTS) throw locked(runDir, path, current);
       // Move the stale lock aside, then make sure it is the one judged stale (another run may have replaced it).
       const aside = `${path}.${process.pid}.stale`;
-      if (!(await rename(path, aside).then(() => true, () => false))) continue;
+      if (
+        !(await rename(path, aside).then(
+          () => true,
+          () => false,
+        ))
+      )
+        continue;
       const moved = await readHolder(aside);
       if (typeof moved === 'object' && sameHolder(moved, current)) {
-        options.warn?.(`taking over the stale lock ${path} of pid ${current.pid} (started ${current.startedAt}), which is no longer running`, { path, ...current });
+        options.warn?.(
+          `taking over the stale lock ${path} of pid ${current.pid} (started ${current.startedAt}), which is no longer running`,
+          { path, ...current },
+        );
       } else {
         await link(aside, path).catch(() => undefined);
       }
@@ -113,7 +122,8 @@ export async function withRunLock<T>(runDir: string | undefined, body: () => Pro
   if (runDir === undefined) return body();
   const lock = await acquireRunLock(runDir, options);
   try {
-    for (const path of await removeUnfinishedCheckpoints(runDir)) options.warn?.(`removed ${path}, left by a checkpoint write that never finished`, { path });
+    for (const path of await removeUnfinishedCheckpoints(runDir))
+      options.warn?.(`removed ${path}, left by a checkpoint write that never finished`, { path });
     return await body();
   } finally {
     await lock.release();
@@ -164,10 +174,16 @@ function sameHolder(a: RunLockHolder, b: RunLockHolder): boolean {
 
 function locked(runDir: string, path: string, holder: RunLockHolder | 'unreadable'): RunLockedError {
   if (holder === 'unreadable') {
-    return new RunLockedError(`run directory ${runDir} is locked by ${path}, which names no holder; remove it if no run uses the directory`, { context: { path } });
+    return new RunLockedError(
+      `run directory ${runDir} is locked by ${path}, which names no holder; remove it if no run uses the directory`,
+      { context: { path } },
+    );
   }
   const where = holder.host === hostname() ? '' : ' (another host: remove the lock if that run is over)';
-  return new RunLockedError(`run directory ${runDir} is in use by pid ${holder.pid} on ${holder.host} since ${holder.startedAt}${where}: lock ${path}`, {
-    context: { path, ...holder },
-  });
+  return new RunLockedError(
+    `run directory ${runDir} is in use by pid ${holder.pid} on ${holder.host} since ${holder.startedAt}${where}: lock ${path}`,
+    {
+      context: { path, ...holder },
+    },
+  );
 }

@@ -113,12 +113,18 @@ const FORMATS = {
   },
   'string-map': {
     validate: (v: unknown) =>
-      check(typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string'), 'an object of strings'),
+      check(
+        typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === 'string'),
+        'an object of strings',
+      ),
   },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
-  'agent-roles': { validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }) },
+  'agent-roles': {
+    validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }),
+  },
   'policy-entries': {
-    validate: (v: unknown) => checkEntries(v, ['name', 'specialization'], ['lora'], { name: 'string', specialization: SPECIALIZATIONS, lora: 'object' }),
+    validate: (v: unknown) =>
+      checkEntries(v, ['name', 'specialization'], ['lora'], { name: 'string', specialization: SPECIALIZATIONS, lora: 'object' }),
   },
 } satisfies { readonly [F in FormatName]: convict.Format };
 
@@ -141,8 +147,10 @@ function checkEntries(
       if (kind === undefined || !(required.includes(key) || optional.includes(key))) {
         throw new Error(`[${i}].${key} is not a field; fields: ${[...required, ...optional].join(', ')}`);
       }
-      if (kind === 'string' && !(typeof field === 'string' && field.length > 0)) throw new Error(`[${i}].${key} must be a non-empty string`);
-      if (kind === 'object' && (typeof field !== 'object' || field === null || Array.isArray(field))) throw new Error(`[${i}].${key} must be an object`);
+      if (kind === 'string' && !(typeof field === 'string' && field.length > 0))
+        throw new Error(`[${i}].${key} must be a non-empty string`);
+      if (kind === 'object' && (typeof field !== 'object' || field === null || Array.isArray(field)))
+        throw new Error(`[${i}].${key} must be an object`);
       if (Array.isArray(kind) && !kind.includes(field as string)) throw new Error(`[${i}].${key} must be one of ${kind.join(', ')}`);
     }
   });
@@ -173,8 +181,18 @@ interface SchemaGroup {
 /** The schema: every key with `doc`, `format`, `default` and, where useful, `env`. */
 export const SCHEMA = {
   run: {
-    dir: { doc: 'Run directory: checkpoints, metrics.jsonl, trained.jsonl. Default runs/<recipe name>.', format: 'optional-string', default: null, env: 'RXRL_RUN_DIR' },
-    seed: { doc: 'Seed of the model init, the shuffle and the sampling streams.', format: 'non-negative-int', default: 1, env: 'RXRL_SEED' },
+    dir: {
+      doc: 'Run directory: checkpoints, metrics.jsonl, trained.jsonl. Default runs/<recipe name>.',
+      format: 'optional-string',
+      default: null,
+      env: 'RXRL_RUN_DIR',
+    },
+    seed: {
+      doc: 'Seed of the model init, the shuffle and the sampling streams.',
+      format: 'non-negative-int',
+      default: 1,
+      env: 'RXRL_SEED',
+    },
     steps: { doc: 'Train steps (0 = until the data is exhausted).', format: 'non-negative-int', default: 300, env: 'RXRL_STEPS' },
     backend: { doc: 'TF.js backend.', format: ['auto', 'wasm', 'cpu', 'tensorflow'], default: 'auto', env: 'RXRL_BACKEND' },
     errorPolicy: {
@@ -206,7 +224,11 @@ export const SCHEMA = {
       maxOperand: { doc: 'Calculator task: largest operand (operands run from 0).', format: 'positive-int', default: 20 },
       validationSize: { doc: 'Calculator task: held-out expressions.', format: 'positive-int', default: 64 },
     },
-    trainFile: { doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.", format: 'optional-string', default: null },
+    trainFile: {
+      doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.",
+      format: 'optional-string',
+      default: null,
+    },
     validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
     alphabet: { doc: "Characters of the char tokenizer for 'jsonl' data (required then).", format: 'optional-string', default: null },
     epochs: { doc: 'Passes over the training data (0 = forever).', format: 'non-negative-int', default: 0 },
@@ -214,14 +236,16 @@ export const SCHEMA = {
   },
   model: {
     path: {
-      doc: 'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train; relative to the recipe. ' +
+      doc:
+        'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train; relative to the recipe. ' +
         'Unset: a seeded tiny Llama-family model with the character tokenizer, shaped by the keys below.',
       format: 'optional-string',
       default: null,
     },
     maxModelLen: {
-      doc: "Longest context used (as vLLM's --max-model-len): caps model.path's max_position_embeddings and the tiny model's maxSeqLen, " +
-        'and with them the cache a model is checked against the backend\'s memory with (null = no cap).',
+      doc:
+        "Longest context used (as vLLM's --max-model-len): caps model.path's max_position_embeddings and the tiny model's maxSeqLen, " +
+        "and with them the cache a model is checked against the backend's memory with (null = no cap).",
       format: 'optional-positive-int',
       default: null,
     },
@@ -237,23 +261,43 @@ export const SCHEMA = {
     nHeads: { doc: 'Tiny model: query heads (divides dModel).', format: 'positive-int', default: 4 },
     nKvHeads: { doc: 'Tiny model: key/value heads (divides nHeads; 0 = nHeads).', format: 'non-negative-int', default: 0 },
     dFF: { doc: 'Tiny model: SwiGLU hidden width (intermediate_size).', format: 'positive-int', default: 256 },
-    maxSeqLen: { doc: 'Tiny model: longest sequence (max_position_embeddings); prompt + response must fit.', format: 'positive-int', default: 24 },
+    maxSeqLen: {
+      doc: 'Tiny model: longest sequence (max_position_embeddings); prompt + response must fit.',
+      format: 'positive-int',
+      default: 24,
+    },
     ropeTheta: { doc: 'Tiny model: rotary base θ.', format: 'positive-number', default: 10000 },
   },
   rollout: {
     groupSize: { doc: 'Samples per task (GRPO group size).', format: 'positive-int', default: 8 },
     concurrency: { doc: 'Most samples in flight (0 = every sample the mode may admit).', format: 'non-negative-int', default: 0 },
-    maxTokens: { doc: 'Longest response (0 = longest answer + 1 for the bundled task, 16 for arithmetic).', format: 'non-negative-int', default: 0 },
+    maxTokens: {
+      doc: 'Longest response (0 = longest answer + 1 for the bundled task, 16 for arithmetic).',
+      format: 'non-negative-int',
+      default: 0,
+    },
     chatTemplate: {
       doc: "Prompts as text ('none': the prompt's tokens after bos), or as the user's message in model.path's chat template ('model').",
       format: ['none', 'model'],
       default: 'none',
     },
-    system: { doc: "A system message put first when rollout.chatTemplate is 'model' (null = none).", format: 'optional-string', default: null },
+    system: {
+      doc: "A system message put first when rollout.chatTemplate is 'model' (null = none).",
+      format: 'optional-string',
+      default: null,
+    },
     temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
     topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
-    weightSync: { doc: 'In-flight generations on a new version: continue, or interrupt and resume.', format: ['continue', 'interrupt'], default: 'continue' },
-    sampleTimeoutMs: { doc: 'A sample running this long is cancelled and counted as failed (null = no limit; rxrl run and rxrl worker).', format: 'optional-positive-number', default: null },
+    weightSync: {
+      doc: 'In-flight generations on a new version: continue, or interrupt and resume.',
+      format: ['continue', 'interrupt'],
+      default: 'continue',
+    },
+    sampleTimeoutMs: {
+      doc: 'A sample running this long is cancelled and counted as failed (null = no limit; rxrl run and rxrl worker).',
+      format: 'optional-positive-number',
+      default: null,
+    },
     worker: {
       module: { doc: 'Module of a custom rollout worker; relative to the recipe.', format: 'optional-string', default: null },
       export: { doc: 'Export name of the custom rollout worker.', format: 'non-empty-string', default: 'default' },
@@ -264,32 +308,56 @@ export const SCHEMA = {
         format: 'optional-string',
         default: null,
       },
-      cwd: { doc: "The agent command's working directory; relative to the recipe (null = the recipe's directory).", format: 'optional-string', default: null },
+      cwd: {
+        doc: "The agent command's working directory; relative to the recipe (null = the recipe's directory).",
+        format: 'optional-string',
+        default: null,
+      },
       env: { doc: 'Extra environment variables of the agent command.', format: 'string-map', default: {} },
       inheritEnv: {
         doc: "Give the agent command this process's whole environment. Default false: only PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TERM, TMPDIR, TMP and TEMP are passed on (plus rollout.agent.env and the OPENAI_*/RXRL_* variables), so the trainer's secrets stay out of agents.",
         format: 'flag',
         default: false,
       },
-      module: { doc: 'Module of an agent function (task, { baseURL, apiKey, model, signal }) => reward | { reward } | void; relative to the recipe.', format: 'optional-string', default: null },
+      module: {
+        doc: 'Module of an agent function (task, { baseURL, apiKey, model, signal }) => reward | { reward } | void; relative to the recipe.',
+        format: 'optional-string',
+        default: null,
+      },
       export: { doc: 'Export name of the agent function.', format: 'non-empty-string', default: 'default' },
     },
     evaluator: {
-      module: { doc: "Module of a custom evaluator (required for 'jsonl' data); relative to the recipe.", format: 'optional-string', default: null },
+      module: {
+        doc: "Module of a custom evaluator (required for 'jsonl' data); relative to the recipe.",
+        format: 'optional-string',
+        default: null,
+      },
       export: { doc: 'Export name of the custom evaluator.', format: 'non-empty-string', default: 'default' },
     },
   },
   store: {
-    groupTimeoutMs: { doc: 'Close a group this long after its first sample (null = wait).', format: 'optional-positive-number', default: null },
+    groupTimeoutMs: {
+      doc: 'Close a group this long after its first sample (null = wait).',
+      format: 'optional-positive-number',
+      default: null,
+    },
     onGroupTimeout: { doc: 'A timed-out group is released partial or dropped (counted).', format: ['release', 'drop'], default: 'release' },
   },
   algorithm: {
     normalizeByStd: { doc: 'Divide advantages by the group std (false = Dr.GRPO).', format: 'flag', default: true },
     std: { doc: 'Group std: sample (N−1) or population.', format: ['sample', 'population'], default: 'sample' },
-    stdEpsilon: { doc: 'Added to the group std before advantages are divided by it (verl: 1e-6; TRL: 1e-4).', format: 'non-negative-number', default: 1e-6 },
+    stdEpsilon: {
+      doc: 'Added to the group std before advantages are divided by it (verl: 1e-6; TRL: 1e-4).',
+      format: 'non-negative-number',
+      default: 1e-6,
+    },
     filterZeroVariance: { doc: 'Drop groups whose advantages are all zero (dynamic sampling).', format: 'flag', default: false },
     klInReward: {
-      coef: { doc: 'β of the KL penalty in the reward (0 = off; needs a reference = the initial policy).', format: 'non-negative-number', default: 0 },
+      coef: {
+        doc: 'β of the KL penalty in the reward (0 = off; needs a reference = the initial policy).',
+        format: 'non-negative-number',
+        default: 0,
+      },
       estimator: { doc: 'KL estimator of the reward penalty.', format: KL_ESTIMATORS, default: 'k1' },
     },
   },
@@ -303,16 +371,28 @@ export const SCHEMA = {
     clipLow: { doc: 'PPO lower clip range.', format: 'clip-range', default: 0.2 },
     clipHigh: { doc: 'PPO upper clip range (DAPO clip-higher).', format: 'non-negative-number', default: 0.28 },
     clipRatioC: { doc: 'Dual-clip bound (> 1) for negative advantages (null = off).', format: 'optional-positive-number', default: null },
-    lossAggregation: { doc: 'Loss aggregation.', format: ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'], default: 'token-mean' },
+    lossAggregation: {
+      doc: 'Loss aggregation.',
+      format: ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'],
+      default: 'token-mean',
+    },
     microBatchSize: { doc: 'Rows per forward/backward pass.', format: 'positive-int', default: 64 },
     ppoEpochs: { doc: 'Passes over each batch.', format: 'positive-int', default: 1 },
     miniBatches: { doc: 'Optimizer updates per pass.', format: 'positive-int', default: 1 },
     maxGradNorm: { doc: 'Global gradient-norm clip.', format: 'positive-number', default: 1 },
     entropyCoef: { doc: 'Entropy bonus coefficient.', format: 'non-negative-number', default: 0 },
-    maxStaleness: { doc: 'Drop rows staler than this at train time (null = keep all).', format: 'optional-non-negative-int', default: null },
+    maxStaleness: {
+      doc: 'Drop rows staler than this at train time (null = keep all).',
+      format: 'optional-non-negative-int',
+      default: null,
+    },
     importanceCap: { doc: 'Truncated importance correction cap (null = off).', format: 'optional-positive-number', default: null },
     klLoss: {
-      coef: { doc: 'KL-to-reference loss coefficient (0 = off; the reference is the initial policy).', format: 'non-negative-number', default: 0 },
+      coef: {
+        doc: 'KL-to-reference loss coefficient (0 = off; the reference is the initial policy).',
+        format: 'non-negative-number',
+        default: 0,
+      },
       estimator: { doc: 'KL estimator of the loss term.', format: KL_ESTIMATORS, default: 'low_var_kl' },
     },
   },
@@ -326,7 +406,11 @@ export const SCHEMA = {
     brokers: { doc: 'Comma-separated Kafka brokers.', format: String, default: 'localhost:9092', env: 'KAFKA_BROKERS' },
     clientId: { doc: 'Kafka client id.', format: 'non-empty-string', default: 'rxrl' },
     topicPrefix: { doc: 'Prefix of the tasks / trajectories / weights topics.', format: 'non-empty-string', default: 'rxrl' },
-    weightsDir: { doc: 'rxrl trainer: directory shared with the workers for weight files (null = <run.dir>/weights).', format: 'optional-string', default: null },
+    weightsDir: {
+      doc: 'rxrl trainer: directory shared with the workers for weight files (null = <run.dir>/weights).',
+      format: 'optional-string',
+      default: null,
+    },
     keepVersions: {
       doc: 'rxrl trainer: weight versions of each policy kept in the weights directory (runs of ended trainer processes are removed).',
       format: 'positive-int',
@@ -341,16 +425,44 @@ export const SCHEMA = {
     rolloutDelayMs: { doc: 'rxrl worker: extra latency before each task (demos and fault tests).', format: 'non-negative-int', default: 0 },
   },
   openai: {
-    baseUrl: { doc: 'OpenAI-compatible server URL (null = the embedded policy).', format: 'optional-string', default: null, env: 'OPENAI_BASE_URL' },
+    baseUrl: {
+      doc: 'OpenAI-compatible server URL (null = the embedded policy).',
+      format: 'optional-string',
+      default: null,
+      env: 'OPENAI_BASE_URL',
+    },
     apiKey: { doc: 'API key of the server.', format: String, default: 'EMPTY', env: 'OPENAI_API_KEY', sensitive: true },
     model: { doc: 'Model name on the server.', format: 'non-empty-string', default: 'rxrl-policy' },
   },
   tinker: {
-    baseUrl: { doc: "trainer.backend 'tinker': the service's URL (the SDK's TINKER_BASE_URL).", format: 'optional-string', default: null, env: 'TINKER_BASE_URL' },
-    apiKey: { doc: "trainer.backend 'tinker': the service's API key.", format: String, default: '', env: 'TINKER_API_KEY', sensitive: true },
-    baseModel: { doc: "trainer.backend 'tinker': the base model the service adapts (its base_model name).", format: 'optional-string', default: null },
-    rank: { doc: "trainer.backend 'tinker': LoRA rank of the adapter (a resumed run keeps its checkpoint's).", format: 'positive-int', default: 32 },
-    futureTimeoutMs: { doc: "trainer.backend 'tinker': a request unfinished after this long fails (the service is lost).", format: 'positive-int', default: 600_000 },
+    baseUrl: {
+      doc: "trainer.backend 'tinker': the service's URL (the SDK's TINKER_BASE_URL).",
+      format: 'optional-string',
+      default: null,
+      env: 'TINKER_BASE_URL',
+    },
+    apiKey: {
+      doc: "trainer.backend 'tinker': the service's API key.",
+      format: String,
+      default: '',
+      env: 'TINKER_API_KEY',
+      sensitive: true,
+    },
+    baseModel: {
+      doc: "trainer.backend 'tinker': the base model the service adapts (its base_model name).",
+      format: 'optional-string',
+      default: null,
+    },
+    rank: {
+      doc: "trainer.backend 'tinker': LoRA rank of the adapter (a resumed run keeps its checkpoint's).",
+      format: 'positive-int',
+      default: 32,
+    },
+    futureTimeoutMs: {
+      doc: "trainer.backend 'tinker': a request unfinished after this long fails (the service is lost).",
+      format: 'positive-int',
+      default: 600_000,
+    },
     recoverTimeoutMs: {
       doc: "trainer.backend 'tinker', run.errorPolicy 'continue': how long a run waits for a lost service to answer again before it fails.",
       format: 'non-negative-int',
@@ -368,7 +480,12 @@ export const SCHEMA = {
     onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: 'flag', default: true },
   },
   resume: {
-    mode: { doc: 'disable, auto (highest intact global_step_*: a damaged one is skipped with a warning), or from_path (damaged: an error).', format: ['disable', 'auto', 'from_path'], default: 'auto', env: 'RXRL_RESUME' },
+    mode: {
+      doc: 'disable, auto (highest intact global_step_*: a damaged one is skipped with a warning), or from_path (damaged: an error).',
+      format: ['disable', 'auto', 'from_path'],
+      default: 'auto',
+      env: 'RXRL_RESUME',
+    },
     path: { doc: "Checkpoint directory for 'from_path'.", format: 'optional-string', default: null },
   },
   validation: {
@@ -377,7 +494,12 @@ export const SCHEMA = {
     temperature: { doc: 'Validation sampling temperature (0 = greedy).', format: 'non-negative-number', default: 0 },
   },
   logging: {
-    level: { doc: 'Log level.', format: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info', env: 'RXRL_LOG_LEVEL' },
+    level: {
+      doc: 'Log level.',
+      format: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
+      default: 'info',
+      env: 'RXRL_LOG_LEVEL',
+    },
   },
   agents: {
     environment: {
@@ -386,10 +508,18 @@ export const SCHEMA = {
       default: 'none',
     },
     module: {
-      module: { doc: "Module exporting a MultiAgentEnvironment (agents.environment 'module'); relative to the recipe.", format: 'optional-string', default: null },
+      module: {
+        doc: "Module exporting a MultiAgentEnvironment (agents.environment 'module'); relative to the recipe.",
+        format: 'optional-string',
+        default: null,
+      },
       export: { doc: 'Export name of the environment.', format: 'non-empty-string', default: 'default' },
     },
-    granularity: { doc: 'Multi-agent: one trajectory per (agent, turn), or per agent (its turns joined).', format: ['turn', 'agent'], default: 'turn' },
+    granularity: {
+      doc: 'Multi-agent: one trajectory per (agent, turn), or per agent (its turns joined).',
+      format: ['turn', 'agent'],
+      default: 'turn',
+    },
     roles: {
       doc: 'Multi-agent: every agent of the environment as {name, policy, prompt?}; policy names an entry of policies.',
       format: 'agent-roles',
@@ -397,14 +527,20 @@ export const SCHEMA = {
     },
   },
   policies: {
-    doc: "The policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}: one per agents.roles policy, or (single-agent) at most one, e.g. a LoRA adapter on the model.",
+    doc: 'The policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}: one per agents.roles policy, or (single-agent) at most one, e.g. a LoRA adapter on the model.',
     format: 'policy-entries',
     default: [],
   },
 } as const satisfies SchemaGroup;
 
 /** The value type of a leaf's format: its {@link FormatValues} entry, the union of its allowed values, or `string`. */
-type FormatValue<F> = F extends FormatName ? FormatValues[F] : F extends readonly (infer V)[] ? V : F extends StringConstructor ? string : never;
+type FormatValue<F> = F extends FormatName
+  ? FormatValues[F]
+  : F extends readonly (infer V)[]
+    ? V
+    : F extends StringConstructor
+      ? string
+      : never;
 
 /** The configuration a schema group resolves to: a leaf's value typed by its format, a group recursively. */
 type ConfigOf<S extends SchemaGroup> = {
@@ -488,19 +624,23 @@ function requireWhen(c: RxrlConfig): void {
       missing.push("rollout.evaluator.module: required when data.source is 'jsonl' (unless rollout.agent gives the rewards)");
     }
   }
-  if (c.data.source === 'arithmetic' && c.model.path === null) missing.push("model.path: required when data.source is 'arithmetic' (a chat model)");
-  if (c.rollout.agent.command !== null && c.rollout.agent.module !== null) missing.push('rollout.agent: give a command or a module, not both');
+  if (c.data.source === 'arithmetic' && c.model.path === null)
+    missing.push("model.path: required when data.source is 'arithmetic' (a chat model)");
+  if (c.rollout.agent.command !== null && c.rollout.agent.module !== null)
+    missing.push('rollout.agent: give a command or a module, not both');
   if ((c.rollout.agent.command !== null || c.rollout.agent.module !== null) && c.rollout.worker.module !== null) {
     missing.push('rollout.agent: an agent is the rollout worker; leave rollout.worker.module unset');
   }
-  if (c.rollout.chatTemplate === 'model' && c.model.path === null) missing.push("model.path: required when rollout.chatTemplate is 'model'");
+  if (c.rollout.chatTemplate === 'model' && c.model.path === null)
+    missing.push("model.path: required when rollout.chatTemplate is 'model'");
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
   missing.push(...agentProblems(c), ...tinkerProblems(c));
   if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
   if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
-  if (missing.length > 0) throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
+  if (missing.length > 0)
+    throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
 }
 
 /** What a Tinker-backed run needs, and the trainer settings it cannot honour (the service computes the loss). */
@@ -537,12 +677,15 @@ function agentProblems(c: RxrlConfig): string[] {
   if (environment === 'none') {
     // A single-agent run is one agent mapped to one policy: `policies` may name it (a LoRA one, say).
     if (roles.length > 0) problems.push("agents.roles: needs agents.environment (it is 'none')");
-    if (c.policies.length > 1) problems.push(`policies: a single-agent run (agents.environment 'none') trains one policy, got ${c.policies.length}`);
+    if (c.policies.length > 1)
+      problems.push(`policies: a single-agent run (agents.environment 'none') trains one policy, got ${c.policies.length}`);
     return problems;
   }
   if (roles.length === 0) problems.push(`agents.roles: required when agents.environment is '${environment}'`);
-  if (environment === 'module' && c.agents.module.module === null) problems.push("agents.module.module: required when agents.environment is 'module'");
-  if (environment !== 'module' && c.agents.module.module !== null) problems.push("agents.module.module: only for agents.environment 'module'");
+  if (environment === 'module' && c.agents.module.module === null)
+    problems.push("agents.module.module: required when agents.environment is 'module'");
+  if (environment !== 'module' && c.agents.module.module !== null)
+    problems.push("agents.module.module: only for agents.environment 'module'");
   const names = c.policies.map((p) => p.name);
   c.policies.forEach((policy, i) => {
     if (names.indexOf(policy.name) !== i) problems.push(`policies[${i}].name: policy '${policy.name}' is listed twice`);
@@ -551,7 +694,9 @@ function agentProblems(c: RxrlConfig): string[] {
   roles.forEach((role, i) => {
     if (roles.findIndex((r) => r.name === role.name) !== i) problems.push(`agents.roles[${i}].name: agent '${role.name}' is listed twice`);
     if (!names.includes(role.policy)) {
-      problems.push(`agents.roles[${i}].policy: agent '${role.name}' maps to unknown policy '${role.policy}'; policies: ${names.join(', ') || 'none'}`);
+      problems.push(
+        `agents.roles[${i}].policy: agent '${role.name}' maps to unknown policy '${role.policy}'; policies: ${names.join(', ') || 'none'}`,
+      );
     }
   });
   return problems;
@@ -599,5 +744,13 @@ function leafKeys(schema: object, prefix = ''): Set<string> {
 /** The configuration as JSON, secrets masked. */
 export function describeConfig(config: RxrlConfig): string {
   const redact = (key: string): string => (key ? '[redacted]' : '');
-  return JSON.stringify({ ...config, openai: { ...config.openai, apiKey: redact(config.openai.apiKey) }, tinker: { ...config.tinker, apiKey: redact(config.tinker.apiKey) } }, null, 2);
+  return JSON.stringify(
+    {
+      ...config,
+      openai: { ...config.openai, apiKey: redact(config.openai.apiKey) },
+      tinker: { ...config.tinker, apiKey: redact(config.tinker.apiKey) },
+    },
+    null,
+    2,
+  );
 }

@@ -159,8 +159,7 @@ export function isUsageError(error: unknown): error is UsageError {
 /** True when the error (or a DOMException from `AbortSignal`) reports a cancellation. */
 export function isAbortError(error: unknown): boolean {
   return (
-    error instanceof AbortError ||
-    (typeof error === 'object' && error !== null && (error as { name?: unknown }).name === 'AbortError')
+    error instanceof AbortError || (typeof error === 'object' && error !== null && (error as { name?: unknown }).name === 'AbortError')
   );
 }
 

@@ -117,10 +117,7 @@ export function retryDelay(attempt: number, options: RetryOptions = {}, random: 
  *   predicate says no), {@link RetriesExhaustedError} (with the last error as `cause`) when every attempt
  *   failed, and {@link AbortError} when `signal` fires.
  */
-export async function retry<T>(
-  operation: (attempt: number, signal?: AbortSignal) => Promise<T>,
-  options: RetryOptions = {},
-): Promise<T> {
+export async function retry<T>(operation: (attempt: number, signal?: AbortSignal) => Promise<T>, options: RetryOptions = {}): Promise<T> {
   const retries = options.retries ?? retryDefaults().retries;
   if (!Number.isInteger(retries) || retries < 0) throw new ConfigError(`retries must be an integer >= 0, got ${retries}`);
   const jitter = options.jitter ?? retryDefaults().jitter;

@@ -80,7 +80,8 @@ export async function checkPrompts(
     longestPrompt = Math.max(longestPrompt, length);
   };
   if (isJsonl(source)) {
-    for await (const located of readLocatedTasks(source.jsonl, signal)) visit(located.task, at(located), { file: located.file, line: located.line });
+    for await (const located of readLocatedTasks(source.jsonl, signal))
+      visit(located.task, at(located), { file: located.file, line: located.line });
   } else {
     const name = options.source ?? 'tasks';
     source.forEach((task, index) => {

@@ -272,11 +272,15 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
 
   private async publish(sync: OpenAIWeightSyncOptions, version: PolicyVersion, weights: NamedWeights): Promise<void> {
     const modelPath = join(sync.directory, `v${version}`);
-    await saveModelDir(modelPath, { config: sync.config, weights }, {
-      tokenizerFiles: this.options.tokenizer.files(),
-      special: sync.special ?? specialIdsOf(this.options.tokenizer),
-      metadata: { [POLICY_VERSION_METADATA_KEY]: String(version) },
-    });
+    await saveModelDir(
+      modelPath,
+      { config: sync.config, weights },
+      {
+        tokenizerFiles: this.options.tokenizer.files(),
+        special: sync.special ?? specialIdsOf(this.options.tokenizer),
+        metadata: { [POLICY_VERSION_METADATA_KEY]: String(version) },
+      },
+    );
     const body = sync.body ? sync.body(modelPath, version) : { model_path: modelPath, weight_version: String(version) };
     const url = resolveEndpoint(this.options.baseURL, sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT);
     await this.call(
@@ -383,7 +387,11 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     const choice = completion?.choices?.[0];
     if (choice === undefined) throw malformed('chat completion has no choices');
     const content = choice.logprobs?.content ?? undefined;
-    const tokens = tokenIds(content?.map((c) => c.token), (choice as ChoiceExtensions).token_ids, this.tokenizer);
+    const tokens = tokenIds(
+      content?.map((c) => c.token),
+      (choice as ChoiceExtensions).token_ids,
+      this.tokenizer,
+    );
     if (tokens === undefined) throw malformed('chat completion carries no token ids (logprobs.content or token_ids)');
     const logprobs = content?.map((c) => c.logprob);
     checkLogprobs(logprobs, tokens.length);
@@ -428,13 +436,7 @@ export function resolveEndpoint(baseURL: string, endpoint: string): string {
  * {@link EngineError}s (`context.kind` says which); other statuses become non-retriable ones. Anything else is
  * passed through unchanged (a bug, not to be retried).
  */
-function classifyError(
-  error: unknown,
-  what: string,
-  caller: AbortSignal | undefined,
-  deadline: AbortSignal,
-  timeoutMs: number,
-): unknown {
+function classifyError(error: unknown, what: string, caller: AbortSignal | undefined, deadline: AbortSignal, timeoutMs: number): unknown {
   if (caller?.aborted) return new AbortError(`${what} aborted`, { cause: caller.reason });
   const fail = (kind: string, message: string, retriable: boolean, context: Record<string, unknown> = {}): EngineError =>
     new EngineError(`${what}: ${message}`, { cause: error, retriable, context: { kind, ...context } });

@@ -134,15 +134,28 @@ export async function startKafkaBroker(options: KafkaBrokerOptions = {}): Promis
   await writeFile(log4j, LOG4J_PROPERTIES);
   const java = process.env.JAVA_HOME ? join(process.env.JAVA_HOME, 'bin', 'java') : 'java';
   const classpath = `${libs}/*`;
-  const jvm = [`-Xms128m`, `-Xmx${options.heapMb ?? 512}m`, '-XX:+UseSerialGC', '-XX:+ExitOnOutOfMemoryError', '-Djava.awt.headless=true', `-Dlog4j.configuration=file:${log4j}`];
+  const jvm = [
+    `-Xms128m`,
+    `-Xmx${options.heapMb ?? 512}m`,
+    '-XX:+UseSerialGC',
+    '-XX:+ExitOnOutOfMemoryError',
+    '-Djava.awt.headless=true',
+    `-Dlog4j.configuration=file:${log4j}`,
+  ];
 
   // Format the storage (KRaft needs a cluster id; a Kafka Uuid is 16 bytes, URL-safe base64 without padding). One
   // starting with '-' would read as an option of the storage tool (1 in 64): the first character is kept a letter.
   const raw = randomBytes(16).toString('base64url');
   const clusterId = /^[A-Za-z]/.test(raw) ? raw : `A${raw.slice(1)}`;
   await new Promise<void>((resolve, reject) => {
-    execFile(java, [...jvm, '-cp', classpath, 'kafka.tools.StorageTool', 'format', '-t', clusterId, '-c', properties], { signal }, (error, _out, stderr) =>
-      error ? reject(new BrokerStartError(`formatting Kafka storage failed: ${stderr.trim() || error.message}`, { cause: error })) : resolve(),
+    execFile(
+      java,
+      [...jvm, '-cp', classpath, 'kafka.tools.StorageTool', 'format', '-t', clusterId, '-c', properties],
+      { signal },
+      (error, _out, stderr) =>
+        error
+          ? reject(new BrokerStartError(`formatting Kafka storage failed: ${stderr.trim() || error.message}`, { cause: error }))
+          : resolve(),
     );
   });
 
@@ -151,7 +164,7 @@ export async function startKafkaBroker(options: KafkaBrokerOptions = {}): Promis
   const watchdog = [
     '"$RXRL_JAVA" "$@" &',
     'jvm=$!',
-    'trap \'kill -TERM $jvm 2>/dev/null; wait $jvm; exit 0\' TERM INT',
+    "trap 'kill -TERM $jvm 2>/dev/null; wait $jvm; exit 0' TERM INT",
     'while kill -0 "$RXRL_PARENT_PID" 2>/dev/null && kill -0 $jvm 2>/dev/null; do sleep 1; done',
     'kill -TERM $jvm 2>/dev/null; wait $jvm',
   ].join('\n');

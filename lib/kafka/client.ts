@@ -4,15 +4,7 @@
  *
  * @packageDocumentation
  */
-import {
-  Kafka,
-  Partitioners,
-  logLevel,
-  type KafkaConfig,
-  type LogEntry,
-  type Producer,
-  type ProducerConfig,
-} from 'kafkajs';
+import { Kafka, Partitioners, logLevel, type KafkaConfig, type LogEntry, type Producer, type ProducerConfig } from 'kafkajs';
 
 import { ConfigError } from '../core/errors.js';
 import { KafkaBridgeError } from './errors.js';

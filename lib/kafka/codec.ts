@@ -168,7 +168,10 @@ export function decodeTrajectoryMessage(bytes: Uint8Array): TrajectoryMessage {
   const logprobs = r.float32s('logprobs');
   const lossMask = r.bits('lossMask');
   if (logprobs.length !== responseTokens.length || lossMask.length !== responseTokens.length) {
-    throw r.fail('logprobs', `responseTokens (${responseTokens.length}), logprobs (${logprobs.length}) and lossMask (${lossMask.length}) differ in length`);
+    throw r.fail(
+      'logprobs',
+      `responseTokens (${responseTokens.length}), logprobs (${logprobs.length}) and lossMask (${lossMask.length}) differ in length`,
+    );
   }
   const reward = r.f64('reward');
   if (!Number.isFinite(reward)) throw r.fail('reward', `reward ${reward} is not finite`);

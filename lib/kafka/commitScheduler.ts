@@ -172,7 +172,9 @@ export class CommitScheduler {
     if (!rebalance) this.failures++;
     this.options.emit('kafka.commit_failed', { error: String(error), failures: this.failures, rebalance });
     if (this.failures >= this.maxFailures) {
-      this.options.onGiveUp(new KafkaBridgeError(`offset commit failed ${this.failures} times in a row: ${String(error)}`, { cause: error }));
+      this.options.onGiveUp(
+        new KafkaBridgeError(`offset commit failed ${this.failures} times in a row: ${String(error)}`, { cause: error }),
+      );
     }
   }
 }

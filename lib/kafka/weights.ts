@@ -120,15 +120,23 @@ export class WeightsPublisher {
     const first = this.published.length === 0;
     if (first) await markWeightsRun(runDir, run);
     const path = join(runDir, safeName(modelTag), `v${version}`);
-    const metadata = { [POLICY_VERSION_METADATA_KEY]: String(version), [WEIGHTS_VERSION_METADATA_KEY]: String(version), [WEIGHTS_RUN_METADATA_KEY]: run };
+    const metadata = {
+      [POLICY_VERSION_METADATA_KEY]: String(version),
+      [WEIGHTS_VERSION_METADATA_KEY]: String(version),
+      [WEIGHTS_RUN_METADATA_KEY]: run,
+    };
     const { adapter } = this.options;
     const written = adapter
       ? await savePeftWeights(path, adapter.lora, weights, adapter.baseDir, metadata)
-      : await saveModelDir(path, { config: policyConfig, weights }, {
-          ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
-          ...(this.options.special ? { special: this.options.special } : {}),
-          metadata,
-        });
+      : await saveModelDir(
+          path,
+          { config: policyConfig, weights },
+          {
+            ...(this.options.tokenizerFiles ? { tokenizerFiles: this.options.tokenizerFiles } : {}),
+            ...(this.options.special ? { special: this.options.special } : {}),
+            metadata,
+          },
+        );
     throwIfAborted(signal, { version });
     const message: WeightsVersionMessage = {
       kind: 'version',
@@ -187,13 +195,31 @@ export interface WeightsFollowerOptions {
 
 /** What a follower reports. */
 export type WeightsFollowerEvent =
-  | { readonly type: 'loaded'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly seconds: number }
-  | { readonly type: 'skipped'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly reason: string }
+  | {
+      readonly type: 'loaded';
+      readonly run: string;
+      readonly modelTag: ModelTag;
+      readonly version: PolicyVersion;
+      readonly seconds: number;
+    }
+  | {
+      readonly type: 'skipped';
+      readonly run: string;
+      readonly modelTag: ModelTag;
+      readonly version: PolicyVersion;
+      readonly reason: string;
+    }
   /**
    * An announcement whose files were refused (outside the root, not regular files, larger than the architecture
    * or the announcement, not matching its SHA-256 after every attempt, malformed): the engines keep what they hold.
    */
-  | { readonly type: 'refused'; readonly run: string; readonly modelTag: ModelTag; readonly version: PolicyVersion; readonly reason: string }
+  | {
+      readonly type: 'refused';
+      readonly run: string;
+      readonly modelTag: ModelTag;
+      readonly version: PolicyVersion;
+      readonly reason: string;
+    }
   | { readonly type: 'end'; readonly message: RunEndMessage };
 
 interface Waiter {
@@ -267,7 +293,9 @@ export class WeightsFollower {
   /** An engine of the followed run (its first policy loaded) and the version it holds, if any weights were loaded. */
   get current(): { readonly run: string; readonly version: PolicyVersion; readonly engine: LocalEngine } | undefined {
     const [first] = this.loaded.values();
-    return first === undefined || this.loadedRun === undefined ? undefined : { run: this.loadedRun, version: first.version, engine: first.engine };
+    return first === undefined || this.loadedRun === undefined
+      ? undefined
+      : { run: this.loadedRun, version: first.version, engine: first.engine };
   }
 
   /** Starts following the announcements. */
@@ -295,7 +323,12 @@ export class WeightsFollower {
    * Resolves with one engine per policy in `tags` once each holds version `minVersion` or newer of `run` (a
    * multi-policy run), or with undefined once `run` is over. Rejects if the follower failed or `signal` fired.
    */
-  waitForAll(run: string, minVersion: PolicyVersion, tags: readonly ModelTag[], signal?: AbortSignal): Promise<ReadonlyMap<ModelTag, LocalEngine> | undefined> {
+  waitForAll(
+    run: string,
+    minVersion: PolicyVersion,
+    tags: readonly ModelTag[],
+    signal?: AbortSignal,
+  ): Promise<ReadonlyMap<ModelTag, LocalEngine> | undefined> {
     return this.wait(run, minVersion, tags, signal);
   }
 
@@ -470,17 +503,23 @@ export class WeightsFollower {
     let adapter: { lora: ResolvedLoraConfig; base: PolicyModel } | undefined;
     if (peft) {
       const { lora, baseModel } = await readPeftAdapterConfig(dir, root);
-      if (baseModel === null) throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
+      if (baseModel === null)
+        throw new DecodeError(`${message.path}: adapter_config.json names no base model`, { context: { path: message.path } });
       adapter = { lora, base: await this.baseOf(baseModel) };
       config = adapter.base.config;
     } else {
-      config = this.fitsTokenizer(policyConfigFromHf(await readJsonObject(join(dir, MODEL_FILES.config), root), join(message.path, MODEL_FILES.config)));
+      config = this.fitsTokenizer(
+        policyConfigFromHf(await readJsonObject(join(dir, MODEL_FILES.config), root), join(message.path, MODEL_FILES.config)),
+      );
     }
     const bound = adapter ? loraWeightBytes(config, adapter.lora) : maxWeightBytesOf(config);
     if (message.bytes > bound) {
-      throw new KafkaBridgeError(`${message.path}: the announcement says ${message.bytes} bytes, more than the ${bound} its architecture allows`, {
-        context: { path: message.path, bytes: message.bytes, limit: bound },
-      });
+      throw new KafkaBridgeError(
+        `${message.path}: the announcement says ${message.bytes} bytes, more than the ${bound} its architecture allows`,
+        {
+          context: { path: message.path, bytes: message.bytes, limit: bound },
+        },
+      );
     }
     const file = join(dir, peft ? PEFT_FILES.weights : MODEL_FILES.weights);
     let data: Buffer;
@@ -547,7 +586,12 @@ export class WeightsFollower {
   }
 
   private engineOf(model: PolicyModel, message: WeightsVersionMessage): LocalEngine {
-    return new LocalEngine(model, { ...this.options.engine, tokenizer: this.options.tokenizer, modelTag: message.modelTag, version: message.version });
+    return new LocalEngine(model, {
+      ...this.options.engine,
+      tokenizer: this.options.tokenizer,
+      modelTag: message.modelTag,
+      version: message.version,
+    });
   }
 
   /** Hands the followed run's models, adapters and bases to `retired` (disposed on close). */

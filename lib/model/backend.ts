@@ -122,8 +122,7 @@ async function selectBackend(kind: BackendKind, options: InitBackendOptions): Pr
         context: { kind },
       });
   }
-  logger.info({ module: 'backend', requested: kind, backend: chosen, ...(kind === 'auto' ? { tried } : {}) },
-    `tfjs backend: ${chosen}`);
+  logger.info({ module: 'backend', requested: kind, backend: chosen, ...(kind === 'auto' ? { tried } : {}) }, `tfjs backend: ${chosen}`);
   return chosen;
 }
 
@@ -158,8 +157,8 @@ async function activate(name: BackendName, nativePackages: readonly string[] = N
 }
 
 function unavailable(name: BackendName, cause: unknown): BackendUnavailableError {
-  const pkg = name === 'tensorflow' ? NATIVE_BACKEND_PACKAGES.join(' or ') : name === 'wasm' ? WASM_BACKEND_PACKAGE
-    : '@tensorflow/tfjs-backend-cpu';
+  const pkg =
+    name === 'tensorflow' ? NATIVE_BACKEND_PACKAGES.join(' or ') : name === 'wasm' ? WASM_BACKEND_PACKAGE : '@tensorflow/tfjs-backend-cpu';
   return new BackendUnavailableError(`tfjs backend '${name}' failed to initialize (package: ${pkg})`, {
     cause,
     context: { backend: name, package: pkg },
@@ -358,16 +357,12 @@ const batchMatMulGradConfig: tf.GradConfig = {
     return {
       a: () => {
         // d op(A) = dy · op(B)ᵀ; dA = d op(A)ᵀ = op(B) · dyᵀ when tA.
-        const grad = tA
-          ? tf.matMul(tB ? swapLastAxes(b) : b, swapLastAxes(g))
-          : tf.matMul(g, tB ? b : swapLastAxes(b));
+        const grad = tA ? tf.matMul(tB ? swapLastAxes(b) : b, swapLastAxes(g)) : tf.matMul(g, tB ? b : swapLastAxes(b));
         return reduceToShape(grad, a.shape);
       },
       b: () => {
         // d op(B) = op(A)ᵀ · dy; dB = d op(B)ᵀ = dyᵀ · op(A) when tB.
-        const grad = tB
-          ? tf.matMul(swapLastAxes(g), tA ? swapLastAxes(a) : a)
-          : tf.matMul(tA ? a : swapLastAxes(a), g);
+        const grad = tB ? tf.matMul(swapLastAxes(g), tA ? swapLastAxes(a) : a) : tf.matMul(tA ? a : swapLastAxes(a), g);
         return reduceToShape(grad, b.shape);
       },
     };

@@ -42,7 +42,9 @@ export function modelFootprint(config: ResolvedPolicyConfig): ModelFootprint {
   const kv = config.nKvHeads * dh;
   const perLayer =
     2 * d + // input and post-attention norms
-    d * q + 2 * d * kv + q * d + // q, k, v, o projections
+    d * q +
+    2 * d * kv +
+    q * d + // q, k, v, o projections
     (config.qkvBias ? q + 2 * kv : 0) +
     (config.oBias ? d : 0) +
     (config.qkNorm ? 2 * dh : 0) +
@@ -105,7 +107,9 @@ export function checkModelFits(config: ResolvedPolicyConfig, options: ModelFitOp
   const prefix = options.source === undefined ? '' : `${options.source}: `;
   const cap = options.maxModelLen;
   if (cap !== undefined && (!Number.isSafeInteger(cap) || cap <= 0)) {
-    throw new ConfigError(`${prefix}maxModelLen must be a positive integer, got ${JSON.stringify(cap)}`, { context: { key: 'maxModelLen', value: cap } });
+    throw new ConfigError(`${prefix}maxModelLen must be a positive integer, got ${JSON.stringify(cap)}`, {
+      context: { key: 'maxModelLen', value: cap },
+    });
   }
   const { parameters, parameterBytes, kvBytesPerToken } = modelFootprint(config);
   if (parameterBytes > limit) {

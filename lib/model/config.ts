@@ -110,11 +110,26 @@ export function validatePolicyConfig(config: PolicyConfig): ResolvedPolicyConfig
   const qkNorm = config.qkNorm ?? modelType === 'qwen3';
   const tieWordEmbeddings = config.tieWordEmbeddings ?? false;
   if (modelType === 'qwen2' && (!qkvBias || oBias)) fail('qkvBias', 'must be true and oBias false for qwen2', { qkvBias, oBias });
-  if (modelType !== 'qwen2' && qkvBias !== oBias) fail('oBias', `must equal qkvBias for ${modelType} (one attention_bias)`, { qkvBias, oBias });
+  if (modelType !== 'qwen2' && qkvBias !== oBias)
+    fail('oBias', `must equal qkvBias for ${modelType} (one attention_bias)`, { qkvBias, oBias });
   if (qkNorm !== (modelType === 'qwen3')) fail('qkNorm', `is only (and always) used by qwen3, not ${modelType}`, qkNorm);
   return {
-    modelType, vocabSize, dModel, nLayers, nHeads, nKvHeads, headDim, dFF, maxSeqLen,
-    ropeTheta, ropeScaling, rmsNormEps, qkvBias, oBias, qkNorm, tieWordEmbeddings,
+    modelType,
+    vocabSize,
+    dModel,
+    nLayers,
+    nHeads,
+    nKvHeads,
+    headDim,
+    dFF,
+    maxSeqLen,
+    ropeTheta,
+    ropeScaling,
+    rmsNormEps,
+    qkvBias,
+    oBias,
+    qkNorm,
+    tieWordEmbeddings,
   };
 }
 

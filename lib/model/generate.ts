@@ -71,7 +71,13 @@ export interface StepDecoder {
 /** Rows `[first, first + count)` of a prompt batch (views, not copies). */
 export function promptRows(batch: PromptBatch, first: number, count: number): PromptBatch {
   const span = <A extends Int32Array | Float32Array>(a: A): A => a.subarray(first * batch.width, (first + count) * batch.width) as A;
-  return { rows: count, width: batch.width, inputIds: span(batch.inputIds), attentionMask: span(batch.attentionMask), positionIds: span(batch.positionIds) };
+  return {
+    rows: count,
+    width: batch.width,
+    inputIds: span(batch.inputIds),
+    attentionMask: span(batch.attentionMask),
+    positionIds: span(batch.positionIds),
+  };
 }
 
 /**
@@ -234,8 +240,7 @@ function initRow(
   stopIds: readonly number[],
   limits: { readonly vocabSize: number; readonly maxSeqLen: number },
 ): Omit<RowState, 'signal'> {
-  const invalid = (what: string): ConfigError =>
-    new ConfigError(`generate request ${index}: ${what}`, { context: { request: index } });
+  const invalid = (what: string): ConfigError => new ConfigError(`generate request ${index}: ${what}`, { context: { request: index } });
   const { promptTokens, maxTokens } = request;
   const temperature = request.temperature ?? 1;
   const topP = request.topP ?? 1;

@@ -53,7 +53,8 @@ function single(dy: tf.Tensor | tf.Tensor[]): tf.Tensor {
 /** Shape of a reduction's output with the reduced axes kept as 1. */
 function keptShape(shape: readonly number[], axisAttr: unknown): number[] {
   const rank = shape.length;
-  const raw = axisAttr === undefined || axisAttr === null ? [...Array(rank).keys()] : ([] as number[]).concat(axisAttr as number | number[]);
+  const raw =
+    axisAttr === undefined || axisAttr === null ? [...Array(rank).keys()] : ([] as number[]).concat(axisAttr as number | number[]);
   const axes = new Set(raw.map((a) => (a < 0 ? a + rank : a)));
   return shape.map((d, i) => (axes.has(i) ? 1 : d));
 }
@@ -140,9 +141,21 @@ function axisOf(attr: unknown, rank: number): number {
 
 const GRADIENTS: readonly tf.GradConfig[] = [
   // ── element-wise binary (broadcasting) ──
-  binary(tf.Add, (dy) => dy, (dy) => dy),
-  binary(tf.Sub, (dy) => dy, (dy) => tf.neg(dy)),
-  binary(tf.Multiply, (dy, _a, b) => tf.mul(dy, b), (dy, a) => tf.mul(dy, a)),
+  binary(
+    tf.Add,
+    (dy) => dy,
+    (dy) => dy,
+  ),
+  binary(
+    tf.Sub,
+    (dy) => dy,
+    (dy) => tf.neg(dy),
+  ),
+  binary(
+    tf.Multiply,
+    (dy, _a, b) => tf.mul(dy, b),
+    (dy, a) => tf.mul(dy, a),
+  ),
   binary(
     tf.RealDiv,
     (dy, _a, b) => tf.div(dy, b),
@@ -224,10 +237,24 @@ const GRADIENTS: readonly tf.GradConfig[] = [
   },
 
   // ── piecewise constant: zero gradients ──
-  ...[tf.Sign, tf.Floor, tf.Ceil, tf.Round, tf.Step, tf.IsNan, tf.IsInf, tf.IsFinite, tf.OnesLike, tf.ZerosLike,
-    tf.LogicalNot, tf.ArgMax, tf.ArgMin].map((k) => zeroGrad(k, ['x'])),
-  ...[tf.Greater, tf.GreaterEqual, tf.Less, tf.LessEqual, tf.Equal, tf.NotEqual, tf.LogicalAnd, tf.LogicalOr,
-    tf.FloorDiv].map((k) => zeroGrad(k, ['a', 'b'])),
+  ...[
+    tf.Sign,
+    tf.Floor,
+    tf.Ceil,
+    tf.Round,
+    tf.Step,
+    tf.IsNan,
+    tf.IsInf,
+    tf.IsFinite,
+    tf.OnesLike,
+    tf.ZerosLike,
+    tf.LogicalNot,
+    tf.ArgMax,
+    tf.ArgMin,
+  ].map((k) => zeroGrad(k, ['x'])),
+  ...[tf.Greater, tf.GreaterEqual, tf.Less, tf.LessEqual, tf.Equal, tf.NotEqual, tf.LogicalAnd, tf.LogicalOr, tf.FloorDiv].map((k) =>
+    zeroGrad(k, ['a', 'b']),
+  ),
   zeroGrad(tf.OneHot, ['indices']),
 
   // ── reductions ──
@@ -274,7 +301,14 @@ const GRADIENTS: readonly tf.GradConfig[] = [
     gradFunc: (dy, saved, attrs) => {
       const [x] = saved;
       const paddings = attrs['paddings'] as [number, number][];
-      return { x: () => tf.slice(single(dy), paddings.map((p) => p[0]), x.shape) };
+      return {
+        x: () =>
+          tf.slice(
+            single(dy),
+            paddings.map((p) => p[0]),
+            x.shape,
+          ),
+      };
     },
   },
   {
@@ -283,9 +317,7 @@ const GRADIENTS: readonly tf.GradConfig[] = [
     gradFunc: (dy, saved, attrs) => {
       const axis = axisOf(attrs['axis'], saved[0].rank);
       const sizes = saved.map((t) => t.shape[axis]);
-      return Object.fromEntries(
-        saved.map((_, i) => [String(i), () => tf.split(single(dy), sizes, axis)[i]]),
-      );
+      return Object.fromEntries(saved.map((_, i) => [String(i), () => tf.split(single(dy), sizes, axis)[i]]));
     },
   },
   {
@@ -299,9 +331,7 @@ const GRADIENTS: readonly tf.GradConfig[] = [
     saveAllInputs: true,
     gradFunc: (dy, saved, attrs) => {
       const axis = axisOf(attrs['axis'], saved[0].rank + 1);
-      return Object.fromEntries(
-        saved.map((t, i) => [String(i), () => tf.reshape(tf.unstack(single(dy), axis)[i], t.shape)]),
-      );
+      return Object.fromEntries(saved.map((t, i) => [String(i), () => tf.reshape(tf.unstack(single(dy), axis)[i], t.shape)]));
     },
   },
   {
@@ -337,7 +367,7 @@ const GRADIENTS: readonly tf.GradConfig[] = [
     inputsToSave: ['x', 'indices'],
     gradFunc: (dy, saved, attrs) => {
       const [x, indices] = saved;
-      if ((attrs['batchDims'] as number | undefined ?? 0) !== 0) {
+      if (((attrs['batchDims'] as number | undefined) ?? 0) !== 0) {
         throw new Error('gradient of gather with batchDims != 0 is not supported');
       }
       const axis = axisOf(attrs['axis'], x.rank);

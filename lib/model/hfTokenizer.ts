@@ -113,7 +113,9 @@ export class HfTokenizer implements Tokenizer {
   constructor(sources: HfTokenizerSources) {
     const { tokenizer, config } = sources;
     if (!isRecord(tokenizer) || !isRecord(tokenizer.model)) {
-      throw new DecodeError(`${TOKENIZER_FILES.tokenizer} must be an object with a "model"`, { context: { file: TOKENIZER_FILES.tokenizer } });
+      throw new DecodeError(`${TOKENIZER_FILES.tokenizer} must be an object with a "model"`, {
+        context: { file: TOKENIZER_FILES.tokenizer },
+      });
     }
     if (!isRecord(config)) {
       throw new DecodeError(`${TOKENIZER_FILES.config} must be a JSON object`, { context: { file: TOKENIZER_FILES.config } });
@@ -157,10 +159,9 @@ export class HfTokenizer implements Tokenizer {
     const generationEos = eosIds(sources.generationConfig, this.vocabSize);
     const eosId = named.eos_token !== undefined ? this.idOf(named.eos_token, TOKENIZER_FILES.config, 'eos_token') : generationEos[0];
     if (eosId === undefined) {
-      throw new DecodeError(
-        `${TOKENIZER_FILES.config} names no eos_token and ${TOKENIZER_FILES.generationConfig} no eos_token_id`,
-        { context: { file: TOKENIZER_FILES.config, key: 'eos_token' } },
-      );
+      throw new DecodeError(`${TOKENIZER_FILES.config} names no eos_token and ${TOKENIZER_FILES.generationConfig} no eos_token_id`, {
+        context: { file: TOKENIZER_FILES.config, key: 'eos_token' },
+      });
     }
     this.eosId = eosId;
     this.stopIds = [...new Set([eosId, ...generationEos])];
@@ -262,7 +263,9 @@ export class HfTokenizer implements Tokenizer {
   private idOf(content: string, file: string, key: string): number {
     const id = this.tok.token_to_id(content);
     if (id === undefined) {
-      throw new DecodeError(`${file}: ${key} ${JSON.stringify(content)} is not in the vocabulary`, { context: { file, key, token: content } });
+      throw new DecodeError(`${file}: ${key} ${JSON.stringify(content)} is not in the vocabulary`, {
+        context: { file, key, token: content },
+      });
     }
     return id;
   }
@@ -359,10 +362,13 @@ export async function loadTokenizer(dir: string): Promise<Tokenizer> {
     try {
       return new CharTokenizer(alphabet);
     } catch (cause) {
-      throw new DecodeError(`${TOKENIZER_FILES.config}: ${CHAR_ALPHABET_CONFIG_KEY}: ${cause instanceof Error ? cause.message : String(cause)}`, {
-        cause,
-        context: { file: TOKENIZER_FILES.config, key: CHAR_ALPHABET_CONFIG_KEY, dir },
-      });
+      throw new DecodeError(
+        `${TOKENIZER_FILES.config}: ${CHAR_ALPHABET_CONFIG_KEY}: ${cause instanceof Error ? cause.message : String(cause)}`,
+        {
+          cause,
+          context: { file: TOKENIZER_FILES.config, key: CHAR_ALPHABET_CONFIG_KEY, dir },
+        },
+      );
     }
   }
   if (files.tokenizer === undefined) {

@@ -5,14 +5,7 @@
  */
 
 // ── backends ───────────────────────────────────────────────────────────────────
-export {
-  BACKEND_KINDS,
-  NATIVE_BACKEND_PACKAGES,
-  WASM_BACKEND_PACKAGE,
-  initBackend,
-  installBackendFixes,
-  swapLastAxes,
-} from './backend.js';
+export { BACKEND_KINDS, NATIVE_BACKEND_PACKAGES, WASM_BACKEND_PACKAGE, initBackend, installBackendFixes, swapLastAxes } from './backend.js';
 export type { BackendKind, BackendLogger, BackendName, InitBackendOptions } from './backend.js';
 export { registerCoreGradients, sumToShape } from './gradients.js';
 

@@ -97,12 +97,15 @@ export function validateLoraConfig(lora: LoraConfig, key = 'lora'): ResolvedLora
     throw new ConfigError(`${key}.${field} ${message}, got ${JSON.stringify(value)}`, { context: { key: `${key}.${field}`, value } });
   };
   if (!Number.isInteger(lora.rank) || lora.rank <= 0) fail('rank', 'must be a positive integer', lora.rank);
-  if (!(typeof lora.alpha === 'number' && Number.isFinite(lora.alpha) && lora.alpha > 0)) fail('alpha', 'must be a positive number', lora.alpha);
+  if (!(typeof lora.alpha === 'number' && Number.isFinite(lora.alpha) && lora.alpha > 0))
+    fail('alpha', 'must be a positive number', lora.alpha);
   const dropout = lora.dropout ?? 0;
   if (dropout !== 0) fail('dropout', 'must be 0 (sampling and training must compute the same function)', dropout);
-  if (!Array.isArray(lora.targetModules) || lora.targetModules.length === 0) fail('targetModules', 'must be a non-empty list', lora.targetModules);
+  if (!Array.isArray(lora.targetModules) || lora.targetModules.length === 0)
+    fail('targetModules', 'must be a non-empty list', lora.targetModules);
   lora.targetModules.forEach((t, i) => {
-    if (!LORA_TARGETS.includes(t)) fail(`targetModules[${i}]`, `must be one of ${LORA_TARGETS.join(', ')} (the model has no other linear layer in a block)`, t);
+    if (!LORA_TARGETS.includes(t))
+      fail(`targetModules[${i}]`, `must be one of ${LORA_TARGETS.join(', ')} (the model has no other linear layer in a block)`, t);
     if (lora.targetModules.indexOf(t) !== i) fail(`targetModules[${i}]`, 'is listed twice', t);
   });
   const rsLora = lora.rsLora ?? false;
@@ -145,9 +148,12 @@ function checkLoraWeights(specs: readonly LoraParamSpec[], lora: ResolvedLoraCon
   for (const name of weights.keys()) if (!known.has(name)) problems.push(`unknown tensor ${name}`);
   if (problems.length > 0) {
     const more = problems.length > 5 ? `; and ${problems.length - 5} more` : '';
-    throw new ShapeError(`LoRA weights do not match the adapter (rank ${lora.rank}, ${lora.targetModules.join(', ')}): ${problems.slice(0, 5).join('; ')}${more}`, {
-      context: { problems: problems.length },
-    });
+    throw new ShapeError(
+      `LoRA weights do not match the adapter (rank ${lora.rank}, ${lora.targetModules.join(', ')}): ${problems.slice(0, 5).join('; ')}${more}`,
+      {
+        context: { problems: problems.length },
+      },
+    );
   }
 }
 
@@ -334,15 +340,20 @@ export async function readPeftAdapterConfig(dir: string, root?: string): Promise
   if (c.bias !== undefined && c.bias !== 'none') unsupported('bias', "must be 'none'");
   if (c.fan_in_fan_out === true) unsupported('fan_in_fan_out', 'is not supported');
   if (c.modules_to_save !== undefined && c.modules_to_save !== null) unsupported('modules_to_save', 'is not supported');
-  if (c.layers_to_transform !== undefined && c.layers_to_transform !== null) unsupported('layers_to_transform', 'is not supported (every block is adapted)');
+  if (c.layers_to_transform !== undefined && c.layers_to_transform !== null)
+    unsupported('layers_to_transform', 'is not supported (every block is adapted)');
   for (const field of ['rank_pattern', 'alpha_pattern']) {
     const v = c[field];
-    if (v !== undefined && v !== null && (typeof v !== 'object' || Object.keys(v).length > 0)) unsupported(field, 'is not supported (one rank and alpha for every layer)');
+    if (v !== undefined && v !== null && (typeof v !== 'object' || Object.keys(v).length > 0))
+      unsupported(field, 'is not supported (one rank and alpha for every layer)');
   }
-  if (!Array.isArray(c.target_modules)) unsupported('target_modules', 'must be a list of module names (a regular expression is not supported)');
+  if (!Array.isArray(c.target_modules))
+    unsupported('target_modules', 'must be a list of module names (a regular expression is not supported)');
   (c.target_modules as unknown[]).forEach((t, i) => {
     if (!LORA_TARGETS.includes(t as LoraTarget)) {
-      throw new ConfigError(`${path}: target_modules[${i}] must be one of ${LORA_TARGETS.join(', ')}, got ${JSON.stringify(t)}`, { context: { path, key: `target_modules[${i}]` } });
+      throw new ConfigError(`${path}: target_modules[${i}] must be one of ${LORA_TARGETS.join(', ')}, got ${JSON.stringify(t)}`, {
+        context: { path, key: `target_modules[${i}]` },
+      });
     }
   });
   const lora = validateLoraConfig(
@@ -397,7 +408,10 @@ export async function readPeftWeights(
   options: PeftReadOptions = {},
 ): Promise<NamedWeights> {
   const maxBytes = Math.min(options.maxWeightBytes ?? Infinity, loraWeightBytes(config, lora));
-  const { weights } = await loadSafetensors(join(dir, PEFT_FILES.weights), { maxBytes, ...(options.root === undefined ? {} : { root: options.root }) });
+  const { weights } = await loadSafetensors(join(dir, PEFT_FILES.weights), {
+    maxBytes,
+    ...(options.root === undefined ? {} : { root: options.root }),
+  });
   return renamePeftWeights(weights);
 }
 

@@ -100,7 +100,11 @@ type Json = Record<string, unknown>;
  *   embeddings, a rope type other than default, linear or llama3), a missing or invalid size, or sizes whose
  *   weights and one full-length sequence's cache do not fit in the backend's memory ({@link checkModelFits}).
  */
-export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.config, fit: Omit<ModelFitOptions, 'keyOf' | 'source'> = {}): ResolvedPolicyConfig {
+export function policyConfigFromHf(
+  raw: unknown,
+  source: string = MODEL_FILES.config,
+  fit: Omit<ModelFitOptions, 'keyOf' | 'source'> = {},
+): ResolvedPolicyConfig {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
     throw new ConfigError(`${source}: not a JSON object`, { context: { source } });
   }
@@ -117,7 +121,8 @@ export function policyConfigFromHf(raw: unknown, source: string = MODEL_FILES.co
   for (const key of ['num_experts', 'num_local_experts', 'n_routed_experts']) {
     if (typeof c[key] === 'number' && (c[key] as number) > 0) fail(key, 'is set: mixture-of-experts models are not supported');
   }
-  if (c.hidden_act !== undefined && c.hidden_act !== 'silu') fail('hidden_act', `${JSON.stringify(c.hidden_act)} is not supported (only silu)`);
+  if (c.hidden_act !== undefined && c.hidden_act !== 'silu')
+    fail('hidden_act', `${JSON.stringify(c.hidden_act)} is not supported (only silu)`);
   if (c.mlp_bias === true) fail('mlp_bias', 'is true: MLP biases are not supported');
   const rope = readRope(c, fail);
   const int = (key: string): number => {
@@ -198,15 +203,18 @@ function readRope(c: Json, fail: (key: string, message: string) => never): { the
 export function policyConfigToHf(config: PolicyConfig, special: SpecialTokenIds = {}): Json {
   const c = validatePolicyConfig(config);
   const s = c.ropeScaling;
-  const ropeScaling = s === null ? null
-    : s.type === 'linear' ? { rope_type: 'linear', factor: s.factor }
-    : {
-        rope_type: 'llama3',
-        factor: s.factor,
-        low_freq_factor: s.lowFreqFactor,
-        high_freq_factor: s.highFreqFactor,
-        original_max_position_embeddings: s.originalMaxPositionEmbeddings,
-      };
+  const ropeScaling =
+    s === null
+      ? null
+      : s.type === 'linear'
+        ? { rope_type: 'linear', factor: s.factor }
+        : {
+            rope_type: 'llama3',
+            factor: s.factor,
+            low_freq_factor: s.lowFreqFactor,
+            high_freq_factor: s.highFreqFactor,
+            original_max_position_embeddings: s.originalMaxPositionEmbeddings,
+          };
   return {
     architectures: [ARCHITECTURES[c.modelType]],
     model_type: c.modelType,
@@ -355,7 +363,10 @@ function hfKey(field: keyof ResolvedPolicyConfig): string {
  * @returns The model (owned by the caller) and what the directory holds besides (weights are not kept).
  * @throws As {@link readModelDir}; `ShapeError` when the weights do not fit the configuration.
  */
-export async function loadModelDir(dir: string, options: ReadModelDirOptions = {}): Promise<{ model: PolicyModel; contents: Omit<ModelDirContents, 'weights'> }> {
+export async function loadModelDir(
+  dir: string,
+  options: ReadModelDirOptions = {},
+): Promise<{ model: PolicyModel; contents: Omit<ModelDirContents, 'weights'> }> {
   const { weights, ...contents } = await readModelDir(dir, options);
   return { model: PolicyModel.fromWeights(contents.config, weights), contents };
 }
@@ -376,7 +387,9 @@ export async function saveModelDir(
   options: SaveModelDirOptions = {},
 ): Promise<{ readonly bytes: number; readonly sha256: string }> {
   if (source instanceof PolicyModel && source.adapter !== null) {
-    throw new ShapeError('saveModelDir: this model is a LoRA adapter view; save the adapter with savePeftAdapter, or the merged model from mergedWeights()');
+    throw new ShapeError(
+      'saveModelDir: this model is a LoRA adapter view; save the adapter with savePeftAdapter, or the merged model from mergedWeights()',
+    );
   }
   const config = source.config;
   const weights = source instanceof PolicyModel ? source.getWeights() : source.weights;
@@ -395,4 +408,3 @@ export async function saveModelDir(
   await writeFileAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, primary), null, 2) + '\n');
   return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
 }
-

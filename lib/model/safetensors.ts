@@ -203,7 +203,10 @@ export async function syncDirectory(dir: string): Promise<void> {
  * @throws {@link DecodeError} when the file is not a readable regular file within the limits, or is malformed;
  *   {@link ForbiddenPathError} outside `limits.root`.
  */
-export async function loadSafetensors(path: string, limits: Partial<FileLimits> = {}): Promise<SafetensorsContents & { readonly bytes: number }> {
+export async function loadSafetensors(
+  path: string,
+  limits: Partial<FileLimits> = {},
+): Promise<SafetensorsContents & { readonly bytes: number }> {
   const bytes = await readRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER, ...limits });
   try {
     return { ...decodeSafetensors(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)), bytes: bytes.length };
@@ -245,11 +248,7 @@ function parseEntry(
   if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) {
     throw malformed(`tensor '${name}' has an invalid shape`);
   }
-  if (
-    !Array.isArray(offsets) ||
-    offsets.length !== 2 ||
-    !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
-  ) {
+  if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)) {
     throw malformed(`tensor '${name}' has invalid data_offsets`);
   }
   const [begin, end] = offsets as [number, number];

@@ -108,14 +108,9 @@ export function samplingDistribution(
  * @param params - Temperature, top-p and top-k.
  * @param rng - Seeded uniforms (one draw per non-greedy sample).
  */
-export function sampleToken(
-  logits: Float32Array,
-  offset: number,
-  vocabSize: number,
-  params: SamplingParams,
-  rng: Rng,
-): SampledToken {
-  if (params.temperature !== 0 && (params.topK ?? 0) === 0 && params.topP >= 1) return sampleWhole(logits, offset, vocabSize, params.temperature, rng);
+export function sampleToken(logits: Float32Array, offset: number, vocabSize: number, params: SamplingParams, rng: Rng): SampledToken {
+  if (params.temperature !== 0 && (params.topK ?? 0) === 0 && params.topP >= 1)
+    return sampleWhole(logits, offset, vocabSize, params.temperature, rng);
   const { ids, probs } = samplingDistribution(logits, offset, vocabSize, params);
   let token = ids[ids.length - 1];
   if (params.temperature !== 0) {

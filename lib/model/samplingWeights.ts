@@ -79,7 +79,11 @@ export function samplingWeightBytes(config: ResolvedPolicyConfig, adapter: Model
  *
  * @param memoryBytes - Bytes available; default {@link backendMemoryBytes}.
  */
-export function samplingWeightsFit(config: ResolvedPolicyConfig, adapter: ModelAdapter | null, memoryBytes = backendMemoryBytes()): boolean {
+export function samplingWeightsFit(
+  config: ResolvedPolicyConfig,
+  adapter: ModelAdapter | null,
+  memoryBytes = backendMemoryBytes(),
+): boolean {
   const adapterBytes = (adapter?.numParameters() ?? 0) * FLOAT32_BYTES;
   const bytes = modelFootprint(config).parameterBytes + adapterBytes + samplingWeightBytes(config, adapter);
   return bytes <= memoryBytes * SAMPLING_WEIGHTS_MEMORY_SHARE;
@@ -94,7 +98,12 @@ function merged(layer: BlockLinear): tf.Tensor2D {
 function fuse(layers: readonly BlockLinear[]): BlockLinear {
   if (layers.length === 1) return { w: merged(layers[0]), bias: layers[0].bias, lora: null };
   const w = tf.concat(layers.map(merged), 1); // [in, Σ out]
-  const bias = layers.every((l) => l.bias === null) ? null : tf.concat(layers.map((l) => l.bias ?? tf.zeros([l.w.shape[1]])), 0); // [Σ out]
+  const bias = layers.every((l) => l.bias === null)
+    ? null
+    : tf.concat(
+        layers.map((l) => l.bias ?? tf.zeros([l.w.shape[1]])),
+        0,
+      ); // [Σ out]
   return { w, bias, lora: null };
 }
 
@@ -109,7 +118,13 @@ function fuseBlock(block: BlockWeights): { fused: BlockWeights; owned: tf.Tensor
   let fused: BlockWeights = block;
   try {
     tf.tidy(() => {
-      fused = { ...block, qkv: [kept(fuse(block.qkv))], o: kept(fuse([block.o])), gateUp: [kept(fuse(block.gateUp))], down: kept(fuse([block.down])) };
+      fused = {
+        ...block,
+        qkv: [kept(fuse(block.qkv))],
+        o: kept(fuse([block.o])),
+        gateUp: [kept(fuse(block.gateUp))],
+        down: kept(fuse([block.down])),
+      };
     });
   } catch (error) {
     tf.dispose(owned);

@@ -58,7 +58,9 @@ function labelBytes(label: string): number {
 function byteLevelKeepingAll(pre: unknown): boolean {
   if (!isJson(pre)) return false;
   const steps = pre.type === 'Sequence' && Array.isArray(pre.pretokenizers) ? (pre.pretokenizers as unknown[]) : [pre];
-  const keeps = steps.every((step) => isJson(step) && KEEPING_PRE_TOKENIZERS.has(String(step.type)) && step.behavior !== 'Removed' && step.behavior !== 'removed');
+  const keeps = steps.every(
+    (step) => isJson(step) && KEEPING_PRE_TOKENIZERS.has(String(step.type)) && step.behavior !== 'Removed' && step.behavior !== 'removed',
+  );
   return keeps && steps.some((step) => isJson(step) && step.type === 'ByteLevel');
 }
 

@@ -113,25 +113,38 @@ export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
   const { vocabSize: V, dModel: d, dFF: f, headDim: dh } = c;
   const qDim = c.nHeads * dh;
   const kvDim = c.nKvHeads * dh;
-  const lin = (name: string, out: number, inp: number, init: PolicyInitKind = 'normal'): PolicyParamSpec =>
-    ({ name, shape: [out, inp], init, linear: true });
+  const lin = (name: string, out: number, inp: number, init: PolicyInitKind = 'normal'): PolicyParamSpec => ({
+    name,
+    shape: [out, inp],
+    init,
+    linear: true,
+  });
   const vec = (name: string, n: number, init: PolicyInitKind): PolicyParamSpec => ({ name, shape: [n], init, linear: false });
   const specs: PolicyParamSpec[] = [{ name: 'model.embed_tokens.weight', shape: [V, d], init: 'normal', linear: false }];
   for (let i = 0; i < c.nLayers; i++) {
     const p = `model.layers.${i}`;
     specs.push(vec(`${p}.input_layernorm.weight`, d, 'ones'));
-    specs.push(lin(`${p}.self_attn.q_proj.weight`, qDim, d), lin(`${p}.self_attn.k_proj.weight`, kvDim, d),
-      lin(`${p}.self_attn.v_proj.weight`, kvDim, d));
+    specs.push(
+      lin(`${p}.self_attn.q_proj.weight`, qDim, d),
+      lin(`${p}.self_attn.k_proj.weight`, kvDim, d),
+      lin(`${p}.self_attn.v_proj.weight`, kvDim, d),
+    );
     if (c.qkvBias) {
-      specs.push(vec(`${p}.self_attn.q_proj.bias`, qDim, 'zeros'), vec(`${p}.self_attn.k_proj.bias`, kvDim, 'zeros'),
-        vec(`${p}.self_attn.v_proj.bias`, kvDim, 'zeros'));
+      specs.push(
+        vec(`${p}.self_attn.q_proj.bias`, qDim, 'zeros'),
+        vec(`${p}.self_attn.k_proj.bias`, kvDim, 'zeros'),
+        vec(`${p}.self_attn.v_proj.bias`, kvDim, 'zeros'),
+      );
     }
     if (c.qkNorm) specs.push(vec(`${p}.self_attn.q_norm.weight`, dh, 'ones'), vec(`${p}.self_attn.k_norm.weight`, dh, 'ones'));
     specs.push(lin(`${p}.self_attn.o_proj.weight`, d, qDim, 'residual-out'));
     if (c.oBias) specs.push(vec(`${p}.self_attn.o_proj.bias`, d, 'zeros'));
     specs.push(vec(`${p}.post_attention_layernorm.weight`, d, 'ones'));
-    specs.push(lin(`${p}.mlp.gate_proj.weight`, f, d), lin(`${p}.mlp.up_proj.weight`, f, d),
-      lin(`${p}.mlp.down_proj.weight`, d, f, 'residual-out'));
+    specs.push(
+      lin(`${p}.mlp.gate_proj.weight`, f, d),
+      lin(`${p}.mlp.up_proj.weight`, f, d),
+      lin(`${p}.mlp.down_proj.weight`, d, f, 'residual-out'),
+    );
   }
   specs.push(vec('model.norm.weight', d, 'ones'));
   if (!c.tieWordEmbeddings) specs.push(lin('lm_head.weight', V, d));
@@ -216,7 +229,10 @@ export class PolicyModel {
         return {
           w: get(`${p}.${group}.${target}.weight`) as tf.Tensor as tf.Tensor2D,
           bias: bias ? opt(`${p}.${group}.${target}.bias`) : null,
-          lora: pair === null || adapter === null ? null : { a: pair.a as tf.Tensor as tf.Tensor2D, b: pair.b as tf.Tensor as tf.Tensor2D, scale: adapter.lora.scale },
+          lora:
+            pair === null || adapter === null
+              ? null
+              : { a: pair.a as tf.Tensor as tf.Tensor2D, b: pair.b as tf.Tensor as tf.Tensor2D, scale: adapter.lora.scale },
         };
       };
       return {
@@ -316,7 +332,9 @@ export class PolicyModel {
     if (base.adapter !== null) throw new ShapeError('withAdapter: the base model is already an adapter view');
     const mismatched = configMismatches(base.config, adapter.config);
     if (mismatched.length > 0) {
-      throw new ShapeError(`withAdapter: the adapter was made for another architecture (${mismatched.join(', ')} differ)`, { context: { mismatched } });
+      throw new ShapeError(`withAdapter: the adapter was made for another architecture (${mismatched.join(', ')} differ)`, {
+        context: { mismatched },
+      });
     }
     return new PolicyModel(base.config, base.params, base.linear, adapter, base.sampling);
   }
@@ -463,12 +481,18 @@ export class PolicyModel {
       // One stream of the prompts' u·P positions, then the responses' B·R: every position-wise product runs once
       // on both; only attention tells them apart.
       const ids = tf.concat([tf.reshape(tf.tensor2d(distinct.inputIds, [u, P], 'int32'), [-1]), tf.reshape(response(inputIds), [-1])]);
-      const positions = tf.concat([tf.reshape(tf.tensor2d(distinct.positionIds, [u, P], 'int32'), [-1]), tf.reshape(response(positionIds), [-1])]);
+      const positions = tf.concat([
+        tf.reshape(tf.tensor2d(distinct.positionIds, [u, P], 'int32'), [-1]),
+        tf.reshape(response(positionIds), [-1]),
+      ]);
       const rot = this.rotary(positions);
       const biasP = this.groupBias(attentionBias(promptMask, P)); // [u, 1, g·P, P]
       const keyMask = tf.concat([tf.gather(promptMask, group), tf.cast(response(attentionMask), 'float32')], 1); // [B, P+R]
       const biasR = this.groupBias(attentionBias(keyMask, R, P)); // [B, 1, g·R, P+R]
-      const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => [tf.slice(t, [0, 0], [u * P, -1]), tf.slice(t, [u * P, 0], [B * R, -1])];
+      const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => [
+        tf.slice(t, [0, 0], [u * P, -1]),
+        tf.slice(t, [u * P, 0], [B * R, -1]),
+      ];
       let x = this.embed(ids); // [u·P + B·R, d]
       for (const block of this.blocks) {
         let prompt: LayerCache | undefined;
@@ -825,10 +849,12 @@ export class PolicyModel {
       const L1 = keyMask.length / b;
       let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b, d]
       const rot = this.rotary(tf.tensor1d(positions, 'int32'));
-      const bias = this.groupBias(tf.reshape(
-        tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
-        [b, 1, 1, L1],
-      ) as tf.Tensor4D); // [b, 1, g, L+1]
+      const bias = this.groupBias(
+        tf.reshape(
+          tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
+          [b, 1, 1, L1],
+        ) as tf.Tensor4D,
+      ); // [b, 1, g, L+1]
       const next: LayerCache[] = [];
       blocks.forEach((block, i) => {
         const attention = this.attention({ b, t: 1 }, bias, (k, v) => {
@@ -859,7 +885,6 @@ export class PolicyModel {
     });
   }
 }
-
 
 /** Checks names and Hugging Face shapes of `weights` against `specs`, naming every mismatch. */
 function checkWeights(specs: readonly PolicyParamSpec[], weights: NamedWeights): void {
@@ -1007,7 +1032,10 @@ class KvCacheDecoder implements StepDecoder {
       const distinct = prefilled;
       prefilled = tf.tidy(() => {
         const index = tf.tensor1d(rows.index, 'int32');
-        return { logits: tf.gather(distinct.logits, index, 0), caches: distinct.caches.map((c) => ({ k: tf.gather(c.k, index, 0), v: tf.gather(c.v, index, 0) })) };
+        return {
+          logits: tf.gather(distinct.logits, index, 0),
+          caches: distinct.caches.map((c) => ({ k: tf.gather(c.k, index, 0), v: tf.gather(c.v, index, 0) })),
+        };
       });
       disposeParts([distinct]);
     }
@@ -1027,8 +1055,20 @@ class KvCacheDecoder implements StepDecoder {
       }
       if (parts.length === 1) return parts[0];
       const joined = tf.tidy(() => ({
-        logits: tf.concat(parts.map((p) => p.logits), 0),
-        caches: parts[0].caches.map((_, i) => ({ k: tf.concat(parts.map((p) => p.caches[i].k), 0), v: tf.concat(parts.map((p) => p.caches[i].v), 0) })),
+        logits: tf.concat(
+          parts.map((p) => p.logits),
+          0,
+        ),
+        caches: parts[0].caches.map((_, i) => ({
+          k: tf.concat(
+            parts.map((p) => p.caches[i].k),
+            0,
+          ),
+          v: tf.concat(
+            parts.map((p) => p.caches[i].v),
+            0,
+          ),
+        })),
       }));
       disposeParts(parts);
       return joined;

@@ -154,8 +154,7 @@ export class ErrorReporter {
     const info = describeError(error);
     this.reported += 1;
     this.byName.set(info.name, (this.byName.get(info.name) ?? 0) + 1);
-    const action: ErrorAction =
-      isAbortError(error) || this.stopped ? 'ignore' : this.policy === 'stop_on_error' ? 'stop' : 'continue';
+    const action: ErrorAction = isAbortError(error) || this.stopped ? 'ignore' : this.policy === 'stop_on_error' ? 'stop' : 'continue';
     const occurrence = this.countMessage(`${info.name}: ${info.message}`);
     const err = occurrence === 1 || !(error instanceof Error) ? error : withoutStack(info);
     const fields = { ...this.unbound(context), err, errorName: info.name, occurrence, action, policy: this.policy };

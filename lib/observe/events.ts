@@ -136,9 +136,7 @@ export class Instrumentation {
    */
   ofType<K extends RxrlEventType>(...types: readonly K[]): Observable<InstrumentationEvent<K>> {
     const wanted = new Set<string>(types);
-    return this.events$.pipe(
-      filter((event): event is AnyInstrumentationEvent & InstrumentationEvent<K> => wanted.has(event.type)),
-    );
+    return this.events$.pipe(filter((event): event is AnyInstrumentationEvent & InstrumentationEvent<K> => wanted.has(event.type)));
   }
 
   /**

@@ -29,14 +29,7 @@ export { ActivityOverflowError, RunDirError } from './errors.js';
 
 // ── metrics stream ─────────────────────────────────────────────────────────────
 export { spanSeconds } from './spans.js';
-export {
-  METRICS_FILE,
-  METRICS_RESERVED_KEYS,
-  MetricsWriter,
-  metricsPath,
-  parseMetricsLines,
-  readRunMetrics,
-} from './metricsFile.js';
+export { METRICS_FILE, METRICS_RESERVED_KEYS, MetricsWriter, metricsPath, parseMetricsLines, readRunMetrics } from './metricsFile.js';
 export type { MetricsEntry, MetricsReadResult, MetricsRecord, MetricsWriterOptions, SkippedLine } from './metricsFile.js';
 
 // ── progress ───────────────────────────────────────────────────────────────────

@@ -197,7 +197,7 @@ export class MetricsWriter {
 
 /** Writes all of `bytes` (one `write(2)` may take part of them), so a full disk fails the write that tore the line. */
 function writeAllSync(fd: number, bytes: Buffer): void {
-  for (let at = 0; at < bytes.length; ) at += writeSync(fd, bytes, at);
+  for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at);
 }
 
 /**

@@ -84,7 +84,9 @@ export function reportPlotsFor(records: readonly MetricsRecord[]): readonly Repo
   const policies = [...tags].sort();
   return REPORT_PLOTS.map((plot) => ({
     ...plot,
-    series: policies.flatMap((tag) => plot.series.map((s) => ({ key: `${tag}/${s.key}`, label: plot.series.length === 1 ? tag : `${tag} ${s.label}` }))),
+    series: policies.flatMap((tag) =>
+      plot.series.map((s) => ({ key: `${tag}/${s.key}`, label: plot.series.length === 1 ? tag : `${tag} ${s.label}` })),
+    ),
   }));
 }
 
@@ -311,17 +313,12 @@ function renderPlot(plot: ReportPlot, series: ReadonlyMap<string, readonly Point
   } else {
     const y = domain(values, false);
     const sx = (v: number): number => MARGIN.left + INSET + ((v - x.min) / (x.max - x.min)) * (PLOT_W - 2 * INSET);
-    const sy = (v: number): number =>
-      MARGIN.top + PLOT_H - INSET - ((v - y.min) / (y.max - y.min)) * (PLOT_H - 2 * INSET);
+    const sy = (v: number): number => MARGIN.top + PLOT_H - INSET - ((v - y.min) / (y.max - y.min)) * (PLOT_H - 2 * INSET);
     svg.push(renderAxes(x, y, sx, sy));
     for (const s of drawn) {
       if (s.finite.length === 0) continue;
-      const segments = splitAtGaps(s.points).map((segment) =>
-        segment.length > DECIMATE_ABOVE ? decimate(segment, sx) : segment,
-      );
-      const d = segments
-        .map((segment) => segment.map((p, i) => `${i === 0 ? 'M' : 'L'}${num(sx(p.x))} ${num(sy(p.y))}`).join(''))
-        .join('');
+      const segments = splitAtGaps(s.points).map((segment) => (segment.length > DECIMATE_ABOVE ? decimate(segment, sx) : segment));
+      const d = segments.map((segment) => segment.map((p, i) => `${i === 0 ? 'M' : 'L'}${num(sx(p.x))} ${num(sy(p.y))}`).join('')).join('');
       svg.push(
         `<path class="series" data-series="${escapeHtml(s.key)}" data-points="${s.finite.length}" fill="none"` +
           ` stroke="${s.color}" stroke-width="1.75" stroke-linejoin="round" d="${d}"/>`,
@@ -494,10 +491,5 @@ function formatValue(value: number): string {
  * @param text - any text.
  */
 export function escapeHtml(text: string): string {
-  return text
-    .replace(/&/g, '&amp;')
-    .replace(/</g, '&lt;')
-    .replace(/>/g, '&gt;')
-    .replace(/"/g, '&quot;')
-    .replace(/'/g, '&#39;');
+  return text.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;').replace(/'/g, '&#39;');
 }

@@ -32,24 +32,33 @@ export function modelContext(ctx: ServeContext, name: string): ServeContext {
  *   outside the weights root.
  */
 export async function addAdapter(ctx: ServeContext, name: string, path: string, inPlace = false): Promise<ServedAdapter> {
-  if (name.trim() === '' || name.length > 256 || /[\0/]/.test(name)) throw invalid('lora_name', 'lora_name must be a non-empty name without "/"');
+  if (name.trim() === '' || name.length > 256 || /[\0/]/.test(name))
+    throw invalid('lora_name', 'lora_name must be a non-empty name without "/"');
   if (name === ctx.modelName) throw invalid('lora_name', `lora_name ${quote(name)} is the base model's name`);
   const existing = ctx.adapters.get(name);
   if (existing !== undefined && !inPlace) {
-    throw new RequestError(400, `The lora adapter ${quote(name)} has already been loaded (pass load_inplace: true to replace it)`, { param: 'lora_name', code: 'adapter_exists' });
+    throw new RequestError(400, `The lora adapter ${quote(name)} has already been loaded (pass load_inplace: true to replace it)`, {
+      param: 'lora_name',
+      code: 'adapter_exists',
+    });
   }
   const dir = await resolveClientDir(ctx, 'lora_path', path);
   let adapter: LoraAdapter;
   try {
     // Regular files only (a FIFO or /dev/zero must not hang the reader), no larger than the base model.
-    adapter = (await loadPeftAdapter(dir, ownModel(ctx, 'LoRA').serving.model.config, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) })).adapter;
+    adapter = (
+      await loadPeftAdapter(dir, ownModel(ctx, 'LoRA').serving.model.config, { maxWeightBytes: maxWeightBytes(ctx), ...rootOf(ctx) })
+    ).adapter;
   } catch (cause) {
     throw cannotLoad('lora_path', path, cause);
   }
   if (ctx.adapters.get(name) !== existing) {
     // Another request loaded, replaced or unloaded this name while the files were read.
     adapter.dispose();
-    throw new RequestError(409, `The lora adapter ${quote(name)} changed while loading; try again`, { param: 'lora_name', code: 'adapter_changed' });
+    throw new RequestError(409, `The lora adapter ${quote(name)} changed while loading; try again`, {
+      param: 'lora_name',
+      code: 'adapter_changed',
+    });
   }
   if (existing !== undefined) {
     // Same rank and targets: swap the weights between batches. Otherwise the new adapter gets an engine of its own.
@@ -68,7 +77,13 @@ export async function addAdapter(ctx: ServeContext, name: string, path: string, 
   const own = ownModel(ctx, 'LoRA');
   const view = PolicyModel.withAdapter(own.serving.model, adapter);
   const serving = new ServingModel(view);
-  const engine = new LocalEngine(serving, { tokenizer: ctx.tokenizer, modelTag: name, maxBatchSize: own.engine.maxBatchSize, maxWaitMs: own.engine.maxWaitMs, version: 0 });
+  const engine = new LocalEngine(serving, {
+    tokenizer: ctx.tokenizer,
+    modelTag: name,
+    maxBatchSize: own.engine.maxBatchSize,
+    maxWaitMs: own.engine.maxWaitMs,
+    version: 0,
+  });
   const served: ServedAdapter = { name, path, adapter, view, serving, engine };
   ctx.adapters.set(name, served);
   if (existing !== undefined) void retire(existing);
@@ -88,7 +103,12 @@ export async function loadLoraAdapter(ctx: ServeContext, body: JsonObject): Prom
   const path = readString(body, 'lora_path');
   const served = await addAdapter(ctx, name, path, readBoolean(body, 'load_inplace', false));
   ctx.log({ event: 'lora_loaded', name, path: excerpt(path, MAX_ERROR_MESSAGE_CHARS) });
-  return { success: true, message: `Success: LoRA adapter '${excerpt(name)}' added successfully.`, lora_name: name, policy_version: served.engine.version };
+  return {
+    success: true,
+    message: `Success: LoRA adapter '${excerpt(name)}' added successfully.`,
+    lora_name: name,
+    policy_version: served.engine.version,
+  };
 }
 
 /** `POST /v1/unload_lora_adapter`: `{ lora_name }`. Requests already running finish on it. */

@@ -11,9 +11,29 @@ import { mapInTurns } from '../core/turns.js';
 import type { TopLogprob } from './servingModel.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, absent, excerpt, invalid, readBoolean, readInteger, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, envelope, finish, readSampling, sample, sessionMaxTokens, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import {
+  checkContext,
+  checkModel,
+  envelope,
+  finish,
+  readSampling,
+  sample,
+  sessionMaxTokens,
+  tokenLabel,
+  type Finished,
+  type Sampling,
+} from './sampling.js';
 import type { Admission, Drift, Session } from './sessions.js';
-import { EventStream, LiveChoice, drainChoice, readStream, worthSending, type EventSink, type StreamPiece, type StreamRequest } from './stream.js';
+import {
+  EventStream,
+  LiveChoice,
+  drainChoice,
+  readStream,
+  worthSending,
+  type EventSink,
+  type StreamPiece,
+  type StreamRequest,
+} from './stream.js';
 
 function readContent(value: unknown, param: string, nullable: boolean): string {
   if (typeof value === 'string') return value;
@@ -52,7 +72,11 @@ function readToolCalls(value: unknown, param: string): ToolCall[] {
 function readMessages(body: JsonObject): ChatMessage[] {
   const messages = body.messages;
   if (!Array.isArray(messages) || messages.length === 0) {
-    throw invalid('messages', "'messages' must be a non-empty array", absent(body, 'messages') ? 'missing_required_parameter' : 'invalid_type');
+    throw invalid(
+      'messages',
+      "'messages' must be a non-empty array",
+      absent(body, 'messages') ? 'missing_required_parameter' : 'invalid_type',
+    );
   }
   return messages.map((raw, i): ChatMessage => {
     const where = `messages[${i}]`;
@@ -64,7 +88,8 @@ function readMessages(body: JsonObject): ChatMessage[] {
     }
     const toolCalls = role === 'assistant' ? readToolCalls(m.tool_calls, `${where}.tool_calls`) : [];
     const content = readContent(m.content, `${where}.content`, role === 'assistant' && toolCalls.length > 0);
-    if (role === 'tool' && typeof m.tool_call_id !== 'string') throw invalid(`${where}.tool_call_id`, `${where}.tool_call_id must be a string`);
+    if (role === 'tool' && typeof m.tool_call_id !== 'string')
+      throw invalid(`${where}.tool_call_id`, `${where}.tool_call_id must be a string`);
     return {
       role: role as ChatRole,
       content,
@@ -81,9 +106,11 @@ function readTools(body: JsonObject): ChatTool[] {
     const where = `tools[${i}]`;
     const tool = (typeof raw === 'object' && raw !== null ? raw : {}) as { type?: unknown; function?: unknown };
     const fn = tool.type === 'function' ? tool.function : undefined;
-    if (typeof fn !== 'object' || fn === null) throw invalid(where, `${where} must be { type: 'function', function: { name, parameters? } }`);
+    if (typeof fn !== 'object' || fn === null)
+      throw invalid(where, `${where} must be { type: 'function', function: { name, parameters? } }`);
     const { name, description, parameters } = fn as { name?: unknown; description?: unknown; parameters?: unknown };
-    if (typeof name !== 'string' || !isToolName(name)) throw invalid(`${where}.function.name`, `${where}.function.name must match [A-Za-z_][A-Za-z0-9_]*`);
+    if (typeof name !== 'string' || !isToolName(name))
+      throw invalid(`${where}.function.name`, `${where}.function.name must match [A-Za-z_][A-Za-z0-9_]*`);
     if (parameters !== undefined && (typeof parameters !== 'object' || parameters === null || Array.isArray(parameters))) {
       throw invalid(`${where}.function.parameters`, `${where}.function.parameters must be a JSON schema object`);
     }
@@ -128,7 +155,11 @@ function logprobContent(
 /** The assistant's reply of one choice, as the client gets it. */
 interface Reply {
   readonly content: string;
-  readonly toolCalls: readonly { readonly id: string; readonly type: 'function'; readonly function: { readonly name: string; readonly arguments: string } }[];
+  readonly toolCalls: readonly {
+    readonly id: string;
+    readonly type: 'function';
+    readonly function: { readonly name: string; readonly arguments: string };
+  }[];
   readonly finishReason: Finished['finishReason'] | 'tool_calls';
 }
 
@@ -164,7 +195,13 @@ interface ChatRequest {
  * The prompt of `messages` as the template renders it; a conversation that certainly cannot fit the context with
  * `requested` new tokens is refused (`context_length_exceeded`) before it is encoded.
  */
-function renderPrompt(ctx: ServeContext, messages: readonly ChatMessage[], tools: readonly ChatTool[], requested: number, param: string): number[] {
+function renderPrompt(
+  ctx: ServeContext,
+  messages: readonly ChatMessage[],
+  tools: readonly ChatTool[],
+  requested: number,
+  param: string,
+): number[] {
   try {
     return ctx.template.render(messages, tools, { addGenerationPrompt: true, maxTokens: ctx.maxSeqLen - requested });
   } catch (error) {
@@ -205,11 +242,30 @@ function readChatRequest(server: ServeContext, body: JsonObject, session: Sessio
   const wantLogprobs = readBoolean(body, 'logprobs', false);
   const topK = readInteger(body, 'top_logprobs', 0, Math.min(MAX_TOP_LOGPROBS, ctx.tokenizer.vocabSize), 0);
   if (topK > 0 && !wantLogprobs) throw invalid('top_logprobs', "'top_logprobs' needs 'logprobs': true");
-  return { ctx, sampling, messages, tools, parseTools, prompt, maxTokens, wantLogprobs, topK, stream, continues: exact.continues, drift: exact.drift };
+  return {
+    ctx,
+    sampling,
+    messages,
+    tools,
+    parseTools,
+    prompt,
+    maxTokens,
+    wantLogprobs,
+    topK,
+    stream,
+    continues: exact.continues,
+    drift: exact.drift,
+  };
 }
 
 /** Records a session's call: what each choice's client was given. */
-function recordCall(request: ChatRequest, admission: Admission | undefined, id: string, version: number, replies: readonly { done: Finished; reply: Reply }[]): void {
+function recordCall(
+  request: ChatRequest,
+  admission: Admission | undefined,
+  id: string,
+  version: number,
+  replies: readonly { done: Finished; reply: Reply }[],
+): void {
   admission?.session.record({
     id,
     route: 'chat',
@@ -223,7 +279,11 @@ function recordCall(request: ChatRequest, admission: Admission | undefined, id: 
       logprobs: done.logprobs,
       finishReason: r.finishReason,
       text: done.text,
-      message: { role: 'assistant', content: r.content, ...(r.toolCalls.length > 0 ? { toolCalls: r.toolCalls.map((c) => ({ id: c.id, ...c.function })) } : {}) },
+      message: {
+        role: 'assistant',
+        content: r.content,
+        ...(r.toolCalls.length > 0 ? { toolCalls: r.toolCalls.map((c) => ({ id: c.id, ...c.function })) } : {}),
+      },
     })),
   });
 }
@@ -238,7 +298,8 @@ function recordCall(request: ChatRequest, admission: Admission | undefined, id: 
 export async function chatCompletions(server: ServeContext, body: JsonObject, signal: AbortSignal, sessionId?: string): Promise<unknown> {
   const session = sessionId === undefined ? undefined : server.sessions.find(sessionId);
   const request = readChatRequest(server, session?.withDefaults(body) ?? body, session);
-  const admission = session === undefined ? undefined : server.sessions.admit(session, request.prompt.length + request.sampling.n * request.maxTokens);
+  const admission =
+    session === undefined ? undefined : server.sessions.admit(session, request.prompt.length + request.sampling.n * request.maxTokens);
   if (request.stream.stream) return streamChat(request, signal, admission);
   try {
     return await answerChat(request, signal, admission);
@@ -269,7 +330,9 @@ async function answerChat(request: ChatRequest, signal: AbortSignal, admission: 
         ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
       },
       finish_reason: finishReason,
-      logprobs: wantLogprobs ? { content: logprobContent(ctx, done.tokens, done.logprobs, done.top, sampling.tokensAsIds), refusal: null } : null,
+      logprobs: wantLogprobs
+        ? { content: logprobContent(ctx, done.tokens, done.logprobs, done.top, sampling.tokensAsIds), refusal: null }
+        : null,
       ...(sampling.returnTokenIds ? { token_ids: done.tokens } : {}),
     };
   });
@@ -300,10 +363,14 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
       const chunk = (index: number, delta: unknown, extra: Record<string, unknown> = {}): void =>
         sink.send({ ...head, choices: [{ index, delta, logprobs: null, finish_reason: null, ...extra }] });
       const content = (index: number, text: string, tokens: readonly number[], logprobs: readonly number[], top: Finished['top']): void =>
-        chunk(index, { content: text }, {
-          logprobs: wantLogprobs ? { content: logprobContent(ctx, tokens, logprobs, top, sampling.tokensAsIds), refusal: null } : null,
-          ...(sampling.returnTokenIds ? { token_ids: tokens } : {}),
-        });
+        chunk(
+          index,
+          { content: text },
+          {
+            logprobs: wantLogprobs ? { content: logprobContent(ctx, tokens, logprobs, top, sampling.tokensAsIds), refusal: null } : null,
+            ...(sampling.returnTokenIds ? { token_ids: tokens } : {}),
+          },
+        );
       const streams = Array.from({ length: sampling.n }, (_, index) => {
         sink.send({
           ...head,
@@ -311,12 +378,28 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
           ...(index === 0 && sampling.returnTokenIds ? { prompt_token_ids: prompt } : {}),
         });
         const emit = (piece: StreamPiece): void => {
-          if (worthSending(piece, sampling, wantLogprobs)) content(index, piece.text, piece.tokens, piece.logprobs, tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length));
+          if (worthSending(piece, sampling, wantLogprobs))
+            content(
+              index,
+              piece.text,
+              piece.tokens,
+              piece.logprobs,
+              tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length),
+            );
         };
         return new LiveChoice(ctx.tokenizer, sampling.stop, emit, () => sink.room);
       });
       sink.onDrain(() => streams.forEach((s) => s.flush()));
-      const { responses, version } = await sample(ctx, [prompt], request.maxTokens, sampling, request.topK, signal, undefined, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
+      const { responses, version } = await sample(
+        ctx,
+        [prompt],
+        request.maxTokens,
+        sampling,
+        request.topK,
+        signal,
+        undefined,
+        live ? (i, t, lp) => streams[i].push(t, lp) : undefined,
+      );
       let completionTokens = 0;
       const replies: { done: Finished; reply: Reply }[] = [];
       for (const [index, response] of responses.entries()) {
@@ -333,11 +416,20 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
           if (r.content !== '' || wantLogprobs || sampling.returnTokenIds) content(index, r.content, done.tokens, done.logprobs, done.top);
           chunk(index, { tool_calls: r.toolCalls.map((call, i) => ({ index: i, ...call })) });
         }
-        sink.send({ ...head, system_fingerprint: `rxrl-v${version}`, policy_version: version, choices: [{ index, delta: {}, logprobs: null, finish_reason: r.finishReason }] });
+        sink.send({
+          ...head,
+          system_fingerprint: `rxrl-v${version}`,
+          policy_version: version,
+          choices: [{ index, delta: {}, logprobs: null, finish_reason: r.finishReason }],
+        });
       }
       recordCall(request, admission, String(id), version, replies);
       if (request.stream.includeUsage) {
-        sink.send({ ...head, choices: [], usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens } });
+        sink.send({
+          ...head,
+          choices: [],
+          usage: { prompt_tokens: prompt.length, completion_tokens: completionTokens, total_tokens: prompt.length + completionTokens },
+        });
       }
     } finally {
       admission?.end();

@@ -165,7 +165,9 @@ async function checkedModelDir(model: string, options: ServeCommandOptions): Pro
     throw new ConfigError(`--${key} ${model}: not a model directory (${why})`, { context: { key, path: dir } });
   }
   if (options.alphabet !== undefined) {
-    throw new ConfigError('--alphabet applies to a fresh policy only: a model directory carries its tokenizer', { context: { key: 'alphabet' } });
+    throw new ConfigError('--alphabet applies to a fresh policy only: a model directory carries its tokenizer', {
+      context: { key: 'alphabet' },
+    });
   }
   return dir;
 }

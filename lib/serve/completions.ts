@@ -7,9 +7,30 @@ import { mapInTurns } from '../core/turns.js';
 import { MAX_TOP_LOGPROBS, type ServeContext } from './context.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { absent, invalid, readInteger, refuse, type JsonObject } from './protocol.js';
-import { checkContext, checkModel, checkTextFits, envelope, finish, readSampling, sample, sessionMaxTokens, tokenLabel, type Finished, type Sampling } from './sampling.js';
+import {
+  checkContext,
+  checkModel,
+  checkTextFits,
+  envelope,
+  finish,
+  readSampling,
+  sample,
+  sessionMaxTokens,
+  tokenLabel,
+  type Finished,
+  type Sampling,
+} from './sampling.js';
 import type { Admission, Session } from './sessions.js';
-import { EventStream, LiveChoice, drainChoice, readStream, worthSending, type EventSink, type StreamPiece, type StreamRequest } from './stream.js';
+import {
+  EventStream,
+  LiveChoice,
+  drainChoice,
+  readStream,
+  worthSending,
+  type EventSink,
+  type StreamPiece,
+  type StreamRequest,
+} from './stream.js';
 
 /** New tokens when a request gives no `max_tokens` (the OpenAI default), cut to what the context allows. */
 const DEFAULT_MAX_TOKENS = 16;
@@ -21,7 +42,8 @@ const DEFAULT_MAX_TOKENS = 16;
 function readPrompts(ctx: ServeContext, body: JsonObject, sampling: Sampling, requested: number): number[][] {
   const prompt = body.prompt;
   // A list of token-id lists or of strings is several prompts; count them before encoding anything.
-  const count = Array.isArray(prompt) && prompt.length > 0 && prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt.length : 1;
+  const count =
+    Array.isArray(prompt) && prompt.length > 0 && prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt.length : 1;
   if (count * sampling.n > ctx.maxSamplesPerRequest) {
     throw invalid(
       'prompt',
@@ -30,8 +52,7 @@ function readPrompts(ctx: ServeContext, body: JsonObject, sampling: Sampling, re
     );
   }
   const V = ctx.tokenizer.vocabSize;
-  const isIds = (x: unknown): x is number[] =>
-    Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && t >= 0 && t < V);
+  const isIds = (x: unknown): x is number[] => Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && t >= 0 && t < V);
   const encode = (text: string, param: string): number[] => {
     checkTextFits(ctx, text, requested, param);
     try {
@@ -61,7 +82,11 @@ function readPrompts(ctx: ServeContext, body: JsonObject, sampling: Sampling, re
 type PromptLogprobEntry = Record<string, { logprob: number; rank: number; decoded_token: string }>;
 
 /** vLLM's shape: `null` for the first prompt token, then the token itself and the top alternatives. */
-function promptLogprobsJson(ctx: ServeContext, scored: readonly (PromptTokenLogprob | null)[], asIds: boolean): (PromptLogprobEntry | null)[] {
+function promptLogprobsJson(
+  ctx: ServeContext,
+  scored: readonly (PromptTokenLogprob | null)[],
+  asIds: boolean,
+): (PromptLogprobEntry | null)[] {
   const decoded = (t: number): string => (asIds ? `token_id:${t}` : ctx.tokenizer.decode([t], { skipSpecialTokens: false }));
   return scored.map((entry) => {
     if (entry === null) return null;
@@ -103,7 +128,8 @@ function readCall(server: ServeContext, body: JsonObject, session: Session | und
   const promptTokens = prompts.reduce((sum, p) => sum + p.length, 0);
   const room = ctx.maxSeqLen - prompts.reduce((longest, p) => Math.max(longest, p.length), 0);
   let fallback = Math.max(0, Math.min(session?.defaults.maxTokens ?? DEFAULT_MAX_TOKENS, room));
-  if (session !== undefined) fallback = sessionMaxTokens(session, ctx.sessions.maxTokens, promptTokens, prompts.length * sampling.n, fallback);
+  if (session !== undefined)
+    fallback = sessionMaxTokens(session, ctx.sessions.maxTokens, promptTokens, prompts.length * sampling.n, fallback);
   const maxTokens = requested ?? fallback;
   prompts.forEach((p) => checkContext(ctx, p.length, maxTokens, 'max_tokens'));
   return {
@@ -147,7 +173,9 @@ function record(call: CompletionsCall, admission: Admission | undefined, id: str
       route: 'completions',
       promptIds,
       version,
-      choices: done.slice(p * sampling.n, (p + 1) * sampling.n).map((d) => ({ tokens: d.tokens, logprobs: d.logprobs, finishReason: d.finishReason, text: d.text })),
+      choices: done
+        .slice(p * sampling.n, (p + 1) * sampling.n)
+        .map((d) => ({ tokens: d.tokens, logprobs: d.logprobs, finishReason: d.finishReason, text: d.text })),
     }),
   );
 }
@@ -157,7 +185,13 @@ function usage(call: CompletionsCall, completionTokens: number): Record<string, 
 }
 
 /** The `logprobs` object of some tokens of a choice: labels, log-probs, top alternatives, text offsets. */
-function logprobsJson(call: CompletionsCall, tokens: readonly number[], values: readonly number[], top: readonly (readonly TopLogprob[])[] | undefined, offsets: readonly number[]) {
+function logprobsJson(
+  call: CompletionsCall,
+  tokens: readonly number[],
+  values: readonly number[],
+  top: readonly (readonly TopLogprob[])[] | undefined,
+  offsets: readonly number[],
+) {
   const label = (t: number): string => tokenLabel(call.ctx, t, call.sampling.tokensAsIds);
   return {
     tokens: tokens.map(label),
@@ -180,7 +214,15 @@ function promptOf(call: CompletionsCall, index: number): readonly number[] {
 /** The whole answer at once. */
 async function answer(call: CompletionsCall, signal: AbortSignal, admission: Admission | undefined): Promise<unknown> {
   const { ctx, sampling, logprobs, promptTopK } = call;
-  const { responses, promptLogprobs, version } = await sample(ctx, call.prompts, call.maxTokens, sampling, logprobs ?? 0, signal, promptTopK);
+  const { responses, promptLogprobs, version } = await sample(
+    ctx,
+    call.prompts,
+    call.maxTokens,
+    sampling,
+    logprobs ?? 0,
+    signal,
+    promptTopK,
+  );
   let completionTokens = 0;
   const finished: Finished[] = [];
   const choices = await mapInTurns(responses, (response, index) => {
@@ -192,7 +234,9 @@ async function answer(call: CompletionsCall, signal: AbortSignal, admission: Adm
       text: done.text,
       finish_reason: done.finishReason,
       logprobs: logprobs === undefined ? null : logprobsJson(call, done.tokens, done.logprobs, done.top, done.offsets),
-      ...(promptTopK === undefined ? {} : { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) }),
+      ...(promptTopK === undefined
+        ? {}
+        : { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) }),
       ...(sampling.returnTokenIds ? { token_ids: done.tokens, prompt_token_ids: promptOf(call, index) } : {}),
     };
   });
@@ -225,14 +269,25 @@ function streamCompletions(call: CompletionsCall, signal: AbortSignal, admission
             text: piece.text,
             logprobs: logprobs === undefined ? null : logprobsJson(call, piece.tokens, piece.logprobs, top, piece.offsets),
             ...(sampling.returnTokenIds ? { token_ids: piece.tokens, ...(first ? { prompt_token_ids: promptOf(call, index) } : {}) } : {}),
-            ...(first && promptTopK !== undefined ? { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) } : {}),
+            ...(first && promptTopK !== undefined
+              ? { prompt_logprobs: promptLogprobsJson(ctx, promptLogprobs[Math.floor(index / sampling.n)] ?? [], sampling.tokensAsIds) }
+              : {}),
           });
           first = false;
         };
         return new LiveChoice(ctx.tokenizer, sampling.stop, emit, () => sink.room);
       });
       sink.onDrain(() => streams.forEach((s) => s.flush()));
-      const result = await sample(ctx, call.prompts, call.maxTokens, sampling, logprobs ?? 0, signal, promptTopK, live ? (i, t, lp) => streams[i].push(t, lp) : undefined);
+      const result = await sample(
+        ctx,
+        call.prompts,
+        call.maxTokens,
+        sampling,
+        logprobs ?? 0,
+        signal,
+        promptTopK,
+        live ? (i, t, lp) => streams[i].push(t, lp) : undefined,
+      );
       promptLogprobs = result.promptLogprobs;
       let completionTokens = 0;
       for (const [index, response] of result.responses.entries()) {
@@ -241,7 +296,11 @@ function streamCompletions(call: CompletionsCall, signal: AbortSignal, admission
         finished[index] = done;
         streams[index].end(done);
         await drainChoice(streams[index], sink);
-        chunk(index, { finish_reason: done.finishReason }, { system_fingerprint: `rxrl-v${result.version}`, policy_version: result.version });
+        chunk(
+          index,
+          { finish_reason: done.finishReason },
+          { system_fingerprint: `rxrl-v${result.version}`, policy_version: result.version },
+        );
       }
       record(call, admission, String(id), result.version, finished as Finished[]);
       if (call.stream.includeUsage) sink.send({ ...head, choices: [], usage: usage(call, completionTokens) });

@@ -38,7 +38,9 @@ export interface OwnModel {
 /** The model the server holds; 400 naming `what` when it serves an engine it was given. */
 export function ownModel(ctx: ServeContext, what: string): OwnModel {
   if (ctx.own === undefined) {
-    throw new RequestError(400, `${what} is not available: this server samples from an engine it does not own (a training run's)`, { code: 'unsupported_parameter' });
+    throw new RequestError(400, `${what} is not available: this server samples from an engine it does not own (a training run's)`, {
+      code: 'unsupported_parameter',
+    });
   }
   return ctx.own;
 }

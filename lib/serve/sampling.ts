@@ -9,17 +9,7 @@ import type { GenerateRequest, GenerateResponse, Tokenizer } from '../engine/typ
 import { hashSeed } from '../core/random.js';
 import type { PolicyVersion } from '../core/types.js';
 import { ownModel, type ServeContext } from './context.js';
-import {
-  invalid,
-  readBoolean,
-  readInteger,
-  readNumber,
-  readStop,
-  readString,
-  readTokenIds,
-  refuse,
-  type JsonObject,
-} from './protocol.js';
+import { invalid, readBoolean, readInteger, readNumber, readStop, readString, readTokenIds, refuse, type JsonObject } from './protocol.js';
 import type { PromptTokenLogprob, TopLogprob } from './servingModel.js';
 import { modelContext } from './adapters.js';
 import type { Session } from './sessions.js';
@@ -260,7 +250,10 @@ export async function sample(
         ...(onToken === undefined ? {} : { onToken: (token: number, logprob: number) => onToken(p * sampling.n + i, token, logprob) }),
       };
       if (topK > 0 || promptTopK !== undefined) {
-        ownModel(ctx, 'top_logprobs and prompt_logprobs').serving.requestScores(request, { topLogprobs: topK, ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}) });
+        ownModel(ctx, 'top_logprobs and prompt_logprobs').serving.requestScores(request, {
+          topLogprobs: topK,
+          ...(i === 0 && promptTopK !== undefined ? { promptLogprobs: promptTopK } : {}),
+        });
       }
       requests.push(request);
     }
@@ -282,4 +275,3 @@ export function envelope(ctx: ServeContext, prefix: string, object: string, vers
     policy_version: version,
   };
 }
-

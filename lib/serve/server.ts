@@ -144,7 +144,6 @@ export interface RxrlServer<E extends RolloutEngine = LocalEngine> {
   close(): Promise<void>;
 }
 
-
 /**
  * Starts an OpenAI-compatible server for `options.model`.
  *
@@ -174,7 +173,9 @@ export async function serve(options: ServeOptions): Promise<RxrlServer<RolloutEn
       await addAdapter(ctx, name, path);
     } catch (error) {
       disposeAdapters(ctx);
-      throw error instanceof RequestError ? new ConfigError(`loraModules.${name}: ${error.message}`, { context: { key: `loraModules.${name}` }, cause: error }) : error;
+      throw error instanceof RequestError
+        ? new ConfigError(`loraModules.${name}: ${error.message}`, { context: { key: `loraModules.${name}` }, cause: error })
+        : error;
     }
   }
   const server = httpServer(ctx);
@@ -229,15 +230,18 @@ async function checkOptions(options: ServeOptions): Promise<ServeLimits> {
   if (!Number.isInteger(maxSamplesPerRequest) || maxSamplesPerRequest < 1) {
     throw new ConfigError(`maxSamplesPerRequest must be an integer >= 1, got ${maxSamplesPerRequest}`);
   }
-  if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) throw new ConfigError(`maxBodyBytes must be an integer >= 1, got ${maxBodyBytes}`);
+  if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1)
+    throw new ConfigError(`maxBodyBytes must be an integer >= 1, got ${maxBodyBytes}`);
   if (options.maxModelLen !== undefined && !(Number.isInteger(options.maxModelLen) && options.maxModelLen >= 1)) {
     throw new ConfigError(`maxModelLen must be an integer >= 1, got ${options.maxModelLen}`, { context: { key: 'maxModelLen' } });
   }
   if (options.weightsRoot !== undefined && !(await stat(options.weightsRoot).catch(() => undefined))?.isDirectory()) {
     throw new ConfigError(`weightsRoot ${options.weightsRoot} is not a directory`, { context: { key: 'weightsRoot' } });
   }
-  if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
-  if ((options.model === undefined) === (options.engine === undefined)) throw new ConfigError('serve needs a model or an engine (one of them)');
+  if (options.apiKey !== undefined && options.apiKey.trim() === '')
+    throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
+  if ((options.model === undefined) === (options.engine === undefined))
+    throw new ConfigError('serve needs a model or an engine (one of them)');
   if (options.engine !== undefined && options.maxModelLen === undefined) {
     throw new ConfigError('maxModelLen is required when serving an engine', { context: { key: 'maxModelLen' } });
   }
@@ -346,7 +350,13 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
     const body = sglang ? { success: false, message: refused.message, ...refused.toBody() } : refused.toBody();
     sendJson(res, refused.status, body, refused.status === 413 ? { connection: 'close' } : {});
   } finally {
-    ctx.log({ event: 'request', method, path: excerpt(path, MAX_ERROR_MESSAGE_CHARS), status, ms: Math.round(performance.now() - started) });
+    ctx.log({
+      event: 'request',
+      method,
+      path: excerpt(path, MAX_ERROR_MESSAGE_CHARS),
+      status,
+      ms: Math.round(performance.now() - started),
+    });
   }
 }
 
@@ -383,7 +393,10 @@ async function route(
     return { status: 'ok', model: ctx.modelName, policy_version: ctx.engine.version };
   }
   if (ctx.apiKey !== undefined && !sameSecret(req.headers.authorization ?? '', `Bearer ${ctx.apiKey}`)) {
-    throw new RequestError(401, 'missing or wrong API key (Authorization: Bearer <key>)', { type: 'authentication_error', code: 'invalid_api_key' });
+    throw new RequestError(401, 'missing or wrong API key (Authorization: Bearer <key>)', {
+      type: 'authentication_error',
+      code: 'invalid_api_key',
+    });
   }
   // JSON only: a browser page can POST a form or text/plain to a loopback server without asking (no preflight).
   if (method === 'POST' && !/^application\/json\s*(;|$)/i.test(req.headers['content-type'] ?? '')) {
@@ -480,7 +493,12 @@ function decodePathSegment(segment: string): string {
   try {
     return decodeURIComponent(segment);
   } catch (cause) {
-    throw new RequestError(400, `the path segment '${excerpt(segment)}' is not valid percent-encoded UTF-8`, { code: 'invalid_path' }, { cause });
+    throw new RequestError(
+      400,
+      `the path segment '${excerpt(segment)}' is not valid percent-encoded UTF-8`,
+      { code: 'invalid_path' },
+      { cause },
+    );
   }
 }
 
@@ -548,8 +566,9 @@ function eventSink(
   const settle = (error?: unknown): void => {
     const woken = waiting;
     waiting = [];
-    for (const w of woken) if (error === undefined) w.resolve();
-    else w.reject(error);
+    for (const w of woken)
+      if (error === undefined) w.resolve();
+      else w.reject(error);
   };
   const gone = (): AbortError => new AbortError('the client went away', { cause: signal.reason });
   const onDrain = (): void => {

@@ -206,7 +206,12 @@ interface AppendedTurns {
  * `undefined` when the template does not render that way (no stop token closes the reply, or the appended turns
  * change the turns before them).
  */
-function appendedTurns(template: ChatTemplate, stopIds: readonly number[], messages: readonly ChatMessage[], tools: readonly ChatTool[]): AppendedTurns | undefined {
+function appendedTurns(
+  template: ChatTemplate,
+  stopIds: readonly number[],
+  messages: readonly ChatMessage[],
+  tools: readonly ChatTool[],
+): AppendedTurns | undefined {
   const user: ChatMessage = { role: 'user', content: '' };
   const reply: ChatMessage = { role: 'assistant', content: '' };
   let asked: number[];
@@ -272,8 +277,13 @@ export class SessionStore {
     this.maxSessions = limits.maxSessions ?? 1024;
     this.maxTokens = limits.maxTokens ?? 1 << 20;
     this.idleMs = limits.idleMs ?? 600_000;
-    for (const [key, value] of [['maxSessions', this.maxSessions], ['maxTokens', this.maxTokens], ['idleMs', this.idleMs]] as const) {
-      if (!Number.isInteger(value) || value < 1) throw new ConfigError(`sessions.${key} must be an integer >= 1, got ${value}`, { context: { key: `sessions.${key}` } });
+    for (const [key, value] of [
+      ['maxSessions', this.maxSessions],
+      ['maxTokens', this.maxTokens],
+      ['idleMs', this.idleMs],
+    ] as const) {
+      if (!Number.isInteger(value) || value < 1)
+        throw new ConfigError(`sessions.${key} must be an integer >= 1, got ${value}`, { context: { key: `sessions.${key}` } });
     }
   }
 
@@ -344,7 +354,10 @@ export class SessionStore {
     if (this.sessions.size >= this.maxSessions) {
       const ended = [...this.sessions.values()].filter((s) => s.ended).sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (ended === undefined) {
-        throw new RequestError(429, `${this.maxSessions} sessions are open; end or delete one first`, { type: 'rate_limit_error', code: 'too_many_sessions' });
+        throw new RequestError(429, `${this.maxSessions} sessions are open; end or delete one first`, {
+          type: 'rate_limit_error',
+          code: 'too_many_sessions',
+        });
       }
       this.sessions.delete(ended.id);
     }
@@ -374,7 +387,9 @@ export class SessionStore {
 
 function checkId(id: string): void {
   if (!SESSION_ID.test(id)) {
-    throw new RequestError(400, `session ids are 1 to 128 characters of letters, digits and ._:- (got '${excerpt(id)}')`, { code: 'invalid_session_id' });
+    throw new RequestError(400, `session ids are 1 to 128 characters of letters, digits and ._:- (got '${excerpt(id)}')`, {
+      code: 'invalid_session_id',
+    });
   }
 }
 
@@ -481,7 +496,10 @@ export function sessionSamples(session: Session, mode: ExportMode, discount = 1)
         out.logprobs.push(...choice.logprobs);
         for (const _ of choice.tokens) out.response_mask.push(1);
       });
-      const reward = mode === 'transition' ? (returns.get(leaf.call.id) ?? 0) : (session.reward ?? 0) + path.reduce((sum, n) => sum + callReward(n.call), 0);
+      const reward =
+        mode === 'transition'
+          ? (returns.get(leaf.call.id) ?? 0)
+          : (session.reward ?? 0) + path.reduce((sum, n) => sum + callReward(n.call), 0);
       return { ...out, reward: posted ? reward : null };
     });
 }
@@ -509,7 +527,13 @@ export function sessionJson(session: Session, query: URLSearchParams): Record<st
       drift: call.drift ?? null,
       reward: session.callRewards.get(call.id) ?? null,
       ...(call.messages ? { messages: call.messages } : {}),
-      choices: call.choices.map((x) => ({ token_ids: x.tokens, logprobs: x.logprobs, finish_reason: x.finishReason, text: x.text, ...(x.message ? { message: x.message } : {}) })),
+      choices: call.choices.map((x) => ({
+        token_ids: x.tokens,
+        logprobs: x.logprobs,
+        finish_reason: x.finishReason,
+        text: x.text,
+        ...(x.message ? { message: x.message } : {}),
+      })),
     })),
     mode,
     trajectories: sessionSamples(session, mode, discount),
@@ -523,7 +547,8 @@ export function sessionJson(session: Session, query: URLSearchParams): Record<st
  */
 export function postReward(session: Session, body: JsonObject): Record<string, unknown> {
   const reward = body.reward;
-  if (typeof reward !== 'number' || !Number.isFinite(reward)) throw invalid('reward', `'reward' must be a finite number, got ${quote(reward)}`);
+  if (typeof reward !== 'number' || !Number.isFinite(reward))
+    throw invalid('reward', `'reward' must be a finite number, got ${quote(reward)}`);
   const call = body.call;
   if (call !== undefined && call !== null && (typeof call !== 'string' || !session.calls.some((c) => c.id === call))) {
     throw invalid('call', `'call' must be the id of a call of this session, got ${quote(call)}`);
@@ -536,7 +561,11 @@ export function postReward(session: Session, body: JsonObject): Record<string, u
   for (const [id, value] of session.callRewards) if (id !== forCall) magnitude += Math.abs(value);
   if (forCall !== undefined) magnitude += Math.abs(after);
   if (!Number.isFinite(magnitude)) {
-    throw invalid('reward', `with ${reward} the session's rewards would no longer sum to a finite number; a reward must stay finite`, 'reward_overflow');
+    throw invalid(
+      'reward',
+      `with ${reward} the session's rewards would no longer sum to a finite number; a reward must stay finite`,
+      'reward_overflow',
+    );
   }
   if (forCall === undefined) session.reward = after;
   else session.callRewards.set(forCall, after);

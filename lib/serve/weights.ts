@@ -13,10 +13,8 @@ import type { PolicyVersion } from '../core/types.js';
 import { ownModel, type ServeContext } from './context.js';
 import { MAX_ERROR_MESSAGE_CHARS, RequestError, excerpt, invalid, quote, readBoolean, readString, type JsonObject } from './protocol.js';
 
-
 /** Most characters of a client-named path (`model_path`, `lora_path`) that a message quotes. */
 export const MAX_QUOTED_PATH_CHARS = 256;
-
 
 /**
  * Answers `POST /update_weights_from_disk`: loads the Hugging Face model directory `model_path` (as rxrl writes
@@ -59,10 +57,14 @@ export async function updateWeights(ctx: ServeContext, body: JsonObject): Promis
   const { weights, metadata } = contents;
   const version = requested ?? readVersion(metadata[POLICY_VERSION_METADATA_KEY], 'metadata') ?? ctx.engine.version + 1;
   if (version <= ctx.engine.version && !force) {
-    throw new RequestError(400, `the directory's version ${version} is not above the served version ${ctx.engine.version} (pass force: true)`, {
-      param: 'weight_version',
-      code: 'stale_version',
-    });
+    throw new RequestError(
+      400,
+      `the directory's version ${version} is not above the served version ${ctx.engine.version} (pass force: true)`,
+      {
+        param: 'weight_version',
+        code: 'stale_version',
+      },
+    );
   }
   try {
     await ctx.engine.loadWeights(version, weights);
@@ -108,7 +110,12 @@ export async function resolveClientDir(ctx: ServeContext, param: string, path: s
 
 /** The one 403 of a path refused by `--weights-root`, whatever the reason. */
 function forbiddenPath(param: string, path: string, cause: unknown): RequestError {
-  return new RequestError(403, `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} is outside the weights root or not readable there`, { param, code: 'forbidden_path' }, { cause });
+  return new RequestError(
+    403,
+    `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} is outside the weights root or not readable there`,
+    { param, code: 'forbidden_path' },
+    { cause },
+  );
 }
 
 /** The `root` option of the file readers: `--weights-root`, when set. */
@@ -128,8 +135,16 @@ export function maxWeightBytes(ctx: ServeContext): number {
  */
 export function cannotLoad(param: string, path: string, cause: unknown): RequestError {
   if (cause instanceof ForbiddenPathError) return forbiddenPath(param, path, cause);
-  const why = cause instanceof RxrlError ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS) : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
-  return new RequestError(400, `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} cannot be loaded: ${why}`, { param, code: 'invalid_value' }, { cause });
+  const why =
+    cause instanceof RxrlError
+      ? excerpt(cause.message, MAX_ERROR_MESSAGE_CHARS)
+      : `malformed files (${cause instanceof Error ? cause.name : 'error'})`;
+  return new RequestError(
+    400,
+    `${param} ${quote(path, MAX_QUOTED_PATH_CHARS)} cannot be loaded: ${why}`,
+    { param, code: 'invalid_value' },
+    { cause },
+  );
 }
 
 function readVersion(value: unknown, param: string): PolicyVersion | undefined {

@@ -71,9 +71,7 @@ export class AdmissionGate {
         this.eta = Infinity;
         break;
       default:
-        throw new ConfigError(
-          `unknown staleness mode '${String(options.mode)}'; valid: sync, batch-async, fully-async`,
-        );
+        throw new ConfigError(`unknown staleness mode '${String(options.mode)}'; valid: sync, batch-async, fully-async`);
     }
     this.startVersion = options.startVersion ?? 0;
     if (!(Number.isInteger(this.startVersion) && this.startVersion >= 0)) {

@@ -84,7 +84,12 @@ export class TinkerClient {
   static async connect(options: TinkerClientOptions): Promise<TinkerClient> {
     const probe = new TinkerClient(options, '');
     await probe.post('/api/v1/client/config', { sdk_version: 'rxrl' });
-    const { session_id } = (await probe.post('/api/v1/create_session', { tags: [], user_metadata: {}, sdk_version: 'rxrl', type: 'create_session' })) as {
+    const { session_id } = (await probe.post('/api/v1/create_session', {
+      tags: [],
+      user_metadata: {},
+      sdk_version: 'rxrl',
+      type: 'create_session',
+    })) as {
       session_id: string;
     };
     const client = new TinkerClient(options, session_id);
@@ -107,7 +112,12 @@ export class TinkerClient {
   /** One heartbeat; a session the service ended (410) is beaten no more. A failed one is retried at the next beat. */
   private async beat(): Promise<void> {
     try {
-      await this.postOnce('/api/v1/session_heartbeat', { session_id: this.sessionId, type: 'session_heartbeat' }, AbortSignal.timeout(10_000), false);
+      await this.postOnce(
+        '/api/v1/session_heartbeat',
+        { session_id: this.sessionId, type: 'session_heartbeat' },
+        AbortSignal.timeout(10_000),
+        false,
+      );
     } catch (error) {
       if (error instanceof TinkerError && error.context.status === 410) clearInterval(this.heartbeat);
     }
@@ -149,7 +159,12 @@ export class TinkerClient {
 
   /** `save_state`: the adapter and the optimizer's state under `name`; resolves with its `tinker://` path. */
   async saveState(modelId: string, name: string): Promise<string> {
-    const future = await this.post('/api/v1/save_weights', { model_id: modelId, path: name, seq_id: this.nextSeq(modelId), type: 'save_weights' });
+    const future = await this.post('/api/v1/save_weights', {
+      model_id: modelId,
+      path: name,
+      seq_id: this.nextSeq(modelId),
+      type: 'save_weights',
+    });
     const { path } = (await this.result(future)) as { path?: unknown };
     if (typeof path !== 'string') throw new TinkerError('save_weights answered without a path');
     return path;
@@ -163,7 +178,14 @@ export class TinkerClient {
     lossFnConfig: Readonly<Record<string, number>>,
     forwardOnly = false,
   ): Promise<ForwardBackwardOutputWire> {
-    const body = encodeForwardBackwardRequest({ modelId, seqId: this.nextSeq(modelId), data: [...data], lossFn, lossFnConfig, forwardOnly });
+    const body = encodeForwardBackwardRequest({
+      modelId,
+      seqId: this.nextSeq(modelId),
+      data: [...data],
+      lossFn,
+      lossFnConfig,
+      forwardOnly,
+    });
     const future = await this.post('/api/v1/forward_backward', body);
     return decodeForwardBackwardOutput(this.bytes(await this.result(future, true)));
   }
@@ -216,7 +238,14 @@ export class TinkerClient {
         seq_id: 0,
         num_samples: n,
         prompt: { chunks: [{ type: 'encoded_text', tokens: prompt }] },
-        sampling_params: { max_tokens: params.maxTokens, temperature: params.temperature, top_p: params.topP, top_k: -1, stop: params.stop, ...(params.seed === undefined ? {} : { seed: params.seed }) },
+        sampling_params: {
+          max_tokens: params.maxTokens,
+          temperature: params.temperature,
+          top_p: params.topP,
+          top_k: -1,
+          stop: params.stop,
+          ...(params.seed === undefined ? {} : { seed: params.seed }),
+        },
         type: 'sample',
       },
       signal,
@@ -247,7 +276,8 @@ export class TinkerClient {
       if (answer instanceof Uint8Array) return answer;
       const record = answer as Record<string, unknown>;
       if (record.type === 'try_again') continue;
-      if ('error' in record) throw new TinkerError(`the service failed request ${id}: ${String(record.error)}`, { context: { category: record.category } });
+      if ('error' in record)
+        throw new TinkerError(`the service failed request ${id}: ${String(record.error)}`, { context: { category: record.category } });
       return record;
     }
   }
@@ -283,20 +313,27 @@ export class TinkerClient {
     } catch (cause) {
       if (signal?.aborted) throw cause;
       const code = (cause as { cause?: { code?: unknown } } | undefined)?.cause?.code;
-      throw new EngineError(`cannot reach the Tinker service at ${this.options.baseURL} (${path}): ${String(code ?? (cause instanceof Error ? cause.message : cause))}`, {
-        cause,
-        retriable: true,
-        context: { refused: code === 'ECONNREFUSED', lost: true },
-      });
+      throw new EngineError(
+        `cannot reach the Tinker service at ${this.options.baseURL} (${path}): ${String(code ?? (cause instanceof Error ? cause.message : cause))}`,
+        {
+          cause,
+          retriable: true,
+          context: { refused: code === 'ECONNREFUSED', lost: true },
+        },
+      );
     }
     if (!response.ok) {
       const text = await response.text().catch(() => '');
       const transient = response.status >= 500 || response.status === 408 || response.status === 429;
       // A 404 of a known route means the service no longer has the model, session, sampler or request.
       const lost = response.status >= 500 || response.status === 404 || response.status === 410;
-      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, { retriable: transient, context: { status: response.status, lost } });
+      throw new TinkerError(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`, {
+        retriable: transient,
+        context: { status: response.status, lost },
+      });
     }
-    if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf')) return new Uint8Array(await response.arrayBuffer());
+    if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf'))
+      return new Uint8Array(await response.arrayBuffer());
     return (await response.json()) as unknown;
   }
 }
@@ -368,7 +405,8 @@ export class TinkerClientTrainer implements Trainer {
     options: TinkerClientTrainerOptions = {},
     from?: { readonly path: string; readonly step: number },
   ): Promise<TinkerClientTrainer> {
-    const modelId = from === undefined ? await client.createLoraModel(baseModel, rank) : await client.createModelFromState(from.path, true, baseModel);
+    const modelId =
+      from === undefined ? await client.createLoraModel(baseModel, rank) : await client.createModelFromState(from.path, true, baseModel);
     const trainer = new TinkerClientTrainer(client, modelId, options, from?.step ?? 0, await client.samplerOf(modelId));
     return trainer;
   }
@@ -390,7 +428,10 @@ export class TinkerClientTrainer implements Trainer {
     const clipLow = this.options.clipLow ?? 0.2;
     const clipHigh = this.options.clipHigh ?? clipLow;
     const { data, tokens } = datumsOf(batch);
-    const out = await this.client.forwardBackward(this.modelId, data, 'ppo', { clip_low_threshold: 1 - clipLow, clip_high_threshold: 1 + clipHigh });
+    const out = await this.client.forwardBackward(this.modelId, data, 'ppo', {
+      clip_low_threshold: 1 - clipLow,
+      clip_high_threshold: 1 + clipHigh,
+    });
     const optim = await this.client.optimStep(this.modelId, {
       learningRate: this.options.learningRate ?? 1e-3,
       beta1: this.options.adamBeta1 ?? 0.9,
@@ -490,7 +531,12 @@ export class TinkerEngine implements RolloutEngine {
           signal,
         );
         const [sequence] = out.sequences;
-        return { tokens: [...sequence.tokens], logprobs: [...sequence.logprobs], finishReason: sequence.stopReason, policyVersion: version };
+        return {
+          tokens: [...sequence.tokens],
+          logprobs: [...sequence.logprobs],
+          finishReason: sequence.stopReason,
+          policyVersion: version,
+        };
       }),
     );
   }

@@ -61,7 +61,8 @@ export class TrainingClients {
   /** Opens a session; 429 when `maxSessions` are open (after the silent ones are ended). */
   openSession(): string {
     this.expire();
-    if (this.sessions.size >= this.limits.maxSessions) throw new RequestError(429, `${this.limits.maxSessions} sessions are open; retry later`);
+    if (this.sessions.size >= this.limits.maxSessions)
+      throw new RequestError(429, `${this.limits.maxSessions} sessions are open; retry later`);
     const id = `sess-${randomUUID()}`;
     this.sessions.set(id, { lastSeen: this.now(), clients: new Set(), made: 0 });
     return id;
@@ -111,7 +112,8 @@ export class TrainingClients {
     const state = this.sessions.get(session);
     if (state === undefined) throw new RequestError(404, `no session ${quote(session)}`);
     state.lastSeen = this.now();
-    if (this.clients.size + this.retiring >= this.limits.maxModels) throw new RequestError(429, `${this.limits.maxModels} training clients are open`);
+    if (this.clients.size + this.retiring >= this.limits.maxModels)
+      throw new RequestError(429, `${this.limits.maxModels} training clients are open`);
     const id = `${session}:train:${seq ?? state.made}`;
     if (this.clients.has(id)) throw new RequestError(409, `training client '${id}' exists`);
     return id;

@@ -40,11 +40,14 @@ export interface TinkerCommandOptions {
  * @throws {@link ConfigError} for a missing or invalid model directory, or an empty `--api-key`.
  */
 export async function runTinkerCommand(options: TinkerCommandOptions): Promise<number> {
-  if (options.model === undefined) throw new ConfigError('rxrl tinker needs --model DIR (a Hugging Face model directory)', { context: { key: 'model' } });
+  if (options.model === undefined)
+    throw new ConfigError('rxrl tinker needs --model DIR (a Hugging Face model directory)', { context: { key: 'model' } });
   // Checked before anything loads: an empty key would otherwise serve every request without one.
-  if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('--api-key must not be empty', { context: { key: 'api-key' } });
+  if (options.apiKey !== undefined && options.apiKey.trim() === '')
+    throw new ConfigError('--api-key must not be empty', { context: { key: 'api-key' } });
   const dir = resolve(options.model);
-  if (!(await isModelDir(dir))) throw new ConfigError(`--model ${options.model}: not a model directory`, { context: { key: 'model', path: dir } });
+  if (!(await isModelDir(dir)))
+    throw new ConfigError(`--model ${options.model}: not a model directory`, { context: { key: 'model', path: dir } });
   const backend = await initBackend(options.backend ?? 'auto', { logger: { info: () => undefined } });
   const tokenizer = await loadTokenizer(dir);
   const { model } = await loadModelDir(dir);
@@ -62,7 +65,9 @@ export async function runTinkerCommand(options: TinkerCommandOptions): Promise<n
       ...(options.maxModels === undefined ? {} : { maxModels: options.maxModels }),
       ...(options.maxRank === undefined ? {} : { maxRank: options.maxRank }),
     });
-    options.out(JSON.stringify({ event: 'listening', url: service.url, base_model: baseModel, backend, parameters: model.numParameters() }));
+    options.out(
+      JSON.stringify({ event: 'listening', url: service.url, base_model: baseModel, backend, parameters: model.numParameters() }),
+    );
     options.onListening?.(service);
     await new Promise<void>((done) => {
       if (options.signal.aborted) done();

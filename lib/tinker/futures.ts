@@ -13,7 +13,8 @@ import { RequestError } from '../serve/protocol.js';
 import { ProtoError } from './proto.js';
 
 /** A future's outcome: a JSON value, protobuf bytes, or an error the SDK raises as `RequestFailedError`. */
-export type Outcome = { readonly json: unknown } | { readonly proto: Uint8Array } | { readonly error: string; readonly category: 'user' | 'server' };
+export type Outcome =
+  { readonly json: unknown } | { readonly proto: Uint8Array } | { readonly error: string; readonly category: 'user' | 'server' };
 
 /** Requests that run one after another: the tail is the last one queued. */
 export interface Queue {
@@ -39,7 +40,13 @@ export interface FutureLimits {
  * the service's.
  */
 export function isUserError(error: unknown): error is Error {
-  return error instanceof RequestError || error instanceof ProtoError || error instanceof ShapeError || error instanceof ConfigError || error instanceof DecodeError;
+  return (
+    error instanceof RequestError ||
+    error instanceof ProtoError ||
+    error instanceof ShapeError ||
+    error instanceof ConfigError ||
+    error instanceof DecodeError
+  );
 }
 
 /**
@@ -69,7 +76,8 @@ export class FutureStore {
    * @throws {@link RequestError} 429 when `maxInFlight` requests are in flight.
    */
   submit(work: () => Outcome | Promise<Outcome>, queue?: Queue, session?: string): string {
-    if (this.running.size >= this.limits.maxInFlight) throw new RequestError(429, `${this.limits.maxInFlight} requests are in flight; retry later`);
+    if (this.running.size >= this.limits.maxInFlight)
+      throw new RequestError(429, `${this.limits.maxInFlight} requests are in flight; retry later`);
     const id = `req-${randomUUID()}`;
     const run = async (): Promise<Outcome> => {
       try {

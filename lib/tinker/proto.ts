@@ -258,7 +258,10 @@ class Reader {
 
   private lengthDelimited(): Uint8Array {
     const start = this.r.pos;
-    const out = this.read((r) => r.bytes(), (pastEnd) => (pastEnd ? 'length-delimited value runs past the end' : 'varint longer than 10 bytes'));
+    const out = this.read(
+      (r) => r.bytes(),
+      (pastEnd) => (pastEnd ? 'length-delimited value runs past the end' : 'varint longer than 10 bytes'),
+    );
     const prefix = this.r.pos - out.length - start; // the codec keeps a length's low 32 bits: refuse a longer one
     if (prefix > 5 || (prefix === 5 && this.buf[start + 4] > 0x0f)) this.fail('length over 2^32 - 1 runs past the end', start);
     return out;
@@ -302,7 +305,10 @@ class Reader {
 
   double(tag: Tag, name: string): number {
     this.expect(tag, WireType.Bit64, name);
-    return this.read((r) => r.double(), () => 'truncated fixed64');
+    return this.read(
+      (r) => r.double(),
+      () => 'truncated fixed64',
+    );
   }
 
   /** One or more `repeated int64` values, packed (wire type 2) or not (wire type 0), appended to `out`. */
@@ -322,13 +328,19 @@ class Reader {
         this.varint((r) => r.uint32()); // not r.skip(), which takes a varint of any length
         return;
       case WireType.Bit64:
-        this.read((r) => r.skip(WireType.Bit64), () => 'truncated fixed64');
+        this.read(
+          (r) => r.skip(WireType.Bit64),
+          () => 'truncated fixed64',
+        );
         return;
       case WireType.LengthDelimited:
         this.lengthDelimited();
         return;
       case WireType.Bit32:
-        this.read((r) => r.skip(WireType.Bit32), () => 'truncated fixed32');
+        this.read(
+          (r) => r.skip(WireType.Bit32),
+          () => 'truncated fixed32',
+        );
         return;
       case WireType.StartGroup:
         this.skipGroup(tag.field, depth);
@@ -552,7 +564,8 @@ function expandSparseCsr(csr: SparseCsrBytes, code: number, shape: readonly numb
   const crow = int64sFromLE(csr.crow, 'sparse_csr.crow_indices', path);
   const col = int64sFromLE(csr.col, 'sparse_csr.col_indices', path);
   const nnz = values.length;
-  if (crow.length !== rows + 1) throw new ProtoError(`sparse_csr.crow_indices has ${crow.length} entries, expected rows + 1 = ${rows + 1}`, path);
+  if (crow.length !== rows + 1)
+    throw new ProtoError(`sparse_csr.crow_indices has ${crow.length} entries, expected rows + 1 = ${rows + 1}`, path);
   if (col.length !== nnz) throw new ProtoError(`sparse_csr.col_indices has ${col.length} entries but there are ${nnz} values`, path);
   if (crow[0] !== 0 || crow[rows] !== nnz) {
     throw new ProtoError(`sparse_csr.crow_indices must run from 0 to ${nnz}, got ${crow[0]} .. ${crow[rows]}`, path);
@@ -577,7 +590,8 @@ function denseSize(shape: readonly number[], max: number, path: string): number 
   for (const dim of shape) {
     if (dim < 0) throw new ProtoError(`negative dimension in shape [${shape.join(', ')}]`, path);
     size *= dim;
-    if (size > max) throw new ProtoError(`shape [${shape.join(', ')}] has more than ${max} elements, the most one tensor of a datum may have`, path);
+    if (size > max)
+      throw new ProtoError(`shape [${shape.join(', ')}] has more than ${max} elements, the most one tensor of a datum may have`, path);
   }
   return size;
 }
@@ -827,7 +841,8 @@ export function decodeForwardBackwardRequest(bytes: Uint8Array, limits: DecodeLi
         break;
       case 7: {
         const [key, bytes] = decodeMessageMapEntry(r.bytes(tag, 'loss_fn_config_v2'), `${REQUEST}.loss_fn_config_v2`);
-        const value = bytes === undefined ? undefined : decodeLossConfigValue(bytes, `${REQUEST}.loss_fn_config_v2[${JSON.stringify(key)}]`);
+        const value =
+          bytes === undefined ? undefined : decodeLossConfigValue(bytes, `${REQUEST}.loss_fn_config_v2[${JSON.stringify(key)}]`);
         if (value === undefined) config.delete(key);
         else config.set(key, value);
         break;
@@ -914,7 +929,9 @@ export function encodeForwardBackwardRequest(req: ForwardBackwardRequest): Uint8
   for (const [key, value] of Object.entries(req.lossFnConfig)) {
     message(w, 7, (e) => {
       if (key !== '') e.tag(1, WireType.LengthDelimited).string(key);
-      message(e, 2, (v) => (typeof value === 'number' ? v.tag(1, WireType.Bit64).double(value) : v.tag(2, WireType.LengthDelimited).string(value)));
+      message(e, 2, (v) =>
+        typeof value === 'number' ? v.tag(1, WireType.Bit64).double(value) : v.tag(2, WireType.LengthDelimited).string(value),
+      );
     });
   }
   return w.finish();

@@ -65,7 +65,14 @@ export class Sampler {
     readonly modelPath: string | undefined,
     readonly session: string | undefined,
   ) {
-    this.adapter = snapshot === undefined ? undefined : LoraAdapter.fromWeights(base.config, { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS }, snapshot.weights);
+    this.adapter =
+      snapshot === undefined
+        ? undefined
+        : LoraAdapter.fromWeights(
+            base.config,
+            { rank: snapshot.rank, alpha: snapshot.rank, targetModules: LORA_TARGETS },
+            snapshot.weights,
+          );
     this.view = this.adapter === undefined ? base : PolicyModel.withAdapter(base, this.adapter);
   }
 

@@ -52,10 +52,12 @@ export function createSamplingSession(ctx: TinkerContext, body: JsonObject): unk
   const session = typeof body.session_id === 'string' && ctx.clients.touch(body.session_id) ? body.session_id : undefined;
   let sampler: Sampler;
   if (!absent(body, 'model_path')) {
-    if (typeof body.model_path !== 'string') throw invalid('model_path', `model_path must be a tinker:// path, got ${quote(body.model_path)}`);
+    if (typeof body.model_path !== 'string')
+      throw invalid('model_path', `model_path must be a tinker:// path, got ${quote(body.model_path)}`);
     sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, ctx.samplerWeights.get(body.model_path), body.model_path, session);
   } else {
-    if (body.base_model !== ctx.baseModel) throw invalid('base_model', `this service samples '${ctx.baseModel}', not '${excerpt(String(body.base_model))}'`);
+    if (body.base_model !== ctx.baseModel)
+      throw invalid('base_model', `this service samples '${ctx.baseModel}', not '${excerpt(String(body.base_model))}'`);
     sampler = new Sampler(ctx.model, ctx.tokenizer.stopIds, undefined, undefined, session);
   }
   ctx.samplers.add(sampler);
@@ -91,7 +93,11 @@ export function asample(ctx: TinkerContext, body: JsonObject): unknown {
 /** Samples a checked call on `sampler` (which the caller holds): the sequences, and the prompt's log-probs if asked. */
 async function sampleOn(sampler: Sampler, call: SampleCall): Promise<Outcome> {
   const responses = await sampler.generate(call.requests);
-  const sequences: SampledSequenceWire[] = responses.map((r) => ({ tokens: r.tokens, logprobs: r.logprobs, stopReason: r.finishReason === 'stop' ? 'stop' : 'length' }));
+  const sequences: SampledSequenceWire[] = responses.map((r) => ({
+    tokens: r.tokens,
+    logprobs: r.logprobs,
+    stopReason: r.finishReason === 'stop' ? 'stop' : 'length',
+  }));
   const promptLogprobs = call.promptLogprobs ? scorePrompt(sampler.view, call.prompt) : undefined;
   return { proto: encodeSampleResponse({ sequences, ...(promptLogprobs ? { promptLogprobs } : {}) }) };
 }
@@ -105,12 +111,18 @@ function readSampleCall(ctx: TinkerContext, body: JsonObject): SampleCall {
   const room = context - prompt.length;
   const maxTokens = params.max_tokens ?? Math.min(16, room);
   if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1 || maxTokens > room) {
-    throw invalid('max_tokens', `sampling_params.max_tokens must be an integer in [1, ${room}] (the model's context of ${context} tokens less the prompt's ${prompt.length}), got ${quote(maxTokens)}`);
+    throw invalid(
+      'max_tokens',
+      `sampling_params.max_tokens must be an integer in [1, ${room}] (the model's context of ${context} tokens less the prompt's ${prompt.length}), got ${quote(maxTokens)}`,
+    );
   }
-  if (!absent(params, 'top_k') && params.top_k !== -1 && params.top_k !== 0) throw invalid('top_k', 'sampling_params.top_k is not supported (give -1)');
+  if (!absent(params, 'top_k') && params.top_k !== -1 && params.top_k !== 0)
+    throw invalid('top_k', 'sampling_params.top_k is not supported (give -1)');
   const temperature = readNumber(params, 'temperature', 0, Number.MAX_VALUE, 1);
   const topP = readNumber(params, 'top_p', 0, 1, 1, true);
-  const seed = readInteger(params, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ?? readInteger(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
+  const seed =
+    readInteger(params, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ??
+    readInteger(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
   const stopTokens = stopIds(params.stop, ctx.tokenizer, ctx.model.config.vocabSize);
   const requests = Array.from({ length: n }, (_, i) => ({
     promptTokens: prompt,
@@ -135,7 +147,8 @@ function readPrompt(body: JsonObject, vocabSize: number, maxTokens: number): num
     if (typeof chunk !== 'object' || chunk === null) return bad();
     const { type, tokens } = chunk as { type?: unknown; tokens?: unknown };
     if (type !== 'encoded_text' || !Array.isArray(tokens)) return bad();
-    if (prompt.length + tokens.length > maxTokens) throw invalid('prompt', `the prompt has more than ${maxTokens} tokens (the model's context less one)`);
+    if (prompt.length + tokens.length > maxTokens)
+      throw invalid('prompt', `the prompt has more than ${maxTokens} tokens (the model's context less one)`);
     for (const t of tokens as unknown[]) {
       if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t >= vocabSize) return bad();
       prompt.push(t);

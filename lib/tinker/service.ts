@@ -136,14 +136,17 @@ const MAX_JSON_BODY_BYTES = 8 * 1024 * 1024;
  * @throws {@link ConfigError} for invalid options (a limit that is not a positive integer, an empty key).
  */
 export async function tinkerService(options: TinkerServiceOptions): Promise<TinkerService> {
-  if (options.apiKey !== undefined && options.apiKey.trim() === '') throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
+  if (options.apiKey !== undefined && options.apiKey.trim() === '')
+    throw new ConfigError('apiKey must not be empty', { context: { key: 'apiKey' } });
   const ctx = await createContext(options);
   await warmUp(ctx);
   const server = createServer((req, res) => void handle(ctx, options.apiKey, req, res));
   server.on('clientError', (error: NodeJS.ErrnoException, socket) => {
     if (!socket.writable || error.code === 'ECONNRESET') return void socket.destroy();
     const text = JSON.stringify({ detail: 'malformed HTTP request' });
-    socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`);
+    socket.end(
+      `HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
+    );
   });
   try {
     await listen(server, options.port ?? 0, options.host ?? '127.0.0.1');
@@ -173,7 +176,8 @@ export async function tinkerService(options: TinkerServiceOptions): Promise<Tink
 /** The service's context: options checked and resolved, the state directory made, the registries empty. */
 async function createContext(options: TinkerServiceOptions): Promise<TinkerContext> {
   const limit = (key: string, value: number): number => {
-    if (!Number.isSafeInteger(value) || value < 1) throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
+    if (!Number.isSafeInteger(value) || value < 1)
+      throw new ConfigError(`${key} must be an integer >= 1, got ${value}`, { context: { key } });
     return value;
   };
   const maxRank = limit('maxRank', options.maxRank ?? 64);
@@ -198,7 +202,10 @@ async function createContext(options: TinkerServiceOptions): Promise<TinkerConte
       maxCount: limit('maxSamplerWeights', options.maxSamplerWeights ?? 64),
       maxBytes: limit('maxSamplerWeightBytes', options.maxSamplerWeightBytes ?? 2 ** 30),
     }),
-    futures: new FutureStore({ maxInFlight: limit('maxInFlight', options.maxInFlight ?? 1024), maxFinished: limit('maxFinished', options.maxFinished ?? 4096) }),
+    futures: new FutureStore({
+      maxInFlight: limit('maxInFlight', options.maxInFlight ?? 1024),
+      maxFinished: limit('maxFinished', options.maxFinished ?? 4096),
+    }),
   };
   try {
     const stateDir = options.stateDir === undefined ? await mkdtemp(join(tmpdir(), 'rxrl-tinker-')) : resolve(options.stateDir);
@@ -229,7 +236,12 @@ async function warmUp(ctx: TinkerContext): Promise<void> {
   const trainer = new TinkerTrainer(ctx.model, 1, 0);
   try {
     const ints = { dtype: 'int64' as const, data: [0, 0], shape: [2] };
-    await trainer.forward([{ tokens: [0, 0], lossFnInputs: { target_tokens: ints, weights: { dtype: 'float32', data: Float32Array.of(1, 1), shape: [2] } } }], 'cross_entropy', {}, true);
+    await trainer.forward(
+      [{ tokens: [0, 0], lossFnInputs: { target_tokens: ints, weights: { dtype: 'float32', data: Float32Array.of(1, 1), shape: [2] } } }],
+      'cross_entropy',
+      {},
+      true,
+    );
   } finally {
     trainer.dispose();
   }
@@ -249,7 +261,8 @@ async function handle(ctx: TinkerContext, apiKey: string | undefined, req: Incom
     send(res, await route(ctx, apiKey, req));
   } catch (error) {
     const refused = asRequestError(error);
-    if (refused !== undefined) return sendJson(res, refused.status, { detail: refused.message }, refused.status === 413 ? { connection: 'close' } : {});
+    if (refused !== undefined)
+      return sendJson(res, refused.status, { detail: refused.message }, refused.status === 413 ? { connection: 'close' } : {});
     ctx.log({ event: 'internal_error', error: String(error) });
     sendJson(res, 500, { detail: 'internal server error' });
   }
@@ -270,7 +283,10 @@ function asRequestError(error: unknown): RequestError | undefined {
 }
 
 /** The JSON routes (`POST /api/v1/<name>` with a JSON object body). */
-const JSON_ROUTES: ReadonlyMap<string, (ctx: TinkerContext, body: JsonObject) => unknown> = new Map<string, (ctx: TinkerContext, body: JsonObject) => unknown>([
+const JSON_ROUTES: ReadonlyMap<string, (ctx: TinkerContext, body: JsonObject) => unknown> = new Map<
+  string,
+  (ctx: TinkerContext, body: JsonObject) => unknown
+>([
   ['client/config', () => ({ use_pyqwest_transport: false, parallel_fwdbwd_chunks: false, pjwt_auth_enabled: false })],
   ['create_session', createSession],
   ['session_heartbeat', sessionHeartbeat],
@@ -289,7 +305,8 @@ const JSON_ROUTES: ReadonlyMap<string, (ctx: TinkerContext, body: JsonObject) =>
 /** Checks the key, then dispatches on method and path. */
 async function route(ctx: TinkerContext, apiKey: string | undefined, req: IncomingMessage): Promise<Reply> {
   const path = (req.url ?? '/').split('?')[0].replace(/\/+$/, '');
-  if (apiKey !== undefined && !sameSecret(String(req.headers['x-api-key'] ?? ''), apiKey)) throw new RequestError(401, 'missing or wrong X-API-Key');
+  if (apiKey !== undefined && !sameSecret(String(req.headers['x-api-key'] ?? ''), apiKey))
+    throw new RequestError(401, 'missing or wrong X-API-Key');
   const name = path.startsWith('/api/v1/') ? path.slice('/api/v1/'.length) : undefined;
   if (req.method === 'GET') {
     if (name === 'healthz') return { json: { status: 'ok' } };
@@ -300,9 +317,11 @@ async function route(ctx: TinkerContext, apiKey: string | undefined, req: Incomi
   }
   if (req.method !== 'POST') throw new RequestError(405, `${excerpt(String(req.method))} ${excerpt(path)} is not served`);
   if (name === 'forward_backward' || name === 'forward') {
-    if (!/application\/x-protobuf/.test(String(req.headers['content-type'] ?? ''))) throw new RequestError(415, `${path} takes application/x-protobuf`);
+    if (!/application\/x-protobuf/.test(String(req.headers['content-type'] ?? '')))
+      throw new RequestError(415, `${path} takes application/x-protobuf`);
     const encoding = req.headers['content-encoding'];
-    if (encoding !== undefined && encoding !== 'identity') throw new RequestError(415, `content-encoding ${excerpt(String(encoding))} is not supported`);
+    if (encoding !== undefined && encoding !== 'identity')
+      throw new RequestError(415, `content-encoding ${excerpt(String(encoding))} is not supported`);
     return { json: forwardBackward(ctx, await readBody(req, ctx.limits.maxBodyBytes), name === 'forward') };
   }
   const raw = await readBody(req, Math.min(ctx.limits.maxBodyBytes, MAX_JSON_BODY_BYTES));

@@ -36,7 +36,10 @@ export async function retrieveFuture(ctx: TinkerContext, body: JsonObject): Prom
   if (future === undefined) throw new RequestError(404, `no request ${quote(id)}`);
   if (future.session !== undefined) ctx.clients.touch(future.session);
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const waited = await Promise.race([future.outcome, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ctx.limits.pollMs)))]);
+  const waited = await Promise.race([
+    future.outcome,
+    new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ctx.limits.pollMs))),
+  ]);
   clearTimeout(timer);
   if (waited === undefined) return { json: { type: 'try_again', request_id: id, queue_state: 'active' } };
   ctx.futures.delete(id);

@@ -32,7 +32,10 @@ export interface SavedState {
 /** A checkpoint name: non-empty, no `/`, at most {@link MAX_NAME_CHARS} characters; 400 otherwise. */
 export function checkName(value: unknown): string {
   if (typeof value !== 'string' || value === '' || value.includes('/') || value.length > MAX_NAME_CHARS) {
-    throw new RequestError(400, `a checkpoint name must be a non-empty string of at most ${MAX_NAME_CHARS} characters without '/', got ${quote(value)}`);
+    throw new RequestError(
+      400,
+      `a checkpoint name must be a non-empty string of at most ${MAX_NAME_CHARS} characters without '/', got ${quote(value)}`,
+    );
   }
   return value;
 }
@@ -40,7 +43,8 @@ export function checkName(value: unknown): string {
 /** The file of `tinker://<model>/weights/<name>` in `stateDir` (not yet checked to lie inside it); 400 for another form. */
 export function stateFile(stateDir: string, path: unknown): string {
   const match = typeof path === 'string' ? /^tinker:\/\/([^/]+)\/weights\/([^/]+)$/.exec(path) : null;
-  if (match === null) throw new RequestError(400, `path must be tinker://<model>/weights/<name>, got ${quote(path, MAX_QUOTED_PATH_CHARS)}`);
+  if (match === null)
+    throw new RequestError(400, `path must be tinker://<model>/weights/<name>, got ${quote(path, MAX_QUOTED_PATH_CHARS)}`);
   return join(stateDir, encodeURIComponent(match[1]), `${encodeURIComponent(match[2])}.safetensors`);
 }
 
@@ -49,7 +53,10 @@ export async function writeState(stateDir: string, client: TrainingClient, name:
   const dir = join(stateDir, encodeURIComponent(client.id));
   await mkdir(dir, { recursive: true });
   const state = client.trainer.state(true);
-  await saveSafetensors(join(dir, `${encodeURIComponent(name)}.safetensors`), state, { rank: String(client.trainer.rank), model_id: client.id });
+  await saveSafetensors(join(dir, `${encodeURIComponent(name)}.safetensors`), state, {
+    rank: String(client.trainer.rank),
+    model_id: client.id,
+  });
   return `tinker://${client.id}/weights/${name}`;
 }
 

@@ -95,9 +95,16 @@ export class TinkerTrainer {
    *
    * @throws {@link ConfigError} for an unknown loss; {@link ShapeError} for a datum whose inputs do not fit it.
    */
-  async forward(data: readonly WireDatum[], loss: string, config: Readonly<Record<string, number | string>>, backward: boolean): Promise<ForwardResult> {
+  async forward(
+    data: readonly WireDatum[],
+    loss: string,
+    config: Readonly<Record<string, number | string>>,
+    backward: boolean,
+  ): Promise<ForwardResult> {
     if (!(TINKER_LOSSES as readonly string[]).includes(loss)) {
-      throw new ConfigError(`unknown loss_fn '${loss}'; this service computes ${TINKER_LOSSES.join(', ')}`, { context: { key: 'loss_fn' } });
+      throw new ConfigError(`unknown loss_fn '${loss}'; this service computes ${TINKER_LOSSES.join(', ')}`, {
+        context: { key: 'loss_fn' },
+      });
     }
     const V = this.base.config.vocabSize;
     const inputs = await mapInTurns(data, (datum, index) => datumInputs(datum, loss as TinkerLoss, index, V), 64);
@@ -112,7 +119,10 @@ export class TinkerTrainer {
       total += out.loss;
       rows.forEach(({ datum }, b) => {
         const n = datum.tokens.length;
-        outputs[chunk[b]] = { logprobs: out.logp.slice(b * out.T, b * out.T + n), elementwise_loss: out.elementwise.slice(b * out.T, b * out.T + n) };
+        outputs[chunk[b]] = {
+          logprobs: out.logp.slice(b * out.T, b * out.T + n),
+          elementwise_loss: out.elementwise.slice(b * out.T, b * out.T + n),
+        };
       });
     }
     return { outputs, metrics: { 'loss:sum': total } };
@@ -143,7 +153,11 @@ export class TinkerTrainer {
       });
     });
     const compute = (): { loss: tf.Scalar; logp: tf.Tensor1D; elementwise: tf.Tensor1D } => {
-      const positions = tf.tensor2d(Int32Array.from({ length: B * T }, (_, i) => i % T), [B, T], 'int32');
+      const positions = tf.tensor2d(
+        Int32Array.from({ length: B * T }, (_, i) => i % T),
+        [B, T],
+        'int32',
+      );
       const logits = this.view.logits(tf.tensor2d(ids, [B, T], 'int32'), tf.tensor2d(mask, [B, T]), positions); // [B, T, V]
       const V = logits.shape[2];
       const logSoft = tf.logSoftmax(tf.reshape(logits, [B * T, V]));
@@ -157,7 +171,12 @@ export class TinkerTrainer {
         const r = compute();
         return [r.loss, r.logp, r.elementwise] as const;
       });
-      const result = { loss: out[0].dataSync()[0], logp: out[1].dataSync() as Float32Array, elementwise: out[2].dataSync() as Float32Array, T };
+      const result = {
+        loss: out[0].dataSync()[0],
+        logp: out[1].dataSync() as Float32Array,
+        elementwise: out[2].dataSync() as Float32Array,
+        T,
+      };
       tf.dispose([...out]);
       return result;
     }
@@ -170,7 +189,12 @@ export class TinkerTrainer {
     const total = value.dataSync()[0];
     value.dispose();
     this.addGrads(grads);
-    const result = { loss: total, logp: kept!.logp.dataSync() as Float32Array, elementwise: kept!.elementwise.dataSync() as Float32Array, T };
+    const result = {
+      loss: total,
+      logp: kept!.logp.dataSync() as Float32Array,
+      elementwise: kept!.elementwise.dataSync() as Float32Array,
+      T,
+    };
     tf.dispose([kept!.logp, kept!.elementwise]);
     return result;
   }
@@ -335,7 +359,13 @@ function chunksOf(data: readonly WireDatum[], vocabSize: number, chunkTokens: nu
  * The loss at each position: `a` holds the weights (`cross_entropy`) or the advantages, `old` the sampler's
  * log-probs.
  */
-function elementwiseLoss(loss: TinkerLoss, logp: tf.Tensor1D, a: tf.Tensor1D, old: tf.Tensor1D, config: Readonly<Record<string, number | string>>): tf.Tensor1D {
+function elementwiseLoss(
+  loss: TinkerLoss,
+  logp: tf.Tensor1D,
+  a: tf.Tensor1D,
+  old: tf.Tensor1D,
+  config: Readonly<Record<string, number | string>>,
+): tf.Tensor1D {
   if (loss === 'cross_entropy') return tf.neg(tf.mul(logp, a)) as tf.Tensor1D;
   const advantages = a;
   const ratio = tf.exp(tf.sub(logp, old));

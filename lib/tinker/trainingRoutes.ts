@@ -5,7 +5,18 @@
  *
  * @packageDocumentation
  */
-import { RequestError, absent, excerpt, invalid, quote, readBoolean, readInteger, readNumber, readString, type JsonObject } from '../serve/protocol.js';
+import {
+  RequestError,
+  absent,
+  excerpt,
+  invalid,
+  quote,
+  readBoolean,
+  readInteger,
+  readNumber,
+  readString,
+  type JsonObject,
+} from '../serve/protocol.js';
 import type { TinkerContext, FutureAnswer } from './context.js';
 import type { TrainingClient } from './clients.js';
 import { decodeForwardBackwardRequest, encodeForwardBackwardOutput, readForwardBackwardModelId } from './proto.js';
@@ -19,14 +30,16 @@ const MAX_SEQ_ID = 2 ** 31 - 1;
 export function readObject(body: JsonObject, name: string): JsonObject {
   if (absent(body, name)) return {};
   const value = body[name];
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw invalid(name, `'${name}' must be an object, got ${quote(value)}`);
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw invalid(name, `'${name}' must be an object, got ${quote(value)}`);
   return value as JsonObject;
 }
 
 /** 400 unless `base_model` is the served one (absent is allowed when `optional`). */
 function checkBase(ctx: TinkerContext, body: JsonObject, optional: boolean): void {
   if (optional && absent(body, 'base_model')) return;
-  if (body.base_model !== ctx.baseModel) throw invalid('base_model', `this service trains '${ctx.baseModel}', not '${excerpt(String(body.base_model))}'`);
+  if (body.base_model !== ctx.baseModel)
+    throw invalid('base_model', `this service trains '${ctx.baseModel}', not '${excerpt(String(body.base_model))}'`);
 }
 
 /** A new trainer of `rank` on the base model, with the service's next seed. */
@@ -71,10 +84,14 @@ export function getInfo(ctx: TinkerContext, body: JsonObject): unknown {
  */
 export function unloadModel(ctx: TinkerContext, body: JsonObject): FutureAnswer {
   const client = ctx.clients.get(body.model_id);
-  const id = ctx.futures.submit(async () => {
-    await ctx.clients.free(client);
-    return { json: { model_id: client.id, type: 'unload_model' } };
-  }, undefined, client.session);
+  const id = ctx.futures.submit(
+    async () => {
+      await ctx.clients.free(client);
+      return { json: { model_id: client.id, type: 'unload_model' } };
+    },
+    undefined,
+    client.session,
+  );
   return { request_id: id, model_id: client.id };
 }
 
@@ -152,7 +169,8 @@ async function createFromState(ctx: TinkerContext, body: JsonObject): Promise<Fu
   const path = body.path;
   ctx.clients.reserve(session, seq);
   const state = await readState(ctx.stateDir, path, ctx.limits.maxStateBytes);
-  if (!Number.isInteger(state.rank) || state.rank < 1 || state.rank > ctx.limits.maxRank) throw new RequestError(400, `the state at ${quote(path)} has no valid rank`);
+  if (!Number.isInteger(state.rank) || state.rank < 1 || state.rank > ctx.limits.maxRank)
+    throw new RequestError(400, `the state at ${quote(path)} has no valid rank`);
   // Checked again: other clients may have been made while the state was read.
   const id = ctx.clients.reserve(session, seq);
   const trainer = newTrainer(ctx, state.rank);

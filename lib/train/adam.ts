@@ -89,7 +89,10 @@ export class Adam {
     this.beta2 = options.beta2 ?? 0.999;
     this.epsilon = options.epsilon ?? 1e-8;
     if (!(options.learningRate > 0)) throw new ConfigError(`learningRate must be > 0, got ${options.learningRate}`);
-    for (const [name, beta] of [['beta1', this.beta1], ['beta2', this.beta2]] as const) {
+    for (const [name, beta] of [
+      ['beta1', this.beta1],
+      ['beta2', this.beta2],
+    ] as const) {
       if (!(beta >= 0 && beta < 1)) throw new ConfigError(`${name} must be in [0, 1), got ${beta}`);
     }
     if (!(this.epsilon >= 0)) throw new ConfigError(`epsilon must be >= 0, got ${this.epsilon}`);
@@ -143,7 +146,8 @@ export class Adam {
   /** A copy of the state (with no moments before the first update or a {@link Adam.setState} with some). */
   async state(): Promise<AdamState> {
     const { m, v } = this.m !== null && this.v !== null ? { m: this.m, v: this.v } : { m: [], v: [] };
-    const read = (xs: readonly tf.Variable[]): Promise<Float32Array[]> => Promise.all(xs.map(async (x) => Float32Array.from(await x.data())));
+    const read = (xs: readonly tf.Variable[]): Promise<Float32Array[]> =>
+      Promise.all(xs.map(async (x) => Float32Array.from(await x.data())));
     return { step: this.steps, m: await read(m), v: await read(v) };
   }
 
@@ -154,11 +158,14 @@ export class Adam {
   setState(state: AdamState): void {
     const n = this.variables.length;
     const none = state.m.length === 0 && state.v.length === 0;
-    if (!none && (state.m.length !== n || state.v.length !== n)) throw new ConfigError(`Adam.setState: moments for ${state.m.length}/${state.v.length} of ${n} variables`);
-    if (!(Number.isInteger(state.step) && state.step >= 0)) throw new ConfigError(`Adam.setState: step must be an integer >= 0, got ${state.step}`);
+    if (!none && (state.m.length !== n || state.v.length !== n))
+      throw new ConfigError(`Adam.setState: moments for ${state.m.length}/${state.v.length} of ${n} variables`);
+    if (!(Number.isInteger(state.step) && state.step >= 0))
+      throw new ConfigError(`Adam.setState: step must be an integer >= 0, got ${state.step}`);
     this.variables.forEach((w, i) => {
       for (const x of none ? [] : [state.m[i], state.v[i]]) {
-        if (x.length !== w.size) throw new ConfigError(`Adam.setState: moment ${i} has ${x.length} values, variable ${w.name} has ${w.size}`);
+        if (x.length !== w.size)
+          throw new ConfigError(`Adam.setState: moment ${i} has ${x.length} values, variable ${w.name} has ${w.size}`);
       }
     });
     this.disposeMoments();

@@ -130,10 +130,7 @@ export class GrpoTrainer implements Trainer {
   private readonly trainedNames: readonly string[];
   private readonly trainedVariables: readonly tf.Variable[];
   private readonly options: Required<
-    Pick<
-      GrpoTrainerOptions,
-      'maxGradNorm' | 'microBatchSize' | 'ppoEpochs' | 'miniBatches' | 'clipLow' | 'lossAggregation' | 'entropyCoef'
-    >
+    Pick<GrpoTrainerOptions, 'maxGradNorm' | 'microBatchSize' | 'ppoEpochs' | 'miniBatches' | 'clipLow' | 'lossAggregation' | 'entropyCoef'>
   > &
     GrpoTrainerOptions;
   private readonly seed: number;
@@ -172,7 +169,12 @@ export class GrpoTrainer implements Trainer {
     this.trainedNames = names.filter((name) => trainable(name));
     if (this.trainedNames.length === 0) throw new ConfigError('trainable: no weight is trainable');
     this.trainedVariables = variables.filter((_, i) => trainable(names[i]));
-    this.optimizer = new Adam(this.trainedVariables, { learningRate: lr, beta1: options.adamBeta1, beta2: options.adamBeta2, epsilon: options.adamEpsilon });
+    this.optimizer = new Adam(this.trainedVariables, {
+      learningRate: lr,
+      beta1: options.adamBeta1,
+      beta2: options.adamBeta2,
+      epsilon: options.adamEpsilon,
+    });
     this.seed = options.seed ?? 0;
   }
 
@@ -251,7 +253,10 @@ export class GrpoTrainer implements Trainer {
     const { step, m, v } = await this.optimizer.state();
     const out = new Map<string, { shape: readonly number[]; data: Float32Array }>();
     out.set('iter', { shape: [1], data: Float32Array.of(step) });
-    for (const [kind, moments] of [['m', m], ['v', v]] as const) {
+    for (const [kind, moments] of [
+      ['m', m],
+      ['v', v],
+    ] as const) {
       moments.forEach((data, i) => out.set(`${kind}/${this.trainedNames[i]}`, { shape: [...this.trainedVariables[i].shape], data }));
     }
     return out;
@@ -262,7 +267,8 @@ export class GrpoTrainer implements Trainer {
    * {@link GrpoTrainer.optimizerState}.
    */
   async restore(state: { readonly step: number; readonly optimizer?: NamedWeights }): Promise<void> {
-    if (!(Number.isInteger(state.step) && state.step >= 0)) throw new ConfigError(`restore: step must be an integer >= 0, got ${state.step}`);
+    if (!(Number.isInteger(state.step) && state.step >= 0))
+      throw new ConfigError(`restore: step must be an integer >= 0, got ${state.step}`);
     this.steps = state.step;
     const optimizer = state.optimizer;
     if (!optimizer || !optimizer.has('m/' + this.trainedNames[0])) return;
@@ -299,7 +305,9 @@ export class GrpoTrainer implements Trainer {
       try {
         // A weight the loss does not reach has no gradient from tf.variableGrads: its gradient is 0.
         for (const v of this.trainedVariables) if (!grads.has(v.name)) grads.set(v.name, tf.zerosLike(v));
-        const gradients = this.model.namedWeightsOf(new Map(this.trainedVariables.map((v, i) => [this.trainedNames[i], grads.get(v.name)!])));
+        const gradients = this.model.namedWeightsOf(
+          new Map(this.trainedVariables.map((v, i) => [this.trainedNames[i], grads.get(v.name)!])),
+        );
         return { gradients, loss: losses.reduce((a, b) => a + b, 0), microBatchLosses: losses, gradNorm: globalNorm([...grads.values()]) };
       } finally {
         tf.dispose([...grads.values()]);
@@ -309,11 +317,7 @@ export class GrpoTrainer implements Trainer {
     }
   }
 
-  private async optimize(
-    batch: Batch,
-    metrics: Metrics,
-    signal?: AbortSignal,
-  ): Promise<{ epochs: number; skippedUpdates: number }> {
+  private async optimize(batch: Batch, metrics: Metrics, signal?: AbortSignal): Promise<{ epochs: number; skippedUpdates: number }> {
     const { ppoEpochs, miniBatches } = this.options;
     const B = batch.size;
     const totals = new Map<string, { sum: number; weight: number }>();
@@ -474,7 +478,13 @@ export class GrpoTrainer implements Trainer {
     const mode = this.options.lossAggregation;
     const maxLength = this.options.maxLength ?? batch.responseLength;
     const pg = ppoClipLoss(
-      { logprob, oldLogprob: t.oldLogprobs, advantages: t.advantages, mask: t.lossMask, ...(isWeights ? { importanceWeights: isWeights } : {}) },
+      {
+        logprob,
+        oldLogprob: t.oldLogprobs,
+        advantages: t.advantages,
+        mask: t.lossMask,
+        ...(isWeights ? { importanceWeights: isWeights } : {}),
+      },
       { clipLow: this.options.clipLow, clipHigh: this.options.clipHigh, clipRatioC: this.options.clipRatioC, mode, maxLength },
     );
     const metrics: ScalarMetrics = { ...pg.metrics };

@@ -81,7 +81,9 @@ export class GroupStore {
     if (group === undefined) {
       if (this.closed.has(`${item.modelTag}\u0000${id}`)) return { late: true };
       if (this.open >= this.capacity) {
-        throw new ConfigError(`groupTrajectories holds ${this.open} open groups, its capacity; raise 'capacity'`, { context: { capacity: this.capacity } });
+        throw new ConfigError(`groupTrajectories holds ${this.open} open groups, its capacity; raise 'capacity'`, {
+          context: { capacity: this.capacity },
+        });
       }
       group = { id, key, modelTag: item.modelTag, members: [], seen: new Set(), failed: 0 };
       opened = group;

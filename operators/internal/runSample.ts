@@ -58,7 +58,10 @@ export function runSample<T>(
         emit(
           fail(
             timedOut
-              ? new EngineError(`${options.kind} ${options.id} did not finish within ${options.timeoutMs} ms`, { cause: error, context: { id: options.id } })
+              ? new EngineError(`${options.kind} ${options.id} did not finish within ${options.timeoutMs} ms`, {
+                  cause: error,
+                  context: { id: options.id },
+                })
               : error instanceof Error
                 ? error
                 : new Error(String(error)),

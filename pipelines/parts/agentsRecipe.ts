@@ -48,8 +48,14 @@ export interface AgentsRecipe {
  * @param baseDir - what `model.path` is relative to.
  * @returns the recipe's task, tokenizer, agents and episode spec.
  */
-export async function loadAgentsRecipe(config: Pick<RxrlConfig, 'agents' | 'data' | 'model' | 'rollout' | 'run'>, baseDir: string): Promise<AgentsRecipe> {
-  if (config.agents.environment === 'none') throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", { context: { key: 'agents.environment' } });
+export async function loadAgentsRecipe(
+  config: Pick<RxrlConfig, 'agents' | 'data' | 'model' | 'rollout' | 'run'>,
+  baseDir: string,
+): Promise<AgentsRecipe> {
+  if (config.agents.environment === 'none')
+    throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", {
+      context: { key: 'agents.environment' },
+    });
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   let task: AgentsTask;
   let characters: string;
@@ -68,14 +74,21 @@ export async function loadAgentsRecipe(config: Pick<RxrlConfig, 'agents' | 'data
     maxTokens = data.maxTokens;
   }
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(characters);
-  const agents: AgentSpec[] = config.agents.roles.map((role) => ({ name: role.name, policy: role.policy, ...(role.prompt === undefined ? {} : { prompt: role.prompt }) }));
+  const agents: AgentSpec[] = config.agents.roles.map((role) => ({
+    name: role.name,
+    policy: role.policy,
+    ...(role.prompt === undefined ? {} : { prompt: role.prompt }),
+  }));
   // A prompt the tokenizer cannot encode would fail every episode: refuse it now, naming the key.
   config.agents.roles.forEach((role, i) => {
     if (role.prompt === undefined) return;
     try {
       tokenizer.encode(role.prompt);
     } catch (cause) {
-      throw new ConfigError(`agents.roles[${i}].prompt: the tokenizer cannot encode it: ${(cause as Error).message}`, { cause, context: { key: `agents.roles[${i}].prompt` } });
+      throw new ConfigError(`agents.roles[${i}].prompt: the tokenizer cannot encode it: ${(cause as Error).message}`, {
+        cause,
+        context: { key: `agents.roles[${i}].prompt` },
+      });
     }
   });
   return {

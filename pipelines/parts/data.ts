@@ -45,7 +45,9 @@ export async function loadRollout(
   baseDir: string,
 ): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
   const data = await loadData(config, baseDir);
-  const evaluator = config.rollout.evaluator.module ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator') : data.evaluator;
+  const evaluator = config.rollout.evaluator.module
+    ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator')
+    : data.evaluator;
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const agent = config.rollout.agent;
@@ -63,7 +65,12 @@ export async function loadRollout(
  * The recipe's agent (`rollout.agent`) as a rollout worker: each sample runs it against a session of a gateway
  * over the run's engine, rendering chats with the model directory's template (the bundled one without a model).
  */
-async function agentWorker(config: Pick<RxrlConfig, 'model' | 'rollout'>, baseDir: string, modelDir: string | undefined, tokenizer: Tokenizer): Promise<GatewayWorker> {
+async function agentWorker(
+  config: Pick<RxrlConfig, 'model' | 'rollout'>,
+  baseDir: string,
+  modelDir: string | undefined,
+  tokenizer: Tokenizer,
+): Promise<GatewayWorker> {
   const agent = config.rollout.agent;
   const template = (modelDir === undefined ? undefined : await loadChatTemplate(modelDir, tokenizer)) ?? createChatTemplate(tokenizer);
   let contextLength = config.model.maxSeqLen;
@@ -77,7 +84,9 @@ async function agentWorker(config: Pick<RxrlConfig, 'model' | 'rollout'>, baseDi
       ? { run: await importExport<AgentFunction>({ module: agent.module, export: agent.export }, baseDir, 'rollout.agent') }
       : { command: agent.command!, cwd: resolve(baseDir, agent.cwd ?? '.'), env: agent.env, inheritEnv: agent.inheritEnv };
   if ('run' in program && typeof program.run !== 'function') {
-    throw new ConfigError(`rollout.agent.export: '${agent.export}' of ${agent.module} is not a function`, { context: { key: 'rollout.agent.export' } });
+    throw new ConfigError(`rollout.agent.export: '${agent.export}' of ${agent.module} is not a function`, {
+      context: { key: 'rollout.agent.export' },
+    });
   }
   return gatewayWorker(program, { maxModelLen, template });
 }
@@ -170,7 +179,9 @@ export async function importExport<T>(spec: { module: string | null; export: str
   }
   const value = module[spec.export];
   if (value === undefined) {
-    throw new ConfigError(`${key}.export: ${file} has no export '${spec.export}'`, { context: { file, export: spec.export, key: `${key}.export` } });
+    throw new ConfigError(`${key}.export: ${file} has no export '${spec.export}'`, {
+      context: { file, export: spec.export, key: `${key}.export` },
+    });
   }
   return value as T;
 }

@@ -80,7 +80,8 @@ export class StepOutcomes {
     else if (output.skipped === true) outcomes.skipped++;
     else outcomes.failures.push(output);
     const ended = outcomes.ok + outcomes.failures.length + outcomes.skipped;
-    if (outcomes.tasks < this.tasksPerBatch || ended < outcomes.tasks * this.samplesPerTask || outcomes.failures.length === 0) return undefined;
+    if (outcomes.tasks < this.tasksPerBatch || ended < outcomes.tasks * this.samplesPerTask || outcomes.failures.length === 0)
+      return undefined;
     this.batches.delete(batch);
     return { batch, failures: outcomes.failures, failedStep: outcomes.ok === 0 ? failedStep(batch, outcomes.failures) : undefined };
   }

@@ -40,7 +40,11 @@ export interface RunLedgerOptions {
 /** The run's ledger over the recipe's training tasks, from the checkpoint's loader position. */
 export function openLedger(
   config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run'>,
-  run: { readonly data: { readonly train: Parameters<typeof loadTasks>[0] }; readonly checkpoint: Checkpoint | undefined; readonly runDir: string | undefined },
+  run: {
+    readonly data: { readonly train: Parameters<typeof loadTasks>[0] };
+    readonly checkpoint: Checkpoint | undefined;
+    readonly runDir: string | undefined;
+  },
   save: SaveCheckpoint,
 ): Promise<RunLedger> {
   const { checkpoint } = run;
@@ -145,7 +149,8 @@ export class RunLedger {
   /** Waits for the step being written; then, unless stopped without `onStop`, checkpoints an unsaved last step. */
   async finish(step: number, save: boolean): Promise<void> {
     await this.training;
-    if (save && step > this.lastCheckpointStep) await this.save([...this.admitted.values()], this.position, [...this.generated.values()], step);
+    if (save && step > this.lastCheckpointStep)
+      await this.save([...this.admitted.values()], this.position, [...this.generated.values()], step);
   }
 
   /** Closes the metrics file. */

@@ -21,7 +21,10 @@ import { moduleLogger, silentLogger, type Logger } from '../../lib/observe/logge
  *
  * @internal
  */
-export function runDirWarnings(options: { readonly log?: (line: string) => void; readonly logger?: Logger }): (message: string, context: Readonly<Record<string, unknown>>) => void {
+export function runDirWarnings(options: {
+  readonly log?: (line: string) => void;
+  readonly logger?: Logger;
+}): (message: string, context: Readonly<Record<string, unknown>>) => void {
   const logger = moduleLogger(options.logger ?? silentLogger, 'checkpoint');
   return (message, context) => {
     logger.warn(context, message);
@@ -43,8 +46,11 @@ export function resumeOf(config: Pick<RxrlConfig, 'resume'>, baseDir: string): {
  *
  * @internal
  */
-export function damagedCheckpointWarning(warn: (message: string, context: Readonly<Record<string, unknown>>) => void): (path: string, error: Error) => void {
-  return (path, error) => warn(`checkpoint ${path} is damaged, falling back to the previous one: ${error.message}`, { path, reason: error.message });
+export function damagedCheckpointWarning(
+  warn: (message: string, context: Readonly<Record<string, unknown>>) => void,
+): (path: string, error: Error) => void {
+  return (path, error) =>
+    warn(`checkpoint ${path} is damaged, falling back to the previous one: ${error.message}`, { path, reason: error.message });
 }
 
 /**

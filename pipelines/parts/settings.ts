@@ -98,7 +98,10 @@ export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, k
  *
  * @internal
  */
-export function klInRewardOf(config: Pick<RxrlConfig, 'algorithm'>, reference: PolicyModel | undefined): { klInReward?: KlInRewardOptions } {
+export function klInRewardOf(
+  config: Pick<RxrlConfig, 'algorithm'>,
+  reference: PolicyModel | undefined,
+): { klInReward?: KlInRewardOptions } {
   if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
   return {
     klInReward: {

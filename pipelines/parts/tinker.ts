@@ -29,20 +29,37 @@ export async function tinkerParts(
   const { checkpoint, tokenizer } = setup;
   const key = { context: { key: 'trainer.backend' } };
   if (options.kafka) throw new ConfigError("trainer.backend 'tinker': rollouts sample through the service, not through Kafka workers", key);
-  if (options.createEngine) throw new ConfigError("trainer.backend 'tinker': rollouts sample through the service, not through createEngine", key);
+  if (options.createEngine)
+    throw new ConfigError("trainer.backend 'tinker': rollouts sample through the service, not through createEngine", key);
   if (checkpoint !== undefined && checkpoint.tinker === undefined) {
-    throw new ConfigError(`resume: checkpoint ${checkpoint.path} holds local weights, not a state on a Tinker service; set resume.mode to 'disable' to start over`, key);
+    throw new ConfigError(
+      `resume: checkpoint ${checkpoint.path} holds local weights, not a state on a Tinker service; set resume.mode to 'disable' to start over`,
+      key,
+    );
   }
   const baseModel = config.tinker.baseModel as string;
   if (checkpoint?.tinker !== undefined && checkpoint.tinker.baseModel !== baseModel) {
-    throw new ConfigError(`resume: checkpoint ${checkpoint.path} adapts '${checkpoint.tinker.baseModel}', not tinker.baseModel '${baseModel}'`, { context: { key: 'tinker.baseModel' } });
+    throw new ConfigError(
+      `resume: checkpoint ${checkpoint.path} adapts '${checkpoint.tinker.baseModel}', not tinker.baseModel '${baseModel}'`,
+      { context: { key: 'tinker.baseModel' } },
+    );
   }
-  const client = await TinkerClient.connect({ baseURL: config.tinker.baseUrl as string, apiKey: config.tinker.apiKey, futureTimeoutMs: config.tinker.futureTimeoutMs });
+  const client = await TinkerClient.connect({
+    baseURL: config.tinker.baseUrl as string,
+    apiKey: config.tinker.apiKey,
+    futureTimeoutMs: config.tinker.futureTimeoutMs,
+  });
   try {
     const t = config.trainer;
     const from = checkpoint?.tinker === undefined ? undefined : { path: checkpoint.tinker.path, step: checkpoint.state.step };
     const rank = checkpoint?.tinker?.rank ?? config.tinker.rank;
-    const trainer = await TinkerClientTrainer.create(client, baseModel, rank, { learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm }, from);
+    const trainer = await TinkerClientTrainer.create(
+      client,
+      baseModel,
+      rank,
+      { learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
+      from,
+    );
     const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {
       if (!runDir) return;
       const step = trainer.step;
@@ -88,10 +105,13 @@ export async function waitForTinker(config: Pick<RxrlConfig, 'tinker'>, signal: 
     signal.throwIfAborted();
     if (await tinkerHealthy(target, signal)) return;
     if (performance.now() + delay > deadline) {
-      throw new TinkerError(`the Tinker service at ${target.baseURL} did not answer within tinker.recoverTimeoutMs (${config.tinker.recoverTimeoutMs} ms)`, {
-        cause: lost,
-        context: { key: 'tinker.recoverTimeoutMs' },
-      });
+      throw new TinkerError(
+        `the Tinker service at ${target.baseURL} did not answer within tinker.recoverTimeoutMs (${config.tinker.recoverTimeoutMs} ms)`,
+        {
+          cause: lost,
+          context: { key: 'tinker.recoverTimeoutMs' },
+        },
+      );
     }
     await new Promise((resolve) => setTimeout(resolve, delay));
     delay = Math.min(delay * 2, 5_000);

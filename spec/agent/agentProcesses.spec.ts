@@ -72,7 +72,10 @@ async function agent(name: string, body: string, env: Record<string, string> = {
 
 function pidsIn(file: string): number[] {
   if (!existsSync(file)) return [];
-  return readFileSync(file, 'utf8').split('\n').filter((l) => l !== '').map(Number);
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((l) => l !== '')
+    .map(Number);
 }
 
 /** Resolves once `file` lists `count` pids (the agent has started its descendants); fails after 30 s. */
@@ -145,7 +148,10 @@ describe.skipIf(lacks('python'))('gatewayWorker: every process an agent command 
 
   it('ending one sample spares a concurrent sample’s processes; they end with their own sample', async () => {
     const go = join(dir, 'go');
-    const slow = await agent('slow', `sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS"\nwhile [ ! -e ${JSON.stringify(go)} ]; do sleep 0.05; done\nexec ${pythonAgent}`);
+    const slow = await agent(
+      'slow',
+      `sleep 300 >/dev/null 2>&1 & echo $! >> "$PIDS"\nwhile [ ! -e ${JSON.stringify(go)} ]; do sleep 0.05; done\nexec ${pythonAgent}`,
+    );
     const fast = await agent('fast', `${DETACH}\nexec ${pythonAgent}`);
     const w = worker(slow);
     const slowSample = w(input('calc/2+3@0/1'), new AbortController().signal);
@@ -166,7 +172,9 @@ describe.skipIf(lacks('python'))('gatewayWorker: the agent’s environment', () 
     const out = join(dir, `${name}.env`);
     const program = await agent(name, `env > ${JSON.stringify(out)}\nexec ${pythonAgent}`, { AGENT_SETTING: 'from the recipe' });
     await worker({ ...program, ...(inheritEnv === undefined ? {} : { inheritEnv }) })(input(), new AbortController().signal);
-    const lines = readFileSync(out, 'utf8').split('\n').filter((l) => l.includes('='));
+    const lines = readFileSync(out, 'utf8')
+      .split('\n')
+      .filter((l) => l.includes('='));
     return new Map(lines.map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
   }
 
@@ -216,7 +224,11 @@ describe.skipIf(lacks('python'))('gatewayWorker: the agent’s environment', () 
       for (const inheritEnv of [false, true]) {
         const recipe = loadConfig({
           env: {},
-          values: { data: { source: 'calculator' }, model: { maxSeqLen: config.maxSeqLen }, rollout: { agent: { command: `sh ${JSON.stringify(script)}`, inheritEnv } } },
+          values: {
+            data: { source: 'calculator' },
+            model: { maxSeqLen: config.maxSeqLen },
+            rollout: { agent: { command: `sh ${JSON.stringify(script)}`, inheritEnv } },
+          },
         });
         const { worker: w } = await loadRollout(recipe, dir);
         workers.push(w as GatewayWorker);

@@ -193,7 +193,10 @@ describe('computeGroupAdvantages / computeGroupAdvantagesTensor', () => {
     expect(metrics['critic/runs']).toBe(3);
     // Run ids are local to a group: run 0 of group h is a different run.
     const split = both([1, 1, 0, 0], ['g', 'h', 'g', 'h'], { runIds: [0, 0, 1, 1], std: 'population' });
-    expectClose(split.advantages, [1, 1, -1, -1].map((x) => x * (0.5 / (0.5 + EPS))));
+    expectClose(
+      split.advantages,
+      [1, 1, -1, -1].map((x) => x * (0.5 / (0.5 + EPS))),
+    );
     // One run with many turns is a singleton group.
     const single = both([1, 0, 1], ['g', 'g', 'g'], { runIds: [7, 7, 7] });
     expect(single.advantages).toEqual([0, 0, 0]);

@@ -1,13 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
 
-import {
-  LOSS_AGG_MODES,
-  type LossAggMode,
-  aggregateLoss,
-  isLossAggMode,
-  parseLossAggMode,
-} from '../../lib/algos/index.js';
+import { LOSS_AGG_MODES, type LossAggMode, aggregateLoss, isLossAggMode, parseLossAggMode } from '../../lib/algos/index.js';
 import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix } from '../helpers/random.js';
 import { expectClose, expectNoLeak, mat, referenceAggregate, scalar, useCpuBackend, values } from './support.js';
@@ -64,8 +58,21 @@ describe('aggregateLoss', () => {
       [0, 0, 0],
     ];
     for (const mode of LOSS_AGG_MODES) {
-      expect(agg([[NaN, 1, 2], [3, Infinity, 5]], zeros, mode), mode).toBe(0);
-      expect(tf.tidy(() => scalar(aggregateLoss(tf.zeros([0, 3]), tf.zeros([0, 3]), mode))), mode).toBe(0);
+      expect(
+        agg(
+          [
+            [NaN, 1, 2],
+            [3, Infinity, 5],
+          ],
+          zeros,
+          mode,
+        ),
+        mode,
+      ).toBe(0);
+      expect(
+        tf.tidy(() => scalar(aggregateLoss(tf.zeros([0, 3]), tf.zeros([0, 3]), mode))),
+        mode,
+      ).toBe(0);
     }
   });
 
@@ -79,8 +86,28 @@ describe('aggregateLoss', () => {
       [1, 1, 0],
     ];
     for (const mode of LOSS_AGG_MODES) {
-      expect(agg(loss, mask, mode), mode).toBeCloseTo(referenceAggregate([[1, 0, 0], [2, 4, 0]], mask, mode), 5);
-      expect(agg(loss, [[1, 1, 0], [1, 1, 0]], mode), mode).toBeNaN();
+      expect(agg(loss, mask, mode), mode).toBeCloseTo(
+        referenceAggregate(
+          [
+            [1, 0, 0],
+            [2, 4, 0],
+          ],
+          mask,
+          mode,
+        ),
+        5,
+      );
+      expect(
+        agg(
+          loss,
+          [
+            [1, 1, 0],
+            [1, 1, 0],
+          ],
+          mode,
+        ),
+        mode,
+      ).toBeNaN();
     }
   });
 
@@ -115,9 +142,7 @@ describe('aggregateLoss', () => {
 
   it('has the expected gradient with respect to the loss matrix', () => {
     const mask = mat(MASK);
-    const grads = LOSS_AGG_MODES.map((mode) =>
-      tf.tidy(() => values(tf.grad((x: tf.Tensor) => aggregateLoss(x, mask, mode))(mat(LOSS)))),
-    );
+    const grads = LOSS_AGG_MODES.map((mode) => tf.tidy(() => values(tf.grad((x: tf.Tensor) => aggregateLoss(x, mask, mode))(mat(LOSS)))));
     const [tokenMean, seqSum, seqMean, sumNorm] = grads;
     expectClose(tokenMean, [1 / 3, 1 / 3, 0, 1 / 3, 0, 0, 0, 0, 0]);
     expectClose(seqSum, [1 / 2, 1 / 2, 0, 1 / 2, 0, 0, 0, 0, 0]);

@@ -168,15 +168,12 @@ describe('klLoss', () => {
     const grad = tf.tidy(() => {
       const ref = mat(refRows);
       const mask = mat(maskRows);
-      const f = (lp: tf.Tensor): tf.Scalar =>
-        klLoss({ logprob: lp as tf.Tensor2D, refLogprob: ref, mask }, { coef: 1 }).loss;
+      const f = (lp: tf.Tensor): tf.Scalar => klLoss({ logprob: lp as tf.Tensor2D, refLogprob: ref, mask }, { coef: 1 }).loss;
       const g = tf.grad(f);
       return values(g(mat(lpRows)));
     });
     // d/dlp (e^{ref−lp} − (ref−lp) − 1) = 1 − e^{ref−lp}, divided by 5 tokens; 0 on the masked token.
-    const expected = lpRows.flatMap((row, b) =>
-      row.map((lp, t) => (maskRows[b][t] ? (1 - Math.exp(refRows[b][t] - lp)) / 5 : 0)),
-    );
+    const expected = lpRows.flatMap((row, b) => row.map((lp, t) => (maskRows[b][t] ? (1 - Math.exp(refRows[b][t] - lp)) / 5 : 0)));
     expectClose(grad, expected);
   });
 

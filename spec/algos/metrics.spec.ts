@@ -1,15 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
 
-import {
-  applyMask,
-  disposeMetrics,
-  keepMetrics,
-  maskedMean,
-  maskedSum,
-  readMetrics,
-  readMetricsSync,
-} from '../../lib/algos/index.js';
+import { applyMask, disposeMetrics, keepMetrics, maskedMean, maskedSum, readMetrics, readMetricsSync } from '../../lib/algos/index.js';
 import { ShapeError } from '../../lib/core/errors.js';
 import { expectNoLeak, mat, useCpuBackend, values } from './support.js';
 
@@ -68,7 +60,15 @@ describe('masked reductions', () => {
       rowSum: values(maskedSum(mat(x), mat(m), 1)),
       mean: values(maskedMean(mat(x), mat(m))),
       rowMean: values(maskedMean(mat(x), mat(m), 1)),
-      empty: values(maskedMean(mat(x), mat([[0, 0, 0], [0, 0, 0]]))),
+      empty: values(
+        maskedMean(
+          mat(x),
+          mat([
+            [0, 0, 0],
+            [0, 0, 0],
+          ]),
+        ),
+      ),
     }));
     expect(out.masked).toEqual([1, 0, 3, 0, 5, 0]);
     expect(out.sum).toEqual([9]);

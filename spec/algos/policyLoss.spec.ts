@@ -11,16 +11,7 @@ import {
 } from '../../lib/algos/index.js';
 import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { mulberry32, randomInt, randomMask, randomMatrix, randomNormal } from '../helpers/random.js';
-import {
-  expectClose,
-  expectMetricsClose,
-  expectNoLeak,
-  mat,
-  referenceAggregate,
-  scalar,
-  useCpuBackend,
-  values,
-} from './support.js';
+import { expectClose, expectMetricsClose, expectNoLeak, mat, referenceAggregate, scalar, useCpuBackend, values } from './support.js';
 
 useCpuBackend();
 
@@ -222,16 +213,37 @@ describe('ppoClipLoss', () => {
 
   it('ignores NaN and infinities at masked positions, in the loss and in the gradient', () => {
     const clean: Case = {
-      lp: [[-1, -0.5, 0], [-2, 0, 0]],
-      old: [[-1.2, -0.4, 0], [-1.9, 0, 0]],
-      adv: [[1, -1, 0], [0.5, 0, 0]],
-      mask: [[1, 1, 0], [1, 0, 0]],
+      lp: [
+        [-1, -0.5, 0],
+        [-2, 0, 0],
+      ],
+      old: [
+        [-1.2, -0.4, 0],
+        [-1.9, 0, 0],
+      ],
+      adv: [
+        [1, -1, 0],
+        [0.5, 0, 0],
+      ],
+      mask: [
+        [1, 1, 0],
+        [1, 0, 0],
+      ],
     };
     const dirty: Case = {
       ...clean,
-      lp: [[-1, -0.5, NaN], [-2, Infinity, -Infinity]],
-      old: [[-1.2, -0.4, -Infinity], [-1.9, NaN, 0]],
-      adv: [[1, -1, NaN], [0.5, Infinity, NaN]],
+      lp: [
+        [-1, -0.5, NaN],
+        [-2, Infinity, -Infinity],
+      ],
+      old: [
+        [-1.2, -0.4, -Infinity],
+        [-1.9, NaN, 0],
+      ],
+      adv: [
+        [1, -1, NaN],
+        [0.5, Infinity, NaN],
+      ],
     };
     for (const mode of LOSS_AGG_MODES) {
       expect(tensorPpo(dirty, { mode }).loss).toBeCloseTo(tensorPpo(clean, { mode }).loss, 6);
@@ -241,7 +253,18 @@ describe('ppoClipLoss', () => {
     expect([grad[2], grad[4], grad[5]].map(Math.abs)).toEqual([0, 0, 0]);
     expectClose(grad, tensorGrad(clean, { clipRatioC: 3 }));
     // A NaN at an unmasked position is not hidden.
-    expect(tensorPpo({ ...clean, adv: [[NaN, -1, 0], [0.5, 0, 0]] }, {}).loss).toBeNaN();
+    expect(
+      tensorPpo(
+        {
+          ...clean,
+          adv: [
+            [NaN, -1, 0],
+            [0.5, 0, 0],
+          ],
+        },
+        {},
+      ).loss,
+    ).toBeNaN();
   });
 
   it('stays finite for ±1e4 log-ratios and advantages', () => {
@@ -283,8 +306,7 @@ describe('ppoClipLoss', () => {
     };
     expectNoLeak(() => ppoClipLoss(input, { clipRatioC: 3 }));
     expectNoLeak(() => ppoClipLoss({ ...input, importanceWeights: undefined }, { mode: 'seq-mean-token-sum' }));
-    const f = (lp: tf.Tensor): tf.Scalar =>
-      ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, { clipRatioC: 3 }).loss;
+    const f = (lp: tf.Tensor): tf.Scalar => ppoClipLoss({ ...input, logprob: lp as tf.Tensor2D }, { clipRatioC: 3 }).loss;
     expectNoLeak(() => tf.grad(f)(input.logprob));
     tf.dispose(Object.values(input));
   });

@@ -31,7 +31,14 @@ describe('tokenLevelRewards', () => {
   });
 
   it('keeps ±1e4 rewards exact and a NaN reward in its own row', () => {
-    const out = place([1e4, -1e4, NaN], [[1, 0], [1, 1], [0, 1]]);
+    const out = place(
+      [1e4, -1e4, NaN],
+      [
+        [1, 0],
+        [1, 1],
+        [0, 1],
+      ],
+    );
     expect(out.slice(0, 4)).toEqual([1e4, 0, 0, -1e4]);
     expect(out[4]).toBe(0);
     expect(out[5]).toBeNaN();

@@ -65,16 +65,10 @@ export function expectClose(actual: readonly number[], expected: readonly number
 }
 
 /** Asserts two metric records have the same keys and agree within `tol`. */
-export function expectMetricsClose(
-  actual: Readonly<Record<string, number>>,
-  expected: Readonly<Record<string, number>>,
-  tol = TOL,
-): void {
+export function expectMetricsClose(actual: Readonly<Record<string, number>>, expected: Readonly<Record<string, number>>, tol = TOL): void {
   expect(Object.keys(actual).sort()).toEqual(Object.keys(expected).sort());
   for (const key of Object.keys(expected)) {
-    expect(Math.abs(actual[key] - expected[key]), `${key}: ${actual[key]} vs ${expected[key]}`).toBeLessThanOrEqual(
-      tol,
-    );
+    expect(Math.abs(actual[key] - expected[key]), `${key}: ${actual[key]} vs ${expected[key]}`).toBeLessThanOrEqual(tol);
   }
 }
 

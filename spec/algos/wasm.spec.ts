@@ -121,8 +121,7 @@ describe('wasm backend smoke test', () => {
 
   it('gives the same advantages, token rewards, KL penalty and importance weights as cpu within 1e-5', () => {
     const keys = Object.keys(cpu).filter((k) => !k.startsWith('ppo ') && !k.startsWith('aggregate '));
-    const flat = (r: Results): Record<string, number> =>
-      Object.fromEntries(keys.flatMap((k) => r[k].map((v, i) => [`${k}[${i}]`, v])));
+    const flat = (r: Results): Record<string, number> => Object.fromEntries(keys.flatMap((k) => r[k].map((v, i) => [`${k}[${i}]`, v])));
     expectMetricsClose(flat(wasm), flat(cpu));
   });
 });

@@ -15,7 +15,18 @@ describe('bench bounds', () => {
   it('bounds generation by weight reads or FLOPs, and training by FLOPs, LoRA or full', () => {
     const sizes = { params: 1e6, bodyParams: 4e5, headParams: 1e5 };
     // 2 prompts of 6 tokens, 2 samples each, 10 new tokens a sample.
-    const input = { sizes, gflops: 10, bandwidthGBs: 2, rows: 4, groupSize: 2, promptTokens: 6, maxTokens: 10, ppoEpochs: 1, lora: true, referenceForward: false };
+    const input = {
+      sizes,
+      gflops: 10,
+      bandwidthGBs: 2,
+      rows: 4,
+      groupSize: 2,
+      promptTokens: 6,
+      maxTokens: 10,
+      ppoEpochs: 1,
+      lora: true,
+      referenceForward: false,
+    };
     const lora = stepBounds(input);
     expect(lora.decode_bytes).toBe(4e6);
     expect(lora.decode_memory_bound_s).toBeCloseTo((4e6 / 2e9) * 10, 12);

@@ -30,7 +30,16 @@ function bench(args: readonly string[]): Promise<{ code: number | null; lines: R
   );
 }
 
-const row = (step: number, total_s: number): StepRow => ({ step, total_s, rollout_s: total_s / 2, train_s: total_s / 2, reward_mean: 0, tokens_per_s: 1, pg_loss: 0, clipfrac: 0 });
+const row = (step: number, total_s: number): StepRow => ({
+  step,
+  total_s,
+  rollout_s: total_s / 2,
+  train_s: total_s / 2,
+  reward_mean: 0,
+  tokens_per_s: 1,
+  pg_loss: 0,
+  clipfrac: 0,
+});
 const side = (totals: number[], vals: [number, number][]): SideResult => ({
   steps: totals.map((t, i) => row(i, t)),
   vals: vals.map(([step, reward]) => ({ step, reward })),
@@ -41,7 +50,14 @@ const side = (totals: number[], vals: [number, number][]): SideResult => ({
 
 describe('bench trl: time to the target', () => {
   it('sums the seconds of the steps up to the validation that first reaches the target', () => {
-    const s = side([1, 2, 3, 4], [[-1, 0.1], [1, 0.5], [3, 0.8]]);
+    const s = side(
+      [1, 2, 3, 4],
+      [
+        [-1, 0.1],
+        [1, 0.5],
+        [3, 0.8],
+      ],
+    );
     expect(timeToTarget(s, 0.5)).toEqual({ seconds: 3, steps: 2 });
     expect(timeToTarget(s, 0.75)).toEqual({ seconds: 10, steps: 4 });
     expect(timeToTarget(s, 0.05)).toEqual({ seconds: 0, steps: 0 });
@@ -49,12 +65,42 @@ describe('bench trl: time to the target', () => {
   });
 
   it("gives TRL's seconds over rxrl's, or null where a side never reaches the target or rxrl needed no step", () => {
-    const rxrl = side([1, 1, 1, 1], [[-1, 0.1], [1, 0.8]]);
-    const trl = side([3, 3, 3, 3], [[-1, 0.1], [1, 0.5], [3, 0.8]]);
-    expect(summaryLine(4, 0.75, { rxrl, trl })).toMatchObject({ rxrl_time_to_target_s: 2, trl_time_to_target_s: 12, time_to_target_ratio: 6, step_time_ratio: 3 });
-    expect(summaryLine(4, 0.85, { rxrl, trl })).toMatchObject({ rxrl_time_to_target_s: null, trl_time_to_target_s: null, time_to_target_ratio: null });
-    expect(summaryLine(4, 0.75, { rxrl: side([1], [[-1, 0.1]]), trl })).toMatchObject({ rxrl_time_to_target_s: null, trl_time_to_target_s: 12, time_to_target_ratio: null });
-    expect(summaryLine(4, 0.05, { rxrl, trl })).toMatchObject({ rxrl_time_to_target_s: 0, trl_time_to_target_s: 0, time_to_target_ratio: null });
+    const rxrl = side(
+      [1, 1, 1, 1],
+      [
+        [-1, 0.1],
+        [1, 0.8],
+      ],
+    );
+    const trl = side(
+      [3, 3, 3, 3],
+      [
+        [-1, 0.1],
+        [1, 0.5],
+        [3, 0.8],
+      ],
+    );
+    expect(summaryLine(4, 0.75, { rxrl, trl })).toMatchObject({
+      rxrl_time_to_target_s: 2,
+      trl_time_to_target_s: 12,
+      time_to_target_ratio: 6,
+      step_time_ratio: 3,
+    });
+    expect(summaryLine(4, 0.85, { rxrl, trl })).toMatchObject({
+      rxrl_time_to_target_s: null,
+      trl_time_to_target_s: null,
+      time_to_target_ratio: null,
+    });
+    expect(summaryLine(4, 0.75, { rxrl: side([1], [[-1, 0.1]]), trl })).toMatchObject({
+      rxrl_time_to_target_s: null,
+      trl_time_to_target_s: 12,
+      time_to_target_ratio: null,
+    });
+    expect(summaryLine(4, 0.05, { rxrl, trl })).toMatchObject({
+      rxrl_time_to_target_s: 0,
+      trl_time_to_target_s: 0,
+      time_to_target_ratio: null,
+    });
     expect(summaryLine(4, 0.75, { rxrl })).toMatchObject({ trl_time_to_target_s: null, time_to_target_ratio: null, step_time_ratio: null });
   });
 });
@@ -67,11 +113,30 @@ describe('npm run bench -- trl', () => {
     const text = await readFile(join(root, 'recipes', 'smollm2-arithmetic.yaml'), 'utf8');
     await writeFile(recipe, text.replace(/path: .*SmolLM2-135M-Instruct/, `path: ${fixture}`));
     const out = join(dir, 'out');
-    const { code, lines, stderr } = await bench(['--steps', '2', '--val-every', '1', '--target', '0', '--only', 'rxrl', '--backend', 'wasm', '--recipe', recipe, '--out', out]);
+    const { code, lines, stderr } = await bench([
+      '--steps',
+      '2',
+      '--val-every',
+      '1',
+      '--target',
+      '0',
+      '--only',
+      'rxrl',
+      '--backend',
+      'wasm',
+      '--recipe',
+      recipe,
+      '--out',
+      out,
+    ]);
     expect(code, stderr).toBe(0);
 
     const [header] = lines;
-    expect(header).toMatchObject({ bench: 'trl', steps: 2, settings: { rows: 16, microBatchSize: 8, groupSize: 4, maxTokens: 16, lossType: 'dapo', scaleRewards: 'group' } });
+    expect(header).toMatchObject({
+      bench: 'trl',
+      steps: 2,
+      settings: { rows: 16, microBatchSize: 8, groupSize: 4, maxTokens: 16, lossType: 'dapo', scaleRewards: 'group' },
+    });
     expect((header.settings as { lora: { rank: number } }).lora.rank).toBe(16);
     const steps = lines.filter((l) => l.side === 'rxrl' && typeof l.step === 'number');
     expect(steps.map((s) => s.step)).toEqual([0, 1]);
@@ -84,16 +149,31 @@ describe('npm run bench -- trl', () => {
     }
     const summary = lines.find((l) => l.side === 'rxrl' && 'step_s_median' in l);
     expect(summary).toMatchObject({ backend: 'wasm', steps: 2, val_before: { reward: expect.any(Number), format: expect.any(Number) } });
-    for (const part of ['generate_s', 'reward_s', 'forward_backward_s', 'optimizer_s', 'trainer_s', 'sync_s']) expect(summary![`${part}_median`]).toEqual(expect.any(Number));
+    for (const part of ['generate_s', 'reward_s', 'forward_backward_s', 'optimizer_s', 'trainer_s', 'sync_s'])
+      expect(summary![`${part}_median`]).toEqual(expect.any(Number));
     // Scored before training and after each step (the last twice: every step, then at the end).
     expect((summary!.val_curve as number[][]).map(([step]) => step)).toEqual([-1, 0, 1, 1]);
     // A target of 0 is met before any training: no seconds, no steps.
     expect(summary).toMatchObject({ target: 0, time_to_target_s: 0, time_to_target_steps: 0 });
     const bounds = lines.find((l) => l.bench === 'trl-bounds')!;
-    expect(bounds).toMatchObject({ backend: 'wasm', gflops: expect.any(Number), bandwidthGBs: expect.any(Number), measured: { rxrl: { generate_s: expect.any(Number), train_s: expect.any(Number) } } });
+    expect(bounds).toMatchObject({
+      backend: 'wasm',
+      gflops: expect.any(Number),
+      bandwidthGBs: expect.any(Number),
+      measured: { rxrl: { generate_s: expect.any(Number), train_s: expect.any(Number) } },
+    });
     expect(Number(bounds.train_bound_s)).toBeGreaterThan(0);
     // TRL did not run: no ratio of times to the target.
-    expect(lines.at(-1)).toMatchObject({ bench: 'trl-summary', steps: 2, trl_gain: null, step_time_ratio: null, target: 0, rxrl_time_to_target_s: 0, trl_time_to_target_s: null, time_to_target_ratio: null });
+    expect(lines.at(-1)).toMatchObject({
+      bench: 'trl-summary',
+      steps: 2,
+      trl_gain: null,
+      step_time_ratio: null,
+      target: 0,
+      rxrl_time_to_target_s: 0,
+      trl_time_to_target_s: null,
+      time_to_target_ratio: null,
+    });
     expect(typeof lines.at(-1)!.rxrl_gain).toBe('number');
 
     // Each exported prompt is its rendered text and the ids rxrl sampled from: the tokenizer gives the one from the other.
@@ -111,7 +191,12 @@ describe('npm run bench -- trl', () => {
     expect(metrics).toContain('"rxrl/rollout/reward_mean"');
     expect(metrics).toContain('"rxrl/timing/generate_s"');
     // Held-out scores once per step they follow: before training, after step 0 and after step 1.
-    const valSteps = metrics.trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>).filter((l) => 'rxrl/val/reward_mean' in l).map((l) => l.step);
+    const valSteps = metrics
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>)
+      .filter((l) => 'rxrl/val/reward_mean' in l)
+      .map((l) => l.step);
     expect(valSteps).toEqual([-1, 0, 1]);
     expect(await readFile(join(out, 'report.html'), 'utf8')).toContain('rxrl and TRL');
   }, 120_000);

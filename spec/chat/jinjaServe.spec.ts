@@ -77,7 +77,11 @@ describe('rxrl serve with a Hugging Face tokenizer and Jinja chat template, thro
     const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
     const base = { model: server.modelName, seed: 3, logprobs: true, return_token_ids: true, max_completion_tokens: 64 };
 
-    const first = await client.chat.completions.create({ ...base, messages: [{ role: 'user', content: user.content }], tools: [openaiAddTool] });
+    const first = await client.chat.completions.create({
+      ...base,
+      messages: [{ role: 'user', content: user.content }],
+      tools: [openaiAddTool],
+    });
     const choice = first.choices[0];
     const extra = first as unknown as { prompt_token_ids: number[] };
     const tokens = (choice as unknown as { token_ids: number[] }).token_ids;
@@ -104,7 +108,11 @@ describe('rxrl serve with a Hugging Face tokenizer and Jinja chat template, thro
     expect(second.choices[0].message).toMatchObject({ role: 'assistant', content: 'The sum is 42.' });
     expect(second.choices[0].finish_reason).toBe('stop');
     const expected = template.render(
-      [user, { role: 'assistant', content: '', toolCalls: [{ id: call.id, name: 'add', arguments: call.function.arguments }] }, { role: 'tool', content: '42', toolCallId: call.id }],
+      [
+        user,
+        { role: 'assistant', content: '', toolCalls: [{ id: call.id, name: 'add', arguments: call.function.arguments }] },
+        { role: 'tool', content: '42', toolCallId: call.id },
+      ],
       [addTool],
       { addGenerationPrompt: true },
     );
@@ -118,17 +126,32 @@ describe('rxrl serve with a Hugging Face tokenizer and Jinja chat template, thro
       const dir = join(FIXTURES, name);
       const tokenizer = await loadTokenizer(dir);
       const chatTemplate = await loadChatTemplate(dir, tokenizer);
-      const [c] = (JSON.parse(readFileSync(join(FIXTURES, `${name}.expected.json`), 'utf8')) as {
-        chat: { messages: { role: 'system' | 'user'; content: string }[]; ids: number[]; add_generation_prompt: boolean }[];
-      }).chat;
+      const [c] = (
+        JSON.parse(readFileSync(join(FIXTURES, `${name}.expected.json`), 'utf8')) as {
+          chat: { messages: { role: 'system' | 'user'; content: string }[]; ids: number[]; add_generation_prompt: boolean }[];
+        }
+      ).chat;
       expect(c.add_generation_prompt).toBe(true);
-      const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 16, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: c.ids.length + 8 };
+      const config: PolicyConfig = {
+        vocabSize: tokenizer.vocabSize,
+        dModel: 16,
+        nLayers: 1,
+        nHeads: 2,
+        dFF: 16,
+        maxSeqLen: c.ids.length + 8,
+      };
       const model = PolicyModel.create(config, 1);
       models.push(model);
       const server = await serve({ model, tokenizer, chatTemplate, port: 0 });
       owned.push(server);
       const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
-      const out = await client.chat.completions.create({ model: server.modelName, messages: c.messages, max_tokens: 3, seed: 1, return_token_ids: true } as never);
+      const out = await client.chat.completions.create({
+        model: server.modelName,
+        messages: c.messages,
+        max_tokens: 3,
+        seed: 1,
+        return_token_ids: true,
+      } as never);
       expect((out as unknown as { prompt_token_ids: number[] }).prompt_token_ids).toEqual(c.ids);
     }
   });
@@ -146,8 +169,21 @@ describe('rxrl serve with a Hugging Face tokenizer and Jinja chat template, thro
     owned.push(server);
     const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
     const ask = async (extra: Record<string, unknown>) =>
-      (await client.completions.create({ model: server.modelName, prompt: 'Hi', max_tokens: 12, logprobs: 0, return_token_ids: true, ...extra } as never)) as unknown as {
-        choices: { text: string; finish_reason: string; token_ids: number[]; prompt_token_ids: number[]; logprobs: { tokens: string[]; text_offset: number[] } }[];
+      (await client.completions.create({
+        model: server.modelName,
+        prompt: 'Hi',
+        max_tokens: 12,
+        logprobs: 0,
+        return_token_ids: true,
+        ...extra,
+      } as never)) as unknown as {
+        choices: {
+          text: string;
+          finish_reason: string;
+          token_ids: number[];
+          prompt_token_ids: number[];
+          logprobs: { tokens: string[]; text_offset: number[] };
+        }[];
       };
     const [plain] = (await ask({})).choices;
     expect(plain.prompt_token_ids).toEqual(prompt);

@@ -104,10 +104,18 @@ describe('loadChatTemplate', () => {
     await rm(join(dir, 'chat_template.jinja'));
     await writeFile(
       join(dir, 'tokenizer_config.json'),
-      JSON.stringify({ ...config, chat_template: [{ name: 'tool_use', template: 'TOOLS' }, { name: 'default', template: source }] }),
+      JSON.stringify({
+        ...config,
+        chat_template: [
+          { name: 'tool_use', template: 'TOOLS' },
+          { name: 'default', template: source },
+        ],
+      }),
     );
     const fromList = (await loadChatTemplate(dir, tokenizer)) as JinjaChatTemplate;
-    expect(fromList.renderText(messages, [], { addGenerationPrompt: true })).toBe('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n');
+    expect(fromList.renderText(messages, [], { addGenerationPrompt: true })).toBe(
+      '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n',
+    );
 
     await writeFile(join(dir, 'chat_template.jinja'), 'FILE{{ eos_token }}');
     const fromFile = (await loadChatTemplate(dir, tokenizer)) as JinjaChatTemplate;
@@ -146,7 +154,8 @@ describe('loadChatTemplate', () => {
 describe('createJinjaChatTemplate', () => {
   it('passes tools as null when none are offered, special tokens, and extra variables', async () => {
     const tokenizer = await loadTokenizer(join(FIXTURES, 'tiny-llama'));
-    const source = '{{ bos_token }}{% if tools is none %}none{% endif %}{{ tools | length if tools else "" }}|{{ eos_token }}|{{ flavour }}';
+    const source =
+      '{{ bos_token }}{% if tools is none %}none{% endif %}{{ tools | length if tools else "" }}|{{ eos_token }}|{{ flavour }}';
     const template = createJinjaChatTemplate(tokenizer, source, { variables: { flavour: 'x' } });
     const messages: ChatMessage[] = [{ role: 'user', content: 'hi' }];
     expect(template.renderText(messages, [], { addGenerationPrompt: false })).toBe('<|begin_of_text|>none|<|eot_id|>|x');
@@ -158,7 +167,8 @@ describe('createJinjaChatTemplate', () => {
 
   it('gives assistant tool calls as objects and omits the empty content of a call-only turn', async () => {
     const tokenizer = await loadTokenizer(join(FIXTURES, 'tiny-qwen2'));
-    const source = '{% for m in messages %}[{{ m.role }}|{{ m.content is defined }}|{{ m.tool_calls | tojson if m.tool_calls is defined else "" }}|{{ m.tool_call_id }}]{% endfor %}';
+    const source =
+      '{% for m in messages %}[{{ m.role }}|{{ m.content is defined }}|{{ m.tool_calls | tojson if m.tool_calls is defined else "" }}|{{ m.tool_call_id }}]{% endfor %}';
     const template = createJinjaChatTemplate(tokenizer, source);
     const text = template.renderText(
       [
@@ -182,9 +192,16 @@ describe('createJinjaChatTemplate', () => {
     const plain = createJinjaChatTemplate(tokenizer, '{{ messages | length }}');
     let caught: unknown;
     try {
-      plain.render([{ role: 'user', content: 'x' }, { role: 'assistant', content: '', toolCalls: [{ id: 'c', name: 'add', arguments: '[1]' }] }], [addTool], {
-        addGenerationPrompt: true,
-      });
+      plain.render(
+        [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: '', toolCalls: [{ id: 'c', name: 'add', arguments: '[1]' }] },
+        ],
+        [addTool],
+        {
+          addGenerationPrompt: true,
+        },
+      );
     } catch (error) {
       caught = error;
     }
@@ -203,7 +220,8 @@ describe('parseHermesToolCalls', () => {
   const tools = [addTool, { name: 'get_weather' }];
 
   it('reads <tool_call> blocks; the content is the text outside them, trimmed', () => {
-    const text = 'Let me compute that.\n<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+    const text =
+      'Let me compute that.\n<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
     expect(parseHermesToolCalls(text, tools)).toEqual({
       content: 'Let me compute that.',
       toolCalls: [
@@ -216,8 +234,12 @@ describe('parseHermesToolCalls', () => {
   });
 
   it('accepts string arguments, "parameters", a cut-off final block, and a bare Llama-style JSON call', () => {
-    expect(parseHermesToolCalls('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>', tools).toolCalls[0].arguments).toBe('{"a":1}');
-    expect(parseHermesToolCalls('<tool_call>{"name": "add", "parameters": {"a": 1}}</tool_call>', tools).toolCalls[0].arguments).toBe('{"a":1}');
+    expect(parseHermesToolCalls('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>', tools).toolCalls[0].arguments).toBe(
+      '{"a":1}',
+    );
+    expect(parseHermesToolCalls('<tool_call>{"name": "add", "parameters": {"a": 1}}</tool_call>', tools).toolCalls[0].arguments).toBe(
+      '{"a":1}',
+    );
     expect(parseHermesToolCalls('ok <tool_call>\n{"name": "add", "arguments": {"a": 1}}', tools)).toEqual({
       content: 'ok',
       toolCalls: [{ id: 'call_0', name: 'add', arguments: '{"a":1}' }],
@@ -245,7 +267,11 @@ describe('parseHermesToolCalls', () => {
   it('parses back what the template renders for an assistant tool call', async () => {
     const tokenizer = await loadTokenizer(join(FIXTURES, 'tiny-qwen3'));
     const template = (await loadChatTemplate(join(FIXTURES, 'tiny-qwen3'), tokenizer)) as JinjaChatTemplate;
-    const turn: ChatMessage = { role: 'assistant', content: 'Sure.', toolCalls: [{ id: 'call_0', name: 'add', arguments: '{"a":40,"b":2}' }] };
+    const turn: ChatMessage = {
+      role: 'assistant',
+      content: 'Sure.',
+      toolCalls: [{ id: 'call_0', name: 'add', arguments: '{"a":40,"b":2}' }],
+    };
     const text = template.renderText([turn], [addTool], { addGenerationPrompt: false });
     const body = text.slice(text.lastIndexOf('<|im_start|>assistant\n') + '<|im_start|>assistant\n'.length, text.lastIndexOf('<|im_end|>'));
     expect(template.parse(body, [addTool])).toEqual({ content: 'Sure.', toolCalls: turn.toolCalls });

@@ -74,7 +74,14 @@ describe('the bundled chat template', () => {
     ]);
     const error = (() => {
       try {
-        template.render([{ role: 'user', content: 'ok' }, { role: 'user', content: 'NOT OK' }], [], { addGenerationPrompt: false });
+        template.render(
+          [
+            { role: 'user', content: 'ok' },
+            { role: 'user', content: 'NOT OK' },
+          ],
+          [],
+          { addGenerationPrompt: false },
+        );
       } catch (e) {
         return e;
       }

@@ -4,7 +4,18 @@
  * checkpoint writer for checkpoints (`RXRL_SPEC_NO_TMPFS=1` forces these). Each test's name says which one ran.
  */
 import { execFileSync } from 'node:child_process';
-import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, statfsSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  appendFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  statfsSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -49,7 +60,9 @@ function fill(dir: string, leave: number): string {
 }
 
 function lines(file: string): string[] {
-  return readFileSync(file, 'utf8').split('\n').filter((line) => line.trim() !== '');
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((line) => line.trim() !== '');
 }
 
 describe(`disk full while a run writes its directory (${how})`, () => {
@@ -90,7 +103,9 @@ describe(`disk full while a run writes its directory (${how})`, () => {
     const warnings: string[] = [];
     const resumed = await runTraining(tinyRun(runDir, 4), { log: (line) => line.startsWith('warning:') && warnings.push(line) });
     expect(resumed.resumedFrom).toBe(join(runDir, checkpointName(2)));
-    expect(warnings).toContain(`warning: removed ${join(runDir, '.tmp-global_step_3-99999')}, left by a checkpoint write that never finished`);
+    expect(warnings).toContain(
+      `warning: removed ${join(runDir, '.tmp-global_step_3-99999')}, left by a checkpoint write that never finished`,
+    );
     expect(readdirSync(runDir).filter((name) => name.startsWith('.tmp-'))).toEqual([]);
     expect(lines(join(runDir, 'trained.jsonl')).map((line) => (JSON.parse(line) as { step: number }).step)).toEqual([0, 1, 2, 3]);
   }, 120_000);

@@ -17,7 +17,10 @@ function deadPid(): number {
 }
 
 function stepsOf(file: string): number[] {
-  return readFileSync(file, 'utf8').trim().split('\n').map((line) => (JSON.parse(line) as { step: number }).step);
+  return readFileSync(file, 'utf8')
+    .trim()
+    .split('\n')
+    .map((line) => (JSON.parse(line) as { step: number }).step);
 }
 
 describe('a run directory has one writer', () => {
@@ -47,7 +50,10 @@ describe('a run directory has one writer', () => {
     // A live process of this host holds the directory: its lock file names it.
     const holder = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1 << 30)'], { stdio: 'ignore' });
     try {
-      await writeFile(join(dir, RUN_LOCK_FILE), JSON.stringify({ pid: holder.pid, host: hostname(), startedAt: '2020-01-01T00:00:00.000Z' }));
+      await writeFile(
+        join(dir, RUN_LOCK_FILE),
+        JSON.stringify({ pid: holder.pid, host: hostname(), startedAt: '2020-01-01T00:00:00.000Z' }),
+      );
       const before = await readdir(dir);
       const error = await runTraining(tinyRun(dir, 2)).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(RunLockedError);
@@ -55,7 +61,16 @@ describe('a run directory has one writer', () => {
       expect((error as Error).message).toBe(
         `run directory ${dir} is in use by pid ${holder.pid} on ${hostname()} since 2020-01-01T00:00:00.000Z: lock ${join(dir, RUN_LOCK_FILE)}`,
       );
-      const agents = tinyRun(dir, 1, { agents: { environment: 'writer-editor', roles: [{ name: 'writer', policy: 'p' }, { name: 'editor', policy: 'p' }] }, policies: [{ name: 'p', specialization: 'full' }] });
+      const agents = tinyRun(dir, 1, {
+        agents: {
+          environment: 'writer-editor',
+          roles: [
+            { name: 'writer', policy: 'p' },
+            { name: 'editor', policy: 'p' },
+          ],
+        },
+        policies: [{ name: 'p', specialization: 'full' }],
+      });
       await expect(runAgents(agents)).rejects.toBeInstanceOf(RunLockedError);
       expect(await readdir(dir)).toEqual(before);
     } finally {
@@ -71,7 +86,9 @@ describe('a run directory has one writer', () => {
     const lines: string[] = [];
     const summary = await runTraining(tinyRun(dir, 2), { log: (line) => lines.push(line) });
     expect(summary.steps).toBe(2);
-    expect(lines).toContain(`warning: taking over the stale lock ${join(dir, RUN_LOCK_FILE)} of pid ${pid} (started 2020-01-01T00:00:00.000Z), which is no longer running`);
+    expect(lines).toContain(
+      `warning: taking over the stale lock ${join(dir, RUN_LOCK_FILE)} of pid ${pid} (started 2020-01-01T00:00:00.000Z), which is no longer running`,
+    );
     expect(existsSync(join(dir, RUN_LOCK_FILE))).toBe(false);
   }, 120_000);
 
@@ -82,7 +99,9 @@ describe('a run directory has one writer', () => {
     await writeFile(lock, JSON.stringify({ pid: deadPid(), host: `not-${hostname()}`, startedAt: '2020-01-01T00:00:00.000Z' }));
     const error = await acquireRunLock(dir).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(RunLockedError);
-    expect((error as Error).message).toMatch(/on not-.* since 2020-01-01T00:00:00.000Z \(another host: remove the lock if that run is over\): lock /);
+    expect((error as Error).message).toMatch(
+      /on not-.* since 2020-01-01T00:00:00.000Z \(another host: remove the lock if that run is over\): lock /,
+    );
     await writeFile(lock, '');
     await expect(acquireRunLock(dir)).rejects.toThrow(`run directory ${dir} is locked by ${lock}, which names no holder`);
     expect(await readdir(dir)).toEqual([RUN_LOCK_FILE]);

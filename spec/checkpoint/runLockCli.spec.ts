@@ -31,7 +31,7 @@ describe('rxrl run on a run directory in use', () => {
       await writeFile(lock, JSON.stringify({ pid: holder.pid, host: hostname(), startedAt: '2020-01-01T00:00:00.000Z' }));
       const result = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
         execFile(process.execPath, [cli, 'run', join(dir, 'recipe.json')], { timeout: 60_000 }, (error, _stdout, stderr) =>
-          resolve({ code: error ? (error as { code?: number }).code ?? null : 0, stderr }),
+          resolve({ code: error ? ((error as { code?: number }).code ?? null) : 0, stderr }),
         );
       });
       expect(result.code).toBe(1);

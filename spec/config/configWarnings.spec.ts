@@ -18,7 +18,9 @@ describe('configWarnings', () => {
   it('warns that rollout.groupSize 1 makes every GRPO advantage 0', () => {
     const warnings = configWarnings(loadConfig({ env, set: ['rollout.groupSize=1'] }));
     expect(warnings).toHaveLength(1);
-    expect(warnings[0]).toMatch(/^rollout\.groupSize is 1: .*advantage .* is always 0, .*nothing is learned .*; use rollout\.groupSize >= 2$/);
+    expect(warnings[0]).toMatch(
+      /^rollout\.groupSize is 1: .*advantage .* is always 0, .*nothing is learned .*; use rollout\.groupSize >= 2$/,
+    );
     expect(warnings[0]).not.toContain('filterZeroVariance');
     const filtered = configWarnings(loadConfig({ env, set: ['rollout.groupSize=1', 'algorithm.filterZeroVariance=true'] }));
     expect(filtered[0]).toContain('algorithm.filterZeroVariance drops every group');

@@ -21,7 +21,11 @@ describe('loadConfig', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-config-'));
     const file = join(dir, 'recipe.json');
     await writeFile(file, JSON.stringify({ sync: { mode: 'batch-async', stalenessThreshold: 2 }, trainer: { learningRate: 0.002 } }));
-    const config = loadConfig({ file, set: ['trainer.learningRate=0.003', 'algorithm.std=population', 'store.groupTimeoutMs=null'], env: { RXRL_STEPS: '42' } });
+    const config = loadConfig({
+      file,
+      set: ['trainer.learningRate=0.003', 'algorithm.std=population', 'store.groupTimeoutMs=null'],
+      env: { RXRL_STEPS: '42' },
+    });
     expect(config.sync).toMatchObject({ mode: 'batch-async', stalenessThreshold: 2 });
     expect(config.trainer.learningRate).toBe(0.003);
     expect(config.algorithm.std).toBe('population');
@@ -40,30 +44,41 @@ describe('loadConfig', () => {
   it('rejects a wrong type, naming the key', () => {
     const error = rejection(() => loadConfig({ values: { checkpoint: { onStop: 'sometimes' } }, env: {} }));
     expect(error.message).toMatch(/checkpoint\.onStop/);
-    expect(rejection(() => loadConfig({ values: { trainer: { learningRate: 'fast' } }, env: {} })).message).toMatch(/trainer\.learningRate: must be a finite number > 0/);
+    expect(rejection(() => loadConfig({ values: { trainer: { learningRate: 'fast' } }, env: {} })).message).toMatch(
+      /trainer\.learningRate: must be a finite number > 0/,
+    );
   });
 
   it('rejects an unknown key, naming it, in a recipe and in --set', () => {
-    expect(rejection(() => loadConfig({ values: { trainer: { learnignRate: 1 } }, env: {} })).message).toMatch(/'trainer\.learnignRate' not declared/);
+    expect(rejection(() => loadConfig({ values: { trainer: { learnignRate: 1 } }, env: {} })).message).toMatch(
+      /'trainer\.learnignRate' not declared/,
+    );
     expect(rejection(() => loadConfig({ set: ['sync.η=2'], env: {} })).message).toMatch(/'sync\.η' is not a configuration key/);
   });
 
   it('rejects a missing required value, naming the key', () => {
-    const error = rejection(() => loadConfig({ values: { data: { source: 'jsonl', alphabet: 'ab' }, rollout: { evaluator: { module: './e.js' } } }, env: {} }));
+    const error = rejection(() =>
+      loadConfig({ values: { data: { source: 'jsonl', alphabet: 'ab' }, rollout: { evaluator: { module: './e.js' } } }, env: {} }),
+    );
     expect(error.message).toBe("invalid configuration:\ndata.trainFile: required when data.source is 'jsonl'");
     expect(rejection(() => loadConfig({ values: { resume: { mode: 'from_path' } }, env: {} })).message).toMatch(/resume\.path: required/);
   });
 
   it('checks rollout.agent: a command or a module, not both, not beside a custom worker; env is strings; it may stand for the evaluator', () => {
-    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message).toMatch(
-      /rollout\.agent: give a command or a module, not both/,
+    expect(
+      rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message,
+    ).toMatch(/rollout\.agent: give a command or a module, not both/);
+    expect(
+      rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a' }, worker: { module: './w.js' } } }, env: {} })).message,
+    ).toMatch(/rollout\.agent: an agent is the rollout worker/);
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', env: { N: 1 } } } }, env: {} })).message).toMatch(
+      /rollout\.agent\.env: must be an object of strings/,
     );
-    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a' }, worker: { module: './w.js' } } }, env: {} })).message).toMatch(
-      /rollout\.agent: an agent is the rollout worker/,
-    );
-    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', env: { N: 1 } } } }, env: {} })).message).toMatch(/rollout\.agent\.env: must be an object of strings/);
     const jsonl = { source: 'jsonl', trainFile: 't.jsonl', alphabet: 'ab' };
-    expect(loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4, agent: { command: 'python3 a.py', env: { K: 'v' } } } }, env: {} }).rollout.agent).toEqual({
+    expect(
+      loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4, agent: { command: 'python3 a.py', env: { K: 'v' } } } }, env: {} })
+        .rollout.agent,
+    ).toEqual({
       command: 'python3 a.py',
       cwd: null,
       env: { K: 'v' },
@@ -71,17 +86,32 @@ describe('loadConfig', () => {
       module: null,
       export: 'default',
     });
-    expect(loadConfig({ values: { rollout: { agent: { command: 'a' } } }, set: ['rollout.agent.inheritEnv=true'], env: {} }).rollout.agent.inheritEnv).toBe(true);
-    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', inheritEnv: 'yes' } } }, env: {} })).message).toMatch(/rollout\.agent\.inheritEnv: must be true or false/);
-    expect(rejection(() => loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4 } }, env: {} })).message).toMatch(/rollout\.evaluator\.module: required/);
-    expect(loadConfig({ values: { data: { source: 'calculator', calculator: { operators: '+-' } } }, env: {} }).data.calculator).toEqual({ operators: '+-', maxOperand: 20, validationSize: 64 });
+    expect(
+      loadConfig({ values: { rollout: { agent: { command: 'a' } } }, set: ['rollout.agent.inheritEnv=true'], env: {} }).rollout.agent
+        .inheritEnv,
+    ).toBe(true);
+    expect(rejection(() => loadConfig({ values: { rollout: { agent: { command: 'a', inheritEnv: 'yes' } } }, env: {} })).message).toMatch(
+      /rollout\.agent\.inheritEnv: must be true or false/,
+    );
+    expect(rejection(() => loadConfig({ values: { data: jsonl, rollout: { maxTokens: 4 } }, env: {} })).message).toMatch(
+      /rollout\.evaluator\.module: required/,
+    );
+    expect(loadConfig({ values: { data: { source: 'calculator', calculator: { operators: '+-' } } }, env: {} }).data.calculator).toEqual({
+      operators: '+-',
+      maxOperand: 20,
+      validationSize: 64,
+    });
   });
 
   it('rejects out-of-range numbers and bad enum values, naming the key', () => {
-    expect(rejection(() => loadConfig({ values: { rollout: { topP: 1.5 } }, env: {} })).message).toMatch(/rollout\.topP: must be a number in \(0, 1\]/);
+    expect(rejection(() => loadConfig({ values: { rollout: { topP: 1.5 } }, env: {} })).message).toMatch(
+      /rollout\.topP: must be a number in \(0, 1\]/,
+    );
     expect(rejection(() => loadConfig({ set: ['sync.batchSize=0'], env: {} })).message).toMatch(/sync\.batchSize: must be an integer >= 1/);
     expect(rejection(() => loadConfig({ env: { RXRL_MODE: 'eventually' } })).message).toMatch(/sync\.mode: must be one of/);
-    expect(rejection(() => loadConfig({ values: { model: { dModel: 30, nHeads: 4 } }, env: {} })).message).toMatch(/model\.nHeads: must divide model\.dModel/);
+    expect(rejection(() => loadConfig({ values: { model: { dModel: 30, nHeads: 4 } }, env: {} })).message).toMatch(
+      /model\.nHeads: must divide model\.dModel/,
+    );
   });
 
   it('names an unreadable recipe and redacts secrets when printing', async () => {
@@ -116,9 +146,19 @@ describe('loadConfig: agents and policies (multi-agent recipes)', () => {
   it('names the key: an agent mapped to an unknown policy, a policy nobody uses, a duplicate', () => {
     const unknown = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'full' }]));
     expect(unknown.message).toMatch(/agents\.roles\[1\]\.policy: agent 'editor' maps to unknown policy 'editor'; policies: writer/);
-    const unused = rejection(() => load({ roles }, ['writer', 'editor', 'judge'].map((name) => ({ name, specialization: 'full' }))));
+    const unused = rejection(() =>
+      load(
+        { roles },
+        ['writer', 'editor', 'judge'].map((name) => ({ name, specialization: 'full' })),
+      ),
+    );
     expect(unused.message).toMatch(/policies\[2\]: no agent samples from policy 'judge'/);
-    const twice = rejection(() => load({ roles }, ['writer', 'editor', 'writer'].map((name) => ({ name, specialization: 'full' }))));
+    const twice = rejection(() =>
+      load(
+        { roles },
+        ['writer', 'editor', 'writer'].map((name) => ({ name, specialization: 'full' })),
+      ),
+    );
     expect(twice.message).toMatch(/policies\[2\]\.name: policy 'writer' is listed twice/);
   });
 
@@ -130,18 +170,35 @@ describe('loadConfig: agents and policies (multi-agent recipes)', () => {
       ]),
     );
     expect(lacks.message).toMatch(/policies\[0\]\.lora\.targetModules\[1\]: must be one of q_proj, k_proj/);
-    const rank = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'lora', lora: { rank: 0 } }, { name: 'editor', specialization: 'full' }]));
+    const rank = rejection(() =>
+      load({ roles }, [
+        { name: 'writer', specialization: 'lora', lora: { rank: 0 } },
+        { name: 'editor', specialization: 'full' },
+      ]),
+    );
     expect(rank.message).toMatch(/policies\[0\]\.lora\.rank: must be a positive integer/);
-    const misplaced = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'full', lora: { rank: 2 } }, { name: 'editor', specialization: 'full' }]));
+    const misplaced = rejection(() =>
+      load({ roles }, [
+        { name: 'writer', specialization: 'full', lora: { rank: 2 } },
+        { name: 'editor', specialization: 'full' },
+      ]),
+    );
     expect(misplaced.message).toMatch(/policies\[0\]\.lora: only for specialization 'lora'/);
-    const level = rejection(() => load({ roles }, [{ name: 'writer', specialization: 'adapter' }, { name: 'editor', specialization: 'full' }]));
+    const level = rejection(() =>
+      load({ roles }, [
+        { name: 'writer', specialization: 'adapter' },
+        { name: 'editor', specialization: 'full' },
+      ]),
+    );
     expect(level.message).toMatch(/policies: \[0\]\.specialization must be one of prompt, lora, full/);
     const field = rejection(() => load({ roles: [{ name: 'writer', policy: 'w', model: 'x' }] }, []));
     expect(field.message).toMatch(/agents\.roles: \[0\]\.model is not a field; fields: name, policy, prompt/);
   });
 
   it('agents need an environment, and an environment needs agents', () => {
-    expect(rejection(() => loadConfig({ env: {}, values: { agents: { roles } } })).message).toMatch(/agents\.roles: needs agents\.environment/);
+    expect(rejection(() => loadConfig({ env: {}, values: { agents: { roles } } })).message).toMatch(
+      /agents\.roles: needs agents\.environment/,
+    );
     expect(rejection(() => loadConfig({ env: {}, values: { agents: { environment: 'writer-editor' } } })).message).toMatch(
       /agents\.roles: required when agents\.environment is 'writer-editor'/,
     );

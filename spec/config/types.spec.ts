@@ -76,7 +76,10 @@ describe('SCHEMA', () => {
   });
 
   it('checks the leaf check itself: a default outside its format is rejected', () => {
-    const bad = convict({ seed: { ...SCHEMA.run.seed, default: -1 }, backend: { ...SCHEMA.run.backend, default: 'gpu' } }, { env: {}, args: [] });
+    const bad = convict(
+      { seed: { ...SCHEMA.run.seed, default: -1 }, backend: { ...SCHEMA.run.backend, default: 'gpu' } },
+      { env: {}, args: [] },
+    );
     expect(() => bad.validate({ allowed: 'strict' })).toThrow(/seed: must be an integer >= 0[\s\S]*backend: must be one of/);
   });
 });

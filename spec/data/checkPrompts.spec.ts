@@ -53,10 +53,15 @@ describe('checkPrompts', () => {
   });
 
   it('refuses a prompt with a character outside the tokenizer alphabet, naming file, line and character', async () => {
-    const file = await jsonl('alien.jsonl', [{ id: 'a', prompt: 'ab=' }, { id: 'x', prompt: 'abé=' }]);
+    const file = await jsonl('alien.jsonl', [
+      { id: 'a', prompt: 'ab=' },
+      { id: 'x', prompt: 'abé=' },
+    ]);
     const error = await rejection(checkPrompts({ jsonl: file }, budget));
     expect(error).toBeInstanceOf(DecodeError);
-    expect(error.message).toBe(`${file}:2: task x: prompt cannot be tokenized: character "é" (U+00E9) at index 2 is not in the tokenizer's vocabulary`);
+    expect(error.message).toBe(
+      `${file}:2: task x: prompt cannot be tokenized: character "é" (U+00E9) at index 2 is not in the tokenizer's vocabulary`,
+    );
     expect(error.context).toMatchObject({ file, line: 2, taskId: 'x', char: 'é', index: 2 });
     expect(error.cause).toBeInstanceOf(DecodeError);
   });
@@ -103,7 +108,9 @@ describe('checkPrompts', () => {
 
   it('reports a malformed line or a missing file as a DecodeError naming it', async () => {
     const bad = await jsonl('bad.jsonl', [{ id: 'a', prompt: 'a' }, '{"id": "b", "prompt": ']);
-    await expect(checkPrompts({ jsonl: bad }, budget)).rejects.toThrow(new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2: not valid JSON$`));
+    await expect(checkPrompts({ jsonl: bad }, budget)).rejects.toThrow(
+      new RegExp(`^${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:2: not valid JSON$`),
+    );
     const missing = join(dir, 'no-such.jsonl');
     const error = await rejection(checkPrompts({ jsonl: missing }, budget));
     expect(error).toBeInstanceOf(DecodeError);

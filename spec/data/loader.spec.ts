@@ -63,7 +63,10 @@ describe('loadTasks', () => {
     // Reading a file yields to the event loop, so the timer can tell a loader that never ends.
     for (const options of [{ epochs: Infinity }, { epochs: Infinity, shuffle: true }]) {
       const iterator = loadTasks({ jsonl: empty }, options)[Symbol.asyncIterator]();
-      const first = await Promise.race([iterator.next(), new Promise<'still running'>((done) => setTimeout(() => done('still running'), 2_000))]);
+      const first = await Promise.race([
+        iterator.next(),
+        new Promise<'still running'>((done) => setTimeout(() => done('still running'), 2_000)),
+      ]);
       expect(first).toEqual({ done: true, value: undefined });
     }
     expect(await collect(loadTasks([], { epochs: Infinity }))).toEqual([]);

@@ -116,7 +116,9 @@ describe('LocalEngine', () => {
     ticking = false;
     expect(responses.map((r) => r.tokens[0])).toEqual(Array.from({ length: 16 }, (_, i) => i));
     expect(engine.batchSizes).toEqual([4, 4, 4, 4]);
-    started.slice(1).forEach((t, i) => expect(t, `batch ${i + 1} started on turn ${t}, batch ${i} on ${started[i]}`).toBeGreaterThan(started[i]));
+    started
+      .slice(1)
+      .forEach((t, i) => expect(t, `batch ${i + 1} started on turn ${t}, batch ${i} on ${started[i]}`).toBeGreaterThan(started[i]));
   });
 
   it('passes model failures to every request of the batch', async () => {

@@ -115,6 +115,8 @@ describe('LocalEngine weight sync policies', () => {
       expect(r.policyVersion).toBe(0);
       expect(r.finishReason).toBe('length');
     }
-    expect(() => new LocalEngine(PolicyModel.create(config, 1), { tokenizer, weightSync: 'later' as never })).toThrow(/continue, interrupt/);
+    expect(() => new LocalEngine(PolicyModel.create(config, 1), { tokenizer, weightSync: 'later' as never })).toThrow(
+      /continue, interrupt/,
+    );
   });
 });

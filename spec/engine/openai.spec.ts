@@ -27,7 +27,10 @@ const cleanup: (() => unknown)[] = [];
 
 async function start(model: PolicyModel): Promise<{ server: RxrlServer; engine: OpenAIEngine }> {
   const server = await serve({ model, tokenizer });
-  cleanup.push(() => server.close(), () => model.dispose());
+  cleanup.push(
+    () => server.close(),
+    () => model.dispose(),
+  );
   const engine = new OpenAIEngine({
     baseURL: server.baseURL,
     model: server.modelName,
@@ -73,7 +76,9 @@ describe('OpenAIEngine against rxrl serve', () => {
 
   it('passes stop tokens, and feeds the rollout operator', async () => {
     const { engine } = await start(PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, writeAt(4, 'dcba'))));
-    const [cut] = await engine.generate([{ promptTokens: tokenizer.encode('ab=', { addBos: true }), maxTokens: 8, stopTokens: tokenizer.encode('c') }]);
+    const [cut] = await engine.generate([
+      { promptTokens: tokenizer.encode('ab=', { addBos: true }), maxTokens: 8, stopTokens: tokenizer.encode('c') },
+    ]);
     expect(cut).toMatchObject({ tokens: tokenizer.encode('dc'), finishReason: 'stop' });
     const out = await lastValueFrom(
       from([{ id: 'abcd', prompt: 'ab=', answer: 'dcba' }]).pipe(
@@ -91,9 +96,15 @@ describe('OpenAIEngine against rxrl serve', () => {
   });
 
   it('chats: parsed tool calls, prompt token ids and per-token log-probs', async () => {
-    const { engine } = await start(PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, mergeScripts(writeAt(5, 'calc(2+3)'), writeAt(17, '5')))));
+    const { engine } = await start(
+      PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, mergeScripts(writeAt(5, 'calc(2+3)'), writeAt(17, '5')))),
+    );
     const turn = await engine.chat({ messages: [{ role: 'user', content: '2+3' }], tools: [calc], maxTokens: 12, seed: 1 });
-    expect(turn.message).toMatchObject({ role: 'assistant', content: '', toolCalls: [{ name: 'calc', arguments: '{"expression":"2+3"}' }] });
+    expect(turn.message).toMatchObject({
+      role: 'assistant',
+      content: '',
+      toolCalls: [{ name: 'calc', arguments: '{"expression":"2+3"}' }],
+    });
     expect(turn.promptTokens).toEqual([1, ...tokenizer.encode('2+3'), 2]);
     expect(turn.tokens).toEqual([...tokenizer.encode('calc(2+3)'), 2]);
     expect(turn.logprobs).toHaveLength(turn.tokens.length);
@@ -113,7 +124,11 @@ describe('OpenAIEngine against rxrl serve', () => {
     const prompt = { promptTokens: tokenizer.encode('ab=', { addBos: true }), maxTokens: 6, seed: 2 };
     expect((await engine.generate([prompt]))[0].tokens).toEqual([...tokenizer.encode('aa'), 2]);
     const sync = join(dir, `sync-${server.port}`);
-    for (const [version, text] of [[1, 'bb'], [2, 'cc'], [3, 'dd']] as const) {
+    for (const [version, text] of [
+      [1, 'bb'],
+      [2, 'cc'],
+      [3, 'dd'],
+    ] as const) {
       await engine.loadWeights(version, scriptedWeights(config, tokenizer, writeAt(4, text)));
       expect(engine.version).toBe(version);
       expect(server.version).toBe(version);
@@ -137,7 +152,9 @@ describe('OpenAIEngine against rxrl serve', () => {
     });
     await absolute.loadWeights(9, scriptedWeights(config, tokenizer, writeAt(4, 'ee')));
     expect(await readdir(join(dir, 'dirs'))).toEqual(['v9']);
-    expect((await readdir(join(dir, 'dirs', 'v9'))).sort()).toEqual(expect.arrayContaining(['config.json', 'generation_config.json', 'model.safetensors']));
+    expect((await readdir(join(dir, 'dirs', 'v9'))).sort()).toEqual(
+      expect.arrayContaining(['config.json', 'generation_config.json', 'model.safetensors']),
+    );
     expect((await engine.generate([prompt]))[0]).toMatchObject({ tokens: [...tokenizer.encode('ee'), 2], policyVersion: 9 });
 
     const noSync = new OpenAIEngine({ baseURL: server.baseURL, model: server.modelName, tokenizer });

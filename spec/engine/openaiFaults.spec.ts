@@ -43,7 +43,10 @@ class FaultyServer {
   private readonly open = new Set<ServerResponse>();
   url = '';
 
-  constructor(private readonly plans: ReadonlyMap<string, readonly Behaviour[]>, private readonly updatePlan: Behaviour[] = ['ok']) {
+  constructor(
+    private readonly plans: ReadonlyMap<string, readonly Behaviour[]>,
+    private readonly updatePlan: Behaviour[] = ['ok'],
+  ) {
     this.server = createServer((req, res) => void this.handle(req, res));
   }
 
@@ -97,7 +100,10 @@ class FaultyServer {
                 index: 0,
                 text: 'dcba',
                 finish_reason: 'stop',
-                logprobs: { tokens: [...tokenizer.encode('dcba'), 2].map((t) => `token_id:${t}`), token_logprobs: [-0.1, -0.2, -0.3, -0.4, -0.5] },
+                logprobs: {
+                  tokens: [...tokenizer.encode('dcba'), 2].map((t) => `token_id:${t}`),
+                  token_logprobs: [-0.1, -0.2, -0.3, -0.4, -0.5],
+                },
               },
             ],
           },
@@ -129,7 +135,13 @@ class FaultyServer {
         return;
       }
       case 'no-logprobs': {
-        const text = JSON.stringify({ id: 'x', object: 'text_completion', created: 0, model: 'faulty', choices: [{ index: 0, text: 'dcba', finish_reason: 'stop', logprobs: null }] });
+        const text = JSON.stringify({
+          id: 'x',
+          object: 'text_completion',
+          created: 0,
+          model: 'faulty',
+          choices: [{ index: 0, text: 'dcba', finish_reason: 'stop', logprobs: null }],
+        });
         json(200, text);
         res.end(text);
         return;
@@ -180,7 +192,11 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-async function withServer<T>(plans: Record<string, Behaviour[]>, run: (server: FaultyServer, engine: OpenAIEngine) => Promise<T>, updatePlan?: Behaviour[]): Promise<T> {
+async function withServer<T>(
+  plans: Record<string, Behaviour[]>,
+  run: (server: FaultyServer, engine: OpenAIEngine) => Promise<T>,
+  updatePlan?: Behaviour[],
+): Promise<T> {
   const server = new FaultyServer(new Map(Object.entries(plans)), updatePlan);
   await server.start();
   const engine = new OpenAIEngine({
@@ -189,7 +205,10 @@ async function withServer<T>(plans: Record<string, Behaviour[]>, run: (server: F
     tokenizer,
     timeoutMs: DEADLINE_MS,
     retry: retryFast,
-    weightSync: { directory: join(dir, server.url.split(':').at(-1)!), config: { vocabSize: tokenizer.vocabSize, dModel: 8, nLayers: 1, nHeads: 2, dFF: 8, maxSeqLen: 16 } },
+    weightSync: {
+      directory: join(dir, server.url.split(':').at(-1)!),
+      config: { vocabSize: tokenizer.vocabSize, dModel: 8, nLayers: 1, nHeads: 2, dFF: 8, maxSeqLen: 16 },
+    },
   });
   try {
     return await run(server, engine);
@@ -276,7 +295,13 @@ describe('OpenAIEngine against a misbehaving server', () => {
 
   it('cancels hanging requests and retry waits when the rollout is aborted', async () => {
     await withServer({ 'a=': ['hang'], 'b=': ['500'] }, async (server, engine) => {
-      const slow = new OpenAIEngine({ baseURL: `${server.url}/v1`, model: 'faulty', tokenizer, timeoutMs: 60_000, retry: { retries: 5, initialDelayMs: 60_000 } });
+      const slow = new OpenAIEngine({
+        baseURL: `${server.url}/v1`,
+        model: 'faulty',
+        tokenizer,
+        timeoutMs: 60_000,
+        retry: { retries: 5, initialDelayMs: 60_000 },
+      });
       const controller = new AbortController();
       const done = rolloutAll(slow, ['a=', 'b='], controller.signal);
       while ((server.attempts.get('a=') ?? 0) < 1 || (server.attempts.get('b=') ?? 0) < 1) await new Promise((r) => setTimeout(r, 5));
@@ -289,15 +314,21 @@ describe('OpenAIEngine against a misbehaving server', () => {
   });
 
   it('retries a weight update the server could not take, and reports a refusal', async () => {
-    await withServer({}, async (server, engine) => {
-      await engine.loadWeights(1, new Map([['w', { shape: [2], data: new Float32Array([1, 2]) }]]));
-      expect(engine.version).toBe(1);
-      expect(server.attempts.get('update')).toBe(3);
-      expect(server.updates[0]).toEqual({ model_path: join(dir, server.url.split(':').at(-1)!, 'v1'), weight_version: '1' });
-      expect(engine.stats()).toMatchObject({ weightLoads: 1, retries: 2 });
-      await expect(engine.loadWeights(2, new Map())).rejects.toSatisfy((e: unknown) => e instanceof EngineError && /weights do not fit/.test(e.message));
-      expect(engine.version).toBe(1);
-      expect(engine.stats()).toMatchObject({ weightLoads: 1, failures: 1 });
-    }, ['503', 'reset', 'ok', 'refuse']);
+    await withServer(
+      {},
+      async (server, engine) => {
+        await engine.loadWeights(1, new Map([['w', { shape: [2], data: new Float32Array([1, 2]) }]]));
+        expect(engine.version).toBe(1);
+        expect(server.attempts.get('update')).toBe(3);
+        expect(server.updates[0]).toEqual({ model_path: join(dir, server.url.split(':').at(-1)!, 'v1'), weight_version: '1' });
+        expect(engine.stats()).toMatchObject({ weightLoads: 1, retries: 2 });
+        await expect(engine.loadWeights(2, new Map())).rejects.toSatisfy(
+          (e: unknown) => e instanceof EngineError && /weights do not fit/.test(e.message),
+        );
+        expect(engine.version).toBe(1);
+        expect(engine.stats()).toMatchObject({ weightLoads: 1, failures: 1 });
+      },
+      ['503', 'reset', 'ok', 'refuse'],
+    );
   });
 });

@@ -47,18 +47,22 @@ describe('examples (smoke, built by pretest)', () => {
 
   for (const source of sources) {
     // The Python agent example needs the PyPI openai that npm test installs; it skips only where it could not.
-    it.skipIf(source === 'agent-python.ts' && lacks('python'))(`${source} runs to completion and ends with a JSON summary`, async () => {
-      const file = join(built, source.replace(/\.ts$/, '.js'));
-      // The Hugging Face example runs on the committed tiny Qwen2 fixture here, even where SmolLM2 has been built.
-      const model = source === 'hf-chat-grpo.ts' ? { RXRL_MODEL_DIR: join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2') } : {};
-      const env = { ...process.env, RXRL_STEPS: '2', ...model, ...kafkaEnv(source) };
-      const companion = COMPANIONS[source];
-      const partner = companion
-        ? run(process.execPath, [join(built, companion.replace(/\.ts$/, '.js'))], { cwd: root, env, timeout: 120_000 })
-        : undefined;
-      const { stdout } = await run(process.execPath, [file], { cwd: root, env, timeout: 120_000 });
-      expect(lastJson(stdout).steps).toBe(2);
-      if (partner) expect(lastJson((await partner).stdout).steps).toBe(2);
-    }, 150_000);
+    it.skipIf(source === 'agent-python.ts' && lacks('python'))(
+      `${source} runs to completion and ends with a JSON summary`,
+      async () => {
+        const file = join(built, source.replace(/\.ts$/, '.js'));
+        // The Hugging Face example runs on the committed tiny Qwen2 fixture here, even where SmolLM2 has been built.
+        const model = source === 'hf-chat-grpo.ts' ? { RXRL_MODEL_DIR: join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2') } : {};
+        const env = { ...process.env, RXRL_STEPS: '2', ...model, ...kafkaEnv(source) };
+        const companion = COMPANIONS[source];
+        const partner = companion
+          ? run(process.execPath, [join(built, companion.replace(/\.ts$/, '.js'))], { cwd: root, env, timeout: 120_000 })
+          : undefined;
+        const { stdout } = await run(process.execPath, [file], { cwd: root, env, timeout: 120_000 });
+        expect(lastJson(stdout).steps).toBe(2);
+        if (partner) expect(lastJson((await partner).stdout).steps).toBe(2);
+      },
+      150_000,
+    );
   }
 });

@@ -40,11 +40,21 @@ async function scriptedServer(script: Map<number, string>): Promise<{ server: Rx
   return { server, engine: new OpenAIEngine({ baseURL: server.baseURL, model: server.modelName, tokenizer }) };
 }
 
-function runAgent(engine: ChatEngine | OpenAIEngine | LocalEngine, tasks: Task[], options: { maxTurns?: number; samples?: number } = {}): Promise<RolloutOutput[]> {
+function runAgent(
+  engine: ChatEngine | OpenAIEngine | LocalEngine,
+  tasks: Task[],
+  options: { maxTurns?: number; samples?: number } = {},
+): Promise<RolloutOutput[]> {
   const worker = agentWorker({ environment: calc.environment, maxTurns: options.maxTurns ?? 3, maxTotalTokens: config.maxSeqLen });
   return lastValueFrom(
     from(tasks).pipe(
-      rollout(engine as OpenAIEngine, { samplesPerTask: options.samples ?? 1, concurrency: 4, maxTokens: 12, evaluator: calc.evaluator, worker }),
+      rollout(engine as OpenAIEngine, {
+        samplesPerTask: options.samples ?? 1,
+        concurrency: 4,
+        maxTokens: 12,
+        evaluator: calc.evaluator,
+        worker,
+      }),
       toArray(),
     ),
   );
@@ -116,7 +126,10 @@ describe('agent rollouts: calculator tool calls against rxrl serve', () => {
       async chat() {
         turn++;
         return {
-          message: turn === 1 ? { role: 'assistant', content: '', toolCalls: [{ id: 'c', name: 'calc', arguments: '{"expression":"1"}' }] } : { role: 'assistant', content: '1' },
+          message:
+            turn === 1
+              ? { role: 'assistant', content: '', toolCalls: [{ id: 'c', name: 'calc', arguments: '{"expression":"1"}' }] }
+              : { role: 'assistant', content: '1' },
           promptTokens: turn === 1 ? [1, 3, 2] : [1, 4, 2, 3, 2],
           tokens: [3, 2],
           logprobs: [-1, -1],

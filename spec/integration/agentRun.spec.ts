@@ -44,12 +44,18 @@ describe.skipIf(lacks('python')).each([
       env: {},
     });
     const staleness: number[] = [];
-    const summary = await runTraining(config, { baseDir: dir, onStep: (step) => staleness.push(step.metrics['rollout/staleness_max'] ?? 0) });
+    const summary = await runTraining(config, {
+      baseDir: dir,
+      onStep: (step) => staleness.push(step.metrics['rollout/staleness_max'] ?? 0),
+    });
     expect(summary.steps).toBe(10);
     expect(staleness).toHaveLength(10);
     expect(Math.max(...staleness)).toBeLessThanOrEqual(threshold);
     expect(summary.failedSamples).toBeGreaterThan(0);
-    const lines = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const lines = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
     const logged = lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0);
     expect(logged).toBeGreaterThan(0);
     // In sync mode every admitted sample is in a trained step; ahead-of-training modes may end with samples in
@@ -57,7 +63,9 @@ describe.skipIf(lacks('python')).each([
     if (mode === 'sync') expect(logged).toBe(summary.failedSamples);
     else expect(logged).toBeLessThanOrEqual(summary.failedSamples);
     // Every trained step is logged.
-    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
+    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8')
+      .trim()
+      .split('\n');
     expect(trained.length).toBeGreaterThan(0);
   }, 240_000);
 });

@@ -35,7 +35,6 @@ const BATCH = 2;
 const SEED = 11;
 const TASK = { transform: 'reverse', alphabet: 'abcd', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
-
 interface Proc {
   readonly child: ChildProcess;
   readonly exited: Promise<number | null>;
@@ -163,14 +162,24 @@ async function chaosRun(mode: StalenessMode, guarantee: Guarantee): Promise<Chao
       expect(Math.max(...staleness), `${mode} step ${line.step}`).toBeLessThanOrEqual(guarantee.admission);
     } else {
       const stale = staleness.filter((s) => s > guarantee.maxStaleness).length;
-      expect(stepMetrics[i]['rollout/dropped_stale'], `${mode} step ${line.step}: rows staler than ${guarantee.maxStaleness} masked`).toBe(stale);
+      expect(stepMetrics[i]['rollout/dropped_stale'], `${mode} step ${line.step}: rows staler than ${guarantee.maxStaleness} masked`).toBe(
+        stale,
+      );
       dropped += stale;
     }
     stalenessMax = Math.max(stalenessMax, ...staleness);
   }
   expect(kills.worker + kills.trainer).toBeGreaterThanOrEqual(3);
   rmSync(dir, { recursive: true, force: true });
-  return { mode, kills, tasks: groups.length, duplicates, stalenessMax, dropped, seconds: Math.round((performance.now() - started) / 1000) };
+  return {
+    mode,
+    kills,
+    tasks: groups.length,
+    duplicates,
+    stalenessMax,
+    dropped,
+    seconds: Math.round((performance.now() - started) / 1000),
+  };
 }
 
 describe('a Kafka run under SIGKILLs (trainer + 3 workers, separate processes)', () => {

@@ -124,7 +124,10 @@ describe('kafkaTrainer + kafkaRolloutWorker (in process, real broker)', () => {
     const admin = kafka.admin();
     await admin.connect();
     try {
-      const { steps } = await runDeployment({ mode: 'sync', tasks: 8, batchSize: 2, steps: 4, checkpointed: (step) => step.step === 1 }, topics);
+      const { steps } = await runDeployment(
+        { mode: 'sync', tasks: 8, batchSize: 2, steps: 4, checkpointed: (step) => step.step === 1 },
+        topics,
+      );
       expect(steps).toHaveLength(4);
       const [entry] = await admin.fetchOffsets({ groupId: `${topics.trajectories}.trainer`, topics: [topics.trajectories] });
       expect(entry.partitions.reduce((n, p) => n + Math.max(0, Number(p.offset)), 0)).toBe(8);

@@ -64,7 +64,10 @@ function start(name: string, file: string, env: NodeJS.ProcessEnv): Proc {
 async function finished(proc: Proc, timeoutMs = 120_000): Promise<Record<string, unknown>> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${proc.name} did not finish in ${timeoutMs} ms:\n${proc.stderr.slice(-30).join('\n')}`)), timeoutMs);
+    timer = setTimeout(
+      () => reject(new Error(`${proc.name} did not finish in ${timeoutMs} ms:\n${proc.stderr.slice(-30).join('\n')}`)),
+      timeoutMs,
+    );
   });
   const { code, signal } = await Promise.race([proc.exit, timeout]).finally(() => clearTimeout(timer));
   if (code !== 0) throw new Error(`${proc.name} exited with ${code ?? signal}:\n${proc.stderr.slice(-30).join('\n')}`);
@@ -169,7 +172,14 @@ describe('Kafka deployment: a trainer and two rollout workers in separate proces
     ]);
     const [a, b] = await twoWorkers(topics, env);
     const steps = 4;
-    const trainer = start('trainer', TRAINER, { ...env, RXRL_STEPS: String(steps), RXRL_BATCH_SIZE: '4', RXRL_GROUP_SIZE: '4', RXRL_MODE: 'sync', RXRL_REPORT: report });
+    const trainer = start('trainer', TRAINER, {
+      ...env,
+      RXRL_STEPS: String(steps),
+      RXRL_BATCH_SIZE: '4',
+      RXRL_GROUP_SIZE: '4',
+      RXRL_MODE: 'sync',
+      RXRL_REPORT: report,
+    });
 
     const summary = await finished(trainer);
     const [sa, sb] = await Promise.all([finished(a), finished(b)]);

@@ -36,21 +36,31 @@ describe('a single-agent LoRA policy over Kafka (rxrl trainer + rxrl worker)', (
     });
     const events: KafkaEvent[] = [];
     const worker = runWorker(config, { kafka, topics, workerId: uniqueName('w') });
-    const summary = await runTraining(config, { kafka: { kafka, topics, weightsDir: join(dir, 'run', 'weights'), onEvent: (e) => events.push(e) } });
+    const summary = await runTraining(config, {
+      kafka: { kafka, topics, weightsDir: join(dir, 'run', 'weights'), onEvent: (e) => events.push(e) },
+    });
     const done = await worker;
     expect(summary.steps).toBe(3);
-    const published = events.filter((e) => e.type === 'trainer.published' && e.payload.path !== undefined).map((e) => String(e.payload.path));
+    const published = events
+      .filter((e) => e.type === 'trainer.published' && e.payload.path !== undefined)
+      .map((e) => String(e.payload.path));
     expect(published.length).toBeGreaterThanOrEqual(3);
     const bases = new Set<string>();
     for (const path of published) {
       expect(readdirSync(path).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
-      bases.add((JSON.parse(readFileSync(join(path, 'adapter_config.json'), 'utf8')) as { base_model_name_or_path: string }).base_model_name_or_path);
+      bases.add(
+        (JSON.parse(readFileSync(join(path, 'adapter_config.json'), 'utf8')) as { base_model_name_or_path: string })
+          .base_model_name_or_path,
+      );
     }
     expect(bases.size).toBe(1);
     expect(done.trajectories).toBeGreaterThanOrEqual(3 * 2 * 2);
     // Its checkpoints are PEFT adapters too, and trained.jsonl has each step once.
     expect(readdirSync(join(dir, 'run', 'global_step_3'))).toContain('adapter_model.safetensors');
-    const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { step: number }).step);
+    const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => (JSON.parse(l) as { step: number }).step);
     expect(steps).toEqual([0, 1, 2]);
   }, 180_000);
 });

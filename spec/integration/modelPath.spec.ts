@@ -76,7 +76,15 @@ describe('rxrl run --set model.path=<Hugging Face directory> (built CLI)', () =>
     expect((await loadTokenizer(checkpoint)).encode(sample)).toEqual((await loadTokenizer(FIXTURE)).encode(sample));
     const raw = JSON.parse(await readFile(join(checkpoint, 'config.json'), 'utf8')) as Record<string, unknown>;
     const fixtureRaw = JSON.parse(await readFile(join(FIXTURE, 'config.json'), 'utf8')) as Record<string, unknown>;
-    for (const key of ['architectures', 'model_type', 'hidden_size', 'num_key_value_heads', 'tie_word_embeddings', 'vocab_size', 'eos_token_id']) {
+    for (const key of [
+      'architectures',
+      'model_type',
+      'hidden_size',
+      'num_key_value_heads',
+      'tie_word_embeddings',
+      'vocab_size',
+      'eos_token_id',
+    ]) {
       expect(raw[key], key).toEqual(fixtureRaw[key]);
     }
 
@@ -84,7 +92,11 @@ describe('rxrl run --set model.path=<Hugging Face directory> (built CLI)', () =>
     const { model } = await loadModelDir(checkpoint);
     const ours = tf.tidy(() => {
       const T = ids[0].length;
-      const out = model.logits(tf.tensor2d(ids, [1, T], 'int32'), tf.ones([1, T]) as tf.Tensor2D, tf.tensor2d([[...Array(T).keys()]], [1, T], 'int32'));
+      const out = model.logits(
+        tf.tensor2d(ids, [1, T], 'int32'),
+        tf.ones([1, T]) as tf.Tensor2D,
+        tf.tensor2d([[...Array(T).keys()]], [1, T], 'int32'),
+      );
       return out.arraySync() as number[][][];
     });
     model.dispose();

@@ -12,7 +12,6 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const cli = join(root, 'dist', 'cli', 'main.js');
 const TASK = { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
-
 function start(recipe: string): { child: ChildProcess; done: Promise<{ code: number | null; stdout: string; stderr: string }> } {
   const child = spawn(process.execPath, [cli, 'run', recipe], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';

@@ -55,7 +55,14 @@ class RecordingTrainer implements Trainer {
     this.batches.push({ step, batch });
     await sleep(12 * this.rng.next());
     this.step++;
-    return { step, version: step + 1, metrics: { ...batch.metrics }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: this.weights };
+    return {
+      step,
+      version: step + 1,
+      metrics: { ...batch.metrics },
+      skipped: false,
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: this.weights,
+    };
   }
 }
 
@@ -125,7 +132,17 @@ const overKafka: Transport = {
     await ensureTopics(kafka, topics, { tasks: 4, trajectories: 2 });
     // Two workers, one slow: groups come back out of admission order.
     const workers = [0, 15].map((rolloutDelayMs, i) =>
-      lastValueFrom(kafkaRolloutWorker({ kafka, topics, tokenizer, evaluator: task.evaluator, workerId: `${topics.tasks}-w${i}`, concurrency: 2, rolloutDelayMs }).pipe(toArray())),
+      lastValueFrom(
+        kafkaRolloutWorker({
+          kafka,
+          topics,
+          tokenizer,
+          evaluator: task.evaluator,
+          workerId: `${topics.tasks}-w${i}`,
+          concurrency: 2,
+          rolloutDelayMs,
+        }).pipe(toArray()),
+      ),
     );
     const steps = await lastValueFrom(
       kafkaTrainer({
@@ -159,7 +176,13 @@ interface Trial {
   readonly steps: number;
 }
 
-async function trial(transport: Transport, mode: StalenessMode, seed: number, eta = 1, onEvent?: (event: KafkaEvent) => void): Promise<Trial & { batchSize: number }> {
+async function trial(
+  transport: Transport,
+  mode: StalenessMode,
+  seed: number,
+  eta = 1,
+  onEvent?: (event: KafkaEvent) => void,
+): Promise<Trial & { batchSize: number }> {
   const rng = createRng(seed, `${transport.name}/${mode}/${eta}`);
   const batchSize = 2 + Math.floor(rng.next() * 2);
   const groupSize = 2;
@@ -169,7 +192,18 @@ async function trial(transport: Transport, mode: StalenessMode, seed: number, et
   const indexOf = new Map<string, number>();
   try {
     const tasks = task.train.slice(0, count);
-    const results = await transport.run({ mode, eta, seed, tasks, batchSize, groupSize, trainer, policy, onAdmit: (t, index) => indexOf.set(t.id, index), onEvent });
+    const results = await transport.run({
+      mode,
+      eta,
+      seed,
+      tasks,
+      batchSize,
+      groupSize,
+      trainer,
+      policy,
+      onAdmit: (t, index) => indexOf.set(t.id, index),
+      onEvent,
+    });
     return {
       staleness: trainer.batches.flatMap(({ step, batch }) => batch.meta.policyVersions.map((v) => step - v)),
       admissionBatches: trainer.batches.map(({ step, batch }) => ({
@@ -187,12 +221,16 @@ async function trial(transport: Transport, mode: StalenessMode, seed: number, et
 }
 
 describe.each([inProcess, overKafka])('staleness modes through the loop: $name', (transport) => {
-  it.each(transport.seeds)('sync: every trajectory on-policy; each batch is the admission batch of its step (seed %i)', async (seed) => {
-    const t = await trial(transport, 'sync', seed);
-    expect(Math.max(...t.staleness)).toBe(0);
-    expect(t.admissionBatches).toEqual(t.admissionBatches.map(({ step }) => ({ step, batches: [step] })));
-    expect(t.trained).toEqual(t.admitted);
-  }, 120_000);
+  it.each(transport.seeds)(
+    'sync: every trajectory on-policy; each batch is the admission batch of its step (seed %i)',
+    async (seed) => {
+      const t = await trial(transport, 'sync', seed);
+      expect(Math.max(...t.staleness)).toBe(0);
+      expect(t.admissionBatches).toEqual(t.admissionBatches.map(({ step }) => ({ step, batches: [step] })));
+      expect(t.trained).toEqual(t.admitted);
+    },
+    120_000,
+  );
 
   it.each(transport.seeds.flatMap((seed) => [1, 2].map((eta) => [seed, eta])))(
     'batch-async: staleness never exceeds η; each batch is one admission batch, in order (seed %i, η %i)',
@@ -206,12 +244,16 @@ describe.each([inProcess, overKafka])('staleness modes through the loop: $name',
     120_000,
   );
 
-  it.each(transport.seeds)('fully-async: staleness recorded, never negative; every admitted task trained once (seed %i)', async (seed) => {
-    const t = await trial(transport, 'fully-async', seed);
-    expect(Math.min(...t.staleness)).toBeGreaterThanOrEqual(0);
-    expect(Math.max(...t.staleness)).toBeLessThan(t.steps);
-    expect(t.trained).toEqual(t.admitted);
-  }, 120_000);
+  it.each(transport.seeds)(
+    'fully-async: staleness recorded, never negative; every admitted task trained once (seed %i)',
+    async (seed) => {
+      const t = await trial(transport, 'fully-async', seed);
+      expect(Math.min(...t.staleness)).toBeGreaterThanOrEqual(0);
+      expect(Math.max(...t.staleness)).toBeLessThan(t.steps);
+      expect(t.trained).toEqual(t.admitted);
+    },
+    120_000,
+  );
 });
 
 describe('the Kafka rollout stage', () => {
@@ -219,15 +261,20 @@ describe('the Kafka rollout stage', () => {
     ['sync', 0],
     ['batch-async', 1],
     ['batch-async', 2],
-  ] as const)('%s (η %i): each task goes out requiring the version its admission batch waited for', async (mode, eta) => {
-    const admitted: { index: number; minVersion: number }[] = [];
-    const onEvent = (event: KafkaEvent): void => {
-      if (event.type === 'trainer.admitted') admitted.push({ index: event.payload.index as number, minVersion: event.payload.minVersion as number });
-    };
-    const t = await trial(overKafka, mode, 2, Math.max(eta, 1), onEvent);
-    expect(admitted).toHaveLength(t.admitted.length);
-    expect(admitted).toEqual(admitted.map(({ index }) => ({ index, minVersion: Math.max(0, Math.floor(index / t.batchSize) - eta) })));
-  }, 120_000);
+  ] as const)(
+    '%s (η %i): each task goes out requiring the version its admission batch waited for',
+    async (mode, eta) => {
+      const admitted: { index: number; minVersion: number }[] = [];
+      const onEvent = (event: KafkaEvent): void => {
+        if (event.type === 'trainer.admitted')
+          admitted.push({ index: event.payload.index as number, minVersion: event.payload.minVersion as number });
+      };
+      const t = await trial(overKafka, mode, 2, Math.max(eta, 1), onEvent);
+      expect(admitted).toHaveLength(t.admitted.length);
+      expect(admitted).toEqual(admitted.map(({ index }) => ({ index, minVersion: Math.max(0, Math.floor(index / t.batchSize) - eta) })));
+    },
+    120_000,
+  );
 });
 
 describe("the loop's checks on a Kafka run", () => {
@@ -247,7 +294,11 @@ describe("the loop's checks on a Kafka run", () => {
           tasks: task.train.slice(0, 2),
           policies: [policy(writer, 'writer'), policy(idle, 'idle')],
           episodes: {
-            environment: { turnOrder: ['writer'], maxTurns: 1, reset: () => ({ observe: () => 'a', step: () => ({ rewards: {}, done: true }) }) },
+            environment: {
+              turnOrder: ['writer'],
+              maxTurns: 1,
+              reset: () => ({ observe: () => 'a', step: () => ({ rewards: {}, done: true }) }),
+            },
             agents: [{ name: 'writer', policy: 'writer' }],
           },
           padId: tokenizer.padId,

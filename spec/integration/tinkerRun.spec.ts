@@ -34,7 +34,6 @@ let tokenizer: Tokenizer;
 let base: PolicyModel;
 let modelDir: string;
 
-
 /** Each step's policy loss from metrics.jsonl (the lines of trained steps). */
 function losses(runDir: string): number[] {
   return readFileSync(join(runDir, 'metrics.jsonl'), 'utf8')
@@ -62,9 +61,26 @@ function recipe(dir: string, steps: number, url: string, values: Record<string, 
 
 /** `rxrl tinker` over the model directory on `port` (0: a free one), its states in `stateDir`; resolves once it listens. */
 async function startService(port: number, stateDir: string): Promise<{ child: ChildProcess; url: string; port: number }> {
-  const child = spawn(process.execPath, [cli, 'tinker', '--model', modelDir, '--served-model-name', 'tiny', '--port', String(port), '--state-dir', stateDir, '--backend', 'cpu'], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      cli,
+      'tinker',
+      '--model',
+      modelDir,
+      '--served-model-name',
+      'tiny',
+      '--port',
+      String(port),
+      '--state-dir',
+      stateDir,
+      '--backend',
+      'cpu',
+    ],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
   return new Promise((resolve, reject) => {
@@ -108,35 +124,39 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
     { mode: 'sync', sync: { mode: 'sync', batchSize: 2 } },
     { mode: 'batch-async', sync: { mode: 'batch-async', batchSize: 2, stalenessThreshold: 1 } },
     { mode: 'fully-async', sync: { mode: 'fully-async', batchSize: 2, capacity: 4 } },
-  ])('trains in $mode, checkpoints the service state, and resumes from it', async ({ mode, sync }) => {
-    service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny' });
-    const dir = await mkdtemp(join(tmpdir(), `rxrl-tinker-run-${mode}-`));
-    const runDir = join(dir, 'run');
-    const first = await runTraining(recipe(dir, 3, service.url, { sync }));
-    expect(first.steps).toBe(3);
-    expect(first.failedSamples).toBe(0);
-    const lines = trainedLines(runDir);
-    expect(lines.map((l) => l.version)).toEqual([1, 2, 3]);
-    // The version rules are the embedded ones: sync trains on the newest version, batch-async within η = 1.
-    const bound = mode === 'sync' ? 0 : mode === 'batch-async' ? 1 : Infinity;
-    for (const line of lines) for (const v of line.policyVersions) expect(line.step - v).toBeLessThanOrEqual(bound);
-    // A checkpoint records where the service keeps the state: no weights are written here.
-    const checkpoint = join(runDir, 'global_step_3');
-    expect(readdirSync(checkpoint).sort()).toEqual(['buffered.jsonl', 'state.json', 'tinker.json']);
-    const state = JSON.parse(readFileSync(join(checkpoint, 'tinker.json'), 'utf8')) as { path: string; baseModel: string; rank: number };
-    expect(state).toMatchObject({ baseModel: 'tiny', rank: 2 });
-    expect(state.path).toMatch(/^tinker:\/\/.+\/weights\/step-3$/);
+  ])(
+    'trains in $mode, checkpoints the service state, and resumes from it',
+    async ({ mode, sync }) => {
+      service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny' });
+      const dir = await mkdtemp(join(tmpdir(), `rxrl-tinker-run-${mode}-`));
+      const runDir = join(dir, 'run');
+      const first = await runTraining(recipe(dir, 3, service.url, { sync }));
+      expect(first.steps).toBe(3);
+      expect(first.failedSamples).toBe(0);
+      const lines = trainedLines(runDir);
+      expect(lines.map((l) => l.version)).toEqual([1, 2, 3]);
+      // The version rules are the embedded ones: sync trains on the newest version, batch-async within η = 1.
+      const bound = mode === 'sync' ? 0 : mode === 'batch-async' ? 1 : Infinity;
+      for (const line of lines) for (const v of line.policyVersions) expect(line.step - v).toBeLessThanOrEqual(bound);
+      // A checkpoint records where the service keeps the state: no weights are written here.
+      const checkpoint = join(runDir, 'global_step_3');
+      expect(readdirSync(checkpoint).sort()).toEqual(['buffered.jsonl', 'state.json', 'tinker.json']);
+      const state = JSON.parse(readFileSync(join(checkpoint, 'tinker.json'), 'utf8')) as { path: string; baseModel: string; rank: number };
+      expect(state).toMatchObject({ baseModel: 'tiny', rank: 2 });
+      expect(state.path).toMatch(/^tinker:\/\/.+\/weights\/step-3$/);
 
-    // Resume: the training client is made from the saved state; the step counter and the loader go on.
-    const resumed = await runTraining(recipe(dir, 5, service.url, { sync }));
-    expect(resumed.resumedFrom).toBe(checkpoint);
-    expect(resumed.steps).toBe(5);
-    const all = trainedLines(runDir);
-    expect(all.map((l) => l.version)).toEqual([1, 2, 3, 4, 5]);
-    const trajectories = all.flatMap((l) => l.trajectoryIds);
-    expect(new Set(trajectories).size).toBe(trajectories.length);
-    await service.close();
-  }, 120_000);
+      // Resume: the training client is made from the saved state; the step counter and the loader go on.
+      const resumed = await runTraining(recipe(dir, 5, service.url, { sync }));
+      expect(resumed.resumedFrom).toBe(checkpoint);
+      expect(resumed.steps).toBe(5);
+      const all = trainedLines(runDir);
+      expect(all.map((l) => l.version)).toEqual([1, 2, 3, 4, 5]);
+      const trajectories = all.flatMap((l) => l.trajectoryIds);
+      expect(new Set(trajectories).size).toBe(trajectories.length);
+      await service.close();
+    },
+    120_000,
+  );
 
   it('runs from the CLI: rxrl run with the service from TINKER_BASE_URL and its key from TINKER_API_KEY', async () => {
     service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', apiKey: 'tml-secret' });
@@ -156,7 +176,10 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
     const { stdout } = await execFileAsync(process.execPath, [cli, 'run', file], { env, timeout: 60_000 });
     expect(JSON.parse(stdout.trim().split('\n').at(-1) ?? '')).toMatchObject({ steps: 2, failedSamples: 0 });
     // A wrong key is the service's 401: a typed error, exit code 1.
-    const refused = await execFileAsync(process.execPath, [cli, 'run', file, '--set', 'resume.mode=disable'], { env: { ...env, TINKER_API_KEY: 'tml-wrong' }, timeout: 60_000 }).catch((e: unknown) => e);
+    const refused = await execFileAsync(process.execPath, [cli, 'run', file, '--set', 'resume.mode=disable'], {
+      env: { ...env, TINKER_API_KEY: 'tml-wrong' },
+      timeout: 60_000,
+    }).catch((e: unknown) => e);
     expect((refused as { code?: number }).code).toBe(1);
     expect(String((refused as { stderr?: string }).stderr)).toMatch(/TinkerError.*401/);
     await service.close();
@@ -164,7 +187,9 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
 
   it('refuses what it cannot do with typed errors naming the key', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-refuse-'));
-    expect(() => tinyRun(join(dir, 'run'), 1, { trainer: { backend: 'tinker', klLoss: { coef: 0.1 } } })).toThrow(/tinker\.baseUrl: required[\s\S]*tinker\.baseModel: required[\s\S]*trainer\.klLoss\.coef: must be 0/);
+    expect(() => tinyRun(join(dir, 'run'), 1, { trainer: { backend: 'tinker', klLoss: { coef: 0.1 } } })).toThrow(
+      /tinker\.baseUrl: required[\s\S]*tinker\.baseModel: required[\s\S]*trainer\.klLoss\.coef: must be 0/,
+    );
     // A local run's checkpoint cannot resume a Tinker-backed one.
     await runTraining(tinyRun(join(dir, 'run'), 1));
     service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny' });
@@ -174,7 +199,11 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
     await runTraining(recipe(other, 1, service.url));
     await expect(runTraining(tinyRun(join(other, 'run'), 2))).rejects.toThrow(/holds a state on a Tinker service/);
     // A base the service does not hold is refused by the service: a typed error.
-    const wrong = await runTraining(recipe(await mkdtemp(join(tmpdir(), 'rxrl-tinker-refuse-')), 1, service.url, { tinker: { baseUrl: service.url, baseModel: 'other' } })).catch((e: unknown) => e);
+    const wrong = await runTraining(
+      recipe(await mkdtemp(join(tmpdir(), 'rxrl-tinker-refuse-')), 1, service.url, {
+        tinker: { baseUrl: service.url, baseModel: 'other' },
+      }),
+    ).catch((e: unknown) => e);
     expect(wrong).toBeInstanceOf(RxrlError);
     expect(String(wrong)).toMatch(/trains 'tiny', not 'other'/);
     await service.close();
@@ -189,7 +218,9 @@ describe('the Tinker service killed mid-run (rxrl tinker, SIGKILL)', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-kill-'));
     const svc = await startService(0, join(dir, 'states'));
     try {
-      const config = recipe(dir, steps, svc.url, { run: { dir: join(dir, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'stop_on_error' } });
+      const config = recipe(dir, steps, svc.url, {
+        run: { dir: join(dir, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'stop_on_error' },
+      });
       const error = await runTraining(config, {
         onStep: (step) => {
           if (step.version === killAfter) void kill(svc.child);
@@ -210,7 +241,11 @@ describe('the Tinker service killed mid-run (rxrl tinker, SIGKILL)', () => {
     const reference = await mkdtemp(join(tmpdir(), 'rxrl-tinker-ref-'));
     const refService = await startService(0, join(reference, 'states'));
     try {
-      await runTraining(recipe(reference, steps, refService.url, { run: { dir: join(reference, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'continue' } }));
+      await runTraining(
+        recipe(reference, steps, refService.url, {
+          run: { dir: join(reference, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'continue' },
+        }),
+      );
     } finally {
       await kill(refService.child);
     }
@@ -222,7 +257,9 @@ describe('the Tinker service killed mid-run (rxrl tinker, SIGKILL)', () => {
     const log: string[] = [];
     let restarted: Promise<void> | undefined;
     try {
-      const config = recipe(dir, steps, svc.url, { run: { dir: join(dir, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'continue' } });
+      const config = recipe(dir, steps, svc.url, {
+        run: { dir: join(dir, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'continue' },
+      });
       const summary = await runTraining(config, {
         log: (line) => log.push(line),
         onStep: (step) => {
@@ -243,7 +280,9 @@ describe('the Tinker service killed mid-run (rxrl tinker, SIGKILL)', () => {
       const lines = trainedLines(join(dir, 'run'));
       const expected = trainedLines(join(reference, 'run'));
       expect(lines.map((l) => l.version)).toEqual([1, 2, 3, 4, 5]);
-      expect(lines.map((l) => [l.taskIds, l.trajectoryIds, l.policyVersions])).toEqual(expected.map((l) => [l.taskIds, l.trajectoryIds, l.policyVersions]));
+      expect(lines.map((l) => [l.taskIds, l.trajectoryIds, l.policyVersions])).toEqual(
+        expected.map((l) => [l.taskIds, l.trajectoryIds, l.policyVersions]),
+      );
       const mine = losses(join(dir, 'run'));
       const theirs = losses(join(reference, 'run'));
       expect(mine).toHaveLength(steps);

@@ -247,10 +247,22 @@ describe('multi-agent trajectories across a topic', () => {
         step: (agent, _r, turn) => ({ rewards: { [agent]: turn + 1 }, done: t.id === 'short' && turn === 0 }),
       }),
     };
-    const engines = new Map([['w', new ScriptedEngine()], ['e', new ScriptedEngine()]]);
+    const engines = new Map([
+      ['w', new ScriptedEngine()],
+      ['e', new ScriptedEngine()],
+    ]);
     const published = await lastValueFrom(
       from([task('long'), task('short')]).pipe(
-        rolloutEpisodes(engines, { environment, agents: [{ name: 'writer', policy: 'w' }, { name: 'editor', policy: 'e' }], samplesPerTask: 2, concurrency: 4, maxTokens: 2 }),
+        rolloutEpisodes(engines, {
+          environment,
+          agents: [
+            { name: 'writer', policy: 'w' },
+            { name: 'editor', policy: 'e' },
+          ],
+          samplesPerTask: 2,
+          concurrency: 4,
+          maxTokens: 2,
+        }),
         toKafka(producer, { topic, encode: (output) => encodeTrajectoryMessage({ run: 'r', output }), key: (output) => output.groupId }),
         toArray(),
       ),

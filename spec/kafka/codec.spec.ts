@@ -56,9 +56,7 @@ describe('codec: tasks', () => {
   it('rejects values that break the schema on encode', () => {
     expect(() => encodeTaskMessage({ ...message, minVersion: -1 })).toThrow(EncodeError);
     expect(() => encodeTaskMessage({ ...message, index: 1.5 })).toThrow(EncodeError);
-    expect(() => encodeTaskMessage({ ...message, sampling: { ...message.sampling, temperature: Number.NaN } })).toThrow(
-      EncodeError,
-    );
+    expect(() => encodeTaskMessage({ ...message, sampling: { ...message.sampling, temperature: Number.NaN } })).toThrow(EncodeError);
     const cyclic: Record<string, unknown> = {};
     cyclic.self = cyclic;
     expect(() => encodeTaskMessage({ ...message, task: { id: 't', prompt: 'p', metadata: cyclic } })).toThrow(EncodeError);
@@ -108,11 +106,17 @@ describe('codec: trajectories', () => {
   });
 
   it('round-trips a skipped multi-agent slot (its group shrinks without an error to report) and the retriable flag', () => {
-    const skipped: SampleFailure = { ...failure('t2@1/editor/1', 0), modelTag: 'editor', error: new EngineError('timeout', { retriable: true }), skipped: true };
+    const skipped: SampleFailure = {
+      ...failure('t2@1/editor/1', 0),
+      modelTag: 'editor',
+      error: new EngineError('timeout', { retriable: true }),
+      skipped: true,
+    };
     const out = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: skipped })).output as SampleFailure;
     expect(out).toMatchObject({ kind: 'sample-failure', groupId: 't2@1/editor/1', modelTag: 'editor', skipped: true });
     expect(isRetriable(out.error)).toBe(true);
-    const plain = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: { ...skipped, skipped: undefined } })).output as SampleFailure;
+    const plain = decodeTrajectoryMessage(encodeTrajectoryMessage({ run: 'r', output: { ...skipped, skipped: undefined } }))
+      .output as SampleFailure;
     expect(plain.skipped).toBeUndefined();
     const bytes = encodeTrajectoryMessage({ run: 'r', output: skipped });
     const bad = Uint8Array.from(bytes);
@@ -123,9 +127,7 @@ describe('codec: trajectories', () => {
   it('rejects inconsistent trajectories on encode', () => {
     expect(() => encodeTrajectoryMessage({ run: 'r', output: { ...trajectory, logprobs: [-1] } })).toThrow(EncodeError);
     expect(() => encodeTrajectoryMessage({ run: 'r', output: { ...trajectory, reward: Number.NaN } })).toThrow(EncodeError);
-    expect(() => encodeTrajectoryMessage({ run: 'r', output: { ...trajectory, responseTokens: [8, 9.5, 2] } })).toThrow(
-      EncodeError,
-    );
+    expect(() => encodeTrajectoryMessage({ run: 'r', output: { ...trajectory, responseTokens: [8, 9.5, 2] } })).toThrow(EncodeError);
     expect(() => encodeTrajectoryMessage({ run: 'r', output: { ...trajectory, lossMask: [1, 2, 1] } })).toThrow(EncodeError);
   });
 

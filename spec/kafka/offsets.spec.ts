@@ -82,13 +82,18 @@ describe('OffsetTracker', () => {
 
 describe('isRebalanceCommitError', () => {
   it("tells a group that moved past this member (kafkajs's protocol errors, bare or wrapped) from other failures", () => {
-    const protocol = (type: string, code: number, message: string) => new KafkaJSProtocolError({ type, code, retriable: false, message } as unknown as Error);
+    const protocol = (type: string, code: number, message: string) =>
+      new KafkaJSProtocolError({ type, code, retriable: false, message } as unknown as Error);
     const unknownMember = protocol('UNKNOWN_MEMBER_ID', 25, 'The coordinator is not aware of this member');
     expect(isRebalanceCommitError(unknownMember)).toBe(true);
     // The consumer's retrier rethrows it wrapped, with the message only.
     expect(isRebalanceCommitError(new KafkaJSNonRetriableError(unknownMember))).toBe(true);
     expect(isRebalanceCommitError(protocol('REBALANCE_IN_PROGRESS', 27, 'The group is rebalancing, so a rejoin is needed'))).toBe(true);
-    expect(isRebalanceCommitError(new KafkaJSNonRetriableError(protocol('ILLEGAL_GENERATION', 22, 'Specified group generation id is not valid')))).toBe(true);
+    expect(
+      isRebalanceCommitError(
+        new KafkaJSNonRetriableError(protocol('ILLEGAL_GENERATION', 22, 'Specified group generation id is not valid')),
+      ),
+    ).toBe(true);
     expect(isRebalanceCommitError(protocol('GROUP_AUTHORIZATION_FAILED', 30, 'Not authorized to access group'))).toBe(false);
     expect(isRebalanceCommitError(new KafkaJSNonRetriableError(new Error('Connection error: ECONNREFUSED')))).toBe(false);
     expect(isRebalanceCommitError(undefined)).toBe(false);

@@ -24,11 +24,27 @@ describe('DeliveredRecord', () => {
   });
 
   it('decodes key and headers as UTF-8 (the first value of a repeated header); no key is undefined', () => {
-    const record = new DeliveredRecord(1, 't', 0, message({ headers: { a: Buffer.from('x'), b: [Buffer.from('y'), Buffer.from('z')], c: 'plain' } }), () => undefined, () => undefined);
+    const record = new DeliveredRecord(
+      1,
+      't',
+      0,
+      message({ headers: { a: Buffer.from('x'), b: [Buffer.from('y'), Buffer.from('z')], c: 'plain' } }),
+      () => undefined,
+      () => undefined,
+    );
     expect(record.headers).toEqual({ a: 'x', b: 'y', c: 'plain' });
     expect(record.headers).toBe(record.headers);
     expect(record.key).toBe('key');
     expect([record.offset, record.timestamp, record.topic, record.partition]).toEqual(['5', '17', 't', 0]);
-    expect(new DeliveredRecord(1, 't', 0, message({ key: null }), () => undefined, () => undefined).key).toBeUndefined();
+    expect(
+      new DeliveredRecord(
+        1,
+        't',
+        0,
+        message({ key: null }),
+        () => undefined,
+        () => undefined,
+      ).key,
+    ).toBeUndefined();
   });
 });

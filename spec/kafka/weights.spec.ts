@@ -63,7 +63,11 @@ function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: 
       decode: decodeWeightsMessage,
       onClosed: (c) => void closings.push(c.catch(() => undefined)),
     }),
-    { tokenizer: options.vocab ?? tokenizer, loadAttempts: options.loadAttempts, ...(options.root === undefined ? {} : { root: options.root }) },
+    {
+      tokenizer: options.vocab ?? tokenizer,
+      loadAttempts: options.loadAttempts,
+      ...(options.root === undefined ? {} : { root: options.root }),
+    },
   );
   cleanups.push(() => follower.close());
   follower.start();
@@ -83,7 +87,14 @@ describe('WeightsPublisher', () => {
     expect(metadata['rxrl.version']).toBe('4');
     expect([...weights.keys()]).toEqual([...model.getWeights().keys()]);
     const messages = (await readMessages(kafka, topic, 6)).map((m) => decodeWeightsMessage(m.value!));
-    expect(messages.map((m) => `${m.kind}:${m.version}`)).toEqual(['version:0', 'version:1', 'version:2', 'version:3', 'version:4', 'end:4']);
+    expect(messages.map((m) => `${m.kind}:${m.version}`)).toEqual([
+      'version:0',
+      'version:1',
+      'version:2',
+      'version:3',
+      'version:4',
+      'end:4',
+    ]);
     expect(messages[4]).toMatchObject({ kind: 'version', run: 'run-a', path: announced[4].path, sha256: announced[4].sha256 });
   });
 });
@@ -113,7 +124,16 @@ describe('WeightsPublisher cleans old weights', () => {
     symlinkSync(outside, join(dir, 'run-linked'));
 
     const cleaned: WeightsCleanup[] = [];
-    const restarted = new WeightsPublisher({ producer, topic, dir, run: 'run-new', modelTag: 'policy', policyConfig: config, keepVersions: 2, onCleanup: (c) => cleaned.push(c) });
+    const restarted = new WeightsPublisher({
+      producer,
+      topic,
+      dir,
+      run: 'run-new',
+      modelTag: 'policy',
+      policyConfig: config,
+      keepVersions: 2,
+      onCleanup: (c) => cleaned.push(c),
+    });
     await restarted.publish(5, model.getWeights());
     expect(cleaned).toHaveLength(1);
     expect(cleaned[0].removed).toEqual([join(dir, 'run-old')]);
@@ -144,7 +164,7 @@ describe('WeightsFollower', () => {
     expect(engine?.version).toBe(2);
   });
 
-  it('several policies of one run: one engine each, waitForAll gates on every policy\'s version', async () => {
+  it("several policies of one run: one engine each, waitForAll gates on every policy's version", async () => {
     const { topic, dir, publisher: writer } = await setup();
     const editor = new WeightsPublisher({ producer, topic, dir, run: 'run-a', modelTag: 'editor', policyConfig: config });
     const other = PolicyModel.create(config, 2);
@@ -267,12 +287,33 @@ describe('WeightsFollower on a poisoned weights topic', () => {
     cleanups.push(() => rmSync(outside, { recursive: true, force: true }));
     cpSync(v0.path, join(outside, 'v9'), { recursive: true });
     const cases: [string, Omit<WeightsVersionMessage, 'kind' | 'run' | 'modelTag' | 'timestamp'>, RegExp][] = [
-      ['fifo', { version: 1, path: poisoned('fifo', (f) => execFileSync('mkfifo', [f])), bytes: v0.bytes, sha256: v0.sha256 }, /not a regular file/],
-      ['/dev/zero', { version: 2, path: poisoned('zero', (f) => symlinkSync('/dev/zero', f)), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
+      [
+        'fifo',
+        { version: 1, path: poisoned('fifo', (f) => execFileSync('mkfifo', [f])), bytes: v0.bytes, sha256: v0.sha256 },
+        /not a regular file/,
+      ],
+      [
+        '/dev/zero',
+        { version: 2, path: poisoned('zero', (f) => symlinkSync('/dev/zero', f)), bytes: v0.bytes, sha256: v0.sha256 },
+        /is not readable inside/,
+      ],
       ['outside', { version: 3, path: join(outside, 'v9'), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
-      ['link out', { version: 4, path: poisoned('link', (f) => symlinkSync(join(outside, 'v9', 'model.safetensors'), f)), bytes: v0.bytes, sha256: v0.sha256 }, /is not readable inside/],
+      [
+        'link out',
+        {
+          version: 4,
+          path: poisoned('link', (f) => symlinkSync(join(outside, 'v9', 'model.safetensors'), f)),
+          bytes: v0.bytes,
+          sha256: v0.sha256,
+        },
+        /is not readable inside/,
+      ],
       ['huge claim', { version: 5, path: v0.path, bytes: 2 ** 40, sha256: v0.sha256 }, /more than the \d+ its architecture allows/],
-      ['larger than announced', { version: 6, path: poisoned('big', (f) => writeFileSync(f, Buffer.alloc(v0.bytes + 1))), bytes: v0.bytes, sha256: v0.sha256 }, /more than the \d+ allowed/],
+      [
+        'larger than announced',
+        { version: 6, path: poisoned('big', (f) => writeFileSync(f, Buffer.alloc(v0.bytes + 1))), bytes: v0.bytes, sha256: v0.sha256 },
+        /more than the \d+ allowed/,
+      ],
     ];
     for (const [what, announced, reason] of cases) {
       const refused = firstValueFrom(follower.events.pipe(filter((e) => e.type === 'refused' && e.version === announced.version)));
@@ -288,4 +329,3 @@ describe('WeightsFollower on a poisoned weights topic', () => {
     expect(v1.path.startsWith(dir)).toBe(true);
   });
 });
-

@@ -104,7 +104,9 @@ describe('the BatchMatMul gradient override', () => {
     installBackendFixes();
     const ours = tf.getGradient(tf.BatchMatMul);
     // What @tensorflow/tfjs does on import: every stock gradient registered, BatchMatMul's included.
-    const stock = (await import('@tensorflow/tfjs-core/dist/gradients/BatchMatMul_grad.js' as string)) as { batchMatMulGradConfig: tf.GradConfig };
+    const stock = (await import('@tensorflow/tfjs-core/dist/gradients/BatchMatMul_grad.js' as string)) as {
+      batchMatMulGradConfig: tf.GradConfig;
+    };
     tf.registerGradient(stock.batchMatMulGradConfig);
     expect(tf.getGradient(tf.BatchMatMul)).toBe(stock.batchMatMulGradConfig);
     await initBackend(nativeInstalled ? 'tensorflow' : 'cpu', { logger: quiet });

@@ -48,7 +48,17 @@ describe('modelFootprint', () => {
   it('counts exactly the parameters the decoder allocates, in closed form', () => {
     const configs: PolicyConfig[] = [
       { vocabSize: 51, dModel: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 192, maxSeqLen: 64 },
-      { modelType: 'qwen2', vocabSize: 483, dModel: 64, nLayers: 3, nHeads: 4, nKvHeads: 2, dFF: 96, maxSeqLen: 128, tieWordEmbeddings: true },
+      {
+        modelType: 'qwen2',
+        vocabSize: 483,
+        dModel: 64,
+        nLayers: 3,
+        nHeads: 4,
+        nKvHeads: 2,
+        dFF: 96,
+        maxSeqLen: 128,
+        tieWordEmbeddings: true,
+      },
       { modelType: 'qwen3', vocabSize: 483, dModel: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, headDim: 32, dFF: 96, maxSeqLen: 128 },
       { vocabSize: 7, dModel: 8, nLayers: 1, nHeads: 2, dFF: 16, maxSeqLen: 8, qkvBias: true, oBias: true },
     ];
@@ -78,14 +88,28 @@ describe('checkModelFits', () => {
 
   it('names the field that makes the weights too large, and the positions when the cache is what does not fit', () => {
     const layers = validatePolicyConfig({ ...small, nLayers: 1e9 });
-    expect(() => checkModelFits(layers, { memoryBytes: 4 * GiB })).toThrow(expect.objectContaining({ name: 'ConfigError', context: expect.objectContaining({ key: 'nLayers', value: 1e9 }) }));
+    expect(() => checkModelFits(layers, { memoryBytes: 4 * GiB })).toThrow(
+      expect.objectContaining({ name: 'ConfigError', context: expect.objectContaining({ key: 'nLayers', value: 1e9 }) }),
+    );
     // A real 1.5 B model does not fit a wasm32 memory: its width is the largest factor here.
-    const qwen15 = validatePolicyConfig({ modelType: 'qwen2', vocabSize: 151_936, dModel: 1536, nLayers: 28, nHeads: 12, nKvHeads: 2, dFF: 8960, maxSeqLen: 32_768 });
+    const qwen15 = validatePolicyConfig({
+      modelType: 'qwen2',
+      vocabSize: 151_936,
+      dModel: 1536,
+      nLayers: 28,
+      nHeads: 12,
+      nKvHeads: 2,
+      dFF: 8960,
+      maxSeqLen: 32_768,
+    });
     expect(modelFootprint(qwen15).parameters).toBeGreaterThan(1.5e9);
     expect(() => checkModelFits(qwen15, { memoryBytes: WASM_MEMORY_BYTES })).toThrow(/more than the 4.00 GiB this backend can hold/);
     const positions = validatePolicyConfig({ ...small, maxSeqLen: 1e12 });
     expect(() => checkModelFits(positions, { memoryBytes: 4 * GiB, capHint: '--max-model-len' })).toThrow(
-      expect.objectContaining({ context: expect.objectContaining({ key: 'maxSeqLen', value: 1e12 }), message: expect.stringMatching(/cap the context at \d+ tokens or fewer \(--max-model-len\)$/) }),
+      expect.objectContaining({
+        context: expect.objectContaining({ key: 'maxSeqLen', value: 1e12 }),
+        message: expect.stringMatching(/cap the context at \d+ tokens or fewer \(--max-model-len\)$/),
+      }),
     );
     expect(checkModelFits(positions, { memoryBytes: 4 * GiB, maxModelLen: 4096 })).toBe(4096);
   });
@@ -123,7 +147,10 @@ describe('config.json bounds before anything is read or allocated', () => {
 
   it("the tiny model's own keys are bounded too (rxrl run --set model.nLayers=…)", async () => {
     const config = loadConfig({ env: {}, values: { model: { nLayers: 1_000_000_000 } } });
-    await expect(initialModel(config.model, undefined, new CharTokenizer('ab').vocabSize, 1)).rejects.toMatchObject({ name: 'ConfigError', context: { key: 'model.nLayers' } });
+    await expect(initialModel(config.model, undefined, new CharTokenizer('ab').vocabSize, 1)).rejects.toMatchObject({
+      name: 'ConfigError',
+      context: { key: 'model.nLayers' },
+    });
   });
 });
 

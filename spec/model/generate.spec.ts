@@ -133,8 +133,24 @@ describe('PolicyModel.generate', () => {
   });
 
   it('distinctPromptRows: rows equal in ids and mask share one row; a padded row differs from an unpadded one with a 0 token', () => {
-    expect(distinctPromptRows(padPrompts([[1, 2], [3, 4], [5, 6]]))).toBeNull();
-    const rows = distinctPromptRows(padPrompts([[1, 2, 3], [2, 3], [1, 2, 3], [2, 3], [0, 2, 3]]));
+    expect(
+      distinctPromptRows(
+        padPrompts([
+          [1, 2],
+          [3, 4],
+          [5, 6],
+        ]),
+      ),
+    ).toBeNull();
+    const rows = distinctPromptRows(
+      padPrompts([
+        [1, 2, 3],
+        [2, 3],
+        [1, 2, 3],
+        [2, 3],
+        [0, 2, 3],
+      ]),
+    );
     expect(rows?.distinct.rows).toBe(3);
     expect([...(rows?.index ?? [])]).toEqual([0, 1, 0, 1, 2]);
     expect([...(rows?.distinct.attentionMask ?? [])]).toEqual([1, 1, 1, 0, 1, 1, 1, 1, 1]);
@@ -142,17 +158,20 @@ describe('PolicyModel.generate', () => {
   });
 
   it('reports un-tempered log-probs that match tokenLogprobs on the full sequence', async () => {
-    const [res] = await model.generate([{ promptTokens: tok.encode('ab', { addBos: true }), maxTokens: 6, seed: 9, temperature: 0.5, stopTokens: [] }]);
+    const [res] = await model.generate([
+      { promptTokens: tok.encode('ab', { addBos: true }), maxTokens: 6, seed: 9, temperature: 0.5, stopTokens: [] },
+    ]);
     const seq = [...tok.encode('ab', { addBos: true }), ...res.tokens];
     const T = seq.length;
-    const lp = tf.tidy(() =>
-      model
-        .tokenLogprobs(
-          tf.tensor2d(seq, [1, T], 'int32'),
-          tf.ones([1, T]) as tf.Tensor2D,
-          tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
-        )
-        .logprobs.arraySync()[0],
+    const lp = tf.tidy(
+      () =>
+        model
+          .tokenLogprobs(
+            tf.tensor2d(seq, [1, T], 'int32'),
+            tf.ones([1, T]) as tf.Tensor2D,
+            tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
+          )
+          .logprobs.arraySync()[0],
     );
     res.logprobs.forEach((x, t) => expect(Math.abs(x - lp[3 - 1 + t])).toBeLessThanOrEqual(LOGPROB_TOLERANCE));
   });
@@ -241,7 +260,15 @@ describe.each(ALL_BACKENDS)('the KV-cache decode step equals full recompute for 
       ropeScaling: { type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 },
     },
     'qwen2, q/k/v biases, tied head': { ...base, modelType: 'qwen2', qkvBias: true, tieWordEmbeddings: true, nKvHeads: 1 },
-    'qwen3, q/k norms, explicit head width, attention biases': { ...base, modelType: 'qwen3', qkNorm: true, headDim: 12, nKvHeads: 2, qkvBias: true, oBias: true },
+    'qwen3, q/k norms, explicit head width, attention biases': {
+      ...base,
+      modelType: 'qwen3',
+      qkNorm: true,
+      headDim: 12,
+      nKvHeads: 2,
+      qkvBias: true,
+      oBias: true,
+    },
   };
   beforeAll(async () => {
     await initBackend(backend, { logger: quiet });
@@ -251,7 +278,12 @@ describe.each(ALL_BACKENDS)('the KV-cache decode step equals full recompute for 
     // Every weight perturbed (norm gains and biases too, which start at ones and zeros), so each fold is exercised.
     const rng = createRng(7, name);
     const created = PolicyModel.create(VARIANTS[name], 3);
-    const weights = new Map([...created.getWeights()].map(([key, w]) => [key, { shape: w.shape, data: w.data.map((x, i) => x + normalArray(1, 0.3, rng)[0] * (i % 3 === 0 ? 1 : 0.5)) }]));
+    const weights = new Map(
+      [...created.getWeights()].map(([key, w]) => [
+        key,
+        { shape: w.shape, data: w.data.map((x, i) => x + normalArray(1, 0.3, rng)[0] * (i % 3 === 0 ? 1 : 0.5)) },
+      ]),
+    );
     created.dispose();
     const model = PolicyModel.fromWeights(VARIANTS[name], weights);
     const tensors = tf.memory().numTensors;

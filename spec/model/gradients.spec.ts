@@ -10,7 +10,10 @@ const TOLERANCE = 2e-2;
 
 function randn(shape: number[], seed: number, shift = 0): tf.Tensor {
   const size = shape.reduce((p, d) => p * d, 1);
-  return tf.tensor(Float32Array.from(normalArray(size, 1, createRng(seed, 'grad')), (v) => v + shift), shape);
+  return tf.tensor(
+    Float32Array.from(normalArray(size, 1, createRng(seed, 'grad')), (v) => v + shift),
+    shape,
+  );
 }
 
 /** Checks `tf.grad(f)` against central differences at every element of `x`. */
@@ -52,10 +55,14 @@ describe('core gradients (tfjs-core alone registers none in Node)', () => {
     ['squaredDifference', (x) => tf.squaredDifference(x, b()), () => randn([2, 3], 7)],
     ['addN', (x) => tf.addN([x, tf.mul(x, 2), tf.square(x)]), () => randn([2, 3], 8)],
     ['neg/abs/exp', (x) => tf.add(tf.neg(tf.abs(x)), tf.exp(x)), () => randn([2, 3], 9)],
-    ['log/log1p/sqrt/rsqrt', (x) => {
-      const p = tf.add(tf.square(x), 0.5);
-      return tf.addN([tf.log(p), tf.log1p(p), tf.sqrt(p), tf.rsqrt(p), tf.reciprocal(p)]);
-    }, () => randn([2, 3], 10)],
+    [
+      'log/log1p/sqrt/rsqrt',
+      (x) => {
+        const p = tf.add(tf.square(x), 0.5);
+        return tf.addN([tf.log(p), tf.log1p(p), tf.sqrt(p), tf.rsqrt(p), tf.reciprocal(p)]);
+      },
+      () => randn([2, 3], 10),
+    ],
     ['tanh/sigmoid/softplus/relu', (x) => tf.addN([tf.tanh(x), tf.sigmoid(x), tf.softplus(x), tf.relu(x)]), () => randn([2, 3], 11)],
     ['sin/cos/erf/expm1', (x) => tf.addN([tf.sin(x), tf.cos(x), tf.erf(x), tf.expm1(x)]), () => randn([2, 3], 12)],
     ['clipByValue', (x) => tf.clipByValue(x, -0.5, 0.5), () => randn([2, 3], 13)],
@@ -63,10 +70,26 @@ describe('core gradients (tfjs-core alone registers none in Node)', () => {
     ['sum/mean', (x) => tf.add(tf.sum(x, 1, true), tf.mean(x, 0)), () => randn([2, 3], 15)],
     ['max/min', (x) => tf.add(tf.max(x, -1), tf.sum(tf.min(x, 0, false))), () => randn([2, 3], 16)],
     ['reshape/transpose/expandDims', (x) => tf.transpose(tf.expandDims(tf.reshape(x, [3, 2]), 0), [2, 0, 1]), () => randn([2, 3], 17)],
-    ['slice/pad', (x) => tf.pad(tf.slice(x, [0, 1], [2, -1]), [[1, 0], [0, 2]]), () => randn([2, 3], 18)],
+    [
+      'slice/pad',
+      (x) =>
+        tf.pad(tf.slice(x, [0, 1], [2, -1]), [
+          [1, 0],
+          [0, 2],
+        ]),
+      () => randn([2, 3], 18),
+    ],
     // Copy before reversing: the array tf.split returns is the tape's own output list.
     ['concat/split', (x) => tf.concat([...tf.split(tf.concat([x, tf.square(x)], 1), [1, 5], 1)].reverse(), 1), () => randn([2, 3], 19)],
-    ['stack/unstack', (x) => tf.stack(tf.unstack(x, 1).map((t, i) => tf.mul(t, i + 1)), 0), () => randn([2, 3], 20)],
+    [
+      'stack/unstack',
+      (x) =>
+        tf.stack(
+          tf.unstack(x, 1).map((t, i) => tf.mul(t, i + 1)),
+          0,
+        ),
+      () => randn([2, 3], 20),
+    ],
     ['tile', (x) => tf.tile(x, [2, 3]), () => randn([2, 3], 21)],
     ['gather', (x) => tf.gather(x, tf.tensor1d([2, 0, 2], 'int32'), 1), () => randn([2, 3], 22)],
     ['softmax/logSoftmax', (x) => tf.add(tf.softmax(x), tf.logSoftmax(x)), () => randn([2, 3], 23)],

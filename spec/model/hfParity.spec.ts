@@ -54,20 +54,31 @@ function hasTransformers(): boolean {
   return spawnSync('python3', ['-c', 'import transformers, torch'], { stdio: 'ignore' }).status === 0;
 }
 
-function inputs(x: { input_ids: number[][]; attention_mask: number[][]; position_ids: number[][] }): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
-  return [tf.tensor2d(x.input_ids, undefined, 'int32'), tf.tensor2d(x.attention_mask, undefined, 'float32'), tf.tensor2d(x.position_ids, undefined, 'int32')];
+function inputs(x: {
+  input_ids: number[][];
+  attention_mask: number[][];
+  position_ids: number[][];
+}): [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D] {
+  return [
+    tf.tensor2d(x.input_ids, undefined, 'int32'),
+    tf.tensor2d(x.attention_mask, undefined, 'float32'),
+    tf.tensor2d(x.position_ids, undefined, 'int32'),
+  ];
 }
 
 /** Largest difference over positions whose attention mask is 1 (padded rows are undefined in transformers). */
 function maxLogitDiff(ours: number[][][], theirs: number[][][], mask: number[][]): number {
   let worst = 0;
-  ours.forEach((row, b) => row.forEach((logits, t) => {
-    if (mask[b][t] !== 1) return;
-    logits.forEach((x, v) => { worst = Math.max(worst, Math.abs(x - theirs[b][t][v])); });
-  }));
+  ours.forEach((row, b) =>
+    row.forEach((logits, t) => {
+      if (mask[b][t] !== 1) return;
+      logits.forEach((x, v) => {
+        worst = Math.max(worst, Math.abs(x - theirs[b][t][v]));
+      });
+    }),
+  );
   return worst;
 }
-
 
 describe.each(ALL_BACKENDS)('Llama-family decoder vs transformers (%s backend)', (backend) => {
   beforeAll(async () => {
@@ -96,7 +107,9 @@ describe.each(ALL_BACKENDS)('Llama-family decoder vs transformers (%s backend)',
         const [alone] = await model.generate([{ promptTokens: g.prompt_ids, maxTokens: g.max_new_tokens, temperature: 0, stopTokens: [] }]);
         expect(alone.tokens).toEqual(g.output_ids);
       }
-      const batched = await model.generate(exp.greedy.map((g) => ({ promptTokens: g.prompt_ids, maxTokens: g.max_new_tokens, temperature: 0, stopTokens: [] })));
+      const batched = await model.generate(
+        exp.greedy.map((g) => ({ promptTokens: g.prompt_ids, maxTokens: g.max_new_tokens, temperature: 0, stopTokens: [] })),
+      );
       expect(batched.map((r) => r.tokens)).toEqual(exp.greedy.map((g) => g.output_ids));
     });
 
@@ -106,10 +119,16 @@ describe.each(ALL_BACKENDS)('Llama-family decoder vs transformers (%s backend)',
       const T = ids.shape[1];
       // Count a target only where both it and its context token are real (as the fixture script does).
       const m = exp.grad.attention_mask;
-      const target = tf.tensor2d(m.map((row) => row.slice(1).map((x, t) => x * row[t])), [B, T - 1]);
+      const target = tf.tensor2d(
+        m.map((row) => row.slice(1).map((x, t) => x * row[t])),
+        [B, T - 1],
+      );
       const vars = model.trainableVariables();
       const names = model.weightNames();
-      const { value, grads } = tf.variableGrads(() => tf.sum(tf.mul(model.tokenLogprobs(ids, mask, pos).logprobs, target)) as tf.Scalar, vars);
+      const { value, grads } = tf.variableGrads(
+        () => tf.sum(tf.mul(model.tokenLogprobs(ids, mask, pos).logprobs, target)) as tf.Scalar,
+        vars,
+      );
       expect(value.dataSync()[0]).toBeCloseTo(exp.grad.sum_logprobs, 3);
       for (const [weight, ref] of Object.entries(exp.grad.grads)) {
         const v = vars[names.indexOf(weight)];
@@ -121,7 +140,9 @@ describe.each(ALL_BACKENDS)('Llama-family decoder vs transformers (%s backend)',
         if (hf !== g) hf.dispose();
         expect(ours.length, weight).toBe(ref.data.length);
         let worst = 0;
-        ref.data.forEach((r, i) => { worst = Math.max(worst, Math.abs(ours[i] - r) - GRAD_RTOL * Math.abs(r)); });
+        ref.data.forEach((r, i) => {
+          worst = Math.max(worst, Math.abs(ours[i] - r) - GRAD_RTOL * Math.abs(r));
+        });
         expect(worst, weight).toBeLessThanOrEqual(GRAD_ATOL);
       }
       tf.dispose([ids, mask, pos, target, value, grads]);
@@ -139,13 +160,26 @@ describe('model directories', () => {
 
   it('reads both config layouts, F32/F16/BF16 and shards into the documented configuration', async () => {
     const qwen2 = await readModelDir(join(FIXTURES, 'tiny-qwen2'));
-    expect(qwen2.config).toMatchObject({ modelType: 'qwen2', qkvBias: true, oBias: false, tieWordEmbeddings: true, ropeTheta: 1e6, nKvHeads: 2 });
+    expect(qwen2.config).toMatchObject({
+      modelType: 'qwen2',
+      qkvBias: true,
+      oBias: false,
+      tieWordEmbeddings: true,
+      ropeTheta: 1e6,
+      nKvHeads: 2,
+    });
     expect(qwen2.weights.has('lm_head.weight')).toBe(false);
     expect(qwen2.special).toEqual({ eosTokenId: [482, 480], padTokenId: 480 });
     const qwen3 = await readModelDir(join(FIXTURES, 'tiny-qwen3'));
     expect(qwen3.config).toMatchObject({ modelType: 'qwen3', qkNorm: true, headDim: 32, ropeTheta: 10000, tieWordEmbeddings: false });
     const llama = await readModelDir(join(FIXTURES, 'tiny-llama'));
-    expect(llama.config.ropeScaling).toEqual({ type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 32 });
+    expect(llama.config.ropeScaling).toEqual({
+      type: 'llama3',
+      factor: 8,
+      lowFreqFactor: 1,
+      highFreqFactor: 4,
+      originalMaxPositionEmbeddings: 32,
+    });
     expect(llama.special).toEqual({ bosTokenId: 500, eosTokenId: [504, 501] });
   });
 

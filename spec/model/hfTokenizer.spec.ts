@@ -124,7 +124,11 @@ describe('HfTokenizer special tokens come from the model files', () => {
     const tokenizer = JSON.parse(readFileSync(join(FIXTURES, 'tiny-llama', 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
     const tok = new HfTokenizer({
       tokenizer,
-      config: { ...config, bos_token: { __type: 'AddedToken', content: '<|begin_of_text|>', special: true }, pad_token: { content: '<|end_of_text|>' } },
+      config: {
+        ...config,
+        bos_token: { __type: 'AddedToken', content: '<|begin_of_text|>', special: true },
+        pad_token: { content: '<|end_of_text|>' },
+      },
       generationConfig: { eos_token_id: 501 },
     });
     expect([tok.bosId, tok.eosId, tok.padId]).toEqual([500, 504, 501]);

@@ -9,7 +9,14 @@ import { collate } from '../../lib/data/collate.js';
 import type { NamedWeights } from '../../lib/engine/types.js';
 import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { LoraAdapter, loadPeftAdapter, readPeftAdapterConfig, savePeftAdapter, validateLoraConfig, type LoraConfig } from '../../lib/model/lora.js';
+import {
+  LoraAdapter,
+  loadPeftAdapter,
+  readPeftAdapterConfig,
+  savePeftAdapter,
+  validateLoraConfig,
+  type LoraConfig,
+} from '../../lib/model/lora.js';
 import { saveModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/core/random.js';
@@ -20,29 +27,62 @@ import { traj } from '../helpers/fixtures.js';
 
 const quiet = { info: (): void => undefined };
 // Grouped-query attention and q/k/v biases, so every target has its own shape.
-const CONFIG: PolicyConfig = { vocabSize: 11, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 24, maxSeqLen: 12, modelType: 'qwen2', qkvBias: true };
+const CONFIG: PolicyConfig = {
+  vocabSize: 11,
+  dModel: 16,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  dFF: 24,
+  maxSeqLen: 12,
+  modelType: 'qwen2',
+  qkvBias: true,
+};
 const ALL: LoraConfig = { rank: 4, alpha: 8, targetModules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] };
 
 /** An adapter with every tensor random (B too: a fresh adapter's B is 0, which would hide a wrong product). */
 function randomAdapter(lora: LoraConfig, seed: number): LoraAdapter {
   const fresh = LoraAdapter.create(CONFIG, lora, seed);
   const rng = createRng(seed, 'random-adapter');
-  const weights: NamedWeights = new Map([...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.2, rng) }]));
+  const weights: NamedWeights = new Map(
+    [...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.2, rng) }]),
+  );
   fresh.dispose();
   return LoraAdapter.fromWeights(CONFIG, lora, weights);
 }
 
-const INPUT = { ids: [[1, 3, 4, 5, 6, 2], [0, 0, 1, 7, 8, 9]], mask: [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], pos: [[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]] };
+const INPUT = {
+  ids: [
+    [1, 3, 4, 5, 6, 2],
+    [0, 0, 1, 7, 8, 9],
+  ],
+  mask: [
+    [1, 1, 1, 1, 1, 1],
+    [0, 0, 1, 1, 1, 1],
+  ],
+  pos: [
+    [0, 1, 2, 3, 4, 5],
+    [0, 0, 0, 1, 2, 3],
+  ],
+};
 
 function logitsOf(model: PolicyModel): number[][][] {
   return tf.tidy(() =>
-    model.logits(tf.tensor2d(INPUT.ids, undefined, 'int32'), tf.tensor2d(INPUT.mask, undefined, 'float32'), tf.tensor2d(INPUT.pos, undefined, 'int32')).arraySync(),
+    model
+      .logits(
+        tf.tensor2d(INPUT.ids, undefined, 'int32'),
+        tf.tensor2d(INPUT.mask, undefined, 'float32'),
+        tf.tensor2d(INPUT.pos, undefined, 'int32'),
+      )
+      .arraySync(),
   );
 }
 
 function maxDiff(a: number[][][], b: number[][][]): number {
   let worst = 0;
-  a.forEach((row, i) => row.forEach((v, t) => (INPUT.mask[i][t] === 1 ? v.forEach((x, k) => (worst = Math.max(worst, Math.abs(x - b[i][t][k])))) : undefined)));
+  a.forEach((row, i) =>
+    row.forEach((v, t) => (INPUT.mask[i][t] === 1 ? v.forEach((x, k) => (worst = Math.max(worst, Math.abs(x - b[i][t][k])))) : undefined)),
+  );
   return worst;
 }
 
@@ -52,7 +92,11 @@ function sameWeights(a: NamedWeights, b: NamedWeights): boolean {
 
 describe('LoRA configuration', () => {
   it('resolves the scale (alpha / r, or alpha / √r with rsLoRA) and orders targets as in a block', () => {
-    expect(validateLoraConfig({ rank: 4, alpha: 8, targetModules: ['v_proj', 'q_proj'] })).toMatchObject({ scale: 2, targetModules: ['q_proj', 'v_proj'], dropout: 0 });
+    expect(validateLoraConfig({ rank: 4, alpha: 8, targetModules: ['v_proj', 'q_proj'] })).toMatchObject({
+      scale: 2,
+      targetModules: ['q_proj', 'v_proj'],
+      dropout: 0,
+    });
     expect(validateLoraConfig({ rank: 4, alpha: 8, targetModules: ['q_proj'], rsLora: true }).scale).toBe(4);
   });
 
@@ -62,7 +106,10 @@ describe('LoRA configuration', () => {
       [{ ...ALL, alpha: -1 }, /^policies\.coder\.lora\.alpha must be a positive number/],
       [{ ...ALL, dropout: 0.1 }, /^policies\.coder\.lora\.dropout must be 0/],
       [{ ...ALL, targetModules: [] }, /^policies\.coder\.lora\.targetModules must be a non-empty list/],
-      [{ ...ALL, targetModules: ['q_proj', 'qkv_proj' as never] }, /^policies\.coder\.lora\.targetModules\[1\] must be one of q_proj, .* \(the model has no other linear layer in a block\), got "qkv_proj"$/],
+      [
+        { ...ALL, targetModules: ['q_proj', 'qkv_proj' as never] },
+        /^policies\.coder\.lora\.targetModules\[1\] must be one of q_proj, .* \(the model has no other linear layer in a block\), got "qkv_proj"$/,
+      ],
       [{ ...ALL, targetModules: ['q_proj', 'q_proj'] }, /^policies\.coder\.lora\.targetModules\[1\] is listed twice/],
     ];
     for (const [lora, message] of cases) {
@@ -126,14 +173,19 @@ describe.each(ALL_BACKENDS)('LoRA adapters on a shared base (%s backend)', (back
     const responseLogprobs = (model: PolicyModel, t: Trajectory): number[] =>
       tf.tidy(() => {
         const ids = [...t.promptTokens, ...t.responseTokens];
-        const out = model.tokenLogprobs(tf.tensor2d([ids], undefined, 'int32'), tf.ones([1, ids.length]) as tf.Tensor2D, tf.tensor2d([ids.map((_, i) => i)], undefined, 'int32'));
+        const out = model.tokenLogprobs(
+          tf.tensor2d([ids], undefined, 'int32'),
+          tf.ones([1, ids.length]) as tf.Tensor2D,
+          tf.tensor2d([ids.map((_, i) => i)], undefined, 'int32'),
+        );
         return Array.from(out.logprobs.dataSync()).slice(t.promptTokens.length - 1);
       });
     const sum = (model: PolicyModel, t: Trajectory): number => responseLogprobs(model, t).reduce((a, b) => a + b, 0);
     const withLogprobs = rows.map((t) => ({ ...t, logprobs: responseLogprobs(view, t) }));
     const [up, down] = withLogprobs.map((t) => sum(view, t));
     const trainer = new GrpoTrainer(view, { learningRate: 1e-2 });
-    for (let step = 0; step < 3; step++) await trainer.trainStep(collate(withLogprobs, { padId: 0, modelTag: 'policy', advantages: [1, -1] }));
+    for (let step = 0; step < 3; step++)
+      await trainer.trainStep(collate(withLogprobs, { padId: 0, modelTag: 'policy', advantages: [1, -1] }));
     expect(sameWeights(base.getWeights(), baseWeights)).toBe(true);
     expect(sameWeights(adapter.getWeights(), frozen)).toBe(false);
     expect(sum(view, withLogprobs[0])).toBeGreaterThan(up);
@@ -156,9 +208,20 @@ describe('PEFT adapter directories', () => {
     const out = join(dir, 'adapter');
     await savePeftAdapter(out, adapter, 'tiny-base');
     const config = JSON.parse(await readFile(join(out, 'adapter_config.json'), 'utf8')) as Record<string, unknown>;
-    expect(config).toMatchObject({ peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 8, lora_dropout: 0, target_modules: ['q_proj', 'o_proj', 'up_proj'], bias: 'none', base_model_name_or_path: 'tiny-base' });
+    expect(config).toMatchObject({
+      peft_type: 'LORA',
+      task_type: 'CAUSAL_LM',
+      r: 4,
+      lora_alpha: 8,
+      lora_dropout: 0,
+      target_modules: ['q_proj', 'o_proj', 'up_proj'],
+      bias: 'none',
+      base_model_name_or_path: 'tiny-base',
+    });
     expect(adapter.weightNames()).toContain('base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight');
-    await expect(loadPeftAdapter(out, CONFIG, { maxWeightBytes: 10 })).rejects.toThrow(/adapter_model\.safetensors: \d+ bytes, more than the 10 allowed/);
+    await expect(loadPeftAdapter(out, CONFIG, { maxWeightBytes: 10 })).rejects.toThrow(
+      /adapter_model\.safetensors: \d+ bytes, more than the 10 allowed/,
+    );
     const back = await loadPeftAdapter(out, CONFIG);
     expect(back.baseModel).toBe('tiny-base');
     expect(sameWeights(back.adapter.getWeights(), adapter.getWeights())).toBe(true);
@@ -166,7 +229,9 @@ describe('PEFT adapter directories', () => {
 
     // PEFT's in-memory names carry the adapter name ("default"); files saved from them may too.
     const { encodeSafetensors } = await import('../../lib/model/safetensors.js');
-    const named = new Map([...adapter.getWeights()].map(([name, w]) => [name.replace(/\.lora_([AB])\.weight$/, '.lora_$1.default.weight'), w]));
+    const named = new Map(
+      [...adapter.getWeights()].map(([name, w]) => [name.replace(/\.lora_([AB])\.weight$/, '.lora_$1.default.weight'), w]),
+    );
     await writeFile(join(out, 'adapter_model.safetensors'), encodeSafetensors(named));
     const again = await loadPeftAdapter(out, CONFIG);
     expect(sameWeights(again.adapter.getWeights(), adapter.getWeights())).toBe(true);
@@ -229,11 +294,15 @@ describe('PEFT adapter directories', () => {
       expect([...weights.keys()].sort()).toEqual(adapter.weightNames().sort());
       console.info('lora: peft is not importable; checked the file layout only');
     } else {
-      const run = spawnSync('python3', [join(import.meta.dirname, '..', '..', 'scripts', 'hf_logits.py'), baseDir, '--adapter', adapterDir], {
-        input: JSON.stringify({ input_ids: INPUT.ids, attention_mask: INPUT.mask, position_ids: INPUT.pos }),
-        encoding: 'utf8',
-        maxBuffer: 64 << 20,
-      });
+      const run = spawnSync(
+        'python3',
+        [join(import.meta.dirname, '..', '..', 'scripts', 'hf_logits.py'), baseDir, '--adapter', adapterDir],
+        {
+          input: JSON.stringify({ input_ids: INPUT.ids, attention_mask: INPUT.mask, position_ids: INPUT.pos }),
+          encoding: 'utf8',
+          maxBuffer: 64 << 20,
+        },
+      );
       expect(run.status, run.stderr).toBe(0);
       const answer = JSON.parse(run.stdout) as { logits: number[][][]; peft: string | null };
       expect(answer.peft).toBeTypeOf('string');
@@ -277,7 +346,17 @@ describe('LoRA through the GRPO pipeline', () => {
     const baseBefore = base.getWeights();
     const trainer = new GrpoTrainer(policy, { learningRate: 1e-2 });
     const steps = await lastValueFrom(
-      grpoPipeline({ tasks: task.train, loader: { epochs: 2, shuffle: true, seed: 1 }, engines: [engine], trainer, evaluator: task.evaluator, batchSize: 3, groupSize: 4, maxTokens: 4, steps: 3 }).pipe(toArray()),
+      grpoPipeline({
+        tasks: task.train,
+        loader: { epochs: 2, shuffle: true, seed: 1 },
+        engines: [engine],
+        trainer,
+        evaluator: task.evaluator,
+        batchSize: 3,
+        groupSize: 4,
+        maxTokens: 4,
+        steps: 3,
+      }).pipe(toArray()),
     );
     expect(steps.map((s) => s.version)).toEqual([1, 2, 3]);
     expect(shipped).toHaveLength(3);

@@ -14,7 +14,10 @@ const TOLERANCE = 1e-5;
 /** The three families' variants: grouped-query llama, qwen2 with q/k/v biases and a tied head, qwen3 with q/k norms. */
 const FAMILIES: readonly [string, PolicyConfig][] = [
   ['llama', { modelType: 'llama', vocabSize: 23, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 32, maxSeqLen: 16 }],
-  ['qwen2', { modelType: 'qwen2', vocabSize: 23, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 32, maxSeqLen: 16, tieWordEmbeddings: true }],
+  [
+    'qwen2',
+    { modelType: 'qwen2', vocabSize: 23, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 32, maxSeqLen: 16, tieWordEmbeddings: true },
+  ],
   ['qwen3', { modelType: 'qwen3', vocabSize: 23, dModel: 16, nLayers: 2, nHeads: 4, nKvHeads: 1, headDim: 8, dFF: 32, maxSeqLen: 16 }],
 ];
 
@@ -23,7 +26,15 @@ const FAMILIES: readonly [string, PolicyConfig][] = [
  * sharing a prompt, and one row alone; responses of different lengths.
  */
 function rows(): { ids: tf.Tensor2D; mask: tf.Tensor2D; pos: tf.Tensor2D; P: number } {
-  const prompts = [[1, 5, 7, 9], [1, 5, 7, 9], [2, 6], [1, 5, 7, 9], [2, 6], [2, 6], [3, 3, 4]];
+  const prompts = [
+    [1, 5, 7, 9],
+    [1, 5, 7, 9],
+    [2, 6],
+    [1, 5, 7, 9],
+    [2, 6],
+    [2, 6],
+    [3, 3, 4],
+  ];
   const responses = [[4, 8, 2], [11, 2], [7, 7, 7, 7, 1], [9], [12, 13, 2], [5, 22, 3, 2], [8, 8]];
   const P = 4;
   const R = 5;
@@ -52,7 +63,10 @@ function adapter(model: PolicyModel): LoraAdapter {
   const fresh = LoraAdapter.create(model.config, { ...lora, targetModules: [...lora.targetModules] }, 3);
   const rng = createRng(5, 'lora-b');
   const weights: NamedWeights = new Map(
-    [...fresh.getWeights()].map(([name, w]) => [name, { ...w, data: name.includes('lora_B') ? Float32Array.from(w.data, () => rng.next() - 0.5) : w.data }]),
+    [...fresh.getWeights()].map(([name, w]) => [
+      name,
+      { ...w, data: name.includes('lora_B') ? Float32Array.from(w.data, () => rng.next() - 0.5) : w.data },
+    ]),
   );
   fresh.dispose();
   return LoraAdapter.fromWeights(model.config, { ...lora, targetModules: [...lora.targetModules] }, weights);
@@ -65,9 +79,17 @@ function probe(model: PolicyModel, shared: boolean): Float32Array[] {
     shared ? model.responseLogprobs(ids, mask, pos, P) : model.tokenLogprobs(ids, mask, pos, P - 1);
   const out = score();
   const R = out.logprobs.shape[1];
-  const weight = tf.mul(tf.slice(mask, [0, P], [-1, R]), tf.tensor2d(Float32Array.from({ length: out.logprobs.size }, (_, i) => 1 + (i % 3)), out.logprobs.shape));
+  const weight = tf.mul(
+    tf.slice(mask, [0, P], [-1, R]),
+    tf.tensor2d(
+      Float32Array.from({ length: out.logprobs.size }, (_, i) => 1 + (i % 3)),
+      out.logprobs.shape,
+    ),
+  );
   const { value, grads } = tf.variableGrads(() => tf.sum(tf.mul(score().logprobs, weight)) as tf.Scalar, model.trainableVariables());
-  const arrays = [out.logprobs, out.entropy, value, ...model.trainableVariables().map((v) => grads[v.name])].map((t) => Float32Array.from(t.dataSync() as Float32Array));
+  const arrays = [out.logprobs, out.entropy, value, ...model.trainableVariables().map((v) => grads[v.name])].map((t) =>
+    Float32Array.from(t.dataSync() as Float32Array),
+  );
   tf.dispose([ids, mask, pos, out.logprobs, out.entropy, weight, value, grads]);
   return arrays;
 }

@@ -6,12 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NamedWeights, WeightArray } from '../../lib/engine/types.js';
 import { DecodeError, ShapeError } from '../../lib/core/errors.js';
-import {
-  decodeSafetensors,
-  encodeSafetensors,
-  loadSafetensors,
-  saveSafetensors,
-} from '../../lib/model/safetensors.js';
+import { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from '../../lib/model/safetensors.js';
 
 function weights(): NamedWeights {
   return new Map<string, WeightArray>([
@@ -67,8 +62,7 @@ describe('safetensors', () => {
 
   it('reads a file laid out by another writer (offsets out of key order, no padding)', () => {
     const data = new Uint8Array(new Float32Array([5, 6, 1, 2, 3]).buffer);
-    const header =
-      '{"b":{"dtype":"F32","shape":[3],"data_offsets":[8,20]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}';
+    const header = '{"b":{"dtype":"F32","shape":[3],"data_offsets":[8,20]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}';
     const { weights: w, metadata } = decodeSafetensors(handMade(header, data));
     expect(metadata).toEqual({});
     expect(Array.from(w.get('a')?.data ?? [])).toEqual([5, 6]);

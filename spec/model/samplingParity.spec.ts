@@ -209,14 +209,20 @@ describe('sampling parity with transformers (reference written by scripts/sampli
       const ours = rxrlDistribution(c);
       expect(ours.size, caseName(c)).toBe(ref.size);
       if (stableRows.has(c.row) || tieClosed(new Set(ref.keys()), logits)) {
-        expect([...ours.keys()].sort((a, b) => a - b), caseName(c)).toEqual([...ref.keys()]);
+        expect(
+          [...ours.keys()].sort((a, b) => a - b),
+          caseName(c),
+        ).toEqual([...ref.keys()]);
         for (const [id, p] of ref) maxError = Math.max(maxError, Math.abs(ours.get(id)! - p));
       } else {
         // A tie straddles the cut-off and torch's order of ties is unspecified on this row: the same scores are kept, the same masses, whichever tied ids carry them.
         tieCases++;
         const a = byScore(ours, logits);
         const b = byScore(ref, logits);
-        expect(a.map(([x]) => x), caseName(c)).toEqual(b.map(([x]) => x));
+        expect(
+          a.map(([x]) => x),
+          caseName(c),
+        ).toEqual(b.map(([x]) => x));
         a.forEach(([, p], i) => (maxError = Math.max(maxError, Math.abs(p - b[i][1]))));
       }
       for (const [id, p] of c.top) {
@@ -330,7 +336,12 @@ describe('stop handling and the trained mask, as TRL', () => {
     { name: 'an EOS id other than the tokenizer’s', script: [9, 0, 3], maxTokens: 8, finish: 'stop', tokens: [9, 0] },
     { name: 'runs to maxTokens without EOS', script: [5, 6, 7, 8, 9], maxTokens: 4, finish: 'length', tokens: [5, 6, 7, 8] },
   ])('$name: the tokens, log-probs and loss mask rxrl trains are those TRL trains', async ({ script, maxTokens, finish, tokens }) => {
-    const [res] = await runGeneration(scriptedDecoder(script, VOCAB), [{ promptTokens: [1, 4], maxTokens, seed: 1 }], { stopIds: EOS }, { vocabSize: VOCAB, maxSeqLen: 32 });
+    const [res] = await runGeneration(
+      scriptedDecoder(script, VOCAB),
+      [{ promptTokens: [1, 4], maxTokens, seed: 1 }],
+      { stopIds: EOS },
+      { vocabSize: VOCAB, maxSeqLen: 32 },
+    );
     expect(res.tokens).toEqual(tokens);
     expect(res.finishReason).toBe(finish);
     expect(res.logprobs).toHaveLength(tokens.length);
@@ -341,9 +352,20 @@ describe('stop handling and the trained mask, as TRL', () => {
     expect(res.tokens).toEqual(trlKept);
     // rxrl's trajectory (singleTurnWorker: every generated token is the policy's) through collate.
     const trajectory: Trajectory = {
-      id: 'g/0', taskId: 't', groupId: 'g', runId: 0, modelTag: 'policy', policyVersion: 0, promptTokens: [1, 4],
-      responseTokens: res.tokens, logprobs: res.logprobs, lossMask: res.tokens.map(() => 1), reward: 1,
-      finishReason: res.finishReason, metrics: {}, task: { id: 't', prompt: '' } as Task,
+      id: 'g/0',
+      taskId: 't',
+      groupId: 'g',
+      runId: 0,
+      modelTag: 'policy',
+      policyVersion: 0,
+      promptTokens: [1, 4],
+      responseTokens: res.tokens,
+      logprobs: res.logprobs,
+      lossMask: res.tokens.map(() => 1),
+      reward: 1,
+      finishReason: res.finishReason,
+      metrics: {},
+      task: { id: 't', prompt: '' } as Task,
     };
     const batch = collate([trajectory], { padId: 2, modelTag: 'policy', minResponseLength: maxTokens });
     expect([...batch.lossMask]).toEqual(trlMask);
@@ -361,11 +383,21 @@ describe('the sampler’s log-probs are what the trainer recomputes', () => {
 
   it('with temperature 0.7, top-p 0.9 and top-k 5, tokenLogprobs gives back the sampled log-probs', async () => {
     const prompt = [1, 7, 9];
-    const [res] = await model.generate([{ promptTokens: prompt, maxTokens: 10, seed: 4, temperature: 0.7, topP: 0.9, topK: 5, stopTokens: [] }]);
+    const [res] = await model.generate([
+      { promptTokens: prompt, maxTokens: 10, seed: 4, temperature: 0.7, topP: 0.9, topK: 5, stopTokens: [] },
+    ]);
     const seq = [...prompt, ...res.tokens];
     const T = seq.length;
-    const lp = tf.tidy(() =>
-      model.tokenLogprobs(tf.tensor2d(seq, [1, T], 'int32'), tf.ones([1, T]) as tf.Tensor2D, tf.tensor2d([...Array(T).keys()], [1, T], 'int32'), prompt.length - 1).logprobs.arraySync()[0],
+    const lp = tf.tidy(
+      () =>
+        model
+          .tokenLogprobs(
+            tf.tensor2d(seq, [1, T], 'int32'),
+            tf.ones([1, T]) as tf.Tensor2D,
+            tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
+            prompt.length - 1,
+          )
+          .logprobs.arraySync()[0],
     );
     expect(lp).toHaveLength(res.logprobs.length);
     res.logprobs.forEach((x, t) => expect(Math.abs(x - lp[t])).toBeLessThanOrEqual(1e-4));
@@ -375,11 +407,17 @@ describe('the sampler’s log-probs are what the trainer recomputes', () => {
     const prompt = [1, 7, 9];
     const logits = tf.tidy(() => {
       const T = prompt.length;
-      const all = model.logits(tf.tensor2d(prompt, [1, T], 'int32'), tf.ones([1, T]) as tf.Tensor2D, tf.tensor2d([...Array(T).keys()], [1, T], 'int32'));
+      const all = model.logits(
+        tf.tensor2d(prompt, [1, T], 'int32'),
+        tf.ones([1, T]) as tf.Tensor2D,
+        tf.tensor2d([...Array(T).keys()], [1, T], 'int32'),
+      );
       return tf.reshape(tf.slice(all, [0, T - 1, 0], [1, 1, -1]), [-1]).dataSync() as Float32Array;
     });
     const top3 = new Set([...logits.keys()].sort((a, b) => logits[b] - logits[a]).slice(0, 3));
-    const firsts = await model.generate([...Array(40).keys()].map((seed) => ({ promptTokens: prompt, maxTokens: 1, seed, temperature: 5, topK: 3, stopTokens: [] })));
+    const firsts = await model.generate(
+      [...Array(40).keys()].map((seed) => ({ promptTokens: prompt, maxTokens: 1, seed, temperature: 5, topK: 3, stopTokens: [] })),
+    );
     expect(firsts.every((r) => top3.has(r.tokens[0]))).toBe(true);
     await expect(model.generate([{ promptTokens: prompt, maxTokens: 1, topK: 1.5 }])).rejects.toThrow();
   });

@@ -9,7 +9,12 @@ import { initBackend } from '../../lib/model/backend.js';
 import { padPrompts } from '../../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
-import { MAX_SAMPLING_COPIES, SAMPLING_WEIGHTS_MEMORY_SHARE, samplingWeightBytes, samplingWeightsFit } from '../../lib/model/samplingWeights.js';
+import {
+  MAX_SAMPLING_COPIES,
+  SAMPLING_WEIGHTS_MEMORY_SHARE,
+  samplingWeightBytes,
+  samplingWeightsFit,
+} from '../../lib/model/samplingWeights.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/core/random.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
@@ -26,14 +31,20 @@ function randomAdapter(config: PolicyConfig, seed: number, std = 0.05): LoraAdap
   const lora = { rank: 4, alpha: 8, targetModules: LORA_TARGETS };
   const fresh = LoraAdapter.create(config, lora, seed);
   const rng = createRng(seed, 'random-adapter');
-  const weights: NamedWeights = new Map([...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, std, rng) }]));
+  const weights: NamedWeights = new Map(
+    [...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, std, rng) }]),
+  );
   fresh.dispose();
   return LoraAdapter.fromWeights(config, lora, weights);
 }
 
 /** Left-padded prompts of three lengths. */
 function prompts(vocab: number): number[][] {
-  return [[5, 9, 14, 3, 22, 7], [31 % vocab, 4], [8, 8, 17, 2]];
+  return [
+    [5, 9, 14, 3, 22, 7],
+    [31 % vocab, 4],
+    [8, 8, 17, 2],
+  ];
 }
 
 /**
@@ -121,8 +132,20 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     for (const model of [view, base]) {
       const before = await model.generate(greedy(V)); // builds the fused copy
       const rows = [
-        traj('g0@0', 0, { promptTokens: [5, 9, 14], responseTokens: [before[0].tokens[0], 7, 2], reward: 1, logprobs: [0, 0, 0], lossMask: [1, 1, 1] }),
-        traj('g0@0', 1, { promptTokens: [5, 9, 14], responseTokens: [before[0].tokens[0], 2], reward: 0, logprobs: [0, 0], lossMask: [1, 1] }),
+        traj('g0@0', 0, {
+          promptTokens: [5, 9, 14],
+          responseTokens: [before[0].tokens[0], 7, 2],
+          reward: 1,
+          logprobs: [0, 0, 0],
+          lossMask: [1, 1, 1],
+        }),
+        traj('g0@0', 1, {
+          promptTokens: [5, 9, 14],
+          responseTokens: [before[0].tokens[0], 2],
+          reward: 0,
+          logprobs: [0, 0],
+          lossMask: [1, 1],
+        }),
       ];
       const trainer = new GrpoTrainer(model, { learningRate: 5e-2 });
       await trainer.trainStep(collate(rows, { padId: 0, modelTag: 'policy', advantages: [-1, 1] }));
@@ -148,7 +171,9 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     const expectRecomputed = async (model: PolicyModel): Promise<number[]> => {
       const cached = await model.generate(greedy(V));
       const reference = await model.generateRecompute(greedy(V));
-      cached.forEach((r, i) => r.logprobs.forEach((lp, t) => expect(Math.abs(lp - reference[i].logprobs[t])).toBeLessThan(LOGIT_TOLERANCE)));
+      cached.forEach((r, i) =>
+        r.logprobs.forEach((lp, t) => expect(Math.abs(lp - reference[i].logprobs[t])).toBeLessThan(LOGIT_TOLERANCE)),
+      );
       return cached.map((r) => r.logprobs[0]);
     };
     const first = { view: await expectRecomputed(view), base: await expectRecomputed(base) };
@@ -160,7 +185,9 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     expect(second).not.toEqual(first.view);
     // The base changes: both the base and the view (whose copy merged the old base) sample the new base.
     const rng = createRng(9, 'new-base');
-    base.setWeights(new Map([...base.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.1, rng) }])));
+    base.setWeights(
+      new Map([...base.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.1, rng) }])),
+    );
     expect(await expectRecomputed(base)).not.toEqual(first.base);
     expect(await expectRecomputed(view)).not.toEqual(second);
     view.dispose();
@@ -224,7 +251,9 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     const adapter = randomAdapter(c, 1);
     const qkv = c.dModel * (c.nHeads + 2 * c.nKvHeads) * c.headDim + (c.nHeads + 2 * c.nKvHeads) * c.headDim;
     expect(samplingWeightBytes(c, null)).toBe(4 * c.nLayers * (qkv + 2 * c.dModel * c.dFF));
-    expect(samplingWeightBytes(c, adapter)).toBe(4 * c.nLayers * (qkv + 4 * c.dModel * c.dFF - c.dModel * c.dFF + c.nHeads * c.headDim * c.dModel));
+    expect(samplingWeightBytes(c, adapter)).toBe(
+      4 * c.nLayers * (qkv + 4 * c.dModel * c.dFF - c.dModel * c.dFF + c.nHeads * c.headDim * c.dModel),
+    );
     expect(samplingWeightsFit(c, null, 1e12)).toBe(true);
     const bytes = base.numParameters() * 4 + samplingWeightBytes(c, null);
     expect(samplingWeightsFit(c, null, bytes / SAMPLING_WEIGHTS_MEMORY_SHARE)).toBe(true);

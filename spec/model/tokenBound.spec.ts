@@ -8,10 +8,31 @@ import { FIRST_COMPOSING_CODE_POINT, tokenCountBound } from '../../lib/model/tok
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { mulberry32, randomInt, type Rng } from '../helpers/random.js';
 
-const FIXTURES = ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3'].map((name) => fileURLToPath(new URL(`../fixtures/hf/${name}/`, import.meta.url)));
+const FIXTURES = ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3'].map((name) =>
+  fileURLToPath(new URL(`../fixtures/hf/${name}/`, import.meta.url)),
+);
 
 /** Pieces texts are made of: ASCII, accents precomposed and combining, Hangul jamo, emoji, runs of spaces, special tokens. */
-const PIECES = ['a', 'ab', ' ', '    ', '\n', 'é', 'e\u0301', '\u1100\u1161\u11a8', '\u03b1\u0313\u0300\u0345', '🙂', 'Ω', '\u2126', '½', '<|im_end|>', '<|endoftext|>', '12', '!?', '\u0301\u0301'];
+const PIECES = [
+  'a',
+  'ab',
+  ' ',
+  '    ',
+  '\n',
+  'é',
+  'e\u0301',
+  '\u1100\u1161\u11a8',
+  '\u03b1\u0313\u0300\u0345',
+  '🙂',
+  'Ω',
+  '\u2126',
+  '½',
+  '<|im_end|>',
+  '<|endoftext|>',
+  '12',
+  '!?',
+  '\u0301\u0301',
+];
 
 function randomText(rng: Rng, pieces: readonly string[]): string {
   let text = '';

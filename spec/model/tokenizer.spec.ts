@@ -1,14 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { DecodeError, ConfigError } from '../../lib/core/errors.js';
-import {
-  CHAR_BOS_ID,
-  CHAR_EOS_ID,
-  CHAR_PAD_ID,
-  CHAR_SPECIAL_LABELS,
-  CharTokenizer,
-  DEFAULT_ALPHABET,
-} from '../../lib/model/tokenizer.js';
+import { CHAR_BOS_ID, CHAR_EOS_ID, CHAR_PAD_ID, CHAR_SPECIAL_LABELS, CharTokenizer, DEFAULT_ALPHABET } from '../../lib/model/tokenizer.js';
 
 describe('CharTokenizer', () => {
   const tok = new CharTokenizer();

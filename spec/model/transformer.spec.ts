@@ -138,7 +138,12 @@ describe('PolicyModel', () => {
     for (const from of [1, 4, 6]) {
       const part = model.tokenLogprobs(ids, mask, pos, from);
       expect(part.logprobs.shape).toEqual([3, 7 - from]);
-      const [lp, ent] = [all.logprobs, all.entropy].map((t) => t.arraySync().map((row) => row.slice(from)).flat());
+      const [lp, ent] = [all.logprobs, all.entropy].map((t) =>
+        t
+          .arraySync()
+          .map((row) => row.slice(from))
+          .flat(),
+      );
       expect(maxAbsDiff(Float32Array.from(part.logprobs.dataSync()), Float32Array.from(lp))).toBeLessThan(1e-5);
       expect(maxAbsDiff(Float32Array.from(part.entropy.dataSync()), Float32Array.from(ent))).toBeLessThan(1e-5);
       tf.dispose([part.logprobs, part.entropy]);
@@ -220,11 +225,21 @@ describe('PolicyModel', () => {
   });
 
   it('gradients match central finite differences (norms, q/k norms, biases, RoPE attention, SwiGLU, embeddings, head)', () => {
-    const probeModel = PolicyModel.create({ ...CONFIG, modelType: 'qwen3', qkvBias: true, oBias: true, dModel: 8, nHeads: 2, nKvHeads: 1, dFF: 16 }, 21);
+    const probeModel = PolicyModel.create(
+      { ...CONFIG, modelType: 'qwen3', qkvBias: true, oBias: true, dModel: 8, nHeads: 2, nKvHeads: 1, dFF: 16 },
+      21,
+    );
     // Random biases and norm scales, so their gradients are exercised away from 0 and 1.
-    probeModel.setWeights(new Map([...probeModel.getWeights()].map(([name, w]) =>
-      [name, /(bias|norm\.weight|layernorm\.weight)$/.test(name)
-        ? { shape: w.shape, data: w.data.map((x, i) => x + 0.3 * Math.sin(7 * i + name.length)) } : w])));
+    probeModel.setWeights(
+      new Map(
+        [...probeModel.getWeights()].map(([name, w]) => [
+          name,
+          /(bias|norm\.weight|layernorm\.weight)$/.test(name)
+            ? { shape: w.shape, data: w.data.map((x, i) => x + 0.3 * Math.sin(7 * i + name.length)) }
+            : w,
+        ]),
+      ),
+    );
     const { ids, mask, pos } = batch(ROWS, 8);
     const targetMask = tf.slice(mask, [0, 1], [3, 7]);
     const loss = (): tf.Scalar =>
@@ -233,11 +248,24 @@ describe('PolicyModel', () => {
     const names = probeModel.weightNames();
     const { value, grads } = tf.variableGrads(loss, vars);
     const step = 1e-2;
-    for (const name of ['model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', 'model.layers.0.self_attn.q_proj.weight',
-      'model.layers.0.self_attn.k_proj.weight', 'model.layers.0.self_attn.q_proj.bias', 'model.layers.0.self_attn.k_norm.weight',
-      'model.layers.1.self_attn.q_norm.weight', 'model.layers.1.self_attn.v_proj.weight', 'model.layers.1.self_attn.o_proj.weight',
-      'model.layers.1.self_attn.o_proj.bias', 'model.layers.0.post_attention_layernorm.weight', 'model.layers.1.mlp.gate_proj.weight',
-      'model.layers.1.mlp.up_proj.weight', 'model.layers.0.mlp.down_proj.weight', 'model.norm.weight', 'lm_head.weight']) {
+    for (const name of [
+      'model.embed_tokens.weight',
+      'model.layers.0.input_layernorm.weight',
+      'model.layers.0.self_attn.q_proj.weight',
+      'model.layers.0.self_attn.k_proj.weight',
+      'model.layers.0.self_attn.q_proj.bias',
+      'model.layers.0.self_attn.k_norm.weight',
+      'model.layers.1.self_attn.q_norm.weight',
+      'model.layers.1.self_attn.v_proj.weight',
+      'model.layers.1.self_attn.o_proj.weight',
+      'model.layers.1.self_attn.o_proj.bias',
+      'model.layers.0.post_attention_layernorm.weight',
+      'model.layers.1.mlp.gate_proj.weight',
+      'model.layers.1.mlp.up_proj.weight',
+      'model.layers.0.mlp.down_proj.weight',
+      'model.norm.weight',
+      'lm_head.weight',
+    ]) {
       const v = vars[names.indexOf(name)];
       const analytic = grads[v.name].dataSync();
       const base = Float32Array.from(v.dataSync() as Float32Array);

@@ -13,7 +13,10 @@ import {
 
 function captured(): { lines: Array<Record<string, unknown>>; logger: ReturnType<typeof createLogger> } {
   const lines: Array<Record<string, unknown>> = [];
-  const logger = createLogger({ level: 'debug', destination: { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) } });
+  const logger = createLogger({
+    level: 'debug',
+    destination: { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) },
+  });
   return { lines, logger };
 }
 
@@ -128,7 +131,12 @@ describe('ErrorReporter', () => {
   });
 
   it('describes any thrown value', () => {
-    expect(describeError(new ConfigError('x', { context: { key: 'k' } }))).toEqual({ name: 'ConfigError', message: 'x', retriable: false, context: { key: 'k' } });
+    expect(describeError(new ConfigError('x', { context: { key: 'k' } }))).toEqual({
+      name: 'ConfigError',
+      message: 'x',
+      retriable: false,
+      context: { key: 'k' },
+    });
     expect(describeError(new RangeError('r'))).toEqual({ name: 'RangeError', message: 'r', retriable: false });
     expect(describeError(new DOMException('gone', 'AbortError'))).toMatchObject({ name: 'AbortError', message: 'gone' });
     expect(describeError({ name: 'Weird' })).toEqual({ name: 'Weird', message: '', retriable: false });

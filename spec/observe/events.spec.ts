@@ -13,8 +13,16 @@ describe('Instrumentation', () => {
     events.events$.subscribe((event) => seen.push(event));
     const emitted = events.emit('checkpoint.saved', { step: 9, version: 10, path: 'runs/a/global_step_10' });
     events.emit('weights.published', { version: 10 });
-    expect(emitted).toEqual({ id: 'e1', type: 'checkpoint.saved', timestamp: 1000, payload: { step: 9, version: 10, path: 'runs/a/global_step_10' } });
-    expect(seen.map((e) => [e.id, e.type])).toEqual([['e1', 'checkpoint.saved'], ['e2', 'weights.published']]);
+    expect(emitted).toEqual({
+      id: 'e1',
+      type: 'checkpoint.saved',
+      timestamp: 1000,
+      payload: { step: 9, version: 10, path: 'runs/a/global_step_10' },
+    });
+    expect(seen.map((e) => [e.id, e.type])).toEqual([
+      ['e1', 'checkpoint.saved'],
+      ['e2', 'weights.published'],
+    ]);
   });
 
   it('filters by type with ofType and on; on() returns an unsubscribe', () => {

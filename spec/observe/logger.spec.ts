@@ -38,10 +38,14 @@ describe('createLogger', () => {
     moduleLogger(logger, 'trainer').info({ step: 3, note: 'two words' }, 'step done');
     expect(out.lines[0]).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO {2}\[trainer\] step done step=3 note="two words"\n$/);
     expect(formatPretty('not json\n')).toBe('not json\n');
-    const withError = formatPretty(JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: 'EngineError: down\n    at f' } }));
+    const withError = formatPretty(
+      JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: 'EngineError: down\n    at f' } }),
+    );
     expect(withError).toBe('00:00:00.000 ERROR x err=EngineError: down\n    at f\n');
     // A repeated report's error has no stack: still one line.
-    const noStack = formatPretty(JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: '' } }));
+    const noStack = formatPretty(
+      JSON.stringify({ level: 50, time: 0, msg: 'x', err: { type: 'EngineError', message: 'down', stack: '' } }),
+    );
     expect(noStack).toBe('00:00:00.000 ERROR x err=EngineError: down\n');
   });
 

@@ -73,13 +73,25 @@ describe('MetricsWriter and readRunMetrics', () => {
 
   it('skips invalid lines anywhere and ignores blank ones', () => {
     const parsed = parseMetricsLines(
-      ['{"step":0,"version":1,"time":1,"x":1}', '', '[1,2]', '{"version":1}', 'garbage', '{"step":1,"version":2,"x":"text","y":2}', ''].join('\n'),
+      [
+        '{"step":0,"version":1,"time":1,"x":1}',
+        '',
+        '[1,2]',
+        '{"version":1}',
+        'garbage',
+        '{"step":1,"version":2,"x":"text","y":2}',
+        '',
+      ].join('\n'),
     );
     expect(parsed.records).toEqual([
       { step: 0, version: 1, time: 1, metrics: { x: 1 } },
       { step: 1, version: 2, time: Number.NaN, metrics: { y: 2 } },
     ]);
-    expect(parsed.skippedLines.map((s) => [s.line, s.reason])).toEqual([[3, 'invalid'], [4, 'invalid'], [5, 'invalid']]);
+    expect(parsed.skippedLines.map((s) => [s.line, s.reason])).toEqual([
+      [3, 'invalid'],
+      [4, 'invalid'],
+      [5, 'invalid'],
+    ]);
   });
 
   it('reports a missing file as not found and a missing run dir as a RunDirError', async () => {

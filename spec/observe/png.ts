@@ -106,8 +106,10 @@ export interface PixelRect {
  */
 export function countColor(image: DecodedPng, hex: string, rect?: PixelRect, tolerance = 40): number {
   const target = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
-  return countPixels(image, rect, (r, g, b) =>
-    Math.abs(r - target[0]) <= tolerance && Math.abs(g - target[1]) <= tolerance && Math.abs(b - target[2]) <= tolerance,
+  return countPixels(
+    image,
+    rect,
+    (r, g, b) => Math.abs(r - target[0]) <= tolerance && Math.abs(g - target[1]) <= tolerance && Math.abs(b - target[2]) <= tolerance,
   );
 }
 

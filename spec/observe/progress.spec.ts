@@ -41,7 +41,12 @@ describe('Progress', () => {
     for (let step = 0; step < 12; step++) progress.update({ step, metrics }, step);
     progress.done();
     progress.done();
-    expect(stream.text.trimEnd().split('\n').map((l) => l.slice(0, 9))).toEqual(['step   10', 'step   12']);
+    expect(
+      stream.text
+        .trimEnd()
+        .split('\n')
+        .map((l) => l.slice(0, 9)),
+    ).toEqual(['step   10', 'step   12']);
   });
 
   it('on a TTY redraws one bar line in place with counter and ETA, then ends it', () => {

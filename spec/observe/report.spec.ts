@@ -44,13 +44,29 @@ describe('renderReport', () => {
 
   it('a multi-policy run (metrics under <policy>/) gets one curve per policy in each plot', () => {
     const records = Array.from({ length: 4 }, (_, s) =>
-      record(s, { 'writer/rollout/reward_mean': s / 4, 'editor/rollout/reward_mean': s / 8, 'editor/rollout/staleness_max': 1, 'val/writer/reward_mean': 0.5 }),
+      record(s, {
+        'writer/rollout/reward_mean': s / 4,
+        'editor/rollout/reward_mean': s / 8,
+        'editor/rollout/staleness_max': 1,
+        'val/writer/reward_mean': 0.5,
+      }),
     );
     const html = renderReport({ title: 'agents', records });
-    expect([...seriesPaths(html).keys()].sort()).toEqual(['editor/rollout/reward_mean', 'editor/rollout/staleness_max', 'writer/rollout/reward_mean']);
+    expect([...seriesPaths(html).keys()].sort()).toEqual([
+      'editor/rollout/reward_mean',
+      'editor/rollout/staleness_max',
+      'writer/rollout/reward_mean',
+    ]);
     const plots = reportPlotsFor(records);
     expect(plots.find((p) => p.id === 'reward')?.series.map((s) => s.label)).toEqual(['editor', 'writer']);
-    expect(plots.find((p) => p.id === 'staleness')?.series.map((s) => s.label)).toEqual(['editor min', 'editor mean', 'editor max', 'writer min', 'writer mean', 'writer max']);
+    expect(plots.find((p) => p.id === 'staleness')?.series.map((s) => s.label)).toEqual([
+      'editor min',
+      'editor mean',
+      'editor max',
+      'writer min',
+      'writer mean',
+      'writer max',
+    ]);
     expect(reportPlotsFor([record(0, { 'rollout/reward_mean': 1 })])).toBe(REPORT_PLOTS);
   });
 
@@ -114,7 +130,9 @@ describe('renderReport', () => {
     expect(vertices).toBeGreaterThan(400);
     expect(vertices).toBeLessThanOrEqual(4 * 560);
     expect(seriesPaths(html).get('val/reward_mean')!.points).toBe(4);
-    expect(html.match(/<g class="markers" data-series="val\/reward_mean"[^>]*>((?:<circle [^>]*\/>)*)<\/g>/)![1].match(/<circle/g)).toHaveLength(4);
+    expect(
+      html.match(/<g class="markers" data-series="val\/reward_mean"[^>]*>((?:<circle [^>]*\/>)*)<\/g>/)![1].match(/<circle/g),
+    ).toHaveLength(4);
   });
 });
 

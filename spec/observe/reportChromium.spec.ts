@@ -90,7 +90,8 @@ interface DrawnPlot {
 /** The plots of a dumped DOM, in page order. */
 function plotsOf(dom: string): DrawnPlot[] {
   return [...dom.matchAll(/<figure class="plot"[^>]*>[\s\S]*?<\/figure>/g)].map(([html]) => {
-    const [x, y, width, height] = attributes(html.match(/<svg [^>]*>/)![0])['data-rect'].split(',').map(Number);
+    const svg = attributes(html.match(/<svg [^>]*>/)![0]);
+    const [x, y, width, height] = svg['data-rect'].split(',').map(Number);
     return {
       attrs: attributes(html.match(/<figure [^>]*>/)![0]),
       rect: { x, y, width, height },

@@ -61,7 +61,10 @@ describe('AdmissionGate and admit', () => {
   });
 
   it('counts batches from startVersion (a resumed run): one version of credit per batch, not a flood', async () => {
-    for (const [mode, eta] of [['sync', 0], ['batch-async', 2]] as const) {
+    for (const [mode, eta] of [
+      ['sync', 0],
+      ['batch-async', 2],
+    ] as const) {
       const gate = new AdmissionGate({ mode, tasksPerBatch: 2, stalenessThreshold: mode === 'sync' ? undefined : eta, startVersion: 10 });
       expect(gate.version).toBe(10);
       const seen: string[] = [];
@@ -99,7 +102,7 @@ describe('AdmissionGate and admit', () => {
     expect(new AdmissionGate({ mode: 'fully-async', tasksPerBatch: 2 }).admissionVersion(7)).toBeUndefined();
   });
 
-  it("unsubscribing stops the loader and runs its finally", async () => {
+  it('unsubscribing stops the loader and runs its finally', async () => {
     const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: 2 });
     const loader = counting(100);
     const subscription: Subscription = admit(loader.source, gate).subscribe();

@@ -22,20 +22,19 @@ describe('batchGroups', () => {
         y: [C, D],
         z: [E],
       });
-      expectObservable(source.pipe(batchGroups({ batchSize: 2, readiness: 'batch_size_reached', dropLast: true }))).toBe(
-        '---x---y---|',
-        { x: [A, B], y: [C, D] },
-      );
+      expectObservable(source.pipe(batchGroups({ batchSize: 2, readiness: 'batch_size_reached', dropLast: true }))).toBe('---x---y---|', {
+        x: [A, B],
+        y: [C, D],
+      });
     });
   });
 
   it('loaded_batch_finished emits everything once the source is done', () => {
     scheduler.run(({ cold, expectObservable }) => {
       const source = cold('-a-b-c-|', { a: A, b: B, c: C });
-      expectObservable(source.pipe(batchGroups({ batchSize: 2, readiness: 'loaded_batch_finished' }))).toBe(
-        '-------(x|)',
-        { x: [A, B, C] },
-      );
+      expectObservable(source.pipe(batchGroups({ batchSize: 2, readiness: 'loaded_batch_finished' }))).toBe('-------(x|)', {
+        x: [A, B, C],
+      });
     });
   });
 
@@ -51,7 +50,9 @@ describe('batchGroups', () => {
 
   it('works with a synchronous source and take, and re-entrantly', () => {
     const out: Group[][] = [];
-    of(A, B, C, D).pipe(batchGroups({ batchSize: 2 }), take(1)).subscribe((b) => out.push(b));
+    of(A, B, C, D)
+      .pipe(batchGroups({ batchSize: 2 }), take(1))
+      .subscribe((b) => out.push(b));
     expect(out).toEqual([[A, B]]);
 
     const input = new Subject<Group>();

@@ -30,7 +30,9 @@ describe('dropDuplicates', () => {
 
   it('remembers the last `capacity` keys only', () => {
     const out: string[] = [];
-    of('a', 'b', 'c', 'a', 'c').pipe(dropDuplicates(id, { capacity: 2 })).subscribe((x) => out.push(x));
+    of('a', 'b', 'c', 'a', 'c')
+      .pipe(dropDuplicates(id, { capacity: 2 }))
+      .subscribe((x) => out.push(x));
     // 'a' was forgotten when 'c' arrived; 'c' was still remembered.
     expect(out).toEqual(['a', 'b', 'c', 'a']);
     expect(() => dropDuplicates(id, { capacity: 0 })).toThrow(ConfigError);
@@ -58,7 +60,9 @@ describe('dropDuplicates', () => {
 
   it('works with a synchronous source and take, and re-entrantly', () => {
     const out: string[] = [];
-    of('a', 'a', 'b', 'c').pipe(dropDuplicates(id), take(2)).subscribe((x) => out.push(x));
+    of('a', 'a', 'b', 'c')
+      .pipe(dropDuplicates(id), take(2))
+      .subscribe((x) => out.push(x));
     expect(out).toEqual(['a', 'b']);
 
     const input = new Subject<string>();

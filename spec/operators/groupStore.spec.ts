@@ -59,7 +59,12 @@ describe('GroupStore', () => {
     const a = store.add(traj('a@0', 0));
     const b = store.add(traj('b@0', 1));
     if (a.late === true || b.late === true || a.opened === undefined || b.opened === undefined) throw new Error('not opened');
-    expect(store.expire(a.opened, false)).toEqual({ key: ['a@0'], modelTag: 'policy', trajectories: [traj('a@0', 0)], closedBy: 'timeout' });
+    expect(store.expire(a.opened, false)).toEqual({
+      key: ['a@0'],
+      modelTag: 'policy',
+      trajectories: [traj('a@0', 0)],
+      closedBy: 'timeout',
+    });
     expect(store.expire(a.opened, false)).toBeUndefined();
     expect(store.expire(b.opened, true)).toEqual({ key: ['b@0'], modelTag: 'policy', trajectories: [], closedBy: 'timeout', dropped: 1 });
     expect(store.add(traj('b@0', 2))).toEqual({ late: true });

@@ -38,20 +38,14 @@ describe('groupTrajectories', () => {
         p: partA,
         q: partB,
       });
-      expectObservable(
-        source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, onIncomplete: 'drop' })),
-      ).toBe('-----|');
+      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, onIncomplete: 'drop' }))).toBe('-----|');
     });
   });
 
   it('passes errors through', () => {
     scheduler.run(({ cold, expectObservable }) => {
       const source = cold<RolloutOutput>('-x-#', { x: a0 }, new Error('upstream'));
-      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2 }))).toBe(
-        '---#',
-        undefined,
-        new Error('upstream'),
-      );
+      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2 }))).toBe('---#', undefined, new Error('upstream'));
     });
   });
 
@@ -94,7 +88,9 @@ describe('groupTrajectories', () => {
 
   it('passes through with no key, and releases leaf groups with several keys', () => {
     const single: Group[] = [];
-    src(a0, failure('a@0', 1), b0).pipe(groupTrajectories({ groupSize: 5 })).subscribe((g) => single.push(g));
+    src(a0, failure('a@0', 1), b0)
+      .pipe(groupTrajectories({ groupSize: 5 }))
+      .subscribe((g) => single.push(g));
     expect(single.map((g) => [g.key, ids(g)])).toEqual([
       [['a@0/0'], ['a@0/0']],
       [['b@0/0'], ['b@0/0']],
@@ -108,8 +104,14 @@ describe('groupTrajectories', () => {
       .pipe(groupTrajectories({ keys: ['taskId', even], groupSize: 2 }))
       .subscribe((g) => leaves.push(g));
     expect(leaves.map((g) => [g.key, ids(g)])).toEqual([
-      [['a', 'even'], ['a@0/0', 'a@0/2']],
-      [['a', 'odd'], ['a@0/1', 'a@0/3']],
+      [
+        ['a', 'even'],
+        ['a@0/0', 'a@0/2'],
+      ],
+      [
+        ['a', 'odd'],
+        ['a@0/1', 'a@0/3'],
+      ],
     ]);
   });
 
@@ -164,7 +166,9 @@ describe('groupTrajectories', () => {
     scheduler.run(({ cold, expectObservable, time }) => {
       const t = time('-----|');
       const source = cold<RolloutOutput>('-xy-------|', { x: a0, y: a1 });
-      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler }))).toBe('--A-------|', { A });
+      expectObservable(source.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler }))).toBe('--A-------|', {
+        A,
+      });
       const open = cold<RolloutOutput>('-x-------|', { x: a0 });
       expectObservable(open.pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, timeoutMs: t, scheduler })), '---!').toBe('----');
     });
@@ -172,7 +176,10 @@ describe('groupTrajectories', () => {
 
   it('errors when more groups are open than its capacity, and rejects bad options', () => {
     let error: unknown;
-    concat(src(a0, b0), throwError(() => new Error('unreached')))
+    concat(
+      src(a0, b0),
+      throwError(() => new Error('unreached')),
+    )
       .pipe(groupTrajectories({ keys: ['groupId'], groupSize: 2, capacity: 1 }))
       .subscribe({ error: (e: unknown) => (error = e) });
     expect(error).toBeInstanceOf(ConfigError);

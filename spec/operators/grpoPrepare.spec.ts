@@ -40,7 +40,30 @@ describe('grpoPrepare', () => {
       trajectories: spans.map(([generate, reward], runId) => ({ ...traj(id, runId, { reward: runId }), timing: { generate, reward } })),
     });
     const [batch] = await prepare(
-      [[timed('a@0', [[[0, 2000], [2000, 2010]], [[500, 2500], [2500, 2520]]]), timed('b@0', [[[4000, 5000], [5000, 5005]], [[4000, 4500], [4500, 4505]]])]],
+      [
+        [
+          timed('a@0', [
+            [
+              [0, 2000],
+              [2000, 2010],
+            ],
+            [
+              [500, 2500],
+              [2500, 2520],
+            ],
+          ]),
+          timed('b@0', [
+            [
+              [4000, 5000],
+              [5000, 5005],
+            ],
+            [
+              [4000, 4500],
+              [4500, 4505],
+            ],
+          ]),
+        ],
+      ],
       { padId: 0 },
     );
     expect(batch.metrics?.['timing/generate_s']).toBeCloseTo(3.5, 9);
@@ -85,7 +108,10 @@ describe('grpoPrepare', () => {
   it('keeps batch order and passes errors through', async () => {
     const out = await prepare([[group('a@0', [1, 0])], [group('b@0', [0, 1])]], { padId: 0 });
     expect(out.map((b) => b.meta.groupIds[0])).toEqual(['a@0', 'b@0']);
-    const failing = concat(from([[group('a@0', [1])]]), throwError(() => new Error('upstream')));
+    const failing = concat(
+      from([[group('a@0', [1])]]),
+      throwError(() => new Error('upstream')),
+    );
     await expect(lastValueFrom(failing.pipe(grpoPrepare({ padId: 0 })))).rejects.toThrow('upstream');
   });
 });

@@ -49,7 +49,9 @@ describe('rollout', () => {
         return { reward: response === t.answer ? 1 : 0 };
       },
     };
-    const [out] = await lastValueFrom(from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 8, evaluator: timedEvaluator }), toArray()));
+    const [out] = await lastValueFrom(
+      from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 8, evaluator: timedEvaluator }), toArray()),
+    );
     const { generate, reward } = (out as Trajectory).timing!;
     expect(generate[0]).toBeLessThanOrEqual(calls.generate!);
     expect(calls.generate!).toBeLessThanOrEqual(generate[1]);
@@ -58,7 +60,7 @@ describe('rollout', () => {
     expect(calls.evaluate!).toBeLessThanOrEqual(reward[1]);
   });
 
-  it("hands the evaluator how each response ended and its tokens, beside the text", async () => {
+  it('hands the evaluator how each response ended and its tokens, beside the text', async () => {
     const engine = new ScriptedEngine((_request, call) =>
       call % 2 === 0
         ? { tokens: [4, 3, 2], logprobs: [-1, -1, -1], finishReason: 'stop', policyVersion: 0 }
@@ -66,7 +68,9 @@ describe('rollout', () => {
     );
     const seen: unknown[] = [];
     const recording: Evaluator = { evaluate: (_t, response, _s, info) => (seen.push({ response, ...info }), { reward: 0 }) };
-    await lastValueFrom(from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 2, maxTokens: 2, evaluator: recording }), toArray()));
+    await lastValueFrom(
+      from([task('t1')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 2, maxTokens: 2, evaluator: recording }), toArray()),
+    );
     const stopped = { response: 'ba', finishReason: 'stop', tokens: [4, 3, 2] };
     const cut = { response: 'ba', finishReason: 'length', tokens: [4, 3] };
     expect(seen.filter((s) => JSON.stringify(s) === JSON.stringify(stopped))).toHaveLength(2);
@@ -85,7 +89,9 @@ describe('rollout', () => {
 
   it('reports failed samples without failing the stream', async () => {
     const engine = new ScriptedEngine((_, call) =>
-      call === 1 ? new EngineError('server said 500', { retriable: true }) : { tokens: [3], logprobs: [-1], finishReason: 'length', policyVersion: 0 },
+      call === 1
+        ? new EngineError('server said 500', { retriable: true })
+        : { tokens: [3], logprobs: [-1], finishReason: 'length', policyVersion: 0 },
     );
     let evaluations = 0;
     const flaky: Evaluator = {
@@ -113,7 +119,9 @@ describe('rollout', () => {
       return { tokens: [3], logprobs: [-1], finishReason: 'stop', policyVersion: 0 };
     });
     const run = (): Promise<RolloutOutput[]> =>
-      lastValueFrom(from([task('t')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 1, maxTokens: 2, evaluator: exact, seed: 9 }), toArray()));
+      lastValueFrom(
+        from([task('t')]).pipe(rollout(engine, { samplesPerTask: 4, concurrency: 1, maxTokens: 2, evaluator: exact, seed: 9 }), toArray()),
+      );
     await run();
     const firstSeeds = seeds.splice(0);
     await run();
@@ -151,7 +159,10 @@ describe('rollout', () => {
       loadWeights: engine.loadWeights.bind(engine),
     };
     const out = await lastValueFrom(
-      from([task('t')]).pipe(rollout(mixed, { samplesPerTask: 3, concurrency: 3, maxTokens: 2, evaluator: exact, sampleTimeoutMs: 50 }), toArray()),
+      from([task('t')]).pipe(
+        rollout(mixed, { samplesPerTask: 3, concurrency: 3, maxTokens: 2, evaluator: exact, sampleTimeoutMs: 50 }),
+        toArray(),
+      ),
     );
     const failures = out.filter(isSampleFailure);
     expect(failures).toHaveLength(1);
@@ -159,14 +170,18 @@ describe('rollout', () => {
     expect(failures[0].error.message).toContain('did not finish within 50 ms');
     expect(out.filter((o) => !isSampleFailure(o))).toHaveLength(2);
     expect(slow.inFlight).toBe(0);
-    expect(() => rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 1, evaluator: exact, sampleTimeoutMs: 0 })).toThrow(ConfigError);
+    expect(() => rollout(engine, { samplesPerTask: 1, concurrency: 1, maxTokens: 1, evaluator: exact, sampleTimeoutMs: 0 })).toThrow(
+      ConfigError,
+    );
   });
 
   it('errors with the abort when its signal fires, and rejects bad options', async () => {
     const controller = new AbortController();
     const engine = new ScriptedEngine(undefined, 50);
     const done = lastValueFrom(
-      from([task('t')]).pipe(rollout(engine, { samplesPerTask: 2, concurrency: 2, maxTokens: 2, evaluator: exact, signal: controller.signal })),
+      from([task('t')]).pipe(
+        rollout(engine, { samplesPerTask: 2, concurrency: 2, maxTokens: 2, evaluator: exact, signal: controller.signal }),
+      ),
     );
     setTimeout(() => controller.abort(), 5);
     await expect(done).rejects.toMatchObject({ name: 'AbortError' });

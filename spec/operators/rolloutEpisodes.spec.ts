@@ -8,10 +8,21 @@ import { ScriptedEngine, task } from '../helpers/fixtures.js';
 
 /** Answers every request with the last prompt letter, then the stop token. */
 const echo = (): ScriptedEngine =>
-  new ScriptedEngine((request) => ({ tokens: [request.promptTokens[request.promptTokens.length - 1], 2], logprobs: [-0.5, -0.25], finishReason: 'stop', policyVersion: 0 }));
+  new ScriptedEngine((request) => ({
+    tokens: [request.promptTokens[request.promptTokens.length - 1], 2],
+    logprobs: [-0.5, -0.25],
+    finishReason: 'stop',
+    policyVersion: 0,
+  }));
 
 /** writer, editor, writer; the writer is rewarded 1 at turn 0 and 2 at turn 2, the editor 0.5 at turn 1. */
-function env(overrides: Partial<{ step: (agent: string, response: string, turn: number) => EpisodeStep; observe: (agent: string, turn: number) => string; maxTurns: number }> = {}): MultiAgentEnvironment {
+function env(
+  overrides: Partial<{
+    step: (agent: string, response: string, turn: number) => EpisodeStep;
+    observe: (agent: string, turn: number) => string;
+    maxTurns: number;
+  }> = {},
+): MultiAgentEnvironment {
   return {
     turnOrder: ['writer', 'editor'],
     maxTurns: overrides.maxTurns ?? 3,
@@ -27,9 +38,19 @@ const AGENTS: AgentSpec[] = [
   { name: 'editor', policy: 'e', prompt: 'z' },
 ];
 
-async function play(tasks: readonly Task[], options: Partial<RolloutEpisodesOptions> = {}, engines = new Map([['w', echo()], ['e', echo()]])): Promise<RolloutOutput[]> {
+async function play(
+  tasks: readonly Task[],
+  options: Partial<RolloutEpisodesOptions> = {},
+  engines = new Map([
+    ['w', echo()],
+    ['e', echo()],
+  ]),
+): Promise<RolloutOutput[]> {
   return lastValueFrom(
-    from(tasks).pipe(rolloutEpisodes(engines, { environment: env(), agents: AGENTS, samplesPerTask: 2, concurrency: 4, maxTokens: 4, ...options }), toArray()),
+    from(tasks).pipe(
+      rolloutEpisodes(engines, { environment: env(), agents: AGENTS, samplesPerTask: 2, concurrency: 4, maxTokens: 4, ...options }),
+      toArray(),
+    ),
   );
 }
 
@@ -37,13 +58,29 @@ const byId = (out: readonly RolloutOutput[]): Map<string, RolloutOutput> => new 
 
 describe('rolloutEpisodes', () => {
   it('per turn: one trajectory per (agent, turn), tagged with its policy, rewarded with the return from that turn', async () => {
-    const engines = new Map([['w', echo()], ['e', echo()]]);
+    const engines = new Map([
+      ['w', echo()],
+      ['e', echo()],
+    ]);
     const out = byId(await play([task('t1')], {}, engines));
     expect([...out.keys()].sort()).toEqual([
-      't1@0/editor/1/0', 't1@0/editor/1/1', 't1@0/writer/0/0', 't1@0/writer/0/1', 't1@0/writer/2/0', 't1@0/writer/2/1',
+      't1@0/editor/1/0',
+      't1@0/editor/1/1',
+      't1@0/writer/0/0',
+      't1@0/writer/0/1',
+      't1@0/writer/2/0',
+      't1@0/writer/2/1',
     ]);
     const w0 = out.get('t1@0/writer/0/1') as Trajectory;
-    expect(w0).toMatchObject({ groupId: 't1@0/writer/0', runId: 1, taskId: 't1', modelTag: 'w', reward: 3, lossMask: [1, 1], logprobs: [-0.5, -0.25] });
+    expect(w0).toMatchObject({
+      groupId: 't1@0/writer/0',
+      runId: 1,
+      taskId: 't1',
+      modelTag: 'w',
+      reward: 3,
+      lossMask: [1, 1],
+      logprobs: [-0.5, -0.25],
+    });
     expect(w0.metrics).toEqual({ 'agent/turns': 3, turn: 0 });
     expect((out.get('t1@0/writer/2/0') as Trajectory).reward).toBe(2);
     // The editor's prompt starts with its specialization text 'z'; the writer's has none.
@@ -56,14 +93,16 @@ describe('rolloutEpisodes', () => {
   });
 
   it('a slot the episode never reached is a skipped failure; its group shrinks', async () => {
-    const out = byId(await play([task('t1')], { environment: env({ step: (agent, _r, turn) => ({ rewards: { [agent]: 1 }, done: turn === 1 }) }) }));
+    const out = byId(
+      await play([task('t1')], { environment: env({ step: (agent, _r, turn) => ({ rewards: { [agent]: 1 }, done: turn === 1 }) }) }),
+    );
     const skipped = out.get('t1@0/writer/2/0') as SampleFailure;
     expect(isSampleFailure(skipped)).toBe(true);
     expect(skipped).toMatchObject({ skipped: true, groupId: 't1@0/writer/2', modelTag: 'w' });
     expect((out.get('t1@0/editor/1/0') as Trajectory).reward).toBe(1);
   });
 
-  it('per agent: an agent\'s turns are joined into one sequence, what the environment added masked out', async () => {
+  it("per agent: an agent's turns are joined into one sequence, what the environment added masked out", async () => {
     // A transcript environment: each observation extends the previous one with the response and a marker.
     const transcript = (): MultiAgentEnvironment => ({
       turnOrder: ['writer', 'editor'],
@@ -92,7 +131,9 @@ describe('rolloutEpisodes', () => {
     expect(writer.reward).toBe(2);
     // Observations that do not extend the transcript cannot be joined: the episode fails, typed.
     const broken = await play([task('t1')], { granularity: 'agent' });
-    expect(broken.every((o) => isSampleFailure(o) && o.error instanceof EvaluationError && /does not extend/.test(o.error.message))).toBe(true);
+    expect(broken.every((o) => isSampleFailure(o) && o.error instanceof EvaluationError && /does not extend/.test(o.error.message))).toBe(
+      true,
+    );
   });
 
   it('an environment that throws, rewards a stranger or gives NaN fails that episode alone, every slot, typed', async () => {
@@ -118,15 +159,33 @@ describe('rolloutEpisodes', () => {
 
   it('an episode over its time limit fails every slot with an EngineError', async () => {
     const slow = new ScriptedEngine(undefined, 200);
-    const out = await play([task('t1')], { episodeTimeoutMs: 20, samplesPerTask: 1 }, new Map([['w', slow], ['e', slow]]));
+    const out = await play(
+      [task('t1')],
+      { episodeTimeoutMs: 20, samplesPerTask: 1 },
+      new Map([
+        ['w', slow],
+        ['e', slow],
+      ]),
+    );
     expect(out).toHaveLength(3);
-    expect(out.every((o) => isSampleFailure(o) && o.error instanceof EngineError && /episode t1@0\/0 did not finish within 20 ms/.test(o.error.message))).toBe(true);
+    expect(
+      out.every(
+        (o) => isSampleFailure(o) && o.error instanceof EngineError && /episode t1@0\/0 did not finish within 20 ms/.test(o.error.message),
+      ),
+    ).toBe(true);
   });
 
   it('concurrency bounds the episodes in flight', async () => {
     const engine = new ScriptedEngine(undefined, 3);
     const tasks = Array.from({ length: 6 }, (_, i) => task(`t${i}`));
-    const out = await play(tasks, { concurrency: 3, samplesPerTask: 2 }, new Map([['w', engine], ['e', engine]]));
+    const out = await play(
+      tasks,
+      { concurrency: 3, samplesPerTask: 2 },
+      new Map([
+        ['w', engine],
+        ['e', engine],
+      ]),
+    );
     expect(out).toHaveLength(6 * 2 * 3);
     expect(engine.maxInFlight).toBe(3);
   });
@@ -134,10 +193,18 @@ describe('rolloutEpisodes', () => {
   it('rejects an agent without an engine, a duplicate agent and an unknown granularity', () => {
     const engines = new Map([['w', echo()]]);
     const base = { environment: env(), samplesPerTask: 1, concurrency: 1, maxTokens: 2 };
-    expect(() => rolloutEpisodes(engines, { ...base, agents: AGENTS })).toThrow(/agent 'editor' samples from policy 'e', which has no engine/);
-    expect(() => rolloutEpisodes(engines, { ...base, agents: [AGENTS[0], AGENTS[0]] })).toThrow(ConfigError);
-    expect(() => rolloutEpisodes(new Map([['w', echo()], ['e', echo()]]), { ...base, agents: AGENTS, granularity: 'episode' as never })).toThrow(
-      /unknown trajectory granularity 'episode'; valid: turn, agent/,
+    expect(() => rolloutEpisodes(engines, { ...base, agents: AGENTS })).toThrow(
+      /agent 'editor' samples from policy 'e', which has no engine/,
     );
+    expect(() => rolloutEpisodes(engines, { ...base, agents: [AGENTS[0], AGENTS[0]] })).toThrow(ConfigError);
+    expect(() =>
+      rolloutEpisodes(
+        new Map([
+          ['w', echo()],
+          ['e', echo()],
+        ]),
+        { ...base, agents: AGENTS, granularity: 'episode' as never },
+      ),
+    ).toThrow(/unknown trajectory granularity 'episode'; valid: turn, agent/);
   });
 });

@@ -24,7 +24,14 @@ class SlowTrainer implements Trainer {
       signal?.throwIfAborted();
       if (this.step === this.fail) throw new Error('trainer broke');
       const step = this.step++;
-      return { step, version: step + 1, metrics: { 'actor/rows': batch.size }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: () => weights };
+      return {
+        step,
+        version: step + 1,
+        metrics: { 'actor/rows': batch.size },
+        skipped: false,
+        trajectoryIds: batch.meta.trajectoryIds,
+        weights: () => weights,
+      };
     } finally {
       this.active--;
     }
@@ -106,7 +113,9 @@ describe('syncWeights', () => {
     expect(sharing.copies()).toBe(0);
     expect(shared.version).toBe(2);
     const mixed = counting();
-    await lastValueFrom(from(['a', 'b'].map(batchOf)).pipe(train(mixed.trainer), syncWeights([new ScriptedEngine(), shared, new ScriptedEngine()])));
+    await lastValueFrom(
+      from(['a', 'b'].map(batchOf)).pipe(train(mixed.trainer), syncWeights([new ScriptedEngine(), shared, new ScriptedEngine()])),
+    );
     expect(mixed.copies()).toBe(2);
   });
 
@@ -117,7 +126,14 @@ describe('syncWeights', () => {
     const done = new Promise<void>((resolve) =>
       slowSource
         .pipe(
-          train({ modelTag: 'policy', step: 0, trainStep: async (batch) => ({ ...(await new SlowTrainer().trainStep(batch)), metrics: { 'timing/step_s': 0.005, 'timing/prepare_s': 0.001 } }) }),
+          train({
+            modelTag: 'policy',
+            step: 0,
+            trainStep: async (batch) => ({
+              ...(await new SlowTrainer().trainStep(batch)),
+              metrics: { 'timing/step_s': 0.005, 'timing/prepare_s': 0.001 },
+            }),
+          }),
           syncWeights([new ScriptedEngine()]),
         )
         .subscribe({ next: (r) => results.push(r), complete: resolve }),

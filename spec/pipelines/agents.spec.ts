@@ -71,7 +71,10 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
       adapter.dispose();
     }
     // Metrics are namespaced per policy.
-    const lines = (await readFile(join(dir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const lines = (await readFile(join(dir, 'metrics.jsonl'), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
     expect(lines).toHaveLength(6);
     const keys = lines.flatMap((l) => Object.keys(l).filter((k) => !['step', 'version', 'time'].includes(k)));
     expect(keys.every((k) => k.startsWith('writer/') || k.startsWith('editor/'))).toBe(true);
@@ -96,7 +99,11 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     expect(model.config.nLayers).toBe(2);
     model.dispose();
     const full = await runAgents(
-      config({ agents: { environment: 'writer-editor', roles }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })), run: { dir: null, seed: 1, steps: 2, backend: 'auto' } }),
+      config({
+        agents: { environment: 'writer-editor', roles },
+        policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })),
+        run: { dir: null, seed: 1, steps: 2, backend: 'auto' },
+      }),
     );
     expect(full.policies.map((p) => p.trainableParameters)).toEqual([133056, 133056]);
     expect(full.policies.every((p) => p.savedTo === null)).toBe(true);
@@ -149,10 +156,22 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     // keepLast 2: the newest two checkpoints remain.
     expect((await readdir(dir)).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_3', 'global_step_4']);
     // Each step of each policy appears once in metrics.jsonl.
-    const steps = (await readFile(join(dir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-    expect(steps.map((l) => `${l.step}:${Object.keys(l).find((k) => k.endsWith('/actor/pg_loss'))?.split('/')[0]}`).sort()).toEqual(
-      ['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer'],
-    );
+    const steps = (await readFile(join(dir, 'metrics.jsonl'), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
+    expect(
+      steps
+        .map(
+          (l) =>
+            `${l.step}:${
+              Object.keys(l)
+                .find((k) => k.endsWith('/actor/pg_loss'))
+                ?.split('/')[0]
+            }`,
+        )
+        .sort(),
+    ).toEqual(['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer']);
     // ... and in trained.jsonl, with the trajectories it trained on, as the straight run's.
     type Trained = { policy: string; step: number; trajectoryIds: string[] };
     const trained = async (d: string): Promise<string[]> =>
@@ -162,12 +181,30 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
         .map((l) => JSON.parse(l) as Trained)
         .map((l) => `${l.step}:${l.policy}:${l.trajectoryIds.length}:${l.trajectoryIds[0]}`)
         .sort();
-    expect((await trained(dir)).map((l) => l.split(':').slice(0, 2).join(':'))).toEqual(['0:editor', '0:writer', '1:editor', '1:writer', '2:editor', '2:writer', '3:editor', '3:writer']);
+    expect((await trained(dir)).map((l) => l.split(':').slice(0, 2).join(':'))).toEqual([
+      '0:editor',
+      '0:writer',
+      '1:editor',
+      '1:writer',
+      '2:editor',
+      '2:writer',
+      '3:editor',
+      '3:writer',
+    ]);
     expect(await trained(dir)).toEqual(await trained(straightDir));
     // The resumed run sampled and scored what the straight one did, step for step ...
-    const straightSteps = (await readFile(join(straightDir, 'metrics.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const straightSteps = (await readFile(join(straightDir, 'metrics.jsonl'), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
     const rewards = (ls: Record<string, number>[]): string[] =>
-      ls.flatMap((l) => ['writer', 'editor'].filter((t) => `${t}/rollout/reward_mean` in l).map((t) => `${l.step}:${t}:${l[`${t}/rollout/reward_mean`].toFixed(9)}`)).sort();
+      ls
+        .flatMap((l) =>
+          ['writer', 'editor']
+            .filter((t) => `${t}/rollout/reward_mean` in l)
+            .map((t) => `${l.step}:${t}:${l[`${t}/rollout/reward_mean`].toFixed(9)}`),
+        )
+        .sort();
     expect(rewards(steps)).toEqual(rewards(straightSteps));
     // ... and ends where it does, weight for weight (to float32 noise: the engine's batches differ in size).
     const close = (a: Float32Array | undefined, b: Float32Array, name: string): void => {
@@ -181,10 +218,12 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     const { model: straightEditor } = await loadModelDir(join(straightDir, 'policies', 'editor'));
     const { model: resumedEditor } = await loadModelDir(join(dir, 'policies', 'editor'));
     expect(straightEditor.config.vocabSize).toBe(vocab);
-    for (const [name, w] of straightEditor.getWeights()) close(resumedEditor.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
+    for (const [name, w] of straightEditor.getWeights())
+      close(resumedEditor.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
     const { adapter: straightWriter } = await loadPeftAdapter(join(straightDir, 'policies', 'writer'), straightEditor.config);
     const { adapter: resumedWriter } = await loadPeftAdapter(join(dir, 'policies', 'writer'), straightEditor.config);
-    for (const [name, w] of straightWriter.getWeights()) close(resumedWriter.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
+    for (const [name, w] of straightWriter.getWeights())
+      close(resumedWriter.getWeights().get(name)?.data as Float32Array, w.data as Float32Array, name);
     // Running the finished run again trains nothing.
     const again: string[] = [];
     await runAgents(config({ ...level, run: { dir, seed: 1, steps: 4, backend: 'auto' } }), { log: (line) => again.push(line) });
@@ -222,7 +261,7 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     }
   }, 120_000);
 
-  it('a recipe\'s own environment module, on its own JSONL data (L1: one policy for both agents)', async () => {
+  it("a recipe's own environment module, on its own JSONL data (L1: one policy for both agents)", async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-module-'));
     await writeFile(
       join(dir, 'env.mjs'),
@@ -235,7 +274,8 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
         '',
       ].join('\n'),
     );
-    const lines = (words: string[]): string => words.map((w, i) => JSON.stringify({ id: `${w}${i}`, prompt: `${w}=`, answer: [...w].reverse().join('') })).join('\n');
+    const lines = (words: string[]): string =>
+      words.map((w, i) => JSON.stringify({ id: `${w}${i}`, prompt: `${w}=`, answer: [...w].reverse().join('') })).join('\n');
     await writeFile(join(dir, 'train.jsonl'), lines(['ab', 'ba', 'aab', 'bba', 'abb', 'bab']));
     await writeFile(join(dir, 'val.jsonl'), lines(['aa', 'bb', 'aba']));
     const recipe = (exportName: string): ReturnType<typeof loadConfig> =>
@@ -243,7 +283,14 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
         data: { source: 'jsonl', trainFile: 'train.jsonl', validationFile: 'val.jsonl', alphabet: 'ab=>' },
         rollout: { groupSize: 2, maxTokens: 4 },
         sync: { batchSize: 2 },
-        agents: { environment: 'module', module: { module: './env.mjs', export: exportName }, roles: [{ name: 'caller', policy: 'p' }, { name: 'echoer', policy: 'p' }] },
+        agents: {
+          environment: 'module',
+          module: { module: './env.mjs', export: exportName },
+          roles: [
+            { name: 'caller', policy: 'p' },
+            { name: 'echoer', policy: 'p' },
+          ],
+        },
         policies: [{ name: 'p', specialization: 'prompt' }],
         run: { dir: null, seed: 1, steps: 2, backend: 'auto' },
       });
@@ -252,16 +299,25 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     expect(summary.policies[0]).toMatchObject({ name: 'p', steps: 2, agents: ['caller', 'echoer'] });
     expect(summary.valFinal['val/episodes']).toBe(3);
     expect(summary.valFinal).toHaveProperty('val/echoer/reward_mean');
-    await expect(runAgents(recipe('notAnEnvironment'), { baseDir: dir })).rejects.toThrow(/agents\.module\.export: not a MultiAgentEnvironment/);
+    await expect(runAgents(recipe('notAnEnvironment'), { baseDir: dir })).rejects.toThrow(
+      /agents\.module\.export: not a MultiAgentEnvironment/,
+    );
     await expect(runAgents(recipe('missing'), { baseDir: dir })).rejects.toThrow(/agents\.module\.export: .*has no export 'missing'/);
-    expect(() => loadConfig({ env: {}, values: { agents: { environment: 'module', roles } } })).toThrow(/agents\.module\.module: required when agents\.environment is 'module'/);
+    expect(() => loadConfig({ env: {}, values: { agents: { environment: 'module', roles } } })).toThrow(
+      /agents\.module\.module: required when agents\.environment is 'module'/,
+    );
   }, 120_000);
 
   it('refuses a recipe without an environment, or a role prompt the tokenizer cannot encode, naming the key', async () => {
     await expect(runAgents(config({}))).rejects.toThrow(/agents\.environment/);
     const prompted = roles.map((r, i) => (i === 1 ? { ...r, prompt: 'check: ' } : r));
     await expect(
-      runAgents(config({ agents: { environment: 'writer-editor', roles: prompted }, policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })) })),
+      runAgents(
+        config({
+          agents: { environment: 'writer-editor', roles: prompted },
+          policies: roles.map((r) => ({ name: r.policy, specialization: 'full' })),
+        }),
+      ),
     ).rejects.toThrow(/agents\.roles\[1\]\.prompt: the tokenizer cannot encode it/);
   });
 });

@@ -47,7 +47,14 @@ class RecordingTrainer implements Trainer {
     await sleep(12 * this.slowdown * this.rng.next());
     this.step++;
     const weights: NamedWeights = new Map();
-    return { step, version: step + 1, metrics: { ...batch.metrics }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: () => weights };
+    return {
+      step,
+      version: step + 1,
+      metrics: { ...batch.metrics },
+      skipped: false,
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: () => weights,
+    };
   }
 }
 
@@ -111,8 +118,14 @@ async function trial(mode: StalenessMode, seed: number, shared: boolean, eta = 1
   const out: Trial = { staleness: new Map(), rows: new Map(), loads: new Map(), steps: new Map(), taskCount, groupSize };
   for (const { engine, trainer } of policies) {
     const tag = trainer.modelTag;
-    out.staleness.set(tag, trainer.batches.flatMap(({ step, batch }) => batch.meta.policyVersions.map((v) => step - v)));
-    out.rows.set(tag, trainer.batches.flatMap(({ batch }) => batch.meta.trajectoryIds));
+    out.staleness.set(
+      tag,
+      trainer.batches.flatMap(({ step, batch }) => batch.meta.policyVersions.map((v) => step - v)),
+    );
+    out.rows.set(
+      tag,
+      trainer.batches.flatMap(({ batch }) => batch.meta.trajectoryIds),
+    );
     out.loads.set(tag, engine.loads);
     out.steps.set(tag, results.filter((r) => r.modelTag === tag).length);
     // A policy's step metrics split its rows by agent: a shared policy has rows of both.
@@ -170,7 +183,10 @@ describe('multiAgentPipeline: per-policy staleness (property: random latencies, 
       multiAgentPipeline({
         tasks,
         environment: environment(new Set()),
-        agents: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'editor' }],
+        agents: [
+          { name: 'writer', policy: 'writer' },
+          { name: 'editor', policy: 'editor' },
+        ],
         policies: [writer, editor].map((p) => ({ trainer: p.trainer, engines: [p.engine] })),
         mode: 'batch-async',
         batchSize: 3,
@@ -199,7 +215,14 @@ describe('multiAgentPipeline: per-policy staleness (property: random latencies, 
     const trainer = new RecordingTrainer('writer', createRng(1));
     const base = { tasks: [], environment: environment(new Set()), batchSize: 1, groupSize: 1, maxTokens: 2 };
     const unknown = (): unknown =>
-      multiAgentPipeline({ ...base, agents: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'nobody' }], policies: [{ trainer, engines: [engine] }] });
+      multiAgentPipeline({
+        ...base,
+        agents: [
+          { name: 'writer', policy: 'writer' },
+          { name: 'editor', policy: 'nobody' },
+        ],
+        policies: [{ trainer, engines: [engine] }],
+      });
     expect(unknown).toThrow(ConfigError);
     expect(unknown).toThrow(/agents\[1\]\.policy: agent 'editor' maps to unknown policy 'nobody'/);
     const idle = new RecordingTrainer('idle', createRng(1));
@@ -207,14 +230,22 @@ describe('multiAgentPipeline: per-policy staleness (property: random latencies, 
       lastValueFrom(
         multiAgentPipeline({
           ...base,
-          agents: [{ name: 'writer', policy: 'writer' }, { name: 'editor', policy: 'writer' }],
-          policies: [{ trainer, engines: [engine] }, { trainer: idle, engines: [new LatencyEngine('idle', createRng(2))] }],
+          agents: [
+            { name: 'writer', policy: 'writer' },
+            { name: 'editor', policy: 'writer' },
+          ],
+          policies: [
+            { trainer, engines: [engine] },
+            { trainer: idle, engines: [new LatencyEngine('idle', createRng(2))] },
+          ],
         }),
       );
-    return expect(unused()).rejects.toThrow(/policy 'idle' gets no trajectories/).then(() =>
-      expect(() => multiAgentPipeline({ ...base, agents: [{ name: 'writer', policy: 'writer' }], policies: [{ trainer, engines: [engine] }] })).toThrow(
-        /agent 'editor' of the environment's turnOrder has no agent spec/,
-      ),
-    );
+    return expect(unused())
+      .rejects.toThrow(/policy 'idle' gets no trajectories/)
+      .then(() =>
+        expect(() =>
+          multiAgentPipeline({ ...base, agents: [{ name: 'writer', policy: 'writer' }], policies: [{ trainer, engines: [engine] }] }),
+        ).toThrow(/agent 'editor' of the environment's turnOrder has no agent spec/),
+      );
   });
 });

@@ -12,8 +12,20 @@ import { SPEC_BACKENDS } from '../helpers/backends.js';
 async function fixture(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'rxrl-run-'));
   const tasks = ['ab', 'ba', 'aa', 'bb', 'aab', 'abb'].map((s, i) => ({ id: `t${i}`, prompt: `${s}=`, answer: [...s].reverse().join('') }));
-  await writeFile(join(dir, 'train.jsonl'), tasks.slice(0, 4).map((t) => JSON.stringify(t)).join('\n'));
-  await writeFile(join(dir, 'val.jsonl'), tasks.slice(4).map((t) => JSON.stringify(t)).join('\n'));
+  await writeFile(
+    join(dir, 'train.jsonl'),
+    tasks
+      .slice(0, 4)
+      .map((t) => JSON.stringify(t))
+      .join('\n'),
+  );
+  await writeFile(
+    join(dir, 'val.jsonl'),
+    tasks
+      .slice(4)
+      .map((t) => JSON.stringify(t))
+      .join('\n'),
+  );
   await writeFile(
     join(dir, 'evaluator.mjs'),
     'export const half = { evaluate: (task, response) => ({ reward: 0.5, metrics: { custom: response === task.answer ? 1 : 0 } }) };\n' +
@@ -47,7 +59,10 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     const summary = await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
     expect(summary).toMatchObject({ recipe: 'train', steps: 3, mode: 'sync', runDir: join(dir, 'run') });
     expect(summary.lastStep['rollout/reward_mean']).toBe(0.5);
-    const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
     // before training (the step it follows: −1); each step's line, then its sync and wall time on a line of their
     // own (with the validation at version 2), and the final validation
     expect(metrics.map((m) => m.step)).toEqual([-1, 0, 0, 1, 1, 2, 2, 2]);
@@ -57,7 +72,11 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     expect(metrics[4]['actor/pg_loss']).toBeUndefined();
     expect(metrics[3]['actor/pg_loss']).toBeTypeOf('number');
     expect(metrics[3]['val/reward_mean']).toBeUndefined();
-    for (const [train, after] of [[1, 2], [3, 4], [5, 6]].map(([a, b]) => [metrics[a], metrics[b]])) {
+    for (const [train, after] of [
+      [1, 2],
+      [3, 4],
+      [5, 6],
+    ].map(([a, b]) => [metrics[a], metrics[b]])) {
       const parts = after['timing/wait_s'] + train['timing/prepare_s'] + train['timing/step_s'] + after['timing/sync_s'];
       expect(parts).toBeCloseTo(after['timing/total_s'], 9);
       // Generating and scoring the batch happen while the trainer waits for it; the trainer's parts inside its step.
@@ -69,18 +88,29 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     // Every validation says its seconds; the one after version 2 delays the next step, inside its wait.
     for (const val of [metrics[0], metrics[4], metrics[7]]) expect(val['timing/val_s']).toBeGreaterThan(0);
     expect(metrics[6]['timing/wait_s']).toBeGreaterThanOrEqual(metrics[4]['timing/val_s']);
-    expect(readdirSync(join(dir, 'run')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_2', 'global_step_3']);
-    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n');
+    expect(
+      readdirSync(join(dir, 'run'))
+        .filter((n) => n.startsWith('global_step_'))
+        .sort(),
+    ).toEqual(['global_step_2', 'global_step_3']);
+    const trained = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8')
+      .trim()
+      .split('\n');
     expect(trained).toHaveLength(3);
   });
 
   it('resumes from the newest checkpoint and trains only the remaining steps', async () => {
     const dir = await fixture();
     await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
-    const resumed = await runTraining(loadConfig({ values: base({ run: { dir: 'run', steps: 5, backend, seed: 2 } }), env: {} }), { baseDir: dir });
+    const resumed = await runTraining(loadConfig({ values: base({ run: { dir: 'run', steps: 5, backend, seed: 2 } }), env: {} }), {
+      baseDir: dir,
+    });
     expect(resumed.steps).toBe(5);
     expect(resumed.resumedFrom).toBe(join(dir, 'run', 'global_step_3'));
-    const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { step: number }).step);
+    const steps = readFileSync(join(dir, 'run', 'trained.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => (JSON.parse(l) as { step: number }).step);
     expect(steps).toEqual([0, 1, 2, 3, 4]);
   });
 
@@ -94,11 +124,17 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     expect(going.steps).toBe(4);
     expect(going.failedSamples).toBeGreaterThan(0);
     expect(going.stoppedBy).toBeUndefined();
-    const lines = readFileSync(join(dir, 'go', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const lines = readFileSync(join(dir, 'go', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
     expect(lines.reduce((n, m) => n + (m['rollout/failed_samples'] ?? 0), 0)).toBe(going.failedSamples);
 
     const stopped = await runTraining(
-      loadConfig({ values: base({ rollout: flaky, run: { dir: 'stop', steps: 50, backend, seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
+      loadConfig({
+        values: base({ rollout: flaky, run: { dir: 'stop', steps: 50, backend, seed: 2, errorPolicy: 'stop_on_error' } }),
+        env: {},
+      }),
       { baseDir: dir },
     );
     expect(stopped.steps).toBeLessThan(50);
@@ -112,7 +148,10 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     const dir = await fixture();
     const broken = { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'broken' } };
     const run = runTraining(
-      loadConfig({ values: base({ rollout: broken, run: { dir: 'fail', steps: 3, backend, seed: 2, errorPolicy: 'stop_on_error' } }), env: {} }),
+      loadConfig({
+        values: base({ rollout: broken, run: { dir: 'fail', steps: 3, backend, seed: 2, errorPolicy: 'stop_on_error' } }),
+        env: {},
+      }),
       { baseDir: dir },
     );
     await expect(run).rejects.toBeInstanceOf(StepFailedError);
@@ -120,12 +159,19 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     expect(readdirSync(join(dir, 'fail')).filter((n) => n.startsWith('global_step_'))).toEqual([]);
 
     const going = await runTraining(
-      loadConfig({ values: base({ rollout: broken, run: { dir: 'go-on', steps: 2, backend, seed: 2, errorPolicy: 'continue' } }), env: {} }),
+      loadConfig({
+        values: base({ rollout: broken, run: { dir: 'go-on', steps: 2, backend, seed: 2, errorPolicy: 'continue' } }),
+        env: {},
+      }),
       { baseDir: dir },
     );
     expect(going.steps).toBe(2);
     expect(going.failedSamples).toBe(2 * 2 * 2); // two steps of 2 tasks × 2 samples (held-out validation counts its own)
-    expect(readdirSync(join(dir, 'go-on')).filter((n) => n.startsWith('global_step_')).sort()).toEqual(['global_step_1', 'global_step_2']);
+    expect(
+      readdirSync(join(dir, 'go-on'))
+        .filter((n) => n.startsWith('global_step_'))
+        .sort(),
+    ).toEqual(['global_step_1', 'global_step_2']);
   });
 
   it('ends every run with a checkpoint of its last step, even one shorter than checkpoint.every', async () => {
@@ -137,7 +183,6 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     expect(summary.steps).toBe(2);
     expect(readdirSync(join(dir, 'short')).filter((n) => n.startsWith('global_step_'))).toEqual(['global_step_2']);
   });
-
 });
 
 describe('runTraining rejects bad set-ups', () => {
@@ -156,7 +201,10 @@ describe('runTraining rejects bad set-ups', () => {
 
   it('names a missing evaluator export', async () => {
     const dir = await fixture();
-    const config = loadConfig({ values: base({ rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'nope' } } }), env: {} });
+    const config = loadConfig({
+      values: base({ rollout: { groupSize: 2, maxTokens: 4, evaluator: { module: './evaluator.mjs', export: 'nope' } } }),
+      env: {},
+    });
     await expect(runTraining(config, { baseDir: dir })).rejects.toThrow(ConfigError);
     await expect(runTraining(config, { baseDir: dir })).rejects.toThrow(/rollout\.evaluator\.export/);
   });

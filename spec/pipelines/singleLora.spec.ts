@@ -76,7 +76,11 @@ describe('a single-agent recipe with a LoRA policy', () => {
     expect([...baseAgain.getWeights().values()].map((w) => [...w.data])).toEqual([...base.getWeights().values()].map((w) => [...w.data]));
 
     // rxrl serve --model <run>/base --lora-modules reverser=<run>/global_step_6 answers with the adapter.
-    const server = await serve({ model: base, tokenizer: await loadTokenizer(join(run, 'base')), loraModules: { reverser: join(run, 'global_step_6') } });
+    const server = await serve({
+      model: base,
+      tokenizer: await loadTokenizer(join(run, 'base')),
+      loraModules: { reverser: join(run, 'global_step_6') },
+    });
     try {
       const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'none' });
       const models = await client.models.list();
@@ -87,7 +91,9 @@ describe('a single-agent recipe with a LoRA policy', () => {
       const { adapter: trained } = await loadPeftAdapter(join(run, 'global_step_6'), base.config);
       const view = PolicyModel.withAdapter(base, trained);
       const tokenizer = await loadTokenizer(join(run, 'base'));
-      const [local] = await view.generate([{ promptTokens: tokenizer.encode('abc=', { addBos: true }), maxTokens: 4, temperature: 0, stopTokens: tokenizer.stopIds }]);
+      const [local] = await view.generate([
+        { promptTokens: tokenizer.encode('abc=', { addBos: true }), maxTokens: 4, temperature: 0, stopTokens: tokenizer.stopIds },
+      ]);
       expect(out.choices[0].text).toBe(tokenizer.decode(local.tokens.filter((t) => !tokenizer.stopIds.includes(t))));
       view.dispose();
       trained.dispose();

@@ -44,7 +44,14 @@ class RecordingTrainer implements Trainer {
     await sleep(12 * this.rng.next());
     this.step++;
     const weights: NamedWeights = new Map();
-    return { step, version: step + 1, metrics: { ...batch.metrics }, skipped: false, trajectoryIds: batch.meta.trajectoryIds, weights: () => weights };
+    return {
+      step,
+      version: step + 1,
+      metrics: { ...batch.metrics },
+      skipped: false,
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: () => weights,
+    };
   }
 }
 
@@ -76,7 +83,10 @@ async function trial(mode: StalenessMode, seed: number, eta = 1): Promise<Trial>
   const loader = (async function* () {
     for (let i = 0; i < tasks.length; i++) {
       // Credit check at the moment the loader is read: the engines' version is what the gate has seen (or newer).
-      const trainedGroups = trainer.batches.reduce((n, b) => n + (b.step < engine.version ? (b.batch.metrics?.['batch/groups'] ?? 0) : 0), 0);
+      const trainedGroups = trainer.batches.reduce(
+        (n, b) => n + (b.step < engine.version ? (b.batch.metrics?.['batch/groups'] ?? 0) : 0),
+        0,
+      );
       const allowed =
         mode === 'fully-async' ? i - trainedGroups < capacity : Math.floor(i / batchSize) <= engine.version + (mode === 'sync' ? 0 : eta);
       if (!allowed) creditViolations++;
@@ -85,7 +95,18 @@ async function trial(mode: StalenessMode, seed: number, eta = 1): Promise<Trial>
     }
   })();
   const results = await lastValueFrom(
-    grpoPipeline({ tasks: loader, engines: [engine], trainer, evaluator, mode, stalenessThreshold: eta, capacity, batchSize, groupSize, maxTokens: 2 }).pipe(toArray()),
+    grpoPipeline({
+      tasks: loader,
+      engines: [engine],
+      trainer,
+      evaluator,
+      mode,
+      stalenessThreshold: eta,
+      capacity,
+      batchSize,
+      groupSize,
+      maxTokens: 2,
+    }).pipe(toArray()),
   );
   const staleness = trainer.batches.flatMap(({ step, batch }) => batch.meta.policyVersions.map((v) => step - v));
   const trainedTasks = trainer.batches.flatMap(({ batch }) => [...new Set(batch.meta.taskIds)]);
@@ -127,7 +148,18 @@ describe('staleness modes (property: random rollout latencies and train duration
     const trainer = new RecordingTrainer(createRng(7, 'trainer'));
     const tasks: Task[] = Array.from({ length: 40 }, (_, i) => ({ id: `t${i}`, prompt: 'ab' }));
     const results = await lastValueFrom(
-      grpoPipeline({ tasks, engines: [engine], trainer, evaluator, mode, stalenessThreshold: 2, batchSize: 2, groupSize: 2, maxTokens: 2, steps: 3 }).pipe(toArray()),
+      grpoPipeline({
+        tasks,
+        engines: [engine],
+        trainer,
+        evaluator,
+        mode,
+        stalenessThreshold: 2,
+        batchSize: 2,
+        groupSize: 2,
+        maxTokens: 2,
+        steps: 3,
+      }).pipe(toArray()),
     );
     await sleep(40);
     expect(results).toHaveLength(3);

@@ -18,12 +18,20 @@ const task = { id: 'q', prompt: 'What is 7 times 8?', answer: '7 * 8 = 56' };
 describe('arithmetic task', () => {
   it('scores the asked equation with the right result 1, with a wrong one the format credit, anything else 0', () => {
     const stopped = { finishReason: 'stop' as const, tokens: [1, 2] };
-    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, stopped)).toMatchObject({ reward: 1, metrics: { format: 1, correct: 1 } });
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, stopped)).toMatchObject({
+      reward: 1,
+      metrics: { format: 1, correct: 1 },
+    });
     expect(equationEvaluator.evaluate(task, 'Sure! 7*8=56.', undefined, stopped)).toMatchObject({ reward: 1 });
-    expect(equationEvaluator.evaluate(task, '7 * 8 = 54', undefined, stopped)).toMatchObject({ reward: FORMAT_CREDIT, metrics: { format: 1, correct: 0 } });
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 54', undefined, stopped)).toMatchObject({
+      reward: FORMAT_CREDIT,
+      metrics: { format: 1, correct: 0 },
+    });
     expect(equationEvaluator.evaluate(task, '8 * 7 = 56', undefined, stopped)).toMatchObject({ reward: 0, metrics: { format: 0 } });
     expect(equationEvaluator.evaluate(task, '56', undefined, stopped)).toMatchObject({ reward: 0 });
-    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, { finishReason: 'length', tokens: [1, 2] })).toMatchObject({ reward: 0 });
+    expect(equationEvaluator.evaluate(task, '7 * 8 = 56', undefined, { finishReason: 'length', tokens: [1, 2] })).toMatchObject({
+      reward: 0,
+    });
   });
 
   it('enumerates every question once, holds out a reproducible split, and refuses bad options naming the key', () => {
@@ -46,7 +54,9 @@ describe('arithmetic task', () => {
   it('model.path ~/ is the home directory; other paths are relative to the recipe', () => {
     expect(modelPath('~/.cache/m', '/r')).toBe(join(homedir(), '.cache', 'm'));
     expect(modelPath('m', '/r')).toBe('/r/m');
-    expect(() => loadConfig({ env: {}, values: { data: { source: 'arithmetic' } } })).toThrow(/model\.path: required when data\.source is 'arithmetic'/);
+    expect(() => loadConfig({ env: {}, values: { data: { source: 'arithmetic' } } })).toThrow(
+      /model\.path: required when data\.source is 'arithmetic'/,
+    );
   });
 
   // The SmolLM2 recipes run on the tiny Qwen2 fixture for two steps (CI's smoke; the real model is opt-in).
@@ -56,7 +66,16 @@ describe('arithmetic task', () => {
       const config = loadConfig({
         env: {},
         file: join(recipes, name),
-        set: [`model.path=${fixture}`, 'run.steps=2', `run.dir=${join(dir, 'run')}`, 'run.backend=wasm', 'validation.every=0', 'data.arithmetic.validationSize=4', 'sync.batchSize=2', 'rollout.maxTokens=6'],
+        set: [
+          `model.path=${fixture}`,
+          'run.steps=2',
+          `run.dir=${join(dir, 'run')}`,
+          'run.backend=wasm',
+          'validation.every=0',
+          'data.arithmetic.validationSize=4',
+          'sync.batchSize=2',
+          'rollout.maxTokens=6',
+        ],
       });
       expect(config.rollout.chatTemplate).toBe('model');
       const summary = await runTraining(config, { log: () => undefined });

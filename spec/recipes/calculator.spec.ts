@@ -38,9 +38,15 @@ describe('calculator recipe', () => {
   });
 
   it('answers calc calls, reports errors with ?, and scores exact answers 1', async () => {
-    expect(await calculatorEnvironment.call({ id: 'c', name: 'calc', arguments: '{"expression":"6*7"}' }, { id: 't', prompt: '6*7' }, signal)).toBe('42');
-    expect(() => calculatorEnvironment.call({ id: 'c', name: 'calc', arguments: '{"expression":"6/7"}' }, { id: 't', prompt: '' }, signal)).toThrow(DecodeError);
-    expect(() => calculatorEnvironment.call({ id: 'c', name: 'other', arguments: '{}' }, { id: 't', prompt: '' }, signal)).toThrow(DecodeError);
+    expect(
+      await calculatorEnvironment.call({ id: 'c', name: 'calc', arguments: '{"expression":"6*7"}' }, { id: 't', prompt: '6*7' }, signal),
+    ).toBe('42');
+    expect(() =>
+      calculatorEnvironment.call({ id: 'c', name: 'calc', arguments: '{"expression":"6/7"}' }, { id: 't', prompt: '' }, signal),
+    ).toThrow(DecodeError);
+    expect(() => calculatorEnvironment.call({ id: 'c', name: 'other', arguments: '{}' }, { id: 't', prompt: '' }, signal)).toThrow(
+      DecodeError,
+    );
     expect(calculatorEnvironment.errorText?.({ id: 'c', name: 'calc', arguments: '' }, new Error())).toBe('?');
     const task = { id: 't', prompt: '6*7', answer: '42' };
     expect(await calculatorEvaluator.evaluate(task, '42')).toMatchObject({ reward: 1, metrics: { accuracy: 1 } });

@@ -21,7 +21,10 @@ describe('string transformation recipe', () => {
     const cut = { finishReason: 'length' as const, tokens: [6, 5, 4, 3, 3] };
     expect(partialCreditEvaluator.evaluate(task, 'dcba', undefined, stopped)).toMatchObject({ reward: 1, metrics: { accuracy: 1 } });
     expect(partialCreditEvaluator.evaluate(task, 'dcxa', undefined, stopped)).toMatchObject({ reward: 0.75, metrics: { accuracy: 0 } });
-    expect(partialCreditEvaluator.evaluate(task, 'dcbaa', undefined, cut)).toMatchObject({ reward: 0, metrics: { accuracy: 0, length_match: 0 } });
+    expect(partialCreditEvaluator.evaluate(task, 'dcbaa', undefined, cut)).toMatchObject({
+      reward: 0,
+      metrics: { accuracy: 0, length_match: 0 },
+    });
     // A pad token skipped by the decoder leaves the right text, but the response still never stopped.
     expect(partialCreditEvaluator.evaluate(task, 'dcba', undefined, cut)).toMatchObject({ reward: 0, metrics: { accuracy: 0 } });
   });
@@ -51,7 +54,9 @@ describe('string transformation recipe', () => {
     expect(() => stringTransformTask({ transform: 'sort' as never })).toThrow(/copy, reverse, shift/);
     expect(() => stringTransformTask({ alphabet: 'ab', minLength: 1, maxLength: 1, validationSize: 2 })).toThrow(ConfigError);
     // 5^30 strings would be enumerated (and run out of memory): refused at once, naming the key.
-    expect(() => stringTransformTask({ minLength: 30, maxLength: 30 })).toThrow(/data\.task: 5 letters of lengths 30\.\.30 make more than 1000000 strings/);
+    expect(() => stringTransformTask({ minLength: 30, maxLength: 30 })).toThrow(
+      /data\.task: 5 letters of lengths 30\.\.30 make more than 1000000 strings/,
+    );
     expect(stringTransformTask({ alphabet: 'ab', minLength: 19, maxLength: 19 }).train.length).toBe(2 ** 19 - 100);
   });
 });

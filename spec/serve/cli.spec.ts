@@ -29,7 +29,10 @@ afterAll(async () => {
 
 describe('rxrl serve (built CLI, built by pretest)', () => {
   it('serves a fresh policy on a free loopback port and stops on SIGTERM', async () => {
-    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model-name', 'tiny', '--max-sessions', '1'], { cliPath: cli, stderr: 'ignore' });
+    const server = await spawnServe(['--port', '0', '--backend', 'cpu', '--model-name', 'tiny', '--max-sessions', '1'], {
+      cliPath: cli,
+      stderr: 'ignore',
+    });
     try {
       expect(server.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY' });

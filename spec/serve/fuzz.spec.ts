@@ -80,9 +80,31 @@ function alphabetText(rng: Rng, maxLength: number): string {
 }
 
 const ODD_STRINGS = [
-  '', ' ', 'NaN', 'Infinity', '-Infinity', '1e999', '0x10', '007', 'null', 'true', 'undefined', '__proto__',
-  'constructor', '<eos>', '<bos><pad>', '%00', '%E0%A4%A', '../../etc/passwd', 'ÄÖü', '🙂🙃', '\u202eabc', 'a\u0000b',
-  'rxrl-policy', 'RXRL-POLICY', 'calc(2+3)',
+  '',
+  ' ',
+  'NaN',
+  'Infinity',
+  '-Infinity',
+  '1e999',
+  '0x10',
+  '007',
+  'null',
+  'true',
+  'undefined',
+  '__proto__',
+  'constructor',
+  '<eos>',
+  '<bos><pad>',
+  '%00',
+  '%E0%A4%A',
+  '../../etc/passwd',
+  'ÄÖü',
+  '🙂🙃',
+  '\u202eabc',
+  'a\u0000b',
+  'rxrl-policy',
+  'RXRL-POLICY',
+  'calc(2+3)',
 ];
 
 /** JSON text of a string: lone surrogates and escapes kept as escapes. */
@@ -101,8 +123,26 @@ function jsonString(rng: Rng): string {
 
 function jsonNumber(rng: Rng): string {
   return pick(rng, [
-    '0', '-0', '1', '-1', '2', '3', '1.5', '-2.5', '0.000001', '1e308', '-1e308', '1e400', '9007199254740993',
-    '-9007199254740993', '4294967296', '128', '129', '33', '1e-400', '12345678901234567890123456789',
+    '0',
+    '-0',
+    '1',
+    '-1',
+    '2',
+    '3',
+    '1.5',
+    '-2.5',
+    '0.000001',
+    '1e308',
+    '-1e308',
+    '1e400',
+    '9007199254740993',
+    '-9007199254740993',
+    '4294967296',
+    '128',
+    '129',
+    '33',
+    '1e-400',
+    '12345678901234567890123456789',
   ]);
 }
 
@@ -161,12 +201,11 @@ function mutate(rng: Rng, fields: Readonly<Record<string, string>>, extraKeys: r
 // Valid bodies.
 
 function validCompletion(rng: Rng): Json {
-  const prompt =
-    chance(rng, 0.6)
-      ? alphabetText(rng, 10)
-      : chance(rng, 0.5)
-        ? Array.from({ length: randomInt(rng, 1, 8) }, () => randomInt(rng, 0, tokenizer.vocabSize - 1))
-        : Array.from({ length: randomInt(rng, 1, 3) }, () => alphabetText(rng, 6));
+  const prompt = chance(rng, 0.6)
+    ? alphabetText(rng, 10)
+    : chance(rng, 0.5)
+      ? Array.from({ length: randomInt(rng, 1, 8) }, () => randomInt(rng, 0, tokenizer.vocabSize - 1))
+      : Array.from({ length: randomInt(rng, 1, 3) }, () => alphabetText(rng, 6));
   const body: Json = { model: MODEL, prompt, max_tokens: randomInt(rng, 0, 4) };
   if (chance(rng, 0.3)) body.n = randomInt(rng, 1, 3);
   if (chance(rng, 0.3)) body.temperature = pick(rng, [0, 0.5, 1, 2]);
@@ -179,7 +218,8 @@ function validCompletion(rng: Rng): Json {
   if (chance(rng, 0.2)) body.return_token_ids = true;
   if (chance(rng, 0.2)) body.return_tokens_as_token_ids = chance(rng, 0.5);
   if (chance(rng, 0.1)) body.include_stop_str_in_output = true;
-  if (chance(rng, 0.1)) Object.assign(body, { echo: false, stream: false, best_of: body.n ?? 1, logit_bias: {}, presence_penalty: 0, suffix: '' });
+  if (chance(rng, 0.1))
+    Object.assign(body, { echo: false, stream: false, best_of: body.n ?? 1, logit_bias: {}, presence_penalty: 0, suffix: '' });
   return body;
 }
 
@@ -199,7 +239,10 @@ function validChat(rng: Rng): Json {
   if (chance(rng, 0.4)) {
     body.tools = TOOL_NAMES.slice(0, randomInt(rng, 1, TOOL_NAMES.length)).map((name) => ({
       type: 'function',
-      function: { name, ...(chance(rng, 0.5) ? { parameters: { type: 'object', properties: { x: { type: 'number' }, y: { type: 'string' } } } } : {}) },
+      function: {
+        name,
+        ...(chance(rng, 0.5) ? { parameters: { type: 'object', properties: { x: { type: 'number' }, y: { type: 'string' } } } } : {}),
+      },
     }));
     if (chance(rng, 0.3)) body.tool_choice = pick(rng, ['auto', 'none', 'required', { type: 'function', function: { name: 'calc' } }]);
   }
@@ -221,13 +264,48 @@ function fieldsOf(body: Json): Record<string, string> {
 }
 
 const COMPLETION_KEYS = [
-  'model', 'prompt', 'max_tokens', 'n', 'temperature', 'top_p', 'seed', 'logprobs', 'prompt_logprobs', 'stop',
-  'stop_token_ids', 'echo', 'suffix', 'best_of', 'stream', 'logit_bias', 'presence_penalty', 'frequency_penalty',
-  'return_token_ids', 'return_tokens_as_token_ids', 'include_stop_str_in_output', 'user', '__proto__',
+  'model',
+  'prompt',
+  'max_tokens',
+  'n',
+  'temperature',
+  'top_p',
+  'seed',
+  'logprobs',
+  'prompt_logprobs',
+  'stop',
+  'stop_token_ids',
+  'echo',
+  'suffix',
+  'best_of',
+  'stream',
+  'logit_bias',
+  'presence_penalty',
+  'frequency_penalty',
+  'return_token_ids',
+  'return_tokens_as_token_ids',
+  'include_stop_str_in_output',
+  'user',
+  '__proto__',
 ];
 const CHAT_KEYS = [
-  'model', 'messages', 'max_tokens', 'max_completion_tokens', 'n', 'temperature', 'top_p', 'seed', 'logprobs',
-  'top_logprobs', 'tools', 'tool_choice', 'stop', 'stream', 'response_format', 'return_token_ids', 'constructor',
+  'model',
+  'messages',
+  'max_tokens',
+  'max_completion_tokens',
+  'n',
+  'temperature',
+  'top_p',
+  'seed',
+  'logprobs',
+  'top_logprobs',
+  'tools',
+  'tool_choice',
+  'stop',
+  'stream',
+  'response_format',
+  'return_token_ids',
+  'constructor',
 ];
 const WEIGHT_KEYS = ['model_path', 'weight_version', 'force', 'load_format', 'abort_all_requests'];
 
@@ -256,7 +334,8 @@ function brokenMessages(rng: Rng): string {
 function brokenTools(rng: Rng): string {
   return pick(rng, [
     () => jsonValue(rng),
-    () => `[{"type":"function","function":{"name":${pick(rng, ['"1x"', '""', '"a-b"', '"calc"', jsonValue(rng, 1)])},"parameters":${jsonValue(rng, 2)}}}]`,
+    () =>
+      `[{"type":"function","function":{"name":${pick(rng, ['"1x"', '""', '"a-b"', '"calc"', jsonValue(rng, 1)])},"parameters":${jsonValue(rng, 2)}}}]`,
     () => `[{"type":"function","function":{"name":"a","parameters":{"type":"object","properties":${jsonValue(rng, 2)}}}}]`,
     () => `[{"type":${jsonValue(rng, 1)}}]`,
   ])();
@@ -270,7 +349,8 @@ const JSON_HEADERS = { 'content-type': 'application/json' };
 function completionRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, ['/v1/completions', '/v1/completions/', '/v1/completions?x=1']);
   const body = validCompletion(rng);
-  if (chance(rng, 0.25)) return { kind: 'completions/valid', method: 'POST', path, headers: JSON_HEADERS, body: JSON.stringify(body), valid: true };
+  if (chance(rng, 0.25))
+    return { kind: 'completions/valid', method: 'POST', path, headers: JSON_HEADERS, body: JSON.stringify(body), valid: true };
   const fields = fieldsOf(body);
   const text = pick(rng, [
     () => mutate(rng, fields, COMPLETION_KEYS),
@@ -284,7 +364,10 @@ function completionRequest(rng: Rng): FuzzRequest {
       const numeric = pick(rng, ['max_tokens', 'n', 'logprobs', 'seed', 'temperature', 'top_p', 'prompt_logprobs']);
       return jsonObject(Object.entries({ ...fields, [numeric]: jsonNumber(rng) }));
     },
-    () => jsonObject(Object.entries({ ...fields, stop: pick(rng, ['[]', '["a","b","c","d","e"]', '[""]', '[1]', '"\\ud800"', jsonValue(rng)]) })),
+    () =>
+      jsonObject(
+        Object.entries({ ...fields, stop: pick(rng, ['[]', '["a","b","c","d","e"]', '[""]', '[1]', '"\\ud800"', jsonValue(rng)]) }),
+      ),
     () => jsonObject(Object.entries({ ...fields, model: jsonValue(rng) })),
   ])();
   return { kind: 'completions/mutated', method: 'POST', path, headers: JSON_HEADERS, body: text };
@@ -299,7 +382,8 @@ function manyPrompts(rng: Rng): string {
 function chatRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, ['/v1/chat/completions', '/v1/chat/completions/']);
   const body = validChat(rng);
-  if (chance(rng, 0.25)) return { kind: 'chat/valid', method: 'POST', path, headers: JSON_HEADERS, body: JSON.stringify(body), valid: true };
+  if (chance(rng, 0.25))
+    return { kind: 'chat/valid', method: 'POST', path, headers: JSON_HEADERS, body: JSON.stringify(body), valid: true };
   const fields = fieldsOf(body);
   const text = pick(rng, [
     () => mutate(rng, fields, CHAT_KEYS),
@@ -307,7 +391,15 @@ function chatRequest(rng: Rng): FuzzRequest {
     () => jsonObject(Object.entries({ ...fields, messages: brokenMessages(rng) })),
     () => jsonObject(Object.entries({ ...fields, tools: brokenTools(rng) })),
     () => jsonObject(Object.entries({ ...fields, tool_choice: jsonValue(rng, 2) })),
-    () => jsonObject(Object.entries({ ...fields, messages: `[${Array(pick(rng, [10, 40_000])).fill('{"role":"user","content":"a"}').join(',')}]` })),
+    () =>
+      jsonObject(
+        Object.entries({
+          ...fields,
+          messages: `[${Array(pick(rng, [10, 40_000]))
+            .fill('{"role":"user","content":"a"}')
+            .join(',')}]`,
+        }),
+      ),
   ])();
   return { kind: 'chat/mutated', method: 'POST', path, headers: JSON_HEADERS, body: text };
 }
@@ -321,13 +413,25 @@ function weightsRequest(rng: Rng): FuzzRequest {
     const body: Json = { model_path: pick(rng, weightPaths.good) };
     if (chance(rng, 0.5)) body.weight_version = chance(rng, 0.5) ? randomInt(rng, 0, 10_000) : String(randomInt(rng, 0, 10_000));
     if (chance(rng, 0.3)) body.force = true;
-    return { kind: 'weights/valid', method: 'POST', path, headers: JSON_HEADERS, body: JSON.stringify(body), valid: true, allow: ['stale_version'] };
+    return {
+      kind: 'weights/valid',
+      method: 'POST',
+      path,
+      headers: JSON_HEADERS,
+      body: JSON.stringify(body),
+      valid: true,
+      allow: ['stale_version'],
+    };
   }
   const modelPath = JSON.stringify(pick(rng, weightPaths.bad));
   const text = pick(rng, [
     () => jsonObject([['model_path', modelPath]]),
     () => jsonObject([['model_path', modelPath]]),
-    () => jsonObject([['model_path', modelPath], ['weight_version', jsonValue(rng, 1)]]),
+    () =>
+      jsonObject([
+        ['model_path', modelPath],
+        ['weight_version', jsonValue(rng, 1)],
+      ]),
     () => mutate(rng, { model_path: JSON.stringify(pick(rng, weightPaths.good)), weight_version: jsonNumber(rng) }, WEIGHT_KEYS),
     () => jsonObject([['model_path', jsonValue(rng)]]),
   ])();
@@ -340,69 +444,163 @@ const LORA_KEYS = ['lora_name', 'lora_path', 'load_inplace'];
 function loraRequest(rng: Rng): FuzzRequest {
   if (chance(rng, 0.3)) {
     const name = pick(rng, ['coder', MODEL, '', 'a/b', 'x'.repeat(randomInt(rng, 1, 400)), '\u0000']);
-    return { kind: 'lora/unload', method: 'POST', path: '/v1/unload_lora_adapter', headers: JSON_HEADERS, body: JSON.stringify({ lora_name: name }) };
+    return {
+      kind: 'lora/unload',
+      method: 'POST',
+      path: '/v1/unload_lora_adapter',
+      headers: JSON_HEADERS,
+      body: JSON.stringify({ lora_name: name }),
+    };
   }
   const loraPath = pick(rng, [...weightPaths.bad, ...weightPaths.good, '/nonexistent']);
   const text = pick(rng, [
     () => JSON.stringify({ lora_name: 'coder', lora_path: loraPath }),
     () => JSON.stringify({ lora_name: pick(rng, [MODEL, '', 'a/b', 'x'.repeat(300)]), lora_path: loraPath }),
     () => mutate(rng, { lora_name: '"coder"', lora_path: JSON.stringify(loraPath), load_inplace: 'true' }, LORA_KEYS),
-    () => jsonObject([['lora_path', jsonValue(rng)], ['lora_name', jsonValue(rng)]]),
+    () =>
+      jsonObject([
+        ['lora_path', jsonValue(rng)],
+        ['lora_name', jsonValue(rng)],
+      ]),
   ])();
   return { kind: 'lora/load', method: 'POST', path: '/v1/load_lora_adapter', headers: JSON_HEADERS, body: text };
 }
 
 function modelsRequest(rng: Rng): FuzzRequest {
-  if (chance(rng, 0.4)) return { kind: 'models/list', method: 'GET', path: pick(rng, ['/v1/models', '/v1/models/', '/v1/models?limit=1']), headers: {}, valid: true };
+  if (chance(rng, 0.4))
+    return {
+      kind: 'models/list',
+      method: 'GET',
+      path: pick(rng, ['/v1/models', '/v1/models/', '/v1/models?limit=1']),
+      headers: {},
+      valid: true,
+    };
   const id = pick(rng, [
-    MODEL, encodeURIComponent(MODEL), 'rxrl%2Dpolicy', 'gpt-4', '%E0%A4%A', '%', '%zz', '%ED%A0%80', '%00',
+    MODEL,
+    encodeURIComponent(MODEL),
+    'rxrl%2Dpolicy',
+    'gpt-4',
+    '%E0%A4%A',
+    '%',
+    '%zz',
+    '%ED%A0%80',
+    '%00',
     encodeURIComponent('🙂'),
     'a/b',
     'x'.repeat(randomInt(rng, 100, 4000)),
     '%41'.repeat(randomInt(rng, 10, 1000)),
   ]);
-  return { kind: 'models/retrieve', method: 'GET', path: `/v1/models/${id}`, headers: {}, valid: id === MODEL || id === encodeURIComponent(MODEL) };
+  return {
+    kind: 'models/retrieve',
+    method: 'GET',
+    path: `/v1/models/${id}`,
+    headers: {},
+    valid: id === MODEL || id === encodeURIComponent(MODEL),
+  };
 }
 
 function healthRequest(rng: Rng): FuzzRequest {
-  return { kind: 'health', method: 'GET', path: pick(rng, ['/health', '/health/', '/health?full=1', '/health//']), headers: {}, valid: true };
+  return {
+    kind: 'health',
+    method: 'GET',
+    path: pick(rng, ['/health', '/health/', '/health?full=1', '/health//']),
+    headers: {},
+    valid: true,
+  };
 }
 
-const ROUTES = ['/health', '/v1/models', `/v1/models/${MODEL}`, '/v1/completions', '/v1/chat/completions', '/update_weights_from_disk', '/v1/load_lora_adapter', '/v1/unload_lora_adapter'];
+const ROUTES = [
+  '/health',
+  '/v1/models',
+  `/v1/models/${MODEL}`,
+  '/v1/completions',
+  '/v1/chat/completions',
+  '/update_weights_from_disk',
+  '/v1/load_lora_adapter',
+  '/v1/unload_lora_adapter',
+];
 
 function wrongMethodRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, ROUTES);
   const getRoute = path === '/health' || path.startsWith('/v1/models');
-  const method = pick(rng, getRoute ? ['POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'] : ['GET', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD']);
+  const method = pick(
+    rng,
+    getRoute ? ['POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'] : ['GET', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'],
+  );
   const body = method === 'GET' || method === 'HEAD' ? undefined : '{}';
   return { kind: 'wrong-method', method, path, headers: chance(rng, 0.7) ? JSON_HEADERS : {}, body };
 }
 
 function unknownRouteRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, [
-    '/', '/v1', '/v1/', '/v2/completions', '/v1/completions/extra', '/v1/chat', '/v1/embeddings', '/tokenize',
-    '/metrics', '/health/x', '/%', '/%E0', '/..%2f..%2fetc%2fpasswd', '/v1/models%2Frxrl-policy',
-    `/${'a'.repeat(randomInt(rng, 100, 8000))}`, `/${encodeURIComponent('🙂').repeat(randomInt(rng, 1, 500))}`,
+    '/',
+    '/v1',
+    '/v1/',
+    '/v2/completions',
+    '/v1/completions/extra',
+    '/v1/chat',
+    '/v1/embeddings',
+    '/tokenize',
+    '/metrics',
+    '/health/x',
+    '/%',
+    '/%E0',
+    '/..%2f..%2fetc%2fpasswd',
+    '/v1/models%2Frxrl-policy',
+    `/${'a'.repeat(randomInt(rng, 100, 8000))}`,
+    `/${encodeURIComponent('🙂').repeat(randomInt(rng, 1, 500))}`,
     `/v1/completions?${'q=1&'.repeat(randomInt(rng, 1, 1000))}`,
   ]);
   const method = pick(rng, ['GET', 'POST', 'DELETE']);
-  return { kind: 'unknown-route', method, path, headers: method === 'POST' ? JSON_HEADERS : {}, body: method === 'POST' ? '{}' : undefined };
+  return {
+    kind: 'unknown-route',
+    method,
+    path,
+    headers: method === 'POST' ? JSON_HEADERS : {},
+    body: method === 'POST' ? '{}' : undefined,
+  };
 }
 
 /** A POST route with a body that is cut, not JSON, not an object or not UTF-8, or with a wrong content type. */
 function malformedBodyRequest(rng: Rng): FuzzRequest {
   const path = pick(rng, ['/v1/completions', '/v1/chat/completions', '/update_weights_from_disk']);
-  const valid = JSON.stringify(path === '/v1/completions' ? validCompletion(rng) : path === '/v1/chat/completions' ? validChat(rng) : { model_path: '/nonexistent' });
+  const valid = JSON.stringify(
+    path === '/v1/completions' ? validCompletion(rng) : path === '/v1/chat/completions' ? validChat(rng) : { model_path: '/nonexistent' },
+  );
   const contentType = pick(rng, [
-    'application/json', 'application/json', 'application/json', 'application/json; charset=utf-8',
-    'APPLICATION/JSON', 'application/json; charset=latin1', 'application/jsonx', 'text/plain',
-    'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', '', ';',
+    'application/json',
+    'application/json',
+    'application/json',
+    'application/json; charset=utf-8',
+    'APPLICATION/JSON',
+    'application/json; charset=latin1',
+    'application/jsonx',
+    'text/plain',
+    'application/x-www-form-urlencoded',
+    'multipart/form-data; boundary=x',
+    '',
+    ';',
   ]);
   const body: string | Uint8Array = pick(rng, [
     () => valid.slice(0, randomInt(rng, 0, valid.length - 1)),
     () => '',
     () => ' ',
-    () => pick(rng, ['null', '[]', '[{}]', '1', '"x"', 'true', '{}', '{"model":}', "{'model':'x'}", '{"a":1,}', 'NaN', '\ufeff{}', '{"a":"\\x"}']),
+    () =>
+      pick(rng, [
+        'null',
+        '[]',
+        '[{}]',
+        '1',
+        '"x"',
+        'true',
+        '{}',
+        '{"model":}',
+        "{'model':'x'}",
+        '{"a":1,}',
+        'NaN',
+        '\ufeff{}',
+        '{"a":"\\x"}',
+      ]),
     () => Uint8Array.from({ length: randomInt(rng, 1, 2000) }, () => randomInt(rng, 0, 255)),
     () => Buffer.concat([Buffer.from(valid.slice(0, -1)), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('}')]),
     () => valid + valid,
@@ -435,7 +633,13 @@ function headerJunkRequest(rng: Rng): FuzzRequest {
 }
 
 function rawRequest(rng: Rng): FuzzRequest {
-  return { kind: 'raw', method: 'POST', path: '/v1/completions', headers: JSON_HEADERS, raw: pick(rng, ['partial-body', 'headers-only', 'garbage'] as const) };
+  return {
+    kind: 'raw',
+    method: 'POST',
+    path: '/v1/completions',
+    headers: JSON_HEADERS,
+    raw: pick(rng, ['partial-body', 'headers-only', 'garbage'] as const),
+  };
 }
 
 const GENERATORS: readonly (readonly [number, (rng: Rng) => FuzzRequest])[] = [
@@ -480,23 +684,27 @@ function errorProblem(json: unknown, sglang: boolean): string | undefined {
   if (!(param === null || isString(param))) return 'error.param is not a string or null';
   if (!(code === null || isString(code))) return 'error.code is not a string or null';
   if (isString(param) && param.length > 200) return 'error.param is too long';
-  if (sglang && (json.success !== false || json.message !== message)) return 'update_weights_from_disk error lacks success: false and message';
+  if (sglang && (json.success !== false || json.message !== message))
+    return 'update_weights_from_disk error lacks success: false and message';
   return undefined;
 }
 
 function completionProblem(json: Json): string | undefined {
-  if (json.object !== 'text_completion' || !isString(json.id) || json.model !== MODEL || !isNumber(json.created)) return 'not a text_completion envelope';
+  if (json.object !== 'text_completion' || !isString(json.id) || json.model !== MODEL || !isNumber(json.created))
+    return 'not a text_completion envelope';
   if (!Array.isArray(json.choices) || json.choices.length === 0) return 'choices is not a non-empty array';
   for (const [i, choice] of (json.choices as unknown[]).entries()) {
     if (!isObject(choice) || choice.index !== i || !isString(choice.text)) return `choices[${i}] lacks index or text`;
-    if (choice.finish_reason !== 'stop' && choice.finish_reason !== 'length') return `choices[${i}].finish_reason ${String(choice.finish_reason)}`;
+    if (choice.finish_reason !== 'stop' && choice.finish_reason !== 'length')
+      return `choices[${i}].finish_reason ${String(choice.finish_reason)}`;
     if (!(choice.logprobs === null || isObject(choice.logprobs))) return `choices[${i}].logprobs is neither null nor an object`;
   }
   return usageProblem(json.usage);
 }
 
 function chatProblem(json: Json): string | undefined {
-  if (json.object !== 'chat.completion' || !isString(json.id) || json.model !== MODEL || !isNumber(json.created)) return 'not a chat.completion envelope';
+  if (json.object !== 'chat.completion' || !isString(json.id) || json.model !== MODEL || !isNumber(json.created))
+    return 'not a chat.completion envelope';
   if (!Array.isArray(json.choices) || json.choices.length === 0) return 'choices is not a non-empty array';
   for (const [i, choice] of (json.choices as unknown[]).entries()) {
     if (!isObject(choice) || choice.index !== i || !isObject(choice.message)) return `choices[${i}] lacks index or message`;
@@ -506,7 +714,8 @@ function chatProblem(json: Json): string | undefined {
     if (calls !== undefined && !(Array.isArray(calls) && calls.every(isCall))) {
       return `choices[${i}].message.tool_calls is malformed`;
     }
-    if (!['stop', 'length', 'tool_calls'].includes(String(choice.finish_reason))) return `choices[${i}].finish_reason ${String(choice.finish_reason)}`;
+    if (!['stop', 'length', 'tool_calls'].includes(String(choice.finish_reason)))
+      return `choices[${i}].finish_reason ${String(choice.finish_reason)}`;
   }
   return usageProblem(json.usage);
 }
@@ -517,7 +726,9 @@ function usageProblem(usage: unknown): string | undefined {
 }
 
 function modelCardProblem(card: unknown): string | undefined {
-  return isObject(card) && card.id === MODEL && card.object === 'model' && isNumber(card.created) && isString(card.owned_by) ? undefined : 'not a model card';
+  return isObject(card) && card.id === MODEL && card.object === 'model' && isNumber(card.created) && isString(card.owned_by)
+    ? undefined
+    : 'not a model card';
 }
 
 /** What is wrong with a 200 answer to `request`, or undefined. */
@@ -526,21 +737,27 @@ function successProblem(request: FuzzRequest, json: unknown): string | undefined
   const path = request.path.split('?')[0].replace(/\/+$/, '');
   if (path === '/health') return json.status === 'ok' && isNumber(json.policy_version) ? undefined : 'not a health answer';
   if (path === '/v1/models') {
-    return json.object === 'list' && Array.isArray(json.data) && json.data.length === 1 ? modelCardProblem(json.data[0]) : 'not a model list';
+    return json.object === 'list' && Array.isArray(json.data) && json.data.length === 1
+      ? modelCardProblem(json.data[0])
+      : 'not a model list';
   }
   if (path.startsWith('/v1/models/')) return modelCardProblem(json);
   if (path === '/v1/completions') return completionProblem(json);
   if (path === '/v1/chat/completions') return chatProblem(json);
   if (path === '/update_weights_from_disk') {
-    return json.success === true && isString(json.message) && isString(json.weight_version) && isNumber(json.policy_version) ? undefined : 'not an update answer';
+    return json.success === true && isString(json.message) && isString(json.weight_version) && isNumber(json.policy_version)
+      ? undefined
+      : 'not an update answer';
   }
-  if (path === '/v1/load_lora_adapter' || path === '/v1/unload_lora_adapter') return 'a LoRA route succeeded, but no request names an adapter';
+  if (path === '/v1/load_lora_adapter' || path === '/v1/unload_lora_adapter')
+    return 'a LoRA route succeeded, but no request names an adapter';
   return `200 on a route that does not exist`;
 }
 
 /** One line that lets a failure be replayed. */
 function describeRequest(index: number, request: FuzzRequest): string {
-  const body = request.body === undefined ? '' : typeof request.body === 'string' ? request.body : Buffer.from(request.body).toString('hex');
+  const body =
+    request.body === undefined ? '' : typeof request.body === 'string' ? request.body : Buffer.from(request.body).toString('hex');
   const more = body.length > 300 ? `… (${body.length} chars)` : '';
   const headers = JSON.stringify(request.headers).slice(0, 200);
   return `#${index} [${request.kind}] ${request.method} ${request.path.slice(0, 200)} ${headers} body: ${body.slice(0, 300)}${more}`;
@@ -679,7 +896,10 @@ async function writeFixtures(dir: string): Promise<void> {
   await good('index-null');
   await writeFile(join(at('index-null'), 'model.safetensors.index.json'), 'null');
   await good('index-escape');
-  await writeFile(join(at('index-escape'), 'model.safetensors.index.json'), JSON.stringify({ weight_map: { x: '../../../good/model.safetensors' } }));
+  await writeFile(
+    join(at('index-escape'), 'model.safetensors.index.json'),
+    JSON.stringify({ weight_map: { x: '../../../good/model.safetensors' } }),
+  );
   await good('generation-null');
   await writeFile(join(at('generation-null'), 'generation_config.json'), 'null');
   await good('version-junk', { 'rxrl.policyVersion': 'soon' });
@@ -690,15 +910,37 @@ async function writeFixtures(dir: string): Promise<void> {
   await symlink(join(dir, 'outside'), at('link-out'));
   weightPaths.bad.push(
     ...[
-      'missing', 'empty-dir', 'empty-file', 'random-file', 'config-random', 'config-null', 'config-deep',
-      'config-long', 'config-is-dir', 'weights-empty', 'weights-random', 'weights-truncated', 'weights-missing',
-      'index-null', 'index-escape', 'generation-null', 'version-junk', 'other-arch', 'wrong-weights', 'loop',
+      'missing',
+      'empty-dir',
+      'empty-file',
+      'random-file',
+      'config-random',
+      'config-null',
+      'config-deep',
+      'config-long',
+      'config-is-dir',
+      'weights-empty',
+      'weights-random',
+      'weights-truncated',
+      'weights-missing',
+      'index-null',
+      'index-escape',
+      'generation-null',
+      'version-junk',
+      'other-arch',
+      'wrong-weights',
+      'loop',
       'link-out',
     ].map(at),
     join(dir, 'outside'),
     dir,
     weightsRoot,
-    `${weightsRoot}/../root/good`, 'relative/path', '', '   ', 'a\u0000b', `/${'n'.repeat(5000)}`,
+    `${weightsRoot}/../root/good`,
+    'relative/path',
+    '',
+    '   ',
+    'a\u0000b',
+    `/${'n'.repeat(5000)}`,
     join(weightsRoot, 'x'.repeat(300_000)),
   );
 }
@@ -768,7 +1010,9 @@ describe('rxrl serve under seeded fuzzing', () => {
     const answer = await send(origin, probe);
 
     if (process.env.RXRL_FUZZ_REPORT) {
-      console.info(JSON.stringify({ rssGrowthMiB: rssGrowth / 2 ** 20, heapGrowthMiB: heapGrowth / 2 ** 20, counts: Object.fromEntries(counts) }));
+      console.info(
+        JSON.stringify({ rssGrowthMiB: rssGrowth / 2 ** 20, heapGrowthMiB: heapGrowth / 2 ** 20, counts: Object.fromEntries(counts) }),
+      );
     }
     expect(failures.length, `seed ${SEED}: ${failures.length} bad answers; the first:\n${failures.slice(0, 12).join('\n')}`).toBe(0);
     expect(internal, `seed ${SEED}: internal errors logged`).toEqual([]);
@@ -779,7 +1023,17 @@ describe('rxrl serve under seeded fuzzing', () => {
     expect(heapGrowth, `the live heap grew by ${(heapGrowth / 2 ** 20).toFixed(0)} MiB`).toBeLessThan(MAX_HEAP_GROWTH_BYTES);
     expect([...counts.values()].reduce((a, b) => a + b, 0)).toBe(REQUESTS);
     // Each family was exercised (the weights make these near-certain for any seed).
-    const families = ['completions/valid', 'chat/valid', 'weights/valid', 'weights/mutated', 'models/retrieve', 'wrong-method', 'unknown-route', 'body/text', 'raw'];
+    const families = [
+      'completions/valid',
+      'chat/valid',
+      'weights/valid',
+      'weights/mutated',
+      'models/retrieve',
+      'wrong-method',
+      'unknown-route',
+      'body/text',
+      'raw',
+    ];
     for (const kind of families) {
       expect(counts.get(kind) ?? 0, kind).toBeGreaterThan(0);
     }

@@ -28,7 +28,18 @@ let engine: LocalEngine;
 const workers: { close(): Promise<void> }[] = [];
 
 function input(): RolloutWorkerInput {
-  return { engine, task, id: 'calc/2+3@0/0', groupId: 'calc/2+3@0', runId: 0, modelTag: 'policy', seed: 5, maxTokens: 12, temperature: 1, topP: 1 };
+  return {
+    engine,
+    task,
+    id: 'calc/2+3@0/0',
+    groupId: 'calc/2+3@0',
+    runId: 0,
+    modelTag: 'policy',
+    seed: 5,
+    maxTokens: 12,
+    temperature: 1,
+    topP: 1,
+  };
 }
 
 function worker(program: AgentProgram) {
@@ -66,11 +77,20 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
     expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
     expect(sample.logprobs.slice(calcTurn.length, calcTurn.length + 2)).toEqual([0, 0]);
-    expect(sample).toMatchObject({ reward: 1, response: '5', finishReason: 'stop', policyVersion: 0, metrics: { 'agent/calls': 2, 'agent/sequences': 1, 'agent/drift': 0 } });
+    expect(sample).toMatchObject({
+      reward: 1,
+      response: '5',
+      finishReason: 'stop',
+      policyVersion: 0,
+      metrics: { 'agent/calls': 2, 'agent/sequences': 1, 'agent/drift': 0 },
+    });
   });
 
   it('the same agent on the Vercel AI SDK (streamText, a tool step) gives the same token-exact sample', async () => {
-    const sample = await worker({ run: (t, context) => aiSdkCalculatorAgent(t, context).then(() => undefined) })(input(), new AbortController().signal);
+    const sample = await worker({ run: (t, context) => aiSdkCalculatorAgent(t, context).then(() => undefined) })(
+      input(),
+      new AbortController().signal,
+    );
     expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
     expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
     expect(sample).toMatchObject({ response: '5', metrics: { 'agent/calls': 2, 'agent/sequences': 1 } });
@@ -80,33 +100,47 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
     const upstream = await serve({ model, tokenizer });
     workers.push(upstream);
     const remote = new OpenAIEngine({ baseURL: upstream.baseURL, model: upstream.modelName, tokenizer });
-    const sample = await worker({ run: (t, context) => calculatorAgent(t, context).then(() => undefined) })({ ...input(), engine: remote }, new AbortController().signal);
+    const sample = await worker({ run: (t, context) => calculatorAgent(t, context).then(() => undefined) })(
+      { ...input(), engine: remote },
+      new AbortController().signal,
+    );
     expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
     expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
     expect(sample.logprobs.filter((_, j) => sample.lossMask[j] === 1).every((l) => l <= 0)).toBe(true);
   });
 
-  it.skipIf(lacks('python'))('a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward', async () => {
-    const sample = await worker({ command: pythonAgent })(input(), new AbortController().signal);
-    expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
-    expect(sample.response).toBe('5');
-    expect(sample.reward).toBeUndefined(); // the recipe's evaluator scores the answer
-    const scored = await worker({ command: `${pythonAgent} > /dev/null && echo '{"reward": 0.5}'` })(input(), new AbortController().signal);
-    expect(scored.reward).toBe(0.5);
-  });
+  it.skipIf(lacks('python'))(
+    'a Python agent on PyPI openai, run as a command, gives the same sample; a printed {"reward": r} is its reward',
+    async () => {
+      const sample = await worker({ command: pythonAgent })(input(), new AbortController().signal);
+      expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
+      expect(sample.response).toBe('5');
+      expect(sample.reward).toBeUndefined(); // the recipe's evaluator scores the answer
+      const scored = await worker({ command: `${pythonAgent} > /dev/null && echo '{"reward": 0.5}'` })(
+        input(),
+        new AbortController().signal,
+      );
+      expect(scored.reward).toBe(0.5);
+    },
+  );
 
-  it.skipIf(lacks('python'))('fails a sample alone, with a typed error: a crash (stderr kept), no call, a bad reward, a cancelled agent (killed)', async () => {
-    const signal = new AbortController().signal;
-    const crash = await worker({ command: 'echo "boom: tool server down" >&2; exit 3' })(input(), signal).catch((e: unknown) => e);
-    expect(crash).toBeInstanceOf(AgentError);
-    expect((crash as AgentError).message).toMatch(/exited with code 3.*boom: tool server down/);
-    await expect(worker({ command: 'true' })(input(), signal)).rejects.toThrow(/made no call/);
-    await expect(worker({ command: `${pythonAgent} > /dev/null && echo '{"reward": "lots"}'` })(input(), signal)).rejects.toBeInstanceOf(AgentError);
-    await expect(worker({ run: () => ({ reward: Number.NaN }) })(input(), signal)).rejects.toBeInstanceOf(AgentError);
-    // A hung agent ends when its sample is cancelled (it would outlive the test's timeout otherwise).
-    const controller = new AbortController();
-    const hung = worker({ command: 'sleep 1000' })(input(), controller.signal);
-    setTimeout(() => controller.abort(new Error('sample timed out')), 200);
-    await expect(hung).rejects.toThrow(/timed out/);
-  });
+  it.skipIf(lacks('python'))(
+    'fails a sample alone, with a typed error: a crash (stderr kept), no call, a bad reward, a cancelled agent (killed)',
+    async () => {
+      const signal = new AbortController().signal;
+      const crash = await worker({ command: 'echo "boom: tool server down" >&2; exit 3' })(input(), signal).catch((e: unknown) => e);
+      expect(crash).toBeInstanceOf(AgentError);
+      expect((crash as AgentError).message).toMatch(/exited with code 3.*boom: tool server down/);
+      await expect(worker({ command: 'true' })(input(), signal)).rejects.toThrow(/made no call/);
+      await expect(worker({ command: `${pythonAgent} > /dev/null && echo '{"reward": "lots"}'` })(input(), signal)).rejects.toBeInstanceOf(
+        AgentError,
+      );
+      await expect(worker({ run: () => ({ reward: Number.NaN }) })(input(), signal)).rejects.toBeInstanceOf(AgentError);
+      // A hung agent ends when its sample is cancelled (it would outlive the test's timeout otherwise).
+      const controller = new AbortController();
+      const hung = worker({ command: 'sleep 1000' })(input(), controller.signal);
+      setTimeout(() => controller.abort(new Error('sample timed out')), 200);
+      await expect(hung).rejects.toThrow(/timed out/);
+    },
+  );
 });

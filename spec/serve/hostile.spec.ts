@@ -35,7 +35,9 @@ function rawPost(port: number, path: string, body: unknown): Socket {
   const text = JSON.stringify(body);
   const socket = connect(port, '127.0.0.1');
   socket.pause();
-  socket.write(`POST ${path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n\r\n${text}`);
+  socket.write(
+    `POST ${path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n\r\n${text}`,
+  );
   return socket;
 }
 
@@ -78,13 +80,39 @@ describe('rxrl serve under hostile clients', () => {
     const { server } = await runOnServer({ apiKey: 'k', sessions: { maxSessions: 4 } });
     const auth = { authorization: 'Bearer k' };
     const refused = [
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/completions`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: -1 }) }),
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/chat/completions`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: JSON.stringify({ model: 'rxrl-policy', messages: [] }) }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/completions`, {
+          method: 'POST',
+          headers: { ...JSON_HEADERS, ...auth },
+          body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: -1 }),
+        }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { ...JSON_HEADERS, ...auth },
+          body: JSON.stringify({ model: 'rxrl-policy', messages: [] }),
+        }),
       (id: string) => fetch(`${server.url}/sessions/${id}/v1/completions`, { method: 'GET', headers: auth }),
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/chat/completions`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: '{"model": ' }),
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/embeddings`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: '{}' }),
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/completions`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: JSON.stringify({ model: 'other', prompt: 'ab' }) }),
-      (id: string) => fetch(`${server.url}/sessions/${id}/v1/completions`, { method: 'POST', headers: JSON_HEADERS, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab' }) }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { ...JSON_HEADERS, ...auth },
+          body: '{"model": ',
+        }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/embeddings`, { method: 'POST', headers: { ...JSON_HEADERS, ...auth }, body: '{}' }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/completions`, {
+          method: 'POST',
+          headers: { ...JSON_HEADERS, ...auth },
+          body: JSON.stringify({ model: 'other', prompt: 'ab' }),
+        }),
+      (id: string) =>
+        fetch(`${server.url}/sessions/${id}/v1/completions`, {
+          method: 'POST',
+          headers: JSON_HEADERS,
+          body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab' }),
+        }),
     ];
     const statuses = new Set<number>();
     for (let i = 0; i < 70; i++) {
@@ -109,7 +137,9 @@ describe('rxrl serve under hostile clients', () => {
     const { server } = await runOnServer({ sessions: { maxTokens: 100 } });
     const client = new OpenAI({ baseURL: `${server.url}/sessions/agent/v1`, apiKey: 'EMPTY', maxRetries: 0 });
     // Each call records 11 tokens (bos a b, then 8 sampled): 9 fit in 100.
-    const calls = await Promise.allSettled(Array.from({ length: 20 }, () => client.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 8 })));
+    const calls = await Promise.allSettled(
+      Array.from({ length: 20 }, () => client.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 8 })),
+    );
     const refused = calls.filter((c): c is PromiseRejectedResult => c.status === 'rejected');
     for (const { reason } of refused) {
       expect(reason).toBeInstanceOf(OpenAI.BadRequestError);
@@ -124,7 +154,8 @@ describe('rxrl serve under hostile clients', () => {
     const streamer = new OpenAI({ baseURL: `${server.url}/sessions/streamer/v1`, apiKey: 'EMPTY', maxRetries: 0 });
     const read = async (): Promise<string> => {
       let text = '';
-      for await (const chunk of await streamer.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 8, stream: true })) text += chunk.choices[0]?.text ?? '';
+      for await (const chunk of await streamer.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 8, stream: true }))
+        text += chunk.choices[0]?.text ?? '';
       return text;
     };
     const streams = await Promise.allSettled(Array.from({ length: 20 }, read));
@@ -180,10 +211,12 @@ describe('rxrl serve under hostile clients', () => {
     owned.push(server);
     longest = 0;
     const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
-    const error = await client.chat.completions.create({ model: 'rxrl-policy', messages: [{ role: 'user', content: 'é'.repeat(1_000_000) + 'ab '.repeat(600_000) }] }).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
+    const error = await client.chat.completions
+      .create({ model: 'rxrl-policy', messages: [{ role: 'user', content: 'é'.repeat(1_000_000) + 'ab '.repeat(600_000) }] })
+      .then(
+        () => undefined,
+        (e: unknown) => e,
+      );
     expect((error as InstanceType<typeof OpenAI.BadRequestError>).code).toBe('context_length_exceeded');
     expect(longest).toBe(0);
   });
@@ -194,7 +227,12 @@ describe('rxrl serve under hostile clients', () => {
     const maxTokens = 100_000;
     // A client that sends its request and never reads: the server must stop writing once the connection is full.
     const generated = model.nextEnd();
-    const stalled = rawPost(server.port, '/sessions/stalled/v1/completions', { model: 'rxrl-policy', prompt: 'ab', max_tokens: maxTokens, stream: true });
+    const stalled = rawPost(server.port, '/sessions/stalled/v1/completions', {
+      model: 'rxrl-policy',
+      prompt: 'ab',
+      max_tokens: maxTokens,
+      stream: true,
+    });
     await generated;
     expect(model.produced).toBe(maxTokens);
     stalled.destroy();
@@ -228,7 +266,8 @@ describe('rxrl serve under hostile clients', () => {
     const { server } = await runOnServer();
     const client = new OpenAI({ baseURL: `${server.url}/sessions/greedy/v1`, apiKey: 'EMPTY', maxRetries: 0 });
     const out = await client.completions.create({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 2 });
-    const post = (body: unknown) => fetch(`${server.url}/sessions/greedy/reward`, { method: 'POST', headers: JSON_HEADERS, body: JSON.stringify(body) });
+    const post = (body: unknown) =>
+      fetch(`${server.url}/sessions/greedy/reward`, { method: 'POST', headers: JSON_HEADERS, body: JSON.stringify(body) });
     expect((await post({ reward: 1.7e308 })).status).toBe(200);
     const twice = await post({ reward: 1.7e308 });
     expect(twice.status).toBe(400);

@@ -24,7 +24,9 @@ const PROMPT = [1, 14, 15, 16, 30];
 function adapterOf(seed: number): LoraAdapter {
   const fresh = LoraAdapter.create(config, LORA, seed);
   const rng = createRng(seed, 'serve-lora');
-  const weights = new Map([...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.5, rng) }]));
+  const weights = new Map(
+    [...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, 0.5, rng) }]),
+  );
   fresh.dispose();
   return LoraAdapter.fromWeights(config, LORA, weights);
 }
@@ -38,7 +40,11 @@ const greedy = async (model: string): Promise<number[]> => {
   return (out.choices[0] as unknown as { token_ids: number[] }).token_ids;
 };
 const post = async (path: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> => {
-  const response = await fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const response = await fetch(`${server.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   return { status: response.status, json: (await response.json()) as Record<string, unknown> };
 };
 
@@ -60,7 +66,13 @@ beforeAll(async () => {
   const critic = adapterOf(2);
   await savePeftAdapter(join(dir, 'root', 'critic'), critic);
   critic.dispose();
-  server = await serve({ model: base, tokenizer, port: 0, weightsRoot: join(dir, 'root'), loraModules: { coder: join(dir, 'root', 'coder') } });
+  server = await serve({
+    model: base,
+    tokenizer,
+    port: 0,
+    weightsRoot: join(dir, 'root'),
+    loraModules: { coder: join(dir, 'root', 'coder') },
+  });
   client = new OpenAI({ baseURL: server.baseURL, apiKey: 'EMPTY', maxRetries: 0 });
 });
 
@@ -94,17 +106,26 @@ describe('rxrl serve with LoRA adapters (vLLM --lora-modules and /v1/load_lora_a
 
     const again = await post('/v1/load_lora_adapter', { lora_name: 'critic', lora_path: join(dir, 'root', 'coder') });
     expect(again).toMatchObject({ status: 400, json: { error: { param: 'lora_name', code: 'adapter_exists' } } });
-    const replaced = await post('/v1/load_lora_adapter', { lora_name: 'critic', lora_path: join(dir, 'root', 'coder'), load_inplace: true });
+    const replaced = await post('/v1/load_lora_adapter', {
+      lora_name: 'critic',
+      lora_path: join(dir, 'root', 'coder'),
+      load_inplace: true,
+    });
     expect(replaced).toMatchObject({ status: 200, json: { policy_version: 1 } });
     expect(await greedy('critic')).toEqual(await greedy('coder'));
 
     expect(await post('/v1/unload_lora_adapter', { lora_name: 'critic' })).toMatchObject({ status: 200, json: { success: true } });
     expect((await client.models.list()).data.map((m) => m.id)).toEqual(['rxrl-policy', 'coder']);
-    expect(await post('/v1/unload_lora_adapter', { lora_name: 'critic' })).toMatchObject({ status: 404, json: { error: { code: 'adapter_not_found' } } });
+    expect(await post('/v1/unload_lora_adapter', { lora_name: 'critic' })).toMatchObject({
+      status: 404,
+      json: { error: { code: 'adapter_not_found' } },
+    });
 
     // Two loads of one new name at once: one wins, the other is refused, and nothing leaks.
     const tensors = tf.memory().numTensors;
-    const twins = await Promise.all([0, 1].map(() => post('/v1/load_lora_adapter', { lora_name: 'twin', lora_path: join(dir, 'root', 'critic') })));
+    const twins = await Promise.all(
+      [0, 1].map(() => post('/v1/load_lora_adapter', { lora_name: 'twin', lora_path: join(dir, 'root', 'critic') })),
+    );
     expect(twins.map((t) => t.status).sort()).toEqual([200, 409]);
     expect((await client.models.list()).data.map((m) => m.id)).toEqual(['rxrl-policy', 'coder', 'twin']);
     expect(await post('/v1/unload_lora_adapter', { lora_name: 'twin' })).toMatchObject({ status: 200 });
@@ -141,6 +162,8 @@ describe('rxrl serve with LoRA adapters (vLLM --lora-modules and /v1/load_lora_a
   });
 
   it('fails to start, naming the module, when --lora-modules points at no adapter', async () => {
-    await expect(serve({ model: base, tokenizer, port: 0, loraModules: { bad: join(dir, 'missing') } })).rejects.toThrow(/^loraModules\.bad: lora_path .* does not exist/);
+    await expect(serve({ model: base, tokenizer, port: 0, loraModules: { bad: join(dir, 'missing') } })).rejects.toThrow(
+      /^loraModules\.bad: lora_path .* does not exist/,
+    );
   });
 });

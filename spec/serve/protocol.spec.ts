@@ -5,7 +5,11 @@ import { ITEMS_PER_TURN } from '../../lib/core/turns.js';
 
 describe('encodeJson', () => {
   it('gives the UTF-8 of JSON.stringify in chunks, encoding a long top-level array over several turns of the event loop', async () => {
-    const choices = Array.from({ length: 3 * ITEMS_PER_TURN + 1 }, (_, i) => ({ index: i, text: `t"${i}\né`, logprobs: i % 2 ? null : { x: [1.5, -2] } }));
+    const choices = Array.from({ length: 3 * ITEMS_PER_TURN + 1 }, (_, i) => ({
+      index: i,
+      text: `t"${i}\né`,
+      logprobs: i % 2 ? null : { x: [1.5, -2] },
+    }));
     const body = { id: 'cmpl-1', skipped: undefined, choices, holes: [1, undefined, 'a'], usage: { total_tokens: 3 } };
     let turns = 0;
     let ticking = true;

@@ -20,14 +20,21 @@ const tokenizer = new CharTokenizer();
 const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 32, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 32 };
 const calcTool = {
   type: 'function' as const,
-  function: { name: 'calc', description: 'evaluates an arithmetic expression', parameters: { type: 'object', properties: { expression: { type: 'string' } } } },
+  function: {
+    name: 'calc',
+    description: 'evaluates an arithmetic expression',
+    parameters: { type: 'object', properties: { expression: { type: 'string' } } },
+  },
 };
 
 let dir: string;
 const owned: { close(): Promise<void> }[] = [];
 const models: PolicyModel[] = [];
 
-async function start(model: PolicyModel, options: { maxBatchSize?: number; maxWaitMs?: number } = {}): Promise<{ server: RxrlServer; client: OpenAI }> {
+async function start(
+  model: PolicyModel,
+  options: { maxBatchSize?: number; maxWaitMs?: number } = {},
+): Promise<{ server: RxrlServer; client: OpenAI }> {
   models.push(model);
   const server = await serve({ model, tokenizer, port: 0, ...options });
   owned.push(server);
@@ -35,7 +42,11 @@ async function start(model: PolicyModel, options: { maxBatchSize?: number; maxWa
 }
 
 async function post(url: string, body: unknown, raw = false): Promise<{ status: number; json: Record<string, unknown> }> {
-  const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: raw ? (body as string) : JSON.stringify(body) });
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: raw ? (body as string) : JSON.stringify(body),
+  });
   return { status: response.status, json: (await response.json()) as Record<string, unknown> };
 }
 
@@ -82,7 +93,9 @@ describe('rxrl serve, through the real openai client', () => {
     expect(again.choices.map((c) => c.text)).toEqual(first.choices.map((c) => c.text));
     expect(new Set(first.choices.map((c) => c.logprobs!.tokens!.join(' '))).size).toBeGreaterThan(1);
     const local = new LocalEngine(model, { tokenizer });
-    const [reference] = await local.generate([{ promptTokens: tokenizer.encode('abcd=', { addBos: true }), maxTokens: 6, temperature: 1, seed: 42 }]);
+    const [reference] = await local.generate([
+      { promptTokens: tokenizer.encode('abcd=', { addBos: true }), maxTokens: 6, temperature: 1, seed: 42 },
+    ]);
     for (const choice of first.choices) {
       const lp = choice.logprobs!;
       const ids = lp.tokens!.map((t) => Number(t.replace('token_id:', '')));
@@ -174,10 +187,18 @@ describe('rxrl serve, through the real openai client', () => {
     expect(answer.message.content).toBe('5');
     expect(answer.finish_reason).toBe('stop');
     const prompt2 = (second as unknown as { prompt_token_ids: number[] }).prompt_token_ids;
-    expect(prompt2.slice(0, firstExtra.prompt_token_ids.length + firstTokens.length)).toEqual([...firstExtra.prompt_token_ids, ...firstTokens]);
+    expect(prompt2.slice(0, firstExtra.prompt_token_ids.length + firstTokens.length)).toEqual([
+      ...firstExtra.prompt_token_ids,
+      ...firstTokens,
+    ]);
     expect(prompt2.slice(firstExtra.prompt_token_ids.length + firstTokens.length)).toEqual([...tokenizer.encode('5'), 2]);
 
-    const none = await client.chat.completions.create({ ...base, messages: [{ role: 'user', content: '2+3' }], tools: [calcTool], tool_choice: 'none' });
+    const none = await client.chat.completions.create({
+      ...base,
+      messages: [{ role: 'user', content: '2+3' }],
+      tools: [calcTool],
+      tool_choice: 'none',
+    });
     expect(none.choices[0].message.content).toBe('calc(2+3)');
     const noTools = await client.chat.completions.create({ model: 'rxrl-policy', messages: [{ role: 'user', content: '2+3' }] });
     expect(noTools.choices[0]).toMatchObject({ message: { content: 'calc(2+3)' }, finish_reason: 'stop', logprobs: null });
@@ -202,7 +223,11 @@ describe('rxrl serve, through the real openai client', () => {
     expect((fresh as unknown as { policy_version: number }).policy_version).toBe(1);
 
     const v5 = join(dir, 'v5');
-    await saveModelDir(v5, { config, weights: scriptedWeights(config, tokenizer, writeAt(4, 'ee')) }, { metadata: { 'rxrl.policyVersion': '5' } });
+    await saveModelDir(
+      v5,
+      { config, weights: scriptedWeights(config, tokenizer, writeAt(4, 'ee')) },
+      { metadata: { 'rxrl.policyVersion': '5' } },
+    );
     expect((await post(`${server.url}/update_weights_from_disk`, { model_path: v5 })).json).toMatchObject({ policy_version: 5 });
     expect((await ask()).choices[0].text).toBe('ee');
 
@@ -233,7 +258,8 @@ describe('rxrl serve, through the real openai client', () => {
       owned.push(s);
       return { server: s };
     })();
-    const update = (body: unknown): Promise<{ status: number; json: Record<string, unknown> }> => post(`${server.url}/update_weights_from_disk`, body);
+    const update = (body: unknown): Promise<{ status: number; json: Record<string, unknown> }> =>
+      post(`${server.url}/update_weights_from_disk`, body);
     const good = join(root, 'v3');
     await saveModelDir(good, { config, weights: PolicyModel.create(config, 10).getWeights() });
     // Devices, plain files and directories without a model: 4xx, nothing read, no content echoed.
@@ -249,17 +275,29 @@ describe('rxrl serve, through the real openai client', () => {
     await rm(join(device, 'model.safetensors'));
     await symlink('/dev/zero', join(device, 'model.safetensors'));
     // A link inside the root to a device outside it is refused as outside (each file is resolved on its own).
-    expect(await update({ model_path: device })).toMatchObject({ status: 403, json: { error: { param: 'model_path', code: 'forbidden_path' } } });
+    expect(await update({ model_path: device })).toMatchObject({
+      status: 403,
+      json: { error: { param: 'model_path', code: 'forbidden_path' } },
+    });
     await rm(join(device, 'model.safetensors'));
     execFileSync('mkfifo', [join(device, 'model.safetensors')]);
-    expect(await update({ model_path: device })).toMatchObject({ status: 400, json: { error: { param: 'model_path', message: expect.stringMatching(/not a regular file/) } } });
+    expect(await update({ model_path: device })).toMatchObject({
+      status: 400,
+      json: { error: { param: 'model_path', message: expect.stringMatching(/not a regular file/) } },
+    });
     const huge = join(root, 'huge');
     await saveModelDir(huge, { config, weights: PolicyModel.create(config, 10).getWeights() });
     await truncate(join(huge, 'model.safetensors'), 1 << 30); // sparse: 1 GiB on paper, nothing written
-    expect(await update({ model_path: huge })).toMatchObject({ status: 400, json: { error: { message: expect.stringMatching(/more than the \d+ allowed/) } } });
+    expect(await update({ model_path: huge })).toMatchObject({
+      status: 400,
+      json: { error: { message: expect.stringMatching(/more than the \d+ allowed/) } },
+    });
     const other = join(root, 'other');
     await saveModelDir(other, { config: { ...config, dFF: 48 }, weights: PolicyModel.create({ ...config, dFF: 48 }, 10).getWeights() });
-    expect(await update({ model_path: other })).toMatchObject({ status: 400, json: { error: { message: expect.stringMatching(/another architecture: dFF 48/) } } });
+    expect(await update({ model_path: other })).toMatchObject({
+      status: 400,
+      json: { error: { message: expect.stringMatching(/another architecture: dFF 48/) } },
+    });
     // Outside the root: 403, even through a link that leads out.
     const outside = join(dir, 'outside');
     await saveModelDir(outside, { config, weights: PolicyModel.create(config, 10).getWeights() });
@@ -268,7 +306,10 @@ describe('rxrl serve, through the real openai client', () => {
     expect((await update({ model_path: join(root, 'link-out') })).status).toBe(403);
     // Versions only go up, unless forced.
     expect(await update({ model_path: good, weight_version: 7 })).toMatchObject({ status: 200, json: { policy_version: 7 } });
-    expect(await update({ model_path: good, weight_version: 3 })).toMatchObject({ status: 400, json: { error: { param: 'weight_version', code: 'stale_version' } } });
+    expect(await update({ model_path: good, weight_version: 3 })).toMatchObject({
+      status: 400,
+      json: { error: { param: 'weight_version', code: 'stale_version' } },
+    });
     expect(await update({ model_path: good, weight_version: 3, force: true })).toMatchObject({ status: 200, json: { policy_version: 3 } });
     expect(server.version).toBe(3);
   });
@@ -282,7 +323,8 @@ describe('rxrl serve, through the real openai client', () => {
     models.push(model);
     const server = await serve({ model, tokenizer, port: 0, weightsRoot: root });
     owned.push(server);
-    const update = (path: string): Promise<{ status: number; json: Record<string, unknown> }> => post(`${server.url}/update_weights_from_disk`, { model_path: path });
+    const update = (path: string): Promise<{ status: number; json: Record<string, unknown> }> =>
+      post(`${server.url}/update_weights_from_disk`, { model_path: path });
     const secret = join(outside, 'secret.txt');
     await writeFile(secret, 'hunter2!' + 'x'.repeat(28)); // 36 bytes: its first 8 read as a header length are 2392100132157814120
     const valid = join(outside, 'valid');
@@ -365,7 +407,13 @@ describe('rxrl serve, through the real openai client', () => {
     const probe = (async () => {
       while (flooding) expect(await (await fetch(`${server.url}/health`)).json()).toMatchObject({ status: 'ok' });
     })();
-    const out = await client.completions.create({ model: 'rxrl-policy', prompt: Array<string>(8).fill('ab='), n: 64, max_tokens: 1, seed: 1 });
+    const out = await client.completions.create({
+      model: 'rxrl-policy',
+      prompt: Array<string>(8).fill('ab='),
+      n: 64,
+      max_tokens: 1,
+      seed: 1,
+    });
     flooding = false;
     await probe;
     expect(out.choices.map((c) => c.index)).toEqual(Array.from({ length: 512 }, (_, i) => i));
@@ -423,7 +471,12 @@ describe('rxrl serve, through the real openai client', () => {
       [chat, { model: 'rxrl-policy', messages: [{ role: 'user', content: 'ÄÖ' }] }, 400, 'messages[0].content'],
       [chat, { model: 'rxrl-policy', messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }, 400, 'messages[0].content[0]'],
       [chat, { model: 'rxrl-policy', messages: [{ role: 'tool', content: '1' }] }, 400, 'messages[0].tool_call_id'],
-      [chat, { model: 'rxrl-policy', messages: [{ role: 'user', content: 'a' }], tools: [{ type: 'function', function: { name: '1x' } }] }, 400, 'tools[0].function.name'],
+      [
+        chat,
+        { model: 'rxrl-policy', messages: [{ role: 'user', content: 'a' }], tools: [{ type: 'function', function: { name: '1x' } }] },
+        400,
+        'tools[0].function.name',
+      ],
       [chat, { model: 'rxrl-policy', messages: [{ role: 'user', content: 'a' }], tool_choice: 'sometimes' }, 400, 'tool_choice'],
       [chat, { model: 'rxrl-policy', messages: [{ role: 'user', content: 'a' }], top_logprobs: 2 }, 400, 'top_logprobs'],
       [`${server.url}/update_weights_from_disk`, {}, 400, 'model_path'],
@@ -439,7 +492,11 @@ describe('rxrl serve, through the real openai client', () => {
       expect('code' in error).toBe(true);
     }
     expect((await fetch(completions)).status).toBe(405);
-    const huge = await fetch(completions, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'a'.repeat(5 * 1024 * 1024) }) });
+    const huge = await fetch(completions, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'rxrl-policy', prompt: 'a'.repeat(5 * 1024 * 1024) }),
+    });
     expect(huge.status).toBe(413);
     await expect(client.completions.create({ model: 'rxrl-policy', prompt: 'ABC' })).rejects.toBeInstanceOf(BadRequestError);
     expect((await fetch(`${server.url}/health`)).status).toBe(200);

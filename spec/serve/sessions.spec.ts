@@ -18,7 +18,11 @@ const tokenizer = new CharTokenizer();
 const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 32, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 32 };
 const calcTool = {
   type: 'function' as const,
-  function: { name: 'calc', description: 'evaluates an arithmetic expression', parameters: { type: 'object', properties: { expression: { type: 'string' } } } },
+  function: {
+    name: 'calc',
+    description: 'evaluates an arithmetic expression',
+    parameters: { type: 'object', properties: { expression: { type: 'string' } } },
+  },
 };
 const owned: RxrlServer[] = [];
 const models: PolicyModel[] = [];
@@ -51,7 +55,10 @@ function postJson<T>(url: string, body: unknown, headers: Record<string, string>
 /** The calculator agent's conversation: calc(2+3) is called, the tool answers 5, the policy says 5. */
 async function calculatorServer(options: Parameters<typeof serve>[0] extends infer O ? Partial<O> : never = {}): Promise<RxrlServer> {
   // bos 2 + 3 eos | c a l c ( 2 + 3 ) eos | 5 eos | 5 eos
-  const model = PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, mergeScripts(writeAt(5, 'calc(2+3)'), writeAt(17, '5'))));
+  const model = PolicyModel.fromWeights(
+    config,
+    scriptedWeights(config, tokenizer, mergeScripts(writeAt(5, 'calc(2+3)'), writeAt(17, '5'))),
+  );
   models.push(model);
   const server = await serve({ ...options, model, tokenizer, port: 0 });
   owned.push(server);
@@ -72,7 +79,12 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
     const server = await calculatorServer();
     const client = new OpenAI({ baseURL: `${server.url}/sessions/agent-1/v1`, apiKey: 'EMPTY', maxRetries: 0 });
     const extra = { return_token_ids: true } as Record<string, unknown>;
-    const first = await client.chat.completions.create({ model: 'rxrl-policy', messages: [{ role: 'user', content: '2+3' }], tools: [calcTool], ...extra });
+    const first = await client.chat.completions.create({
+      model: 'rxrl-policy',
+      messages: [{ role: 'user', content: '2+3' }],
+      tools: [calcTool],
+      ...extra,
+    });
     const call = first.choices[0].message.tool_calls![0];
     const firstIds = (first.choices[0] as unknown as { token_ids: number[] }).token_ids;
     const firstPrompt = (first as unknown as { prompt_token_ids: number[] }).prompt_token_ids;
@@ -92,7 +104,10 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
     let secondPrompt: number[] = [];
     let answer = '';
     for await (const chunk of stream) {
-      const raw = chunk as unknown as { prompt_token_ids?: number[]; choices: { token_ids?: number[]; delta: { content?: string | null } }[] };
+      const raw = chunk as unknown as {
+        prompt_token_ids?: number[];
+        choices: { token_ids?: number[]; delta: { content?: string | null } }[];
+      };
       if (raw.prompt_token_ids) secondPrompt = raw.prompt_token_ids;
       for (const c of raw.choices) {
         secondIds = [...secondIds, ...(c.token_ids ?? [])];
@@ -128,7 +143,10 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
 
     // Ended sessions take no more calls; they are still read, then freed.
     expect((await postJson(`${server.url}/sessions/agent-1/end`, {})).status).toBe(200);
-    const late = await postJson<{ error: { code: string } }>(`${server.url}/sessions/agent-1/v1/chat/completions`, { model: 'rxrl-policy', messages: [{ role: 'user', content: '1' }] });
+    const late = await postJson<{ error: { code: string } }>(`${server.url}/sessions/agent-1/v1/chat/completions`, {
+      model: 'rxrl-policy',
+      messages: [{ role: 'user', content: '1' }],
+    });
     expect([late.status, late.json.error.code]).toEqual([409, 'session_ended']);
     expect((await getJson<SessionJson>(`${server.url}/sessions/agent-1`)).json.ended).toBe(true);
     expect((await getJson(`${server.url}/sessions/agent-1`, { method: 'DELETE' })).json).toMatchObject({ deleted: true });
@@ -138,14 +156,36 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
   it('starts a new sequence when a call does not continue an earlier one; completions calls join by token prefix', async () => {
     const server = await calculatorServer();
     const base = `${server.url}/sessions/s2/v1`;
-    const a = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, { model: 'rxrl-policy', prompt: [1, 5], max_tokens: 3, return_token_ids: true, seed: 1 });
+    const a = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, {
+      model: 'rxrl-policy',
+      prompt: [1, 5],
+      max_tokens: 3,
+      return_token_ids: true,
+      seed: 1,
+    });
     const continued = [1, 5, ...a.json.choices[0].token_ids, 7];
-    const b = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, { model: 'rxrl-policy', prompt: continued, max_tokens: 2, seed: 2, return_token_ids: true });
-    const c = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, { model: 'rxrl-policy', prompt: [1, 9], max_tokens: 2, seed: 3, return_token_ids: true });
+    const b = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, {
+      model: 'rxrl-policy',
+      prompt: continued,
+      max_tokens: 2,
+      seed: 2,
+      return_token_ids: true,
+    });
+    const c = await postJson<{ choices: { token_ids: number[] }[] }>(`${base}/completions`, {
+      model: 'rxrl-policy',
+      prompt: [1, 9],
+      max_tokens: 2,
+      seed: 3,
+      return_token_ids: true,
+    });
     const { json } = await getJson<SessionJson>(`${server.url}/sessions/s2`);
     const ones = (ids: number[]): number[] => ids.map(() => 1);
     expect(json.trajectories.map((t) => [t.prompt_ids, t.response_ids, t.response_mask])).toEqual([
-      [[1, 5], [...a.json.choices[0].token_ids, 7, ...b.json.choices[0].token_ids], [...ones(a.json.choices[0].token_ids), 0, ...ones(b.json.choices[0].token_ids)]],
+      [
+        [1, 5],
+        [...a.json.choices[0].token_ids, 7, ...b.json.choices[0].token_ids],
+        [...ones(a.json.choices[0].token_ids), 0, ...ones(b.json.choices[0].token_ids)],
+      ],
       [[1, 9], c.json.choices[0].token_ids, ones(c.json.choices[0].token_ids)],
     ]);
     expect(json.trajectories.every((t) => t.reward === null)).toBe(true);
@@ -163,12 +203,20 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
     expect((await postJson(`${server.url}/sessions/a/v1/chat/completions`, chat)).status).toBe(401);
     expect((await getJson(`${server.url}/sessions/a`)).status).toBe(401);
     expect((await postJson(`${server.url}/sessions/a/v1/chat/completions`, chat, auth)).status).toBe(200);
-    const bad = await postJson<{ error: { code: string } }>(`${server.url}/sessions/${encodeURIComponent('a b')}/v1/chat/completions`, chat, auth);
+    const bad = await postJson<{ error: { code: string } }>(
+      `${server.url}/sessions/${encodeURIComponent('a b')}/v1/chat/completions`,
+      chat,
+      auth,
+    );
     expect([bad.status, bad.json.error.code]).toEqual([400, 'invalid_session_id']);
     const full = await postJson<{ error: { code: string } }>(`${server.url}/sessions/b/v1/chat/completions`, chat, auth);
     expect([full.status, full.json.error.code]).toEqual([429, 'too_many_sessions']);
     for (;;) {
-      const next = await postJson<{ error?: { code: string } }>(`${server.url}/sessions/a/v1/completions`, { model: 'rxrl-policy', prompt: 'ab', max_tokens: 8 }, auth);
+      const next = await postJson<{ error?: { code: string } }>(
+        `${server.url}/sessions/a/v1/completions`,
+        { model: 'rxrl-policy', prompt: 'ab', max_tokens: 8 },
+        auth,
+      );
       if (next.status === 200) continue;
       expect([next.status, next.json.error?.code]).toEqual([400, 'session_too_large']);
       break;
@@ -190,7 +238,7 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
       '{%- set ns = namespace(last_user=-1) -%}',
       "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}",
       '{%- for m in messages -%}',
-      "{%- set content = m.content -%}",
+      '{%- set content = m.content -%}',
       "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}",
       "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' -}}",
       '{%- endfor -%}',
@@ -211,15 +259,27 @@ describe('sessions: /sessions/{id}/v1 records token-exact trajectories of unmodi
     owned.push(server);
     const client = new OpenAI({ baseURL: `${server.url}/sessions/think/v1`, apiKey: 'EMPTY', maxRetries: 0 });
     const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'user', content: '3+4?' }];
-    const first = await client.chat.completions.create({ model: 'rxrl-policy', messages, return_token_ids: true } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const first = await client.chat.completions.create({
+      model: 'rxrl-policy',
+      messages,
+      return_token_ids: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
     messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'and 4+5?' });
-    const second = await client.chat.completions.create({ model: 'rxrl-policy', messages, return_token_ids: true } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const second = await client.chat.completions.create({
+      model: 'rxrl-policy',
+      messages,
+      return_token_ids: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
     expect(second.choices[0].message.content).toContain('9');
 
     const { json } = await getJson<SessionJson>(`${server.url}/sessions/think`);
     // Re-rendering the final messages drops the first turn's <think>: a re-encoding trainer would train on other tokens.
     const retemplated = template.render(
-      [{ role: 'user', content: '3+4?' }, { role: 'assistant', content: first.choices[0].message.content ?? '' }, { role: 'user', content: 'and 4+5?' }],
+      [
+        { role: 'user', content: '3+4?' },
+        { role: 'assistant', content: first.choices[0].message.content ?? '' },
+        { role: 'user', content: 'and 4+5?' },
+      ],
       [],
       { addGenerationPrompt: true },
     );

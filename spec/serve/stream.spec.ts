@@ -50,7 +50,17 @@ describe('rxrl serve streams (server-sent events)', () => {
   it('streams completions whose text, token ids and log-probs equal the unstreamed answer (seeded, stop strings, n = 3)', async () => {
     const { client } = await start(PolicyModel.create(config, 5));
     for (const stop of [undefined, ['c'], ['ab', 'e=']]) {
-      const request = { model: 'rxrl-policy', prompt: 'abcd=', n: 3, max_tokens: 12, temperature: 1, seed: 9, logprobs: 0, return_token_ids: true, ...(stop ? { stop } : {}) };
+      const request = {
+        model: 'rxrl-policy',
+        prompt: 'abcd=',
+        n: 3,
+        max_tokens: 12,
+        temperature: 1,
+        seed: 9,
+        logprobs: 0,
+        return_token_ids: true,
+        ...(stop ? { stop } : {}),
+      };
       const whole = await client.completions.create(request);
       const stream = await client.completions.create({ ...request, stream: true, stream_options: { include_usage: true } });
       const text = ['', '', ''];
@@ -83,9 +93,12 @@ describe('rxrl serve streams (server-sent events)', () => {
     const request = { model: 'rxrl-policy', messages, temperature: 0, logprobs: true, return_token_ids: true };
     const whole = await client.chat.completions.create(request);
     const chunks = [];
-    for await (const chunk of await client.chat.completions.create({ ...request, stream: true, stream_options: { include_usage: true } })) chunks.push(chunk);
+    for await (const chunk of await client.chat.completions.create({ ...request, stream: true, stream_options: { include_usage: true } }))
+      chunks.push(chunk);
     expect(chunks[0].choices[0].delta).toEqual({ role: 'assistant', content: '' });
-    expect((chunks[0] as unknown as { prompt_token_ids: number[] }).prompt_token_ids).toEqual((whole as unknown as { prompt_token_ids: number[] }).prompt_token_ids);
+    expect((chunks[0] as unknown as { prompt_token_ids: number[] }).prompt_token_ids).toEqual(
+      (whole as unknown as { prompt_token_ids: number[] }).prompt_token_ids,
+    );
     const content = chunks.flatMap((c) => c.choices.map((x) => x.delta.content ?? '')).join('');
     expect(content).toBe(whole.choices[0].message.content);
     const ids = chunks.flatMap((c) => c.choices.flatMap((x) => (x as unknown as { token_ids?: number[] }).token_ids ?? []));
@@ -99,7 +112,12 @@ describe('rxrl serve streams (server-sent events)', () => {
     expect((done as unknown as { policy_version: number }).policy_version).toBe(0);
 
     // With the tool offered, the call comes as a tool_calls delta; the client's stream helper assembles it.
-    const tools = [{ type: 'function' as const, function: { name: 'calc', parameters: { type: 'object', properties: { expression: { type: 'string' } } } } }];
+    const tools = [
+      {
+        type: 'function' as const,
+        function: { name: 'calc', parameters: { type: 'object', properties: { expression: { type: 'string' } } } },
+      },
+    ];
     const runner = client.chat.completions.stream({ model: 'rxrl-policy', messages, tools, temperature: 0 });
     const final = await runner.finalChatCompletion();
     const unstreamed = await client.chat.completions.create({ model: 'rxrl-policy', messages, tools, temperature: 0 });
@@ -112,12 +130,35 @@ describe('rxrl serve streams (server-sent events)', () => {
   it('streams to curl as text/event-stream ending in [DONE]', async () => {
     const { server } = await start(PolicyModel.create(config, 6));
     const body = JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 5, temperature: 0, stream: true });
-    const { stdout } = await run('curl', ['-sN', '-D', '-', '-H', 'content-type: application/json', '-d', body, `${server.baseURL}/completions`]);
+    const { stdout } = await run('curl', [
+      '-sN',
+      '-D',
+      '-',
+      '-H',
+      'content-type: application/json',
+      '-d',
+      body,
+      `${server.baseURL}/completions`,
+    ]);
     expect(stdout).toMatch(/content-type: text\/event-stream/i);
-    const events = stdout.split('\r\n\r\n').slice(1).join('').split('\n\n').filter((e) => e !== '');
+    const events = stdout
+      .split('\r\n\r\n')
+      .slice(1)
+      .join('')
+      .split('\n\n')
+      .filter((e) => e !== '');
     expect(events.at(-1)).toBe('data: [DONE]');
-    const text = events.slice(0, -1).map((e) => (JSON.parse(e.slice('data: '.length)) as { choices: { text: string }[] }).choices[0]?.text ?? '').join('');
-    const whole = (await (await fetch(`${server.baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 5, temperature: 0 }) })).json()) as { choices: { text: string }[] };
+    const text = events
+      .slice(0, -1)
+      .map((e) => (JSON.parse(e.slice('data: '.length)) as { choices: { text: string }[] }).choices[0]?.text ?? '')
+      .join('');
+    const whole = (await (
+      await fetch(`${server.baseURL}/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'rxrl-policy', prompt: 'ab', max_tokens: 5, temperature: 0 }),
+      })
+    ).json()) as { choices: { text: string }[] };
     expect(text).toBe(whole.choices[0].text);
   });
 
@@ -133,7 +174,12 @@ describe('rxrl serve streams (server-sent events)', () => {
       'print("".join((ch.choices[0].delta.content or "") for ch in s if ch.choices), end="")',
     ].join('\n');
     const { stdout } = await run('python3', ['-c', script, server.baseURL]);
-    const whole = await client.chat.completions.create({ model: 'rxrl-policy', messages: [{ role: 'user', content: 'abc' }], temperature: 0, max_tokens: 8 });
+    const whole = await client.chat.completions.create({
+      model: 'rxrl-policy',
+      messages: [{ role: 'user', content: 'abc' }],
+      temperature: 0,
+      max_tokens: 8,
+    });
     expect(stdout).toBe(whole.choices[0].message.content);
   });
 
@@ -184,5 +230,3 @@ async function waitFor(ok: () => boolean): Promise<void> {
   for (let i = 0; i < 200 && !ok(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
   expect(ok()).toBe(true);
 }
-
-

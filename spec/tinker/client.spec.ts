@@ -83,50 +83,54 @@ afterAll(async () => {
 });
 
 describe('grpoPipeline trained through the Tinker API (rxrl as client and service)', () => {
-  it.each(['sync', 'batch-async'] as const)('matches the embedded trainer on the same adapter (%s)', async (mode) => {
-    service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
-    // Embedded: the trainer's adapter and the engine's copy, initialized as the service initializes its first client.
-    const adapter = LoraAdapter.create(config, { rank: RANK, alpha: RANK, targetModules: LORA_TARGETS }, SEED);
-    const view = PolicyModel.withAdapter(base, adapter);
-    const engineAdapter = LoraAdapter.fromWeights(config, adapter.lora, adapter.getWeights());
-    const engineView = PolicyModel.withAdapter(base, engineAdapter);
-    const local = new Map<string, GenerateResponse>();
-    const embedded = await run(mode, new GrpoTrainer(view, trainerOptions), recording(new LocalEngine(engineView, { tokenizer }), local));
+  it.each(['sync', 'batch-async'] as const)(
+    'matches the embedded trainer on the same adapter (%s)',
+    async (mode) => {
+      service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
+      // Embedded: the trainer's adapter and the engine's copy, initialized as the service initializes its first client.
+      const adapter = LoraAdapter.create(config, { rank: RANK, alpha: RANK, targetModules: LORA_TARGETS }, SEED);
+      const view = PolicyModel.withAdapter(base, adapter);
+      const engineAdapter = LoraAdapter.fromWeights(config, adapter.lora, adapter.getWeights());
+      const engineView = PolicyModel.withAdapter(base, engineAdapter);
+      const local = new Map<string, GenerateResponse>();
+      const embedded = await run(mode, new GrpoTrainer(view, trainerOptions), recording(new LocalEngine(engineView, { tokenizer }), local));
 
-    const client = await TinkerClient.connect({ baseURL: service.url, apiKey: 'unused' });
-    const remoteTrainer = await TinkerClientTrainer.create(client, 'tiny', RANK, trainerOptions);
-    const remote = new Map<string, GenerateResponse>();
-    const viaTinker = await run(mode, remoteTrainer, recording(new TinkerEngine(remoteTrainer, tokenizer), remote));
+      const client = await TinkerClient.connect({ baseURL: service.url, apiKey: 'unused' });
+      const remoteTrainer = await TinkerClientTrainer.create(client, 'tiny', RANK, trainerOptions);
+      const remote = new Map<string, GenerateResponse>();
+      const viaTinker = await run(mode, remoteTrainer, recording(new TinkerEngine(remoteTrainer, tokenizer), remote));
 
-    expect(viaTinker).toHaveLength(3);
-    // The first step samples version 0 on both sides: the same rollouts, hence the same loss.
-    expect(viaTinker[0].metrics['actor/pg_loss']).toBeCloseTo(embedded[0].metrics['actor/pg_loss'], 4);
-    if (mode === 'sync') {
-      // In sync mode every step samples the version just trained, on both sides.
-      viaTinker.forEach((step, i) => {
-        expect(step.metrics['actor/pg_loss']).toBeCloseTo(embedded[i].metrics['actor/pg_loss'], 4);
-        expect(step.metrics['rollout/reward_mean']).toBeCloseTo(embedded[i].metrics['rollout/reward_mean'], 6);
-      });
-    }
-    // Every sample both sides drew with the same seed from the same version has the same tokens and log-probs.
-    let compared = 0;
-    for (const [key, mine] of remote) {
-      const theirs = local.get(key);
-      if (theirs === undefined) continue;
-      compared++;
-      expect(mine.tokens).toEqual(theirs.tokens);
-      mine.logprobs.forEach((lp, j) => expect(lp).toBeCloseTo(theirs.logprobs[j], 4));
-    }
-    expect(compared).toBeGreaterThanOrEqual(8);
-    // Samples of trained versions are among them: the service's Adam steps gave the embedded trainer's weights.
-    // (In batch-async the versions later rollouts draw from depend on timing, so only version 0 is shared for sure.)
-    if (mode === 'sync') expect([...remote.keys()].filter((k) => !k.endsWith('@0') && local.has(k)).length).toBeGreaterThanOrEqual(16);
-    view.dispose();
-    engineView.dispose();
-    adapter.dispose();
-    engineAdapter.dispose();
-    await service.close();
-  }, 120_000);
+      expect(viaTinker).toHaveLength(3);
+      // The first step samples version 0 on both sides: the same rollouts, hence the same loss.
+      expect(viaTinker[0].metrics['actor/pg_loss']).toBeCloseTo(embedded[0].metrics['actor/pg_loss'], 4);
+      if (mode === 'sync') {
+        // In sync mode every step samples the version just trained, on both sides.
+        viaTinker.forEach((step, i) => {
+          expect(step.metrics['actor/pg_loss']).toBeCloseTo(embedded[i].metrics['actor/pg_loss'], 4);
+          expect(step.metrics['rollout/reward_mean']).toBeCloseTo(embedded[i].metrics['rollout/reward_mean'], 6);
+        });
+      }
+      // Every sample both sides drew with the same seed from the same version has the same tokens and log-probs.
+      let compared = 0;
+      for (const [key, mine] of remote) {
+        const theirs = local.get(key);
+        if (theirs === undefined) continue;
+        compared++;
+        expect(mine.tokens).toEqual(theirs.tokens);
+        mine.logprobs.forEach((lp, j) => expect(lp).toBeCloseTo(theirs.logprobs[j], 4));
+      }
+      expect(compared).toBeGreaterThanOrEqual(8);
+      // Samples of trained versions are among them: the service's Adam steps gave the embedded trainer's weights.
+      // (In batch-async the versions later rollouts draw from depend on timing, so only version 0 is shared for sure.)
+      if (mode === 'sync') expect([...remote.keys()].filter((k) => !k.endsWith('@0') && local.has(k)).length).toBeGreaterThanOrEqual(16);
+      view.dispose();
+      engineView.dispose();
+      adapter.dispose();
+      engineAdapter.dispose();
+      await service.close();
+    },
+    120_000,
+  );
 
   it('keeps maxSamplers sampling sessions: the oldest is closed when another opens', async () => {
     const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxSamplers: 2 });
@@ -147,12 +151,13 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     }
   }, 60_000);
 
-  it('keeps its session alive with heartbeats past the service\'s session timeout; close() finishes it and frees its client', async () => {
+  it("keeps its session alive with heartbeats past the service's session timeout; close() finishes it and frees its client", async () => {
     const svc = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED, maxModels: 1, sessionTimeoutMs: 1_000 });
     try {
       const client = await TinkerClient.connect({ baseURL: svc.url, apiKey: 'unused', heartbeatMs: 100 });
       const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
-      const post = (path: string, body: unknown): Promise<Response> => fetch(`${svc.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      const post = (path: string, body: unknown): Promise<Response> =>
+        fetch(`${svc.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
       // Silent but for its heartbeats, for three session timeouts: the client is still there.
       await new Promise((resolve) => setTimeout(resolve, 3_000));
       expect((await post('/api/v1/get_info', { model_id: trainer.modelId })).status).toBe(200);
@@ -205,7 +210,12 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     try {
-      const client = await TinkerClient.connect({ baseURL: url, apiKey: 'unused', futureTimeoutMs: 300, retry: { retries: 2, initialDelayMs: 1 } });
+      const client = await TinkerClient.connect({
+        baseURL: url,
+        apiKey: 'unused',
+        futureTimeoutMs: 300,
+        retry: { retries: 2, initialDelayMs: 1 },
+      });
       expect(sessions).toBe(2);
       const stuck = await client.createLoraModel('tiny', RANK).catch((e: unknown) => e);
       expect(stuck).toBeInstanceOf(TinkerError);
@@ -218,9 +228,19 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
 
   it('fails with typed errors: a service that is gone is retried then given up; a refusal is not retried', async () => {
     const gone = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', seed: SEED });
-    const client = await TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 2, initialDelayMs: 1, maxDelayMs: 2 } });
+    const client = await TinkerClient.connect({
+      baseURL: gone.url,
+      apiKey: 'unused',
+      retry: { retries: 2, initialDelayMs: 1, maxDelayMs: 2 },
+    });
     const trainer = await TinkerClientTrainer.create(client, 'tiny', RANK);
-    const datum = { tokens: [1, 2, 3], lossFnInputs: { target_tokens: { dtype: 'int64' as const, data: [2, 3, 4], shape: [3] }, weights: { dtype: 'float32' as const, data: new Float32Array([1, 1, 1]), shape: [3] } } };
+    const datum = {
+      tokens: [1, 2, 3],
+      lossFnInputs: {
+        target_tokens: { dtype: 'int64' as const, data: [2, 3, 4], shape: [3] },
+        weights: { dtype: 'float32' as const, data: new Float32Array([1, 1, 1]), shape: [3] },
+      },
+    };
     // Another model id is refused (404): a TinkerError at once, no retry.
     await expect(client.forwardBackward('nobody:train:9', [datum], 'cross_entropy', {})).rejects.toBeInstanceOf(TinkerError);
     await gone.close();
@@ -231,6 +251,8 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
     expect(String((failure as Error).message)).toMatch(/cannot reach the Tinker service/);
     const again = await client.forwardBackward(trainer.modelId, [datum], 'cross_entropy', {}).catch((e: unknown) => e);
     expect(again).toBeInstanceOf(RetriesExhaustedError); // refused now: retried twice, then given up
-    await expect(TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 1, initialDelayMs: 1 } })).rejects.toBeInstanceOf(RetriesExhaustedError);
+    await expect(
+      TinkerClient.connect({ baseURL: gone.url, apiKey: 'unused', retry: { retries: 1, initialDelayMs: 1 } }),
+    ).rejects.toBeInstanceOf(RetriesExhaustedError);
   }, 60_000);
 });

@@ -47,7 +47,15 @@ afterAll(async () => {
 
 /** A service over the fixture, closed after the file. */
 async function start(options: Partial<TinkerServiceOptions> = {}): Promise<TinkerService> {
-  const service = await tinkerService({ model, tokenizer, baseModel: 'tiny-qwen3', tokenizerId: fixture, apiKey: KEY, seed: 1, ...options });
+  const service = await tinkerService({
+    model,
+    tokenizer,
+    baseModel: 'tiny-qwen3',
+    tokenizerId: fixture,
+    apiKey: KEY,
+    seed: 1,
+    ...options,
+  });
   services.push(service);
   return service;
 }
@@ -88,7 +96,15 @@ async function session(service: TinkerService): Promise<string> {
 
 /** A LoRA training client of rank 2 in `sessionId`; its model id. */
 async function trainingClient(service: TinkerService, sessionId: string, seq = 0): Promise<string> {
-  const created = await result(service, await post(service, '/api/v1/create_model', { session_id: sessionId, model_seq_id: seq, base_model: 'tiny-qwen3', lora_config: { rank: 2 } }));
+  const created = await result(
+    service,
+    await post(service, '/api/v1/create_model', {
+      session_id: sessionId,
+      model_seq_id: seq,
+      base_model: 'tiny-qwen3',
+      lora_config: { rank: 2 },
+    }),
+  );
   return created.json.model_id as string;
 }
 
@@ -106,8 +122,17 @@ function datum(n: number): WireDatum {
 
 /** Runs a Python snippet with the SDK against `service`; its last stdout line is JSON. */
 async function sdk<T>(service: TinkerService, body: string): Promise<T> {
-  const script = ['import json, sys', 'import tinker', 'from tinker import types', `sc = tinker.ServiceClient(base_url=sys.argv[1], api_key="${KEY}")`, body].join('\n');
-  const { stdout } = await run(python, ['-c', script, service.url], { env: { ...process.env, TINKER_TELEMETRY: '0', HF_HUB_OFFLINE: '1' }, timeout: 120_000 });
+  const script = [
+    'import json, sys',
+    'import tinker',
+    'from tinker import types',
+    `sc = tinker.ServiceClient(base_url=sys.argv[1], api_key="${KEY}")`,
+    body,
+  ].join('\n');
+  const { stdout } = await run(python, ['-c', script, service.url], {
+    env: { ...process.env, TINKER_TELEMETRY: '0', HF_HUB_OFFLINE: '1' },
+    timeout: 120_000,
+  });
   return JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as T;
 }
 
@@ -140,58 +165,96 @@ describe('row 2: a tiny request cannot make the service expand a huge tensor', (
     expect(answer.status).toBe(400);
     expect(String(answer.json.detail)).toContain(String(CONTEXT));
     // The client still trains afterwards.
-    const ok = await result(service, await post(service, '/api/v1/forward_backward', encodeForwardBackwardRequest({ modelId, seqId: 2, data: [datum(8)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false })));
+    const ok = await result(
+      service,
+      await post(
+        service,
+        '/api/v1/forward_backward',
+        encodeForwardBackwardRequest({
+          modelId,
+          seqId: 2,
+          data: [datum(8)],
+          lossFn: 'cross_entropy',
+          lossFnConfig: {},
+          forwardOnly: false,
+        }),
+      ),
+    );
     expect(ok.type).toContain('protobuf');
   });
 });
 
 describe('row 3: saved states are read from the state directory only', () => {
-  it.skipIf(lacks('python'))('refuses tinker://../weights/x, a link out of the state dir and a missing state alike, through the SDK, with one error that names no file', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-hostile-'));
-    const stateDir = join(dir, 'state');
-    const service = await start({ stateDir });
-    const saved = await sdk<{ model: string; path: string }>(service, [
-      'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
-      'print(json.dumps({"model": tc.model_id, "path": tc.save_state("ckpt").result().path}))',
-    ].join('\n'));
-    const [modelDir] = await readdir(stateDir);
-    // A state outside the state dir (`<stateDir>/../x.safetensors`), and a link inside the state dir to it.
-    await copyFile(join(stateDir, modelDir, 'ckpt.safetensors'), join(dir, 'x.safetensors'));
-    await symlink(join(dir, 'x.safetensors'), join(stateDir, modelDir, 'link.safetensors'));
-    const out = await sdk<Record<string, string>>(service, [
-      'res = {}',
-      'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
-      ...attempt('own', `tc.load_state(${JSON.stringify(saved.path)}).result()`),
-      ...attempt('outside', 'tc.load_state("tinker://../weights/x").result()'),
-      ...attempt('missing', 'tc.load_state("tinker://../weights/nothing").result()'),
-      ...attempt('link', `tc.load_state("tinker://${saved.model}/weights/link").result()`),
-      ...attempt('fromState', 'sc.create_training_client_from_state("tinker://../weights/x").result()'),
-      ...attempt('fromStateMissing', 'sc.create_training_client_from_state("tinker://../weights/nothing").result()'),
-      'print(json.dumps(res))',
-    ].join('\n'));
-    expect(out.own).toBe('ok');
-    for (const name of ['outside', 'missing', 'link', 'fromState', 'fromStateMissing']) {
-      expect(out[name], name).not.toBe('ok');
-      expect(out[name], name).not.toContain(dir);
-      expect(out[name], name).not.toMatch(/ENOENT|ELOOP|safetensors|inside/);
-    }
-    // Whether the file exists outside or not, the error is the same (but for the path the client gave).
-    const masked = (text: string): string => text.replace(/tinker:\/\/[^'" ]*/g, '<path>');
-    expect(masked(out.outside)).toBe(masked(out.missing));
-    expect(masked(out.link)).toBe(masked(out.missing));
-    expect(masked(out.fromState)).toBe(masked(out.fromStateMissing));
-  }, 120_000);
+  it.skipIf(lacks('python'))(
+    'refuses tinker://../weights/x, a link out of the state dir and a missing state alike, through the SDK, with one error that names no file',
+    async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-hostile-'));
+      const stateDir = join(dir, 'state');
+      const service = await start({ stateDir });
+      const saved = await sdk<{ model: string; path: string }>(
+        service,
+        [
+          'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+          'print(json.dumps({"model": tc.model_id, "path": tc.save_state("ckpt").result().path}))',
+        ].join('\n'),
+      );
+      const [modelDir] = await readdir(stateDir);
+      // A state outside the state dir (`<stateDir>/../x.safetensors`), and a link inside the state dir to it.
+      await copyFile(join(stateDir, modelDir, 'ckpt.safetensors'), join(dir, 'x.safetensors'));
+      await symlink(join(dir, 'x.safetensors'), join(stateDir, modelDir, 'link.safetensors'));
+      const out = await sdk<Record<string, string>>(
+        service,
+        [
+          'res = {}',
+          'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+          ...attempt('own', `tc.load_state(${JSON.stringify(saved.path)}).result()`),
+          ...attempt('outside', 'tc.load_state("tinker://../weights/x").result()'),
+          ...attempt('missing', 'tc.load_state("tinker://../weights/nothing").result()'),
+          ...attempt('link', `tc.load_state("tinker://${saved.model}/weights/link").result()`),
+          ...attempt('fromState', 'sc.create_training_client_from_state("tinker://../weights/x").result()'),
+          ...attempt('fromStateMissing', 'sc.create_training_client_from_state("tinker://../weights/nothing").result()'),
+          'print(json.dumps(res))',
+        ].join('\n'),
+      );
+      expect(out.own).toBe('ok');
+      for (const name of ['outside', 'missing', 'link', 'fromState', 'fromStateMissing']) {
+        expect(out[name], name).not.toBe('ok');
+        expect(out[name], name).not.toContain(dir);
+        expect(out[name], name).not.toMatch(/ENOENT|ELOOP|safetensors|inside/);
+      }
+      // Whether the file exists outside or not, the error is the same (but for the path the client gave).
+      const masked = (text: string): string => text.replace(/tinker:\/\/[^'" ]*/g, '<path>');
+      expect(masked(out.outside)).toBe(masked(out.missing));
+      expect(masked(out.link)).toBe(masked(out.missing));
+      expect(masked(out.fromState)).toBe(masked(out.fromStateMissing));
+    },
+    120_000,
+  );
 });
 
 describe("row 4: datums past the model's context are refused; heavy work leaves healthz answering", () => {
   it('refuses a datum longer than the context with a 400 naming the limit', async () => {
     const service = await start();
     const modelId = await trainingClient(service, await session(service));
-    const body = encodeForwardBackwardRequest({ modelId, seqId: 1, data: [datum(CONTEXT + 72)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
+    const body = encodeForwardBackwardRequest({
+      modelId,
+      seqId: 1,
+      data: [datum(CONTEXT + 72)],
+      lossFn: 'cross_entropy',
+      lossFnConfig: {},
+      forwardOnly: false,
+    });
     const answer = await post(service, '/api/v1/forward_backward', body);
     expect(answer.status).toBe(400);
     expect(String(answer.json.detail)).toContain(String(CONTEXT));
-    const fits = encodeForwardBackwardRequest({ modelId, seqId: 2, data: [datum(CONTEXT)], lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false });
+    const fits = encodeForwardBackwardRequest({
+      modelId,
+      seqId: 2,
+      data: [datum(CONTEXT)],
+      lossFn: 'cross_entropy',
+      lossFnConfig: {},
+      forwardOnly: false,
+    });
     expect((await result(service, await post(service, '/api/v1/forward_backward', fits))).type).toContain('protobuf');
   });
 
@@ -201,7 +264,11 @@ describe("row 4: datums past the model's context are refused; heavy work leaves 
     const service = await start({ pollMs: 1, chunkTokens: 32 });
     const modelId = await trainingClient(service, await session(service));
     const data = Array.from({ length: 32 }, () => datum(16));
-    const future = await post(service, '/api/v1/forward_backward', encodeForwardBackwardRequest({ modelId, seqId: 1, data, lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false }));
+    const future = await post(
+      service,
+      '/api/v1/forward_backward',
+      encodeForwardBackwardRequest({ modelId, seqId: 1, data, lossFn: 'cross_entropy', lossFnConfig: {}, forwardOnly: false }),
+    );
     expect(future.status).toBe(200);
     const health = await fetch(`${service.url}/api/v1/healthz`, { headers: { 'x-api-key': KEY } });
     expect(health.status).toBe(200);
@@ -212,23 +279,27 @@ describe("row 4: datums past the model's context are refused; heavy work leaves 
 });
 
 describe('row 5: training clients are freed', () => {
-  it.skipIf(lacks('python'))('frees the clients of a session the SDK closes: later sessions can create as many', async () => {
-    const service = await start({ maxModels: 2 });
-    const script = [
-      'res = {}',
-      'a = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()',
-      'b = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()',
-      'sc.close("success").result()',
-      `sc2 = tinker.ServiceClient(base_url=sys.argv[1], api_key="${KEY}")`,
-      ...attempt('third', 'sc2.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()'),
-      ...attempt('fourth', 'sc2.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()'),
-      'print(json.dumps(res))',
-    ].join('\n');
-    const out = await sdk<Record<string, string>>(service, script);
-    expect(out).toEqual({ third: 'ok', fourth: 'ok' });
-  }, 120_000);
+  it.skipIf(lacks('python'))(
+    'frees the clients of a session the SDK closes: later sessions can create as many',
+    async () => {
+      const service = await start({ maxModels: 2 });
+      const script = [
+        'res = {}',
+        'a = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()',
+        'b = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()',
+        'sc.close("success").result()',
+        `sc2 = tinker.ServiceClient(base_url=sys.argv[1], api_key="${KEY}")`,
+        ...attempt('third', 'sc2.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()'),
+        ...attempt('fourth', 'sc2.create_lora_training_client(base_model="tiny-qwen3", rank=2).result()'),
+        'print(json.dumps(res))',
+      ].join('\n');
+      const out = await sdk<Record<string, string>>(service, script);
+      expect(out).toEqual({ third: 'ok', fourth: 'ok' });
+    },
+    120_000,
+  );
 
-  it('serves unload_model (the SDK\'s UnloadModelRequest): the client is gone and its slot free', async () => {
+  it("serves unload_model (the SDK's UnloadModelRequest): the client is gone and its slot free", async () => {
     const service = await start({ maxModels: 1 });
     const s = await session(service);
     const first = await trainingClient(service, s, 0);
@@ -275,25 +346,32 @@ describe('row 5: training clients are freed', () => {
 });
 
 describe('row 6: named sampler weights are bounded', () => {
-  it.skipIf(lacks('python'))('keeps the newest names only; an evicted name answers the SDK\'s not-found error', async () => {
-    const service = await start({ maxSamplerWeights: 3 });
-    const out = await sdk<Record<string, string>>(service, [
-      'res = {}',
-      'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
-      'paths = [tc.save_weights_for_sampler(f"w{i}").result().path for i in range(6)]',
-      'prompt = types.ModelInput.from_ints([5, 17, 42])',
-      'params = types.SamplingParams(max_tokens=2, seed=1)',
-      ...attempt('oldest', 'sc.create_sampling_client(model_path=paths[0]).sample(prompt, 1, params).result()'),
-      ...attempt('third', 'sc.create_sampling_client(model_path=paths[2]).sample(prompt, 1, params).result()'),
-      ...attempt('newest', 'sc.create_sampling_client(model_path=paths[5]).sample(prompt, 1, params).result()'),
-      ...attempt('fourth', 'sc.create_sampling_client(model_path=paths[3]).sample(prompt, 1, params).result()'),
-      'print(json.dumps(res))',
-    ].join('\n'));
-    expect(out.oldest).toMatch(/^NotFoundError/);
-    expect(out.third).toMatch(/^NotFoundError/);
-    expect(out.newest).toBe('ok');
-    expect(out.fourth).toBe('ok');
-  }, 120_000);
+  it.skipIf(lacks('python'))(
+    "keeps the newest names only; an evicted name answers the SDK's not-found error",
+    async () => {
+      const service = await start({ maxSamplerWeights: 3 });
+      const out = await sdk<Record<string, string>>(
+        service,
+        [
+          'res = {}',
+          'tc = sc.create_lora_training_client(base_model="tiny-qwen3", rank=2)',
+          'paths = [tc.save_weights_for_sampler(f"w{i}").result().path for i in range(6)]',
+          'prompt = types.ModelInput.from_ints([5, 17, 42])',
+          'params = types.SamplingParams(max_tokens=2, seed=1)',
+          ...attempt('oldest', 'sc.create_sampling_client(model_path=paths[0]).sample(prompt, 1, params).result()'),
+          ...attempt('third', 'sc.create_sampling_client(model_path=paths[2]).sample(prompt, 1, params).result()'),
+          ...attempt('newest', 'sc.create_sampling_client(model_path=paths[5]).sample(prompt, 1, params).result()'),
+          ...attempt('fourth', 'sc.create_sampling_client(model_path=paths[3]).sample(prompt, 1, params).result()'),
+          'print(json.dumps(res))',
+        ].join('\n'),
+      );
+      expect(out.oldest).toMatch(/^NotFoundError/);
+      expect(out.third).toMatch(/^NotFoundError/);
+      expect(out.newest).toBe('ok');
+      expect(out.fourth).toBe('ok');
+    },
+    120_000,
+  );
 
   it('keeps no more bytes of sampler weights than maxSamplerWeightBytes', async () => {
     const probe = LoraAdapter.create(model.config, { rank: 2, alpha: 2, targetModules: LORA_TARGETS }, 0);
@@ -304,10 +382,18 @@ describe('row 6: named sampler weights are bounded', () => {
     const s = await session(service);
     const modelId = await trainingClient(service, s);
     for (const name of ['a', 'b', 'c']) {
-      expect((await result(service, await post(service, '/api/v1/save_weights_for_sampler', { model_id: modelId, path: name }))).json.path).toBe(`tinker://${modelId}/sampler_weights/${name}`);
+      expect(
+        (await result(service, await post(service, '/api/v1/save_weights_for_sampler', { model_id: modelId, path: name }))).json.path,
+      ).toBe(`tinker://${modelId}/sampler_weights/${name}`);
     }
     const open = async (name: string): Promise<number> =>
-      (await post(service, '/api/v1/create_sampling_session', { session_id: s, sampling_session_seq_id: 0, model_path: `tinker://${modelId}/sampler_weights/${name}` })).status;
+      (
+        await post(service, '/api/v1/create_sampling_session', {
+          session_id: s,
+          sampling_session_seq_id: 0,
+          model_path: `tinker://${modelId}/sampler_weights/${name}`,
+        })
+      ).status;
     expect(await open('a')).toBe(404);
     expect(await open('b')).toBe(200);
     expect(await open('c')).toBe(200);
@@ -315,14 +401,18 @@ describe('row 6: named sampler weights are bounded', () => {
     const tiny = await start({ maxSamplerWeightBytes: bytes - 1 });
     const t = await session(tiny);
     const m = await trainingClient(tiny, t);
-    expect((await result(tiny, await post(tiny, '/api/v1/save_weights_for_sampler', { model_id: m, path: 'big' }))).json.category).toBe('user');
+    expect((await result(tiny, await post(tiny, '/api/v1/save_weights_for_sampler', { model_id: m, path: 'big' }))).json.category).toBe(
+      'user',
+    );
   });
 });
 
 describe('row 7: one bad sample request fails alone', () => {
   it('refuses max_tokens past the context at once; the valid requests sent with it are sampled', async () => {
     const service = await start();
-    const sampler = (await post(service, '/api/v1/create_sampling_session', { session_id: await session(service), base_model: 'tiny-qwen3' })).json.sampling_session_id;
+    const sampler = (
+      await post(service, '/api/v1/create_sampling_session', { session_id: await session(service), base_model: 'tiny-qwen3' })
+    ).json.sampling_session_id;
     const request = (maxTokens: number, seed: number): Promise<Answer> =>
       post(service, '/api/v1/asample', {
         sampling_session_id: sampler,
@@ -370,7 +460,14 @@ describe('row 8: a sampler lives while requests on it are pending', () => {
     );
     // A second sampling session evicts the first (maxSamplers 1) while its 512 sequences are queued.
     expect((await post(service, '/api/v1/create_sampling_session', { session_id: s, base_model: 'tiny-qwen3' })).status).toBe(200);
-    expect((await post(service, '/api/v1/asample', { sampling_session_id: sampler, prompt: { chunks: [{ type: 'encoded_text', tokens: [5] }] } })).status).toBe(404);
+    expect(
+      (
+        await post(service, '/api/v1/asample', {
+          sampling_session_id: sampler,
+          prompt: { chunks: [{ type: 'encoded_text', tokens: [5] }] },
+        })
+      ).status,
+    ).toBe(404);
     for (const future of futures) {
       const answer = await result(service, future);
       expect(answer.json.error).toBeUndefined();
@@ -384,18 +481,30 @@ describe('row 9: an empty key and malformed input', () => {
     await expect(start({ apiKey: '' })).rejects.toBeInstanceOf(ConfigError);
     await expect(start({ apiKey: '   ' })).rejects.toBeInstanceOf(ConfigError);
     const lines: string[] = [];
-    const command = runTinkerCommand({ model: fixture, apiKey: '', port: 0, backend: 'cpu', signal: AbortSignal.abort(), out: (line) => lines.push(line) });
+    const command = runTinkerCommand({
+      model: fixture,
+      apiKey: '',
+      port: 0,
+      backend: 'cpu',
+      signal: AbortSignal.abort(),
+      out: (line) => lines.push(line),
+    });
     await expect(command).rejects.toBeInstanceOf(ConfigError);
     expect(lines).toEqual([]);
   });
 
   it('answers malformed input with 400 and no internal text', async () => {
     const service = await start();
-    const sampler = (await post(service, '/api/v1/create_sampling_session', { session_id: await session(service), base_model: 'tiny-qwen3' })).json.sampling_session_id;
+    const sampler = (
+      await post(service, '/api/v1/create_sampling_session', { session_id: await session(service), base_model: 'tiny-qwen3' })
+    ).json.sampling_session_id;
     const cases: [string, unknown][] = [
       ['/api/v1/asample', { sampling_session_id: sampler, prompt: { chunks: [null] } }],
       ['/api/v1/asample', { sampling_session_id: sampler, prompt: null }],
-      ['/api/v1/asample', { sampling_session_id: sampler, prompt: { chunks: [{ type: 'encoded_text', tokens: [1] }] }, sampling_params: [] }],
+      [
+        '/api/v1/asample',
+        { sampling_session_id: sampler, prompt: { chunks: [{ type: 'encoded_text', tokens: [1] }] }, sampling_params: [] },
+      ],
       ['/api/v1/sessions/%zz/finish', {}],
       ['/api/v1/optim_step', { model_id: 'x', adam_params: 3 }],
       ['/api/v1/create_model', { session_id: await session(service), base_model: 'tiny-qwen3', lora_config: 7 }],
@@ -411,7 +520,11 @@ describe('row 9: an empty key and malformed input', () => {
     // Ids nested deeper than any recursion: quoted without recursing (a 404 or 400, never a 500).
     for (const depth of [2_000, 100_000]) {
       const deep = `{"model_id":${'['.repeat(depth)}${']'.repeat(depth)}}`;
-      const answer = await fetch(`${service.url}/api/v1/get_info`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: deep });
+      const answer = await fetch(`${service.url}/api/v1/get_info`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-api-key': KEY },
+        body: deep,
+      });
       expect([400, 404], String(depth)).toContain(answer.status);
     }
   });
@@ -421,13 +534,29 @@ describe('row 9: an empty key and malformed input', () => {
     for (const path of ['/api/v1/healthz', '/api/v1/get_server_capabilities']) {
       expect((await fetch(`${service.url}${path}`)).status, path).toBe(401);
     }
-    for (const path of ['/api/v1/create_session', '/api/v1/forward_backward', '/api/v1/asample', '/api/v1/unload_model', '/api/v1/retrieve_future', '/api/v1/sessions/x/finish', '/api/v1/nothing']) {
+    for (const path of [
+      '/api/v1/create_session',
+      '/api/v1/forward_backward',
+      '/api/v1/asample',
+      '/api/v1/unload_model',
+      '/api/v1/retrieve_future',
+      '/api/v1/sessions/x/finish',
+      '/api/v1/nothing',
+    ]) {
       const answer = await fetch(`${service.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
       expect(answer.status, path).toBe(401);
     }
-    const protobuf = await fetch(`${service.url}/api/v1/forward_backward`, { method: 'POST', headers: { 'content-type': 'application/x-protobuf', 'x-api-key': KEY }, body: Uint8Array.from([0x0a, 0xff]) });
+    const protobuf = await fetch(`${service.url}/api/v1/forward_backward`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-protobuf', 'x-api-key': KEY },
+      body: Uint8Array.from([0x0a, 0xff]),
+    });
     expect(protobuf.status).toBe(400);
-    const json = await fetch(`${service.url}/api/v1/create_model`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: '{"a":' });
+    const json = await fetch(`${service.url}/api/v1/create_model`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': KEY },
+      body: '{"a":',
+    });
     expect(json.status).toBe(400);
   });
 });

@@ -366,7 +366,9 @@ describe('ForwardBackwardRequest', () => {
     const bad: Record<string, WireTensor> = { target_tokens: { dtype: 'int64', data: [1, 2], shape: [3] } };
     expect(() => encodeForwardBackwardRequest({ ...request, data: [{ tokens: [1], lossFnInputs: bad }] })).toThrow(/needs 3/);
     const fractional: Record<string, WireTensor> = { target_tokens: { dtype: 'int64', data: [1.5], shape: [1] } };
-    expect(() => encodeForwardBackwardRequest({ ...request, data: [{ tokens: [1], lossFnInputs: fractional }] })).toThrow(/not a safe integer/);
+    expect(() => encodeForwardBackwardRequest({ ...request, data: [{ tokens: [1], lossFnInputs: fractional }] })).toThrow(
+      /not a safe integer/,
+    );
   });
 
   it('accepts a Buffer', () => {
@@ -399,7 +401,10 @@ describe('ForwardBackwardOutput', () => {
   });
 
   it('writes one ArrayRecord with byte offsets', () => {
-    const bytes = encodeForwardBackwardOutput({ outputs: [{ logprobs: Float32Array.of(1, 2) }, { logprobs: Float32Array.of(3) }], metrics: {} });
+    const bytes = encodeForwardBackwardOutput({
+      outputs: [{ logprobs: Float32Array.of(1, 2) }, { logprobs: Float32Array.of(3) }],
+      metrics: {},
+    });
     const batched = [...lField(1, le('f32', [1, 2, 3])), ...lField(2, le('i64', [0, 8, 12])), ...vField(3, 1)];
     const record = [...sField(1, 'ArrayRecord'), ...lField(2, [...sField(1, 'logprobs'), ...lField(2, batched)]), ...vField(3, 2)];
     expect(hex(bytes)).toBe(hex(Uint8Array.from([...sField(1, 'ArrayRecord'), ...lField(2, record)])));
@@ -426,7 +431,10 @@ describe('ForwardBackwardOutput', () => {
     const overrun = [...lField(1, le('f32', [1])), ...lField(2, le('i64', [0, 8])), ...vField(3, 1)]; // 8 bytes past 4
     const bad = lField(2, lField(2, [...sField(1, 'x'), ...lField(2, overrun)]));
     expect(() => decodeForwardBackwardOutput(Uint8Array.from(bad))).toThrow(/not a valid byte range/);
-    const short = lField(2, [...lField(2, [...sField(1, 'x'), ...lField(2, [...lField(2, le('i64', [0])), ...vField(3, 1)])]), ...vField(3, 2)]);
+    const short = lField(2, [
+      ...lField(2, [...sField(1, 'x'), ...lField(2, [...lField(2, le('i64', [0])), ...vField(3, 1)])]),
+      ...vField(3, 2),
+    ]);
     expect(() => decodeForwardBackwardOutput(Uint8Array.from(short))).toThrow(/has 0 datums, expected 2/);
   });
 });
@@ -460,7 +468,9 @@ describe('SampleResponse', () => {
 
   it('refuses unknown stop reasons and mismatched logprobs', () => {
     expect(() => decodeSampleResponse(Uint8Array.from(lField(1, vField(1, 2))))).toThrow(/sequences\[0\].*unknown stop_reason 2/);
-    expect(() => encodeSampleResponse({ sequences: [{ tokens: [1, 2], logprobs: [-1], stopReason: 'stop' }] })).toThrow(/2 tokens but 1 logprobs/);
+    expect(() => encodeSampleResponse({ sequences: [{ tokens: [1, 2], logprobs: [-1], stopReason: 'stop' }] })).toThrow(
+      /2 tokens but 1 logprobs/,
+    );
   });
 });
 
@@ -489,10 +499,22 @@ describe.skipIf(lacks('python'))('against the tinker SDK', () => {
     const is = decodeForwardBackwardRequest(unhex(encoded.importance_sampling));
     expect(is).toMatchObject({ seqId: 2, lossFn: 'importance_sampling', forwardOnly: false });
     expect(is.lossFnConfig).toEqual({ clip_low_threshold: 0.8, clip_high_threshold: 1.2, mode: 'token' });
-    expect(is.data.map((d) => d.tokens)).toEqual([[10, 11, 12], [20, 21]]);
-    expect(is.data.map((d) => d.lossFnInputs.target_tokens.data)).toEqual([[11, 12, 13], [21, 22]]);
-    expect(is.data.map((d) => values(d.lossFnInputs.logprobs))).toEqual([[-0.5, -1.25, -0.1].map(Math.fround), [-2, -0.3].map(Math.fround)]);
-    expect(is.data.map((d) => values(d.lossFnInputs.advantages))).toEqual([[0.75, 0.75, 0.75], [-1.5, -1.5]]);
+    expect(is.data.map((d) => d.tokens)).toEqual([
+      [10, 11, 12],
+      [20, 21],
+    ]);
+    expect(is.data.map((d) => d.lossFnInputs.target_tokens.data)).toEqual([
+      [11, 12, 13],
+      [21, 22],
+    ]);
+    expect(is.data.map((d) => values(d.lossFnInputs.logprobs))).toEqual([
+      [-0.5, -1.25, -0.1].map(Math.fround),
+      [-2, -0.3].map(Math.fround),
+    ]);
+    expect(is.data.map((d) => values(d.lossFnInputs.advantages))).toEqual([
+      [0.75, 0.75, 0.75],
+      [-1.5, -1.5],
+    ]);
     expect(is.data.every((d) => d.lossFnInputs.logprobs.data instanceof Float32Array)).toBe(true);
 
     const [sparse] = decodeForwardBackwardRequest(unhex(encoded.sparse)).data;
@@ -570,7 +592,9 @@ describe.skipIf(lacks('python'))('against the tinker SDK', () => {
     expect(read.fbo.metrics).toEqual({ 'loss:sum': 4.85, 'ntokens:sum': 4 });
     expect(read.fbo.outputs).toEqual(
       output.outputs.map((record) =>
-        Object.fromEntries(Object.entries(record).map(([name, data]) => [name, { dtype: 'float32', shape: [data.length], data: Array.from(data) }])),
+        Object.fromEntries(
+          Object.entries(record).map(([name, data]) => [name, { dtype: 'float32', shape: [data.length], data: Array.from(data) }]),
+        ),
       ),
     );
     expect(read.empty).toEqual({ loss_fn_output_type: 'ArrayRecord', metrics: { 'loss:sum': 0 }, outputs: [] });

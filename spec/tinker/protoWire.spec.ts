@@ -52,10 +52,17 @@ function protoError(run: () => unknown): ProtoError {
 const unknownGroup = (field: number): number[] => [
   ...tag(field, 3),
   ...vField(1, 2n ** 63n),
-  ...tag(2, 1), ...f64(1),
-  ...tag(3, 5), 1, 2, 3, 4,
+  ...tag(2, 1),
+  ...f64(1),
+  ...tag(3, 5),
+  1,
+  2,
+  3,
+  4,
   ...lField(4, [9, 9, 9]),
-  ...tag(5, 3), ...vField(1, 1), ...tag(5, 4),
+  ...tag(5, 3),
+  ...vField(1, 1),
+  ...tag(5, 4),
   ...tag(field, 4),
 ];
 
@@ -71,7 +78,9 @@ describe('the Tinker wire layer: malformed input', () => {
   });
 
   it('names the path of a malformed value in a sampled sequence and in a forward/backward record', () => {
-    expect(protoError(() => decodeSampleResponse(Uint8Array.from(lField(1, [...tag(1, 0), 0x80])))).path).toBe('SampleResponse.sequences[0]');
+    expect(protoError(() => decodeSampleResponse(Uint8Array.from(lField(1, [...tag(1, 0), 0x80])))).path).toBe(
+      'SampleResponse.sequences[0]',
+    );
     expect(protoError(() => decodeSampleResponse(Uint8Array.from([...lField(1, []), ...lField(1, [...tag(2, 2), 9])]))).path).toBe(
       'SampleResponse.sequences[1]',
     );
@@ -117,7 +126,10 @@ describe('the Tinker wire layer: malformed input', () => {
     });
     const withUnknown = Uint8Array.from([...request, ...unknownGroup(30)]);
     const output = encodeForwardBackwardOutput({ outputs: [{ logprobs: Float32Array.of(-1, -2) }], metrics: { 'loss:sum': 3 } });
-    const sample = encodeSampleResponse({ sequences: [{ tokens: [5, 6], logprobs: [-1, -2], stopReason: 'length' }], promptLogprobs: [Number.NaN] });
+    const sample = encodeSampleResponse({
+      sequences: [{ tokens: [5, 6], logprobs: [-1, -2], stopReason: 'length' }],
+      promptLogprobs: [Number.NaN],
+    });
     const limits = { maxDatumTokens: 64, maxElements: 256 };
     const decoders: [Uint8Array, (bytes: Uint8Array) => unknown][] = [
       [withUnknown, (bytes) => decodeForwardBackwardRequest(bytes, limits)],
@@ -165,7 +177,9 @@ describe('the Tinker wire layer: unknown fields and groups', () => {
     expect(datum.lossFnInputs.weights).toEqual({ dtype: 'float32', data: Float32Array.of(0.5, 2), shape: [2] });
 
     const sequence = lField(1, [...unknownGroup(6), ...vField(1, 1), ...lField(2, le('i32', [8])), ...lField(3, le('f32', [-1]))]);
-    expect(decodeSampleResponse(Uint8Array.from([...unknownGroup(3), ...sequence])).sequences).toEqual([{ tokens: [8], logprobs: [-1], stopReason: 'length' }]);
+    expect(decodeSampleResponse(Uint8Array.from([...unknownGroup(3), ...sequence])).sequences).toEqual([
+      { tokens: [8], logprobs: [-1], stopReason: 'length' },
+    ]);
 
     const batched = [...unknownGroup(8), ...lField(1, le('f32', [3])), ...lField(2, le('i64', [0, 4])), ...vField(3, 1)];
     const record = lField(2, [...unknownGroup(5), ...lField(2, [...sField(1, 'x'), ...lField(2, batched)]), ...vField(3, 1)]);
@@ -173,7 +187,10 @@ describe('the Tinker wire layer: unknown fields and groups', () => {
   });
 
   it('skips groups nested 64 deep and refuses 65, and a group closed by another field', () => {
-    const nested = (depth: number): number[] => [...new Array<number[]>(depth).fill(tag(9, 3)).flat(), ...new Array<number[]>(depth).fill(tag(9, 4)).flat()];
+    const nested = (depth: number): number[] => [
+      ...new Array<number[]>(depth).fill(tag(9, 3)).flat(),
+      ...new Array<number[]>(depth).fill(tag(9, 4)).flat(),
+    ];
     expect(decodeForwardBackwardRequest(Uint8Array.from([...nested(64), ...sField(1, 'm')])).modelId).toBe('m');
     expect(protoError(() => decodeForwardBackwardRequest(Uint8Array.from([...nested(65), ...sField(1, 'm')]))).path).toBe(REQUEST);
     const deepInTensor = [...nested(65), ...lField(1, le('f32', [1])), ...vField(3, 1)]; // a valid tensor but for the groups

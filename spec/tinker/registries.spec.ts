@@ -21,7 +21,10 @@ beforeAll(async () => {
 });
 
 /** A snapshot of `floats` float32 values. */
-const snapshot = (floats: number): AdapterSnapshot => ({ weights: new Map([['w', { shape: [floats], data: new Float32Array(floats) }]]), rank: 1 });
+const snapshot = (floats: number): AdapterSnapshot => ({
+  weights: new Map([['w', { shape: [floats], data: new Float32Array(floats) }]]),
+  rank: 1,
+});
 
 const status = (fn: () => unknown): number | undefined => {
   try {
@@ -56,7 +59,7 @@ describe('FutureStore', () => {
     expect(await store.get(b)?.outcome).toEqual({ json: 2 });
   });
 
-  it('reports rxrl errors as the client\'s, anything else as a bare internal error', async () => {
+  it("reports rxrl errors as the client's, anything else as a bare internal error", async () => {
     const store = new FutureStore({ maxInFlight: 4, maxFinished: 4 });
     const user = store.submit(() => {
       throw new RequestError(400, 'bad datum');

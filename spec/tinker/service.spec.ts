@@ -44,7 +44,14 @@ async function sdk<T>(body: string): Promise<T> {
 beforeAll(async () => {
   await initBackend('cpu', { logger: { info: () => undefined } });
   model = (await loadModelDir(fixture)).model;
-  service = await tinkerService({ model, tokenizer: await loadTokenizer(fixture), baseModel: 'tiny-qwen3', tokenizerId: fixture, apiKey: 'tml-local', seed: 1 });
+  service = await tinkerService({
+    model,
+    tokenizer: await loadTokenizer(fixture),
+    baseModel: 'tiny-qwen3',
+    tokenizerId: fixture,
+    apiKey: 'tml-local',
+    seed: 1,
+  });
 });
 
 afterAll(async () => {
@@ -58,7 +65,7 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
     await expect(run(python, ['-c', 'import tinker'])).resolves.toBeDefined();
   });
 
-  it('trains a LoRA client with cross_entropy + optim_step: the loss falls on a fixed batch; first log-probs are the base model\'s', async () => {
+  it("trains a LoRA client with cross_entropy + optim_step: the loss falls on a fixed batch; first log-probs are the base model's", async () => {
     const tokens = [5, 17, 42, 8, 99, 3, 250, 61, 7, 12];
     const out = await sdk<{ losses: number[]; first: number[]; info: { lora_rank: number } }>(
       [
@@ -109,9 +116,18 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
     expect(out.ppo[0]).toBeCloseTo(-2.5, 4);
   }, 180_000);
 
-  it('samples with log-probs equal to rxrl\'s own for the same weights and seed; save_state / load_state round-trip; a client from the state', async () => {
+  it("samples with log-probs equal to rxrl's own for the same weights and seed; save_state / load_state round-trip; a client from the state", async () => {
     const prompt = [5, 17, 42, 8];
-    const out = await sdk<{ base: { tokens: number[]; logprobs: number[]; stop: string }[]; prompt: (number | null)[]; trained: number[]; restored: number[]; before: number[]; n: number; from_state: number[]; rank2: number }>(
+    const out = await sdk<{
+      base: { tokens: number[]; logprobs: number[]; stop: string }[];
+      prompt: (number | null)[];
+      trained: number[];
+      restored: number[];
+      before: number[];
+      n: number;
+      from_state: number[];
+      rank2: number;
+    }>(
       [
         `prompt = types.ModelInput.from_ints(${JSON.stringify(prompt)})`,
         'params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)',
@@ -140,14 +156,24 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
     );
     expect(out.n).toBe(2);
     // rxrl's own sampling of the base model with the same seed gives the same tokens and log-probs.
-    const [ours] = await model.generate([{ promptTokens: prompt, maxTokens: 6, temperature: 1, seed: 7 }], { stopIds: (await loadTokenizer(fixture)).stopIds });
+    const [ours] = await model.generate([{ promptTokens: prompt, maxTokens: 6, temperature: 1, seed: 7 }], {
+      stopIds: (await loadTokenizer(fixture)).stopIds,
+    });
     expect(out.base[0].tokens).toEqual(ours.tokens);
     out.base[0].logprobs.forEach((lp, i) => expect(lp).toBeCloseTo(ours.logprobs[i], 4));
     expect(out.base[0].stop).toBe(ours.finishReason === 'stop' ? 'stop' : 'length');
     // compute_logprobs: None for the first prompt token, then log p(token | prefix).
     expect(out.prompt[0]).toBeNull();
     const scored = tf.tidy(() =>
-      Array.from(model.tokenLogprobs(tf.tensor2d([prompt], [1, 4], 'int32'), tf.ones([1, 4]) as tf.Tensor2D, tf.tensor2d([[0, 1, 2, 3]], [1, 4], 'int32')).logprobs.dataSync()),
+      Array.from(
+        model
+          .tokenLogprobs(
+            tf.tensor2d([prompt], [1, 4], 'int32'),
+            tf.ones([1, 4]) as tf.Tensor2D,
+            tf.tensor2d([[0, 1, 2, 3]], [1, 4], 'int32'),
+          )
+          .logprobs.dataSync(),
+      ),
     );
     out.prompt.slice(1).forEach((lp, i) => expect(lp).toBeCloseTo(scored[i], 4));
     // Training moved the log-probs; loading the saved state brings back exactly the saved adapter.
@@ -179,7 +205,11 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
     );
     expect(out.base).toMatch(/tiny-qwen3/);
     expect(out.loss).toMatch(/unknown loss_fn 'cispo'/);
-    const wrong = await fetch(`${service.url}/api/v1/create_session`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': 'tml-other' }, body: '{}' });
+    const wrong = await fetch(`${service.url}/api/v1/create_session`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': 'tml-other' },
+      body: '{}',
+    });
     expect(wrong.status).toBe(401);
     const full = await fetch(`${service.url}/api/v1/create_model`, {
       method: 'POST',
@@ -191,7 +221,9 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
 
   it('runs as `rxrl tinker --model DIR` (built CLI), serves the SDK, and stops on SIGTERM', async () => {
     const cli = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
-    const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--backend', 'cpu', '--api-key', 'tml-cli'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    const child = spawn(process.execPath, [cli, 'tinker', '--model', fixture, '--port', '0', '--backend', 'cpu', '--api-key', 'tml-cli'], {
+      stdio: ['ignore', 'pipe', 'ignore'],
+    });
     try {
       const lines = createInterface({ input: child.stdout });
       const [first] = (await once(lines, 'line')) as [string];
@@ -205,7 +237,10 @@ describe.skipIf(lacks('python'))("rxrl's Tinker service, through the official ti
         'd = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})',
         'print(json.dumps({"models": [m.model_name for m in caps.supported_models], "loss": tc.forward([d], "cross_entropy").result().metrics["loss:sum"]}))',
       ].join('\n');
-      const { stdout } = await run(python, ['-c', script, listening.url], { env: { ...process.env, TINKER_TELEMETRY: '0' }, timeout: 120_000 });
+      const { stdout } = await run(python, ['-c', script, listening.url], {
+        env: { ...process.env, TINKER_TELEMETRY: '0' },
+        timeout: 120_000,
+      });
       const out = JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as { models: string[]; loss: number };
       expect(out.models).toEqual(['tiny-qwen3']);
       expect(out.loss).toBeGreaterThan(0);

@@ -26,7 +26,9 @@ const STEPS = 5;
 /** Seeded values of every shape, uniform in ±0.5 times `spread` to a power uniform in [−1, 1]. */
 function values(seed: number, salt: string, spread: number): Float32Array[] {
   const rng = createRng(seed, salt);
-  return SHAPES.map((shape) => Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => (rng.next() - 0.5) * spread ** (rng.next() * 2 - 1)));
+  return SHAPES.map((shape) =>
+    Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => (rng.next() - 0.5) * spread ** (rng.next() * 2 - 1)),
+  );
 }
 
 function variables(init: readonly Float32Array[], prefix: string): tf.Variable[] {
@@ -111,7 +113,11 @@ describe.each(ALL_BACKENDS)('Adam (%s backend)', (backend) => {
       adam.apply(g, { scale });
       tf.dispose(g);
     }
-    const expected = torchAdam(init.map((x) => Float64Array.from(x)), grads, scale);
+    const expected = torchAdam(
+      init.map((x) => Float64Array.from(x)),
+      grads,
+      scale,
+    );
     const update = (w: ArrayLike<number>[]): Float64Array[] => w.map((x, i) => Float64Array.from(x, (y, j) => y - init[i][j]));
     // Relative to the updates, not the weights: float32 weights of order 1 round an update of order 1e-3 to ~6e-5.
     expect(worst(update(read(ours)), update(expected))).toBeLessThan(UPDATE_TOLERANCE);

@@ -21,7 +21,13 @@ function rows(model: PolicyModel): Trajectory[] {
     [[1, 7], [3, 2], 0],
   ];
   return shapes.map(([promptTokens, responseTokens, reward], i) => {
-    const t = traj(`g${i >> 1}@0`, i & 1, { promptTokens, responseTokens, reward, logprobs: responseTokens.map(() => 0), lossMask: responseTokens.map(() => 1) });
+    const t = traj(`g${i >> 1}@0`, i & 1, {
+      promptTokens,
+      responseTokens,
+      reward,
+      logprobs: responseTokens.map(() => 0),
+      lossMask: responseTokens.map(() => 1),
+    });
     return { ...t, logprobs: responseLogprobs(model, t) };
   });
 }
@@ -41,7 +47,6 @@ function responseLogprobs(model: PolicyModel, t: Trajectory): number[] {
 function batchOf(model: PolicyModel, advantages = [1, -1, 1, -1]): Batch {
   return collate(rows(model), { padId: 0, modelTag: 'policy', advantages });
 }
-
 
 describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
   beforeAll(async () => {
@@ -114,11 +119,22 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     // What the trainer saved while it ran tf.train.adam: iter, then m/<name> and v/<name> in the variables' shapes.
     const reference = tf.train.adam(1e-3);
     for (let step = 0; step < 2; step++) {
-      tf.tidy(() => reference.applyGradients(variables.map((v, i) => ({ name: v.name, tensor: tf.randomNormal(v.shape, 0, 1, 'float32', 10 * step + i) }))));
+      tf.tidy(() =>
+        reference.applyGradients(
+          variables.map((v, i) => ({ name: v.name, tensor: tf.randomNormal(v.shape, 0, 1, 'float32', 10 * step + i) })),
+        ),
+      );
     }
     const [iter, ...moments] = await reference.getWeights();
-    const saved = new Map<string, { shape: readonly number[]; data: Float32Array }>([['iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) }]]);
-    moments.forEach((x, i) => saved.set(`${i < names.length ? 'm' : 'v'}/${names[i % names.length]}`, { shape: x.tensor.shape, data: x.tensor.dataSync() as Float32Array }));
+    const saved = new Map<string, { shape: readonly number[]; data: Float32Array }>([
+      ['iter', { shape: [1], data: Float32Array.from(await iter.tensor.data()) }],
+    ]);
+    moments.forEach((x, i) =>
+      saved.set(`${i < names.length ? 'm' : 'v'}/${names[i % names.length]}`, {
+        shape: x.tensor.shape,
+        data: x.tensor.dataSync() as Float32Array,
+      }),
+    );
     tf.dispose(iter.tensor);
     const trainer = new GrpoTrainer(model, { learningRate: 1e-3 });
     await trainer.restore({ step: 2, optimizer: saved });
@@ -128,7 +144,9 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
       expect(again.get(name)!.shape, name).toEqual(w.shape);
       expect(Array.from(again.get(name)!.data), name).toEqual(Array.from(w.data));
     }
-    await expect(trainer.restore({ step: 2, optimizer: new Map([...saved].filter(([name]) => name !== 'iter')) })).rejects.toThrow(ConfigError);
+    await expect(trainer.restore({ step: 2, optimizer: new Map([...saved].filter(([name]) => name !== 'iter')) })).rejects.toThrow(
+      ConfigError,
+    );
     const short = new Map(saved);
     short.set(`v/${names[0]}`, { shape: [1], data: new Float32Array(1) });
     await expect(trainer.restore({ step: 2, optimizer: short })).rejects.toThrow(ConfigError);
@@ -277,7 +295,10 @@ describe('GrpoTrainer checkpoint state', () => {
     // Without the moments the update differs: the restored state matters.
     await trainerC.trainStep(batch);
     const name = a.weightNames()[0];
-    const diff = a.getWeights().get(name)!.data.reduce((m, x, i) => Math.max(m, Math.abs(x - c.getWeights().get(name)!.data[i])), 0);
+    const diff = a
+      .getWeights()
+      .get(name)!
+      .data.reduce((m, x, i) => Math.max(m, Math.abs(x - c.getWeights().get(name)!.data[i])), 0);
     expect(diff).toBeGreaterThan(1e-4);
     trainerC.dispose();
     trainerA.dispose();
@@ -290,11 +311,20 @@ describe('GrpoTrainer checkpoint state', () => {
 
 describe('GrpoTrainer agrees across backends', () => {
   /** Three PPO steps (KL loss, mini-batches, micro-batches) on one backend: the metrics and the trained log-probs. */
-  async function train(backend: (typeof ALL_BACKENDS)[number]): Promise<{ metrics: Record<string, number>[]; logprobs: (readonly number[])[] }> {
+  async function train(
+    backend: (typeof ALL_BACKENDS)[number],
+  ): Promise<{ metrics: Record<string, number>[]; logprobs: (readonly number[])[] }> {
     await initBackend(backend, { logger: { info: () => undefined } });
     const model = PolicyModel.create(config, 11);
     const reference = PolicyModel.create(config, 11);
-    const trainer = new GrpoTrainer(model, { learningRate: 1e-2, ppoEpochs: 2, miniBatches: 2, microBatchSize: 1, klLoss: { coef: 0.1 }, reference });
+    const trainer = new GrpoTrainer(model, {
+      learningRate: 1e-2,
+      ppoEpochs: 2,
+      miniBatches: 2,
+      microBatchSize: 1,
+      klLoss: { coef: 0.1 },
+      reference,
+    });
     const batch = batchOf(model);
     const metrics: Record<string, number>[] = [];
     for (let step = 0; step < 3; step++) metrics.push((await trainer.trainStep(batch)).metrics);
@@ -309,7 +339,9 @@ describe('GrpoTrainer agrees across backends', () => {
     const expected = await train('cpu');
     for (const backend of ALL_BACKENDS.slice(1)) {
       const got = await train(backend);
-      got.logprobs.forEach((row, r) => row.forEach((x, i) => expect(Math.abs(x - expected.logprobs[r][i]), `${backend} logprob ${r}/${i}`).toBeLessThan(1e-3)));
+      got.logprobs.forEach((row, r) =>
+        row.forEach((x, i) => expect(Math.abs(x - expected.logprobs[r][i]), `${backend} logprob ${r}/${i}`).toBeLessThan(1e-3)),
+      );
       for (const [step, m] of got.metrics.entries()) {
         for (const key of ['actor/pg_loss', 'actor/kl_loss', 'actor/entropy', 'actor/grad_norm']) {
           expect(expected.metrics[step]).toHaveProperty([key]);

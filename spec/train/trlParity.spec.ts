@@ -206,12 +206,18 @@ function worstUpdate(updates: NamedWeights, c: Case): { error: number; name: str
   let worst = { error: 0, name: '', skipped: 0, compared: 0 };
   for (const [name, w] of updates) {
     const ref = c.tensors[name];
-    const [grad, update] = 'f32' in ref.grad ? [decode(ref.grad), decode(ref.update as F32)] : [decode(ref.grad.samples), decode((ref.update as Sketch).samples)];
+    const [grad, update] =
+      'f32' in ref.grad
+        ? [decode(ref.grad), decode(ref.update as F32)]
+        : [decode(ref.grad.samples), decode((ref.update as Sketch).samples)];
     const stride = 'f32' in ref.grad ? 1 : ref.grad.stride;
     const kept = [...grad.keys()].filter((k) => Math.abs(clip * grad[k]) >= WELL_CONDITIONED * ADAM_EPSILON);
     worst.skipped += grad.length - kept.length;
     worst.compared += kept.length;
-    const error = relError(kept.map((k) => w.data[k * stride]), kept.map((k) => update[k]));
+    const error = relError(
+      kept.map((k) => w.data[k * stride]),
+      kept.map((k) => update[k]),
+    );
     if (error > worst.error) worst = { ...worst, error, name };
   }
   return worst;
@@ -292,19 +298,22 @@ describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on one batch (
       const batch = await prepare(config, c);
       const policy = policyOf(config, base, c);
       const T = batch.promptLength + batch.responseLength;
-      const out = tf.tidy(() =>
-        policy.model.tokenLogprobs(
-          tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-          tf.tensor2d(batch.attentionMask, [batch.size, T]),
-          tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-          batch.promptLength - 1,
-        ).logprobs,
+      const out = tf.tidy(
+        () =>
+          policy.model.tokenLogprobs(
+            tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+            tf.tensor2d(batch.attentionMask, [batch.size, T]),
+            tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+            batch.promptLength - 1,
+          ).logprobs,
       );
       const ours = out.arraySync();
       out.dispose();
       policy.dispose();
       let worst = 0;
-      c.logprobs.forEach((row, b) => row.forEach((x, t) => (worst = Math.max(worst, batch.lossMask[b * batch.responseLength + t] * Math.abs(ours[b][t] - x)))));
+      c.logprobs.forEach((row, b) =>
+        row.forEach((x, t) => (worst = Math.max(worst, batch.lossMask[b * batch.responseLength + t] * Math.abs(ours[b][t] - x)))),
+      );
       expect(worst).toBeLessThanOrEqual(LOGPROB_TOLERANCE);
     });
 
@@ -319,7 +328,9 @@ describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on one batch (
       trainer.dispose();
       policy.dispose();
       expect(result.microBatchLosses.length).toBe(c.microBatches.length);
-      result.microBatchLosses.forEach((loss, k) => expect(Math.abs(loss - c.microBatches[k].loss)).toBeLessThanOrEqual(REL_TOLERANCE * Math.abs(c.loss)));
+      result.microBatchLosses.forEach((loss, k) =>
+        expect(Math.abs(loss - c.microBatches[k].loss)).toBeLessThanOrEqual(REL_TOLERANCE * Math.abs(c.loss)),
+      );
       expect(Math.abs(result.loss - c.loss) / Math.abs(c.loss)).toBeLessThanOrEqual(REL_TOLERANCE);
       expect(Math.abs(result.gradNorm - c.gradNorm) / c.gradNorm).toBeLessThanOrEqual(REL_TOLERANCE);
       const worst = worstGradient(result.gradients, c);
