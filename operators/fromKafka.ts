@@ -29,26 +29,26 @@ export interface FromKafkaOptions<T> {
   /** Decodes a message value; a {@link DecodeError} makes it a poison message. */
   readonly decode: (bytes: Uint8Array) => T;
   /** Most records emitted and not yet acknowledged; at the capacity the consumer pauses. Default 256. */
-  readonly capacity?: number;
+  readonly capacity?: number | undefined;
   /** The consumer resumes once fewer than this many records are unacknowledged. Default `⌈capacity / 2⌉`. */
-  readonly resumeBelow?: number;
+  readonly resumeBelow?: number | undefined;
   /** Where a group with no committed offset starts: the earliest message (default) or the next one. */
-  readonly fromBeginning?: boolean;
+  readonly fromBeginning?: boolean | undefined;
   /**
    * Poison messages go here with the reason in their headers ({@link DEAD_LETTER_HEADERS}); their offsets are
    * committed and the stream goes on. Without it a poison message errors the stream.
    */
-  readonly deadLetter?: DeadLetterOptions;
+  readonly deadLetter?: DeadLetterOptions | undefined;
   /** Delay that gathers acknowledgements into one offset commit, in ms. Default 20. */
-  readonly commitIntervalMs?: number;
+  readonly commitIntervalMs?: number | undefined;
   /** kafkajs consumer settings (session timeout, heartbeat, fetch sizes). */
-  readonly consumer?: Omit<ConsumerConfig, 'groupId'>;
+  readonly consumer?: Omit<ConsumerConfig, 'groupId'> | undefined;
   /** Completes the stream (and closes the consumer) when it fires. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   /** Instrumentation: joins, pauses, resumes, commits, dead letters. */
-  readonly onEvent?: (event: KafkaEvent) => void;
+  readonly onEvent?: ((event: KafkaEvent) => void) | undefined;
   /** Receives, at teardown, the promise of the consumer's close (final commit, leave the group, disconnect). */
-  readonly onClosed?: (closing: Promise<void>) => void;
+  readonly onClosed?: ((closing: Promise<void>) => void) | undefined;
 }
 
 /**

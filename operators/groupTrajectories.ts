@@ -27,7 +27,7 @@ export interface GroupTrajectoriesOptions {
    * What a timeout does: `release` the partial group (default), or `drop` it — emitted empty with `dropped`
    * set, so batch boundaries downstream never wait for it and nothing vanishes silently.
    */
-  readonly onTimeout?: IncompletePolicy;
+  readonly onTimeout?: IncompletePolicy | undefined;
   /** Called for each output that arrives after its group was closed; it is dropped. */
   readonly onLate?: (item: RolloutOutput) => void;
   /** Scheduler of the timeouts (tests pass the `TestScheduler`). Default `asyncScheduler`. */

@@ -29,19 +29,19 @@ export interface GrpoPrepareOptions {
   /** Token id written on padding. */
   readonly padId: number;
   /** Divide advantages by the group std (GRPO); `false` for Dr.GRPO. Default true. */
-  readonly normalizeByStd?: boolean;
+  readonly normalizeByStd?: boolean | undefined;
   /** Group std: `sample` (N−1) or `population`. Default `sample`. */
-  readonly std?: StdKind;
+  readonly std?: StdKind | undefined;
   /** Added to the std. Default the algos' `ADVANTAGE_EPSILON`. */
-  readonly epsilon?: number;
+  readonly epsilon?: number | undefined;
   /** Drop groups whose advantages are all 0 (zero variance, singletons, non-finite): DAPO's dynamic sampling. */
-  readonly filterZeroVariance?: boolean;
+  readonly filterZeroVariance?: boolean | undefined;
   /** Subtract `β·KL(policy ‖ reference)` from the token rewards before scoring. */
-  readonly klInReward?: KlInRewardOptions;
+  readonly klInReward?: KlInRewardOptions | undefined;
   /** Model tag of the batches. Default: the first group's. */
   readonly modelTag?: ModelTag;
   /** Cancels reference scoring. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /**
@@ -176,7 +176,7 @@ function filteredBatch(
   rows: readonly Trajectory[],
   kept: readonly number[],
   rowAdvantages: readonly number[],
-  from: { padId: number; modelTag: ModelTag; width: number; tokenRewards: Float32Array; refLogprobs?: Float32Array },
+  from: { padId: number; modelTag: ModelTag; width: number; tokenRewards: Float32Array; refLogprobs?: Float32Array | undefined },
 ): Batch {
   const { width, refLogprobs } = from;
   const batch = collate(

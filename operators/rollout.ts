@@ -18,15 +18,15 @@ export interface RolloutOptions {
   /** Largest number of new tokens per response. */
   readonly maxTokens: number;
   /** Sampling temperature. Default 1. */
-  readonly temperature?: number;
+  readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
-  readonly topP?: number;
+  readonly topP?: number | undefined;
   /** Base seed; each sample's seed is derived from it, its group id and run id. Default 0. */
-  readonly seed?: number;
+  readonly seed?: number | undefined;
   /** Tag written on trajectories. Default `engine.modelTag`. */
   readonly modelTag?: ModelTag;
   /** Cancels every rollout; the stream then errors with the abort. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   /**
    * A sample still running this long (ms) is cancelled and emitted as a failure (`EngineError`), so its group
    * shrinks instead of waiting on a stuck engine or tool. Default: no limit.

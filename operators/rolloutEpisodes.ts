@@ -29,11 +29,11 @@ export interface RolloutEpisodesOptions {
   /** Largest number of new tokens per turn. */
   readonly maxTokens: number;
   /** Sampling temperature. Default 1. */
-  readonly temperature?: number;
+  readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
-  readonly topP?: number;
+  readonly topP?: number | undefined;
   /** Base seed; each turn's seed is derived from it, its slot's group id and the run id. Default 0. */
-  readonly seed?: number;
+  readonly seed?: number | undefined;
   /** One trajectory per (agent, turn) or per agent. Default `turn`. */
   readonly granularity?: TrajectoryGranularity;
   /** An episode still running this long (ms) is cancelled and every slot of it fails with an `EngineError`. */

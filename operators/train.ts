@@ -5,7 +5,7 @@ import type { Batch } from '../lib/core/types.js';
 /** Options of {@link train}. */
 export interface TrainOptions {
   /** Cancels the step in progress (the trainer sees it) and errors the stream. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /**

@@ -45,7 +45,7 @@ export interface GrpoPipelineConfig {
   /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a ready loader (`AsyncIterable<Task>`). */
   readonly tasks: TaskSource | AsyncIterable<Task>;
   /** Loader options when `tasks` is not a loader already (epochs, seeded shuffle, resume position). */
-  readonly loader?: LoadTasksOptions;
+  readonly loader?: LoadTasksOptions | undefined;
   /** Rollout engines; the first one samples, and all of them receive every new version. */
   readonly engines: readonly RolloutEngine[];
   /** Takes the train steps. */
@@ -53,61 +53,63 @@ export interface GrpoPipelineConfig {
   /** Scores responses. */
   readonly evaluator: Evaluator;
   /** Staleness mode. Default `sync`. */
-  readonly mode?: StalenessMode;
+  readonly mode?: StalenessMode | undefined;
   /** η of `batch-async`. Default 1. */
-  readonly stalenessThreshold?: number;
+  readonly stalenessThreshold?: number | undefined;
   /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
-  readonly capacity?: number;
+  readonly capacity?: number | undefined;
   /** Version the engines hold at the start (a resumed run's checkpoint version). Default: the first engine's. */
-  readonly startVersion?: PolicyVersion;
+  readonly startVersion?: PolicyVersion | undefined;
   /** Tasks (groups) per train step. */
   readonly batchSize: number;
   /** Samples per task (GRPO group size). */
   readonly groupSize: number;
   /** Most samples in flight. Default: every sample the mode may admit (`(η+1)·batchSize·groupSize`, or `capacity·groupSize`). */
-  readonly concurrency?: number;
+  readonly concurrency?: number | undefined;
   /** Largest response length in tokens. */
   readonly maxTokens: number;
   /** Sampling temperature. Default 1. */
-  readonly temperature?: number;
+  readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
-  readonly topP?: number;
+  readonly topP?: number | undefined;
   /** A sample running this long (ms) fails with an `EngineError` (see `rollout`). Default: no limit. */
-  readonly sampleTimeoutMs?: number;
+  readonly sampleTimeoutMs?: number | undefined;
   /** Stop after this many train steps, admitting at most `steps · batchSize` tasks (0 or absent: when the loader is exhausted). */
-  readonly steps?: number;
+  readonly steps?: number | undefined;
   /** Base seed of the sampling streams. Default 0. */
-  readonly seed?: number;
+  readonly seed?: number | undefined;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: {
-    readonly normalizeByStd?: boolean;
-    readonly std?: StdKind;
-    readonly epsilon?: number;
-    readonly filterZeroVariance?: boolean;
-  };
+  readonly advantage?:
+    | {
+        readonly normalizeByStd?: boolean | undefined;
+        readonly std?: StdKind | undefined;
+        readonly epsilon?: number | undefined;
+        readonly filterZeroVariance?: boolean | undefined;
+      }
+    | undefined;
   /** Close incomplete groups after this many ms (see `groupTrajectories`). Default: wait for every sample. */
-  readonly groupTimeoutMs?: number;
+  readonly groupTimeoutMs?: number | undefined;
   /** What a group timeout does: `release` the partial group (default) or `drop` it (counted). */
-  readonly onGroupTimeout?: 'release' | 'drop';
+  readonly onGroupTimeout?: 'release' | 'drop' | undefined;
   /** Optional KL penalty in the reward. */
-  readonly klInReward?: KlInRewardOptions;
+  readonly klInReward?: KlInRewardOptions | undefined;
   /** Custom rollout worker (multi-turn agents, remote tools); default single-turn generate + evaluate. */
-  readonly worker?: RolloutWorker;
+  readonly worker?: RolloutWorker | undefined;
   /** Sees each sample that failed (engine or evaluator error); the run goes on with its group shrunk. */
-  readonly onSampleFailure?: (failure: SampleFailure) => void;
+  readonly onSampleFailure?: ((failure: SampleFailure) => void) | undefined;
   /** Sees each sample as it ends: a trajectory, a failure (before `onSampleFailure`) or a skipped episode. */
-  readonly onSample?: (output: RolloutOutput) => void;
+  readonly onSample?: ((output: RolloutOutput) => void) | undefined;
   /** Sees each admitted task with its 0-based admission index. */
-  readonly onAdmit?: (task: Task, index: number) => void;
+  readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /** Sees each batch as it enters the trainer. */
-  readonly onBatch?: (batch: Batch) => void;
+  readonly onBatch?: ((batch: Batch) => void) | undefined;
   /**
    * Runs after each step's weights are published to the engines and before the admission gate is credited
    * (checkpoints, validation); metrics it returns are merged into the step's metrics.
    */
-  readonly afterStep?: (step: StepResult) => Promise<Metrics | void>;
+  readonly afterStep?: ((step: StepResult) => Promise<Metrics | void>) | undefined;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /**
@@ -165,13 +167,13 @@ export type PolicyLoopConfig = Omit<
 export interface PolicyLane {
   readonly trainer: Trainer;
   readonly engines: readonly RolloutEngine[];
-  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
-  readonly onBatch?: (batch: Batch) => void;
+  readonly afterStep?: ((step: PolicyStepResult) => Promise<Metrics | void>) | undefined;
+  readonly onBatch?: ((batch: Batch) => void) | undefined;
   /**
    * Version the engines hold at the start: admission counts this policy's batches from there (a resumed run's
    * checkpoint version). Default: the first engine's.
    */
-  readonly startVersion?: PolicyVersion;
+  readonly startVersion?: PolicyVersion | undefined;
 }
 
 /**
@@ -186,8 +188,8 @@ export interface PublishingLane {
   readonly startVersion: PolicyVersion;
   /** Token id written on padding in this policy's batches. */
   readonly padId: number;
-  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
-  readonly onBatch?: (batch: Batch) => void;
+  readonly afterStep?: ((step: PolicyStepResult) => Promise<Metrics | void>) | undefined;
+  readonly onBatch?: ((batch: Batch) => void) | undefined;
 }
 
 /** What a loop tells its rollout stage about admission. */
@@ -307,8 +309,8 @@ interface LoopLane {
   readonly padId: number;
   /** Publishes each trained step's weights (to engines, or through the lane's `publish`). */
   readonly publish: OperatorFunction<StepResult, StepResult>;
-  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
-  readonly onBatch?: (batch: Batch) => void;
+  readonly afterStep?: ((step: PolicyStepResult) => Promise<Metrics | void>) | undefined;
+  readonly onBatch?: ((batch: Batch) => void) | undefined;
 }
 
 /** A lane of `policyLoop` with its gate; refuses a policy without engines or without trajectories. */

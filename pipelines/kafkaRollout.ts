@@ -162,9 +162,9 @@ export interface PolicyWeightsOptions {
   readonly dir: string;
   readonly run: string;
   /** Versions of each policy kept on disk. */
-  readonly keepVersions?: number;
+  readonly keepVersions?: number | undefined;
   /** Its files and special ids go into every version's directory. */
-  readonly tokenizer?: Tokenizer;
+  readonly tokenizer?: Tokenizer | undefined;
   readonly emit: RunEmit;
 }
 
@@ -257,16 +257,16 @@ export interface KafkaRolloutOptions {
   /** The lowest version announced: what a task admitted in `fully-async` requires. */
   readonly announcedVersion: () => PolicyVersion;
   /** Consumer group on the trajectories topic. Default `<trajectories topic>.trainer`. */
-  readonly groupId?: string;
-  readonly consumer?: Omit<ConsumerConfig, 'groupId'>;
+  readonly groupId?: string | undefined;
+  readonly consumer?: Omit<ConsumerConfig, 'groupId'> | undefined;
   /** Whether a checkpoint holds a trained step. Default: always. */
-  readonly checkpointed?: (step: StepResult) => boolean;
+  readonly checkpointed?: ((step: StepResult) => boolean) | undefined;
   /** Most steps between two checkpoints: sizes the records held unacknowledged. Default 1. */
-  readonly stepsPerCheckpoint?: number;
+  readonly stepsPerCheckpoint?: number | undefined;
   /** Takes the promise of the consumer's close. */
   readonly onClosed?: (closing: Promise<void>) => void;
   /** Consumer events. */
-  readonly onEvent?: (event: KafkaEvent) => void;
+  readonly onEvent?: ((event: KafkaEvent) => void) | undefined;
   /** `trainer.*` events. */
   readonly emit: RunEmit;
 }

@@ -28,44 +28,44 @@ export interface KafkaTrainerConfig {
   /** Training tasks: an array, an iterable or `{ jsonl }` (read with `loader`), or an async iterable (a loader) used as it is. */
   readonly tasks: TaskSource;
   /** Loader options (epochs, seeded shuffle, resume position). */
-  readonly loader?: LoadTasksOptions;
+  readonly loader?: LoadTasksOptions | undefined;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
   /** Takes the train steps (a single-policy run; a multi-agent run gives `policies`). */
-  readonly trainer?: Trainer;
+  readonly trainer?: Trainer | undefined;
   /** The policy being trained: its architecture and initial weights (announced as version `trainer.step`, 0 unless resumed). */
-  readonly policy?: KafkaPolicy['policy'];
+  readonly policy?: KafkaPolicy['policy'] | undefined;
   /**
    * Multi-agent runs: every policy with its trainer and initial weights, each with its own group store, batches,
    * trainer, gate and weights on the weights topic (under its `modelTag`). Give `episodes` with it.
    */
-  readonly policies?: readonly KafkaPolicy[];
+  readonly policies?: readonly KafkaPolicy[] | undefined;
   /** Multi-agent runs: the environment's turn order and budget, its agents and the granularity, as the workers have them. */
-  readonly episodes?: KafkaEpisodes;
+  readonly episodes?: KafkaEpisodes | undefined;
   /** Token id of padding (the workers' tokenizer's `padId`). */
   readonly padId: number;
   /**
    * The policy's tokenizer: its files and special ids are written into every published version's model
    * directory, so each one also loads in transformers. Optional.
    */
-  readonly tokenizer?: Tokenizer;
+  readonly tokenizer?: Tokenizer | undefined;
   /** Directory shared with the workers where weight files are written. */
   readonly weightsDir: string;
   /**
    * Versions of each policy kept on disk (`kafka.keepVersions`). Default 3. The run directories of earlier trainer
    * processes that have ended are removed once this run announced its first version (`trainer.weights_cleaned`).
    */
-  readonly keepVersions?: number;
+  readonly keepVersions?: number | undefined;
   /** Run id on every message (workers skip other runs). Default: random. */
-  readonly run?: string;
+  readonly run?: string | undefined;
   /** Consumer group of the trainer on the trajectories topic. Default `<trajectories topic>.trainer`. */
-  readonly groupId?: string;
+  readonly groupId?: string | undefined;
   /** Staleness mode. Default `sync`. */
-  readonly mode?: StalenessMode;
+  readonly mode?: StalenessMode | undefined;
   /** η of `batch-async`. Default 1. */
-  readonly stalenessThreshold?: number;
+  readonly stalenessThreshold?: number | undefined;
   /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
-  readonly capacity?: number;
+  readonly capacity?: number | undefined;
   /** Tasks (groups) per train step. */
   readonly batchSize: number;
   /** Samples per task (GRPO group size), sent with each task. */
@@ -73,49 +73,51 @@ export interface KafkaTrainerConfig {
   /** Largest response length in tokens. */
   readonly maxTokens: number;
   /** Sampling temperature. Default 1. */
-  readonly temperature?: number;
+  readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
-  readonly topP?: number;
+  readonly topP?: number | undefined;
   /** Base seed of the sampling streams. Default 0. */
-  readonly seed?: number;
+  readonly seed?: number | undefined;
   /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
-  readonly steps?: number;
+  readonly steps?: number | undefined;
   /** Advantage settings and the zero-variance filter. */
-  readonly advantage?: {
-    readonly normalizeByStd?: boolean;
-    readonly std?: StdKind;
-    readonly epsilon?: number;
-    readonly filterZeroVariance?: boolean;
-  };
+  readonly advantage?:
+    | {
+        readonly normalizeByStd?: boolean | undefined;
+        readonly std?: StdKind | undefined;
+        readonly epsilon?: number | undefined;
+        readonly filterZeroVariance?: boolean | undefined;
+      }
+    | undefined;
   /** Optional KL penalty in the reward. */
-  readonly klInReward?: KlInRewardOptions;
+  readonly klInReward?: KlInRewardOptions | undefined;
   /** Close a group this long (ms) after its first trajectory arrived, complete or not. Default: wait. */
-  readonly groupTimeoutMs?: number;
+  readonly groupTimeoutMs?: number | undefined;
   /** A timed-out group is trained with the samples it has (`release`, default) or dropped and counted (`drop`). */
-  readonly onGroupTimeout?: 'release' | 'drop';
+  readonly onGroupTimeout?: 'release' | 'drop' | undefined;
   /** Called as each task is admitted, with its admission index (0-based, counted from this subscription). */
-  readonly onAdmit?: (task: Task, index: number) => void;
+  readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /**
    * Called after each step is trained and its weights are announced, before the gate admits on its credit; the
    * metrics it returns are merged into the step's (validation scores, for instance).
    */
-  readonly afterStep?: (step: PolicyStepResult) => Promise<Metrics | void>;
+  readonly afterStep?: ((step: PolicyStepResult) => Promise<Metrics | void>) | undefined;
   /**
    * Whether a checkpoint holds the work of every step up to `step` (asked after `afterStep`). The trajectories of
    * trained steps are acknowledged, and their offsets committed, only once this says so; a trainer killed between
    * checkpoints reads them again. Default: always (offsets are committed as soon as a step is trained).
    */
-  readonly checkpointed?: (step: StepResult) => boolean;
+  readonly checkpointed?: ((step: StepResult) => boolean) | undefined;
   /** Most steps between two checkpoints: sizes the buffer of trajectories held unacknowledged. Default 1. */
-  readonly stepsPerCheckpoint?: number;
+  readonly stepsPerCheckpoint?: number | undefined;
   /** Partition counts of the topics if the trainer creates them. */
-  readonly partitions?: TopicPartitions;
+  readonly partitions?: TopicPartitions | undefined;
   /** kafkajs settings of the trajectories consumer. */
-  readonly consumer?: Omit<ConsumerConfig, 'groupId'>;
+  readonly consumer?: Omit<ConsumerConfig, 'groupId'> | undefined;
   /** Cancels the run: the stream completes without announcing the end. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   /** Instrumentation: consumer events and `trainer.*` events (admissions, steps, duplicates). */
-  readonly onEvent?: (event: KafkaEvent) => void;
+  readonly onEvent?: ((event: KafkaEvent) => void) | undefined;
 }
 
 /**

@@ -100,11 +100,11 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
 /** What outlives one attempt of a run (a Tinker-backed run restarts after its service was lost). */
 interface RunMemo {
   /** The checkpoint this process saved last. */
-  saved?: string;
+  saved?: string | undefined;
   /** Validation before training (the first attempt's). */
-  before?: Metrics;
+  before?: Metrics | undefined;
   /** The checkpoint the first attempt resumed from. */
-  resumedFrom?: string;
+  resumedFrom?: string | undefined;
   recoveries: number;
 }
 
@@ -408,7 +408,7 @@ async function trainLoop(
   // Under stop_on_error a failed sample stops the run once its step's samples have all ended; a step whose every
   // sample failed fails the run.
   const outcomes = new StepOutcomes(config.sync.batchSize, config.rollout.groupSize);
-  const failed: { step?: StepFailedError } = {};
+  const failed: { step?: StepFailedError | undefined } = {};
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
@@ -475,7 +475,7 @@ function stepsOf(
     /** Each admission batch's sample outcomes. */
     outcomes: StepOutcomes;
     /** Set when a step whose every sample failed stopped the run. */
-    failed: { step?: StepFailedError };
+    failed: { step?: StepFailedError | undefined };
   },
 ): Observable<StepResult> {
   const { trainer, ledger, policy, reference } = parts;

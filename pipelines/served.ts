@@ -24,9 +24,9 @@ export interface ServedRunOptions extends EmbeddedRunOptions {
    * character tokenizer and architecture; the initial weights are pushed to it before training. Default: start
    * `rxrl serve` as a child process on a free loopback port.
    */
-  readonly baseURL?: string;
+  readonly baseURL?: string | undefined;
   /** Served model name. Default: the child's, or the first model the server lists. */
-  readonly modelName?: string;
+  readonly modelName?: string | undefined;
   /** API key for the server. Default `OPENAI_API_KEY` or `EMPTY`. */
   readonly apiKey?: string;
   /** Directory for weight checkpoints the server reads. Default: a fresh temporary directory, removed after. */

@@ -61,11 +61,11 @@ export type AdvantageKey = string | number;
 /** Options shared by {@link computeGroupAdvantages} and {@link computeGroupAdvantagesTensor}. */
 export interface GroupAdvantageOptions {
   /** Divide by `std + epsilon` (GRPO). `false` gives Dr.GRPO's `s − mean`. Default `true`. */
-  readonly normalizeByStd?: boolean;
+  readonly normalizeByStd?: boolean | undefined;
   /** Standard deviation over a group's runs. Default `'sample'` (divides by `n − 1`, as `torch.std` does). */
-  readonly std?: StdKind;
+  readonly std?: StdKind | undefined;
   /** Added to the std before dividing. Default {@link ADVANTAGE_EPSILON}. */
-  readonly epsilon?: number;
+  readonly epsilon?: number | undefined;
 }
 
 /** Options of {@link computeGroupAdvantages}. */
@@ -75,7 +75,7 @@ export interface GroupAdvantageArrayOptions extends GroupAdvantageOptions {
    * their mean, it counts once in the group statistics, and each of them gets the run's advantage. Default:
    * every trajectory is its own run.
    */
-  readonly runIds?: readonly AdvantageKey[];
+  readonly runIds?: readonly AdvantageKey[] | undefined;
 }
 
 /** Options of {@link computeGroupAdvantagesTensor}. */

@@ -56,7 +56,7 @@ export interface AggregateLossOptions {
    * Constant divisor of each sequence's token sum in `seq-mean-token-sum-norm` (Dr.GRPO uses the generation
    * budget). Must be positive. Default: `R`, the width of the loss matrix. Ignored by the other modes.
    */
-  readonly maxLength?: number;
+  readonly maxLength?: number | undefined;
 }
 
 /**

@@ -18,7 +18,7 @@ export const DEFAULT_IS_WEIGHT_CAP = 2;
 /** Options of {@link truncatedImportanceWeights}. */
 export interface TruncatedImportanceOptions {
   /** Truncation cap `C > 0`. Default {@link DEFAULT_IS_WEIGHT_CAP}. */
-  readonly cap?: number;
+  readonly cap?: number | undefined;
 }
 
 /** Result of {@link truncatedImportanceWeights}. */

@@ -26,7 +26,7 @@ export interface PolicyLossInput {
   /** 0/1 loss mask, `[B, R]`. */
   readonly mask: tf.Tensor2D;
   /** Optional per-token weights multiplying the per-token loss (see `truncatedImportanceWeights`), `[B, R]`. */
-  readonly importanceWeights?: tf.Tensor2D;
+  readonly importanceWeights?: tf.Tensor2D | undefined;
 }
 
 /** Options of {@link ppoClipLoss}. */
@@ -34,13 +34,13 @@ export interface PpoClipOptions {
   /** Lower clip range: the ratio is clipped from below at `1 − clipLow`. In `[0, 1)`. Default 0.2. */
   readonly clipLow?: number;
   /** Upper clip range: the ratio is clipped from above at `1 + clipHigh` (DAPO raises it). ≥ 0. Default `clipLow`. */
-  readonly clipHigh?: number;
+  readonly clipHigh?: number | undefined;
   /** Dual-clip bound `c > 1` for negative advantages (Ye et al., arXiv:1912.09729). Default: no dual clip. */
-  readonly clipRatioC?: number;
+  readonly clipRatioC?: number | undefined;
   /** Loss aggregation. Default `'token-mean'`. */
   readonly mode?: LossAggMode;
   /** `maxLength` for `seq-mean-token-sum-norm`. */
-  readonly maxLength?: number;
+  readonly maxLength?: number | undefined;
 }
 
 /**

@@ -14,7 +14,7 @@ export interface RxrlErrorOptions {
   /** Whether repeating the same operation may succeed. Defaults to `false`. */
   readonly retriable?: boolean;
   /** Structured context (ids, keys, sizes) for logs. */
-  readonly context?: Readonly<Record<string, unknown>>;
+  readonly context?: Readonly<Record<string, unknown>> | undefined;
 }
 
 /** Base class of every error rxrl throws on purpose. */

@@ -37,13 +37,13 @@ export interface RetryOptions {
    */
   readonly jitter?: number;
   /** Whether an error is worth another attempt. Default {@link isRetriable}. */
-  readonly isRetriable?: (error: unknown) => boolean;
+  readonly isRetriable?: ((error: unknown) => boolean) | undefined;
   /** Called before each wait (counting, logging). */
   readonly onRetry?: (event: RetryEvent) => void;
   /** Uniform numbers in `[0, 1)` for the jitter. Default `Math.random`. */
   readonly random?: () => number;
   /** Cancels the waits and further attempts; the helper then rejects with an {@link AbortError}. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /** Default retry settings of a running process. */

@@ -177,7 +177,7 @@ export interface SampleFailure {
    * True when the sample was never taken: a multi-agent episode ended before this turn. Its group shrinks as for
    * a failure, but nothing went wrong, so it is not reported.
    */
-  readonly skipped?: boolean;
+  readonly skipped?: boolean | undefined;
 }
 
 /** What a rollout emits: a trajectory, or the report of a sample that failed. */
@@ -187,3 +187,9 @@ export type RolloutOutput = Trajectory | SampleFailure;
 export function isSampleFailure(output: RolloutOutput): output is SampleFailure {
   return (output as Partial<SampleFailure>).kind === 'sample-failure';
 }
+
+/**
+ * `T` with every property required and `undefined` taken out of its type: what an options object becomes once its
+ * defaults are filled in (`Required<T>` keeps an explicit `| undefined`).
+ */
+export type Defined<T> = { [K in keyof T]-?: Exclude<T[K], undefined> };

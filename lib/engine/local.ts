@@ -67,7 +67,7 @@ interface Prefix {
 interface Pending {
   readonly request: GenerateRequest;
   readonly prefix?: Prefix;
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   readonly resolve: (response: GenerateResponse) => void;
   readonly reject: (error: unknown) => void;
 }

@@ -28,9 +28,9 @@ const BROKER_DIR = join('lib', 'kafka', 'broker');
 /** Options of {@link startKafkaBroker}. */
 export interface KafkaBrokerOptions {
   /** Directory for the configuration, the logs and the data. Default: a fresh temporary directory. */
-  readonly dir?: string;
+  readonly dir?: string | undefined;
   /** Client (PLAINTEXT) port on 127.0.0.1. Default: a free port. */
-  readonly port?: number;
+  readonly port?: number | undefined;
   /** Controller port on 127.0.0.1. Default: a free port. */
   readonly controllerPort?: number;
   /** JVM heap in MiB. Default 512. */

@@ -57,7 +57,7 @@ export interface CommitSchedulerOptions {
   /** Called with a {@link KafkaBridgeError} each time a commit fails and `maxFailures` failed in a row. */
   readonly onGiveUp: (error: KafkaBridgeError) => void;
   /** Consecutive non-rebalance failures before {@link onGiveUp}. Default {@link MAX_COMMIT_FAILURES}. */
-  readonly maxFailures?: number;
+  readonly maxFailures?: number | undefined;
   /** The timer. Default {@link scheduleTimeout}. */
   readonly schedule?: ScheduleTimeout;
   /** The offsets' bookkeeping. Default a new {@link OffsetTracker}. */

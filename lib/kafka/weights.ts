@@ -73,7 +73,7 @@ export interface WeightsPublisherOptions {
   /** Special token ids for `config.json` / `generation_config.json`. */
   readonly special?: SpecialTokenIds;
   /** Versions of this policy kept on disk (the newest ones; `kafka.keepVersions`). Default 3. */
-  readonly keepVersions?: number;
+  readonly keepVersions?: number | undefined;
   /**
    * Told, after this run's first announcement, which run directories of ended trainer processes were removed from
    * `dir` (see {@link removeEndedRuns}), which were kept and which could not be removed.
@@ -183,9 +183,9 @@ export interface WeightsFollowerOptions {
   /** Tokenizer of the policy (its vocabulary must match the announced model's). */
   readonly tokenizer: Tokenizer;
   /** Local engine settings (batching, weight sync policy). */
-  readonly engine?: Omit<LocalEngineOptions, 'tokenizer' | 'version' | 'modelTag'>;
+  readonly engine?: Omit<LocalEngineOptions, 'tokenizer' | 'version' | 'modelTag'> | undefined;
   /** Attempts to read a weights file that is missing or incomplete before refusing it. Default 20 (every 100 ms). */
-  readonly loadAttempts?: number;
+  readonly loadAttempts?: number | undefined;
   /**
    * The directory every announced file must lie in once links are followed (`kafka.weightsRoot`; the CLI's default
    * is the run's weights directory). An announcement naming anything else is refused. Default: no confinement.

@@ -5,6 +5,7 @@
  * @packageDocumentation
  */
 import { ConfigError } from '../core/errors.js';
+import type { Defined } from '../core/types.js';
 
 /** Model families the decoder implements (Hugging Face `model_type`). */
 export type ModelType = 'llama' | 'qwen2' | 'qwen3';
@@ -44,15 +45,15 @@ export interface PolicyConfig {
   /** Family written to `config.json`. Default `llama`. */
   readonly modelType?: ModelType;
   /** Key/value heads `Hkv`, dividing `nHeads` (`num_key_value_heads`). Default `nHeads`. */
-  readonly nKvHeads?: number;
+  readonly nKvHeads?: number | undefined;
   /** Head width `dh`, even (`head_dim`). Default `dModel / nHeads`. */
-  readonly headDim?: number;
+  readonly headDim?: number | undefined;
   /** RoPE base θ (`rope_theta`). Default 10000. */
-  readonly ropeTheta?: number;
+  readonly ropeTheta?: number | undefined;
   /** RoPE frequency scaling. Default none. */
   readonly ropeScaling?: RopeScaling | null;
   /** RMSNorm ε (`rms_norm_eps`). Default 1e-6. */
-  readonly rmsNormEps?: number;
+  readonly rmsNormEps?: number | undefined;
   /** Biases on the q, k and v projections (Qwen2; `attention_bias`). Default false. */
   readonly qkvBias?: boolean;
   /** Bias on the output projection (`attention_bias` of Llama and Qwen3). Default false. */
@@ -64,7 +65,7 @@ export interface PolicyConfig {
 }
 
 /** A {@link PolicyConfig} with every default filled in. */
-export type ResolvedPolicyConfig = Required<PolicyConfig>;
+export type ResolvedPolicyConfig = Defined<PolicyConfig>;
 
 /** Default RMSNorm ε (Llama 3, Qwen2, Qwen3 checkpoints). */
 export const RMS_NORM_EPS = 1e-6;

@@ -64,7 +64,7 @@ function unary(kernelName: string, local: (x: tf.Tensor, y: tf.Tensor) => tf.Ten
   return {
     kernelName,
     inputsToSave: ['x'],
-    outputsToSave: useOutput ? [true] : undefined,
+    ...(useOutput ? { outputsToSave: [true] } : {}),
     gradFunc: (dy, saved) => ({ x: () => tf.mul(single(dy), local(saved[0], useOutput ? saved[1] : saved[0])) }),
   };
 }

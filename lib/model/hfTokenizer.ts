@@ -50,7 +50,7 @@ export interface HfTokenizerSources {
   /** The parsed `tokenizer_config.json` (special tokens, clean-up flag). */
   readonly config: JsonRecord;
   /** The parsed `generation_config.json`, whose `eos_token_id` (a number or a list) adds stop ids. */
-  readonly generationConfig?: JsonRecord;
+  readonly generationConfig?: JsonRecord | undefined;
   /**
    * The original texts of the tokenizer files, file name → content, returned by {@link HfTokenizer.files}.
    * Default: `tokenizer.json` and `tokenizer_config.json` re-serialized from the objects.

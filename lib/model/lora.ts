@@ -23,6 +23,7 @@ import { WEIGHTS_HEADER_SLACK_BYTES, readJsonObject } from './files.js';
 import { encodeSafetensors, loadSafetensors, writeFileAtomic } from './safetensors.js';
 import { LORA_TARGETS, type LoraPair, type LoraTarget, type ModelAdapter } from './adapter.js';
 import { validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
+import type { Defined } from '../core/types.js';
 
 export { LORA_TARGETS } from './adapter.js';
 export type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';
@@ -45,7 +46,7 @@ export interface LoraConfig {
 }
 
 /** A validated {@link LoraConfig} with its scale. */
-export interface ResolvedLoraConfig extends Required<LoraConfig> {
+export interface ResolvedLoraConfig extends Defined<LoraConfig> {
   /** `alpha / rank`, or `alpha / √rank` with rsLoRA. */
   readonly scale: number;
 }

@@ -34,10 +34,10 @@ export const POLICY_VERSION_METADATA_KEY = 'rxrl.policyVersion';
 
 /** Special token ids a `config.json` / `generation_config.json` carries. */
 export interface SpecialTokenIds {
-  readonly bosTokenId?: number;
+  readonly bosTokenId?: number | undefined;
   /** One id or several (generation stops at any). */
   readonly eosTokenId?: number | readonly number[];
-  readonly padTokenId?: number;
+  readonly padTokenId?: number | undefined;
 }
 
 /** What {@link readModelDir} finds in a directory. */
@@ -160,7 +160,7 @@ export function policyConfigFromHf(
   return resolved;
 }
 
-function readRope(c: Json, fail: (key: string, message: string) => never): { theta?: number; scaling: RopeScaling | null } {
+function readRope(c: Json, fail: (key: string, message: string) => never): { theta?: number | undefined; scaling: RopeScaling | null } {
   const params = c.rope_parameters;
   const newLayout = typeof params === 'object' && params !== null && !Array.isArray(params);
   const p = (newLayout ? params : (c.rope_scaling ?? {})) as Json;

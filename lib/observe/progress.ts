@@ -15,7 +15,7 @@ export interface ProgressStream {
   /** True on a terminal: the bar is redrawn in place. */
   readonly isTTY?: boolean;
   /** Terminal width; bar lines are cut to fit. */
-  readonly columns?: number;
+  readonly columns?: number | undefined;
 }
 
 /** One step as {@link Progress.update} takes it; a `StepResult` fits. */

@@ -229,7 +229,7 @@ function readChatRequest(server: ServeContext, body: JsonObject, session: Sessio
   const param = absent(body, 'max_completion_tokens') ? 'max_tokens' : 'max_completion_tokens';
   const requested = readInteger(body, 'max_completion_tokens', 0, ctx.maxSeqLen) ?? readInteger(body, 'max_tokens', 0, ctx.maxSeqLen);
   let prompt = renderPrompt(ctx, messages, tools, requested ?? 0, param);
-  let exact: { continues?: { call: string; choice: number }; drift?: Drift } = {};
+  let exact: { continues?: { call: string; choice: number }; drift?: Drift | undefined } = {};
   if (session !== undefined) {
     const found = session.chatPrompt(ctx.template, ctx.tokenizer.stopIds, messages, tools, prompt);
     prompt = found.prompt;

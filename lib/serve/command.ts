@@ -26,11 +26,11 @@ export interface ServeCommandOptions {
    * its weights, tokenizer and chat template are served. Otherwise a fresh tiny policy with the character
    * tokenizer of `alphabet` is initialized.
    */
-  readonly model?: string;
+  readonly model?: string | undefined;
   /** The flag that named `model`, for messages (`--model` or `--checkpoint`). Default `model`. */
   readonly modelFlag?: 'model' | 'checkpoint';
   /** Character alphabet of a fresh policy (without `model`). */
-  readonly alphabet?: string;
+  readonly alphabet?: string | undefined;
   /** Alphabet when the flag names none. */
   readonly defaultAlphabet: string;
   /** Architecture of a fresh policy (the vocabulary comes from the alphabet). */
@@ -38,11 +38,11 @@ export interface ServeCommandOptions {
   /** Seed of a fresh policy. Default 1. */
   readonly seed?: number;
   /** Interface. Default `127.0.0.1`. */
-  readonly host?: string;
+  readonly host?: string | undefined;
   /** Port; 0 picks a free one. Default 8000. */
   readonly port?: number;
   /** Served model name. Default: the model directory's name, else `rxrl-policy`. */
-  readonly modelName?: string;
+  readonly modelName?: string | undefined;
   /** TF.js backend. Default `auto`. */
   readonly backend?: BackendKind;
   /** Most samples per batched generation. */
@@ -50,16 +50,16 @@ export interface ServeCommandOptions {
   /** How long an idle server waits for more requests before starting a batch, in ms. */
   readonly maxWaitMs?: number;
   /** Only model directories below this one may be loaded by `update_weights_from_disk`. */
-  readonly weightsRoot?: string;
+  readonly weightsRoot?: string | undefined;
   /**
    * Longest context served (`--max-model-len`): caps `max_position_embeddings`, and with it the cache that the
    * model's size is checked against before anything is allocated.
    */
   readonly maxModelLen?: number;
   /** Bearer token required on every route but `/health`. */
-  readonly apiKey?: string;
+  readonly apiKey?: string | undefined;
   /** LoRA adapters to serve, model name → PEFT directory (`--lora-modules`). */
-  readonly loraModules?: Readonly<Record<string, string>>;
+  readonly loraModules?: Readonly<Record<string, string>> | undefined;
   /** Limits of recorded sessions (`--max-sessions`, `--max-session-tokens`, `--session-idle-ms`). */
   readonly sessions?: SessionLimits;
   /** Log one JSON line per request on stderr. Default false. */

@@ -67,61 +67,61 @@ export interface ServeOptions {
    * The policy to serve (or `engine`). The server reads and replaces its weights; the caller disposes of it after
    * `close`.
    */
-  readonly model?: PolicyModel;
+  readonly model?: PolicyModel | undefined;
   /**
    * An engine to serve instead of a model: a training run's (`LocalEngine` or an upstream OpenAI-compatible
    * server), so that agents reach it over HTTP. Weight updates, LoRA routes, `top_logprobs` and `prompt_logprobs`
    * are then refused (400); `maxModelLen` is required.
    */
-  readonly engine?: RolloutEngine;
+  readonly engine?: RolloutEngine | undefined;
   /** Tokenizer of the policy. */
   readonly tokenizer: Tokenizer;
   /** Name clients put in `model`. Default {@link DEFAULT_MODEL_NAME}. */
-  readonly modelName?: string;
+  readonly modelName?: string | undefined;
   /** Interface to bind. Default `127.0.0.1` (loopback only). */
-  readonly host?: string;
+  readonly host?: string | undefined;
   /** TCP port; 0 picks a free one. Default 0. */
-  readonly port?: number;
+  readonly port?: number | undefined;
   /** Version of the weights the model holds. Default 0. */
-  readonly version?: PolicyVersion;
+  readonly version?: PolicyVersion | undefined;
   /** Most samples in one batched generation. Default 256. */
-  readonly maxBatchSize?: number;
+  readonly maxBatchSize?: number | undefined;
   /** How long an idle engine waits for more requests before starting a batch, in ms. Default 5. */
-  readonly maxWaitMs?: number;
+  readonly maxWaitMs?: number | undefined;
   /** Chat template. Default: {@link createChatTemplate} over the tokenizer. */
-  readonly chatTemplate?: ChatTemplate;
+  readonly chatTemplate?: ChatTemplate | undefined;
   /** Largest request body, in bytes. Default 4 MiB. */
-  readonly maxBodyBytes?: number;
+  readonly maxBodyBytes?: number | undefined;
   /**
    * Longest context served, prompt and completion (vLLM's `--max-model-len`). Default and upper bound: the
    * model's `maxSeqLen` (`max_position_embeddings`).
    */
-  readonly maxModelLen?: number;
+  readonly maxModelLen?: number | undefined;
   /**
    * Confines `POST /update_weights_from_disk` to model directories below this directory (after resolving links);
    * others get 403. Default: any directory the process can read.
    */
-  readonly weightsRoot?: string;
+  readonly weightsRoot?: string | undefined;
   /** As vLLM's `--api-key`: every route but `/health` needs `Authorization: Bearer <key>` (else 401). */
-  readonly apiKey?: string;
+  readonly apiKey?: string | undefined;
   /** Largest `n` (samples per prompt). Default 128. */
-  readonly maxN?: number;
+  readonly maxN?: number | undefined;
   /**
    * Most samples one request may ask for: prompts × `n` (a completions request may list many prompts). Others
    * get 400 before anything is encoded or queued, so one request cannot hold the engine for long. Default 4096.
    */
-  readonly maxSamplesPerRequest?: number;
+  readonly maxSamplesPerRequest?: number | undefined;
   /**
    * LoRA adapters to serve from the start, model name → PEFT directory (vLLM's `--lora-modules name=path`).
    * Each is a model of its own in `/v1/models` and in requests' `model`, computed on the shared base weights.
    */
-  readonly loraModules?: Readonly<Record<string, string>>;
+  readonly loraModules?: Readonly<Record<string, string>> | undefined;
   /** Limits of `/sessions/{id}/v1/…` sessions (count, tokens, idle time). */
-  readonly sessions?: SessionLimits;
+  readonly sessions?: SessionLimits | undefined;
   /** Receives one record per request and per weight update. Default: silent. */
-  readonly log?: ServeLogger;
+  readonly log?: ServeLogger | undefined;
   /** Closes the server when it fires. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /** A running server. */

@@ -123,7 +123,7 @@ export class Session {
     messages: readonly ChatMessage[],
     tools: readonly ChatTool[],
     rendered: readonly number[],
-  ): { prompt: number[]; continues?: { call: string; choice: number }; drift?: Drift } {
+  ): { prompt: number[]; continues?: { call: string; choice: number }; drift?: Drift | undefined } {
     for (let c = this.calls.length - 1; c >= 0; c--) {
       const call = this.calls[c];
       const before = call.messages;

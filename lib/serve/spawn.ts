@@ -12,7 +12,7 @@ import { AbortError, EngineError } from '../core/errors.js';
 /** Options of {@link spawnServe}. */
 export interface SpawnServeOptions {
   /** Path of the built CLI. Default: `../../cli/main.js` from this module in `dist/`. */
-  readonly cliPath?: string;
+  readonly cliPath?: string | undefined;
   /** Environment of the child. Default `process.env`. */
   readonly env?: NodeJS.ProcessEnv;
   /** How long to wait for the listening line, in ms. Default 120 000. */
@@ -20,7 +20,7 @@ export interface SpawnServeOptions {
   /** Where the child's stderr goes. Default: this process's stderr. */
   readonly stderr?: 'inherit' | 'ignore';
   /** Kills the child (and rejects while it starts). */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
 }
 
 /** A running `rxrl serve` child process. */

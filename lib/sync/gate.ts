@@ -17,9 +17,9 @@ export interface AdmissionGateOptions {
   /** Tasks (groups) per batch: tasks are admitted in whole batches. */
   readonly tasksPerBatch: number;
   /** η for `batch-async` (≥ 1). Ignored by the other modes. Default 1. */
-  readonly stalenessThreshold?: number;
+  readonly stalenessThreshold?: number | undefined;
   /** `fully-async` only: most tasks admitted but not yet trained (in flight + buffered). Default 4 batches. */
-  readonly capacity?: number;
+  readonly capacity?: number | undefined;
   /**
    * The version the engines hold when admission starts (a resumed run's checkpoint version): batch 0 of this
    * gate is trained from it, so batch `b` may start once `startVersion + b − η` is published. Default 0.

@@ -16,12 +16,12 @@ export interface TinkerCommandOptions {
   /** The base model's directory. */
   readonly model: string | undefined;
   /** The name clients give as `base_model`. Default: the directory's name. */
-  readonly modelName?: string;
-  readonly host?: string;
+  readonly modelName?: string | undefined;
+  readonly host?: string | undefined;
   /** Default 8000; 0 picks a free port. */
   readonly port?: number;
-  readonly apiKey?: string;
-  readonly stateDir?: string;
+  readonly apiKey?: string | undefined;
+  readonly stateDir?: string | undefined;
   readonly maxModels?: number;
   readonly maxRank?: number;
   readonly backend?: BackendKind;

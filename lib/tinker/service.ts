@@ -58,7 +58,7 @@ export interface TinkerServiceOptions {
   /** What `get_info` reports as the tokenizer (a local directory the SDK can load). Default: `baseModel`. */
   readonly tokenizerId?: string;
   /** Interface to bind. Default `127.0.0.1`. */
-  readonly host?: string;
+  readonly host?: string | undefined;
   /** TCP port; 0 picks a free one. Default 0. */
   readonly port?: number;
   /** When set, every request needs `X-API-Key: <apiKey>`; an empty or blank key is refused. */

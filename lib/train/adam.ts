@@ -14,11 +14,11 @@ export interface AdamOptions {
   /** Learning rate α. */
   readonly learningRate: number;
   /** Decay of the first moment β1. Default 0.9. */
-  readonly beta1?: number;
+  readonly beta1?: number | undefined;
   /** Decay of the second moment β2. Default 0.999. */
-  readonly beta2?: number;
+  readonly beta2?: number | undefined;
   /** ε added to √v̂. Default 1e-8. */
-  readonly epsilon?: number;
+  readonly epsilon?: number | undefined;
 }
 
 /** Adam's state: the number of updates taken and each variable's moments (in the variables' shapes). */

@@ -13,7 +13,7 @@ import type { NamedWeights } from '../engine/types.js';
 import { ConfigError, assertNever, throwIfAborted } from '../core/errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { createRng, shuffledIndices } from '../core/random.js';
-import type { Batch, BatchMeta, Metrics, ModelTag } from '../core/types.js';
+import type { Batch, BatchMeta, Defined, Metrics, ModelTag } from '../core/types.js';
 import { Adam, gradientSquares } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 
@@ -89,11 +89,11 @@ interface RowTensors {
 interface StepInputs {
   readonly all: RowTensors;
   /** Log-probs of the weights before the update (decoupled PPO), `[B, R]`. */
-  readonly proxLogprobs?: tf.Tensor2D;
+  readonly proxLogprobs?: tf.Tensor2D | undefined;
   /** Truncated importance weights (decoupled PPO), `[B, R]`. */
-  readonly isWeights?: tf.Tensor2D;
+  readonly isWeights?: tf.Tensor2D | undefined;
   /** Reference log-probs for the KL loss, `[B, R]`. */
-  readonly refLogprobs?: tf.Tensor2D;
+  readonly refLogprobs?: tf.Tensor2D | undefined;
 }
 
 /** What {@link GrpoTrainer.computeGradients} returns. */
@@ -129,7 +129,7 @@ export class GrpoTrainer implements Trainer {
   /** Names and variables of the weights that train, in `model.weightNames()` order. */
   private readonly trainedNames: readonly string[];
   private readonly trainedVariables: readonly tf.Variable[];
-  private readonly options: Required<
+  private readonly options: Defined<
     Pick<GrpoTrainerOptions, 'maxGradNorm' | 'microBatchSize' | 'ppoEpochs' | 'miniBatches' | 'clipLow' | 'lossAggregation' | 'entropyCoef'>
   > &
     GrpoTrainerOptions;
@@ -586,7 +586,12 @@ function pickRows(inputs: StepInputs, rows: readonly number[]): RowTensors & { i
   });
 }
 
-function disposeStepInputs(inputs: { all: RowTensors; proxLogprobs?: tf.Tensor; isWeights?: tf.Tensor; refLogprobs?: tf.Tensor }): void {
+function disposeStepInputs(inputs: {
+  all: RowTensors;
+  proxLogprobs?: tf.Tensor | undefined;
+  isWeights?: tf.Tensor | undefined;
+  refLogprobs?: tf.Tensor | undefined;
+}): void {
   tf.dispose([...Object.values(inputs.all), inputs.proxLogprobs, inputs.isWeights, inputs.refLogprobs].filter((t): t is tf.Tensor => !!t));
 }
 

@@ -11,9 +11,9 @@ import { EngineError, isAbortError } from '../../lib/core/errors.js';
 /** Options of {@link runSample}. */
 export interface RunSampleOptions {
   /** Cancels every unit; a unit rejected by this abort errors the stream instead of failing alone. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   /** A unit still running this long (ms) is cancelled and failed with an `EngineError`. */
-  readonly timeoutMs?: number;
+  readonly timeoutMs?: number | undefined;
   /** What the unit is, for the timeout's message: `sample` or `episode`. */
   readonly kind: string;
   /** The unit's id (a trajectory id, or an episode's). */

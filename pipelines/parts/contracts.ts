@@ -34,9 +34,9 @@ export interface RunTrainingOptions {
   /** Directory that relative paths of the configuration are resolved against (the recipe's). Default cwd. */
   readonly baseDir?: string;
   /** Cancels the run gracefully: the stream completes and, with `checkpoint.onStop`, a checkpoint is saved. */
-  readonly signal?: AbortSignal;
+  readonly signal?: AbortSignal | undefined;
   /** Called after every step (progress display). */
-  readonly onStep?: (step: StepResult, elapsedSeconds: number) => void;
+  readonly onStep?: ((step: StepResult, elapsedSeconds: number) => void) | undefined;
   /** Informational lines (resume, checkpoints). Default: none. */
   readonly log?: (line: string) => void;
   /** Structured logger for error reports. Default: silent. */

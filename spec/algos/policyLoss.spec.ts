@@ -20,7 +20,7 @@ interface Case {
   old: number[][];
   adv: number[][];
   mask: number[][];
-  weights?: number[][];
+  weights?: number[][] | undefined;
 }
 
 /** Plain-loop reference of the surrogate and its metrics (float64). */

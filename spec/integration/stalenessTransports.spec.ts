@@ -94,7 +94,7 @@ interface Run {
   readonly policy: PolicyModel;
   readonly onAdmit: (task: Task, index: number) => void;
   /** Sees the transport's events (Kafka's `trainer.*`). */
-  readonly onEvent?: (event: KafkaEvent) => void;
+  readonly onEvent?: ((event: KafkaEvent) => void) | undefined;
 }
 
 /** A transport of the loop: runs it to its end, returning the step results. */

@@ -52,7 +52,7 @@ interface FuzzRequest {
   /** Path and query, percent-encoded as sent. */
   readonly path: string;
   readonly headers: Record<string, string>;
-  readonly body?: string | Uint8Array;
+  readonly body?: string | Uint8Array | undefined;
   /** The request is valid: only a 200 with the route's shape is accepted (unless `allow` names more). */
   readonly valid?: boolean;
   /** Error codes a valid request may still get (a stale weight version, say). */
