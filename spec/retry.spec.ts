@@ -21,6 +21,35 @@ describe('retry', () => {
     expect(retryDelay(3, { ...options, jitter: 0 }, 0.9)).toBe(40);
   });
 
+  it('with a deadline: retries without a count until the next wait would end past it, then gives up naming it', async () => {
+    let clock = 0;
+    let calls = 0;
+    const waits: number[] = [];
+    const error = await retry(
+      async () => {
+        calls++;
+        clock += 100; // each attempt takes 100 ms of the injected clock
+        throw transient();
+      },
+      {
+        retries: Infinity,
+        deadlineMs: 1_000,
+        initialDelayMs: 1,
+        maxDelayMs: 1,
+        jitter: 0,
+        now: () => clock,
+        onRetry: (e) => waits.push(e.delayMs),
+      },
+    ).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(RetriesExhaustedError);
+    expect((error as RetriesExhaustedError).context).toEqual({ attempts: 10, deadlineMs: 1_000 });
+    expect((error as Error).cause).toBeInstanceOf(EngineError);
+    expect(calls).toBe(10); // at 1000 ms the next 1 ms wait would end past the deadline
+    expect(waits).toEqual(Array(9).fill(1));
+    await expect(retry(async () => 1, { retries: Infinity })).rejects.toBeInstanceOf(ConfigError); // no count, no deadline: refused
+    await expect(retry(async () => 1, { deadlineMs: -1 })).rejects.toBeInstanceOf(ConfigError);
+  });
+
   it('retries retriable errors, reporting each wait, until the operation succeeds', async () => {
     const seen: number[] = [];
     let calls = 0;

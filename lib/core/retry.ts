@@ -23,8 +23,15 @@ export interface RetryEvent {
 
 /** Options of {@link retry}. */
 export interface RetryOptions {
-  /** Attempts after the first one (≥ 0). Default 5. */
+  /** Attempts after the first one (an integer ≥ 0, or `Infinity` with a `deadlineMs`). Default 5. */
   readonly retries?: number;
+  /**
+   * Gives up (a {@link RetriesExhaustedError}) rather than wait past this many ms after the first attempt started.
+   * Default: no deadline.
+   */
+  readonly deadlineMs?: number | undefined;
+  /** The clock of `deadlineMs`, in ms. Default `performance.now`. */
+  readonly now?: (() => number) | undefined;
   /** Delay before the first retry, in ms. Default 300 (5 under test). */
   readonly initialDelayMs?: number;
   /** Longest delay between attempts, in ms. Default 30 000 (50 under test). */
@@ -119,14 +126,19 @@ export function retryDelay(attempt: number, options: RetryOptions = {}, random: 
  */
 export async function retry<T>(operation: (attempt: number, signal?: AbortSignal) => Promise<T>, options: RetryOptions = {}): Promise<T> {
   const retries = options.retries ?? retryDefaults().retries;
-  if (!Number.isInteger(retries) || retries < 0) throw new ConfigError(`retries must be an integer >= 0, got ${retries}`);
+  const { signal, deadlineMs } = options;
+  if (!((Number.isInteger(retries) && retries >= 0) || (retries === Infinity && deadlineMs !== undefined))) {
+    throw new ConfigError(`retries must be an integer >= 0 (or Infinity with a deadlineMs), got ${retries}`);
+  }
+  if (deadlineMs !== undefined && !(deadlineMs >= 0)) throw new ConfigError(`deadlineMs must be >= 0, got ${deadlineMs}`);
   const jitter = options.jitter ?? retryDefaults().jitter;
   if (!(jitter >= 0 && jitter <= 1)) throw new ConfigError(`jitter must be in [0, 1], got ${jitter}`);
   const multiplier = options.multiplier ?? retryDefaults().multiplier;
   if (!(multiplier >= 1)) throw new ConfigError(`multiplier must be >= 1, got ${multiplier}`);
   const worthRetrying = options.isRetriable ?? isRetriable;
   const random = options.random ?? Math.random;
-  const { signal } = options;
+  const now = options.now ?? (() => performance.now());
+  const deadline = deadlineMs === undefined ? Infinity : now() + deadlineMs;
   for (let attempt = 1; ; attempt++) {
     if (signal?.aborted) throw new AbortError('retry aborted', { cause: signal.reason, context: { attempt } });
     try {
@@ -140,6 +152,12 @@ export async function retry<T>(operation: (attempt: number, signal?: AbortSignal
         });
       }
       const delayMs = retryDelay(attempt, options, random());
+      if (now() + delayMs > deadline) {
+        throw new RetriesExhaustedError(`gave up after ${attempt} attempts in ${deadlineMs} ms: ${describe(error)}`, {
+          cause: error,
+          context: { attempts: attempt, deadlineMs },
+        });
+      }
       options.onRetry?.({ attempt, delayMs, error });
       await sleep(delayMs, signal);
     }

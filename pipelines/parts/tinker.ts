@@ -8,7 +8,8 @@
  */
 import { saveCheckpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/core/errors.js';
+import { ConfigError, RetriesExhaustedError } from '../../lib/core/errors.js';
+import { retry } from '../../lib/core/retry.js';
 import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from '../../lib/tinker/client.js';
 import type { RunParts, RunSetup, RunTrainingOptions, SavedCheckpoint } from './contracts.js';
 import { openLedger } from './ledger.js';
@@ -99,21 +100,30 @@ export async function tinkerParts(
  */
 export async function waitForTinker(config: Pick<RxrlConfig, 'tinker'>, signal: AbortSignal, lost: unknown): Promise<void> {
   const target = { baseURL: config.tinker.baseUrl as string, apiKey: config.tinker.apiKey };
-  const deadline = performance.now() + config.tinker.recoverTimeoutMs;
-  let delay = 100;
-  for (;;) {
-    signal.throwIfAborted();
-    if (await tinkerHealthy(target, signal)) return;
-    if (performance.now() + delay > deadline) {
-      throw new TinkerError(
-        `the Tinker service at ${target.baseURL} did not answer within tinker.recoverTimeoutMs (${config.tinker.recoverTimeoutMs} ms)`,
-        {
-          cause: lost,
-          context: { key: 'tinker.recoverTimeoutMs' },
-        },
-      );
-    }
-    await new Promise((resolve) => setTimeout(resolve, delay));
-    delay = Math.min(delay * 2, 5_000);
+  const { recoverTimeoutMs } = config.tinker;
+  try {
+    await retry(
+      async () => {
+        if (!(await tinkerHealthy(target, signal))) throw new TinkerError(`the Tinker service at ${target.baseURL} is not healthy yet`);
+      },
+      {
+        retries: Infinity,
+        deadlineMs: recoverTimeoutMs,
+        initialDelayMs: 100,
+        maxDelayMs: 5_000,
+        jitter: 0,
+        isRetriable: (error) => error instanceof TinkerError,
+        signal,
+      },
+    );
+  } catch (error) {
+    if (!(error instanceof RetriesExhaustedError)) throw error;
+    throw new TinkerError(
+      `the Tinker service at ${target.baseURL} did not answer within tinker.recoverTimeoutMs (${recoverTimeoutMs} ms)`,
+      {
+        cause: lost,
+        context: { key: 'tinker.recoverTimeoutMs' },
+      },
+    );
   }
 }

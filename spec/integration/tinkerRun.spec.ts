@@ -236,6 +236,32 @@ describe('the Tinker service killed mid-run (rxrl tinker, SIGKILL)', () => {
     }
   }, 120_000);
 
+  it('continue: a service that does not come back within tinker.recoverTimeoutMs ends the run with a TinkerError naming the key', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-gone-'));
+    const svc = await startService(0, join(dir, 'states'));
+    try {
+      const config = recipe(dir, steps, svc.url, {
+        run: { dir: join(dir, 'run'), seed: 3, steps, backend: 'cpu', errorPolicy: 'continue' },
+        tinker: { baseUrl: svc.url, baseModel: 'tiny', rank: 2, recoverTimeoutMs: 300 },
+      });
+      const log: string[] = [];
+      const error = await runTraining(config, {
+        log: (line) => log.push(line),
+        onStep: (step) => {
+          if (step.version === killAfter) void kill(svc.child);
+        },
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RxrlError);
+      expect((error as Error).name).toBe('TinkerError');
+      expect((error as RxrlError).context).toEqual({ key: 'tinker.recoverTimeoutMs' });
+      expect((error as Error).cause).toBeInstanceOf(RxrlError); // what lost the service
+      expect(log.some((line) => /tinker service lost/.test(line))).toBe(true);
+      expect(trainedLines(join(dir, 'run')).map((l) => l.version)).toEqual([1, 2]);
+    } finally {
+      await kill(svc.child);
+    }
+  }, 120_000);
+
   it('continue: the run waits for the restarted service and trains exactly what an uninterrupted run trains', async () => {
     // The uninterrupted run, on a service of its own.
     const reference = await mkdtemp(join(tmpdir(), 'rxrl-tinker-ref-'));
