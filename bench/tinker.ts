@@ -16,7 +16,7 @@ import { loadConfig } from '../lib/config/schema.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import { tinkerService } from '../lib/tinker/service.js';
-import { initialModel } from '../pipelines/parts/policy.js';
+import { initialModel } from '../lib/model/policies.js';
 import { runTraining } from '../pipelines/run.js';
 import { stringTransformTask } from '../recipes/stringTransform.js';
 import { median } from './_stats.js';

@@ -7,7 +7,7 @@ import type { GrpoTrainerOptions } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/core/types.js';
 import type { StringTransformOptions } from '../recipes/stringTransform.js';
-import { tinyModelConfig } from './parts/policy.js';
+import { tinyModelConfig } from '../lib/model/policies.js';
 import { runTraining, type RunSummary } from './run.js';
 
 /** Options of {@link runEmbedded}; every field has a default tuned for a 2-core CPU. */

@@ -9,7 +9,7 @@ import { extname } from 'node:path';
 import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
-import { LORA_TARGETS, validateLoraConfig, type LoraConfig } from '../model/lora.js';
+import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 
 /** One agent of a multi-agent run (`agents.roles[i]`). */
 export interface AgentRoleConfig {
@@ -715,7 +715,7 @@ function policyProblems(policy: PolicyEntryConfig, i: number): string[] {
 }
 
 /** Default adapter of a `lora` policy: rank 8, alpha 16, every target module. */
-export const DEFAULT_POLICY_LORA: LoraConfig = { rank: 8, alpha: 16, targetModules: [...LORA_TARGETS] };
+export { DEFAULT_POLICY_LORA } from '../model/lora.js';
 
 /** A `lora` policy's adapter with the defaults filled in. */
 export function resolvedLora(policy: PolicyEntryConfig): LoraConfig {

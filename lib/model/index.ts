@@ -72,3 +72,7 @@ export {
 } from './lora.js';
 export type { LoraConfig, ResolvedLoraConfig } from './lora.js';
 export type { LoraPair, LoraTarget, ModelAdapter } from './adapter.js';
+
+// ── a run's models ─────────────────────────────────────────────────────────────
+export { initialModel, policyModels, remoteContextLength, tinyModelConfig } from './policies.js';
+export type { PolicyModels, PolicySpec, TinyModelSettings } from './policies.js';

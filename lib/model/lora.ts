@@ -51,6 +51,9 @@ export interface ResolvedLoraConfig extends Defined<LoraConfig> {
   readonly scale: number;
 }
 
+/** A policy's adapter when its recipe leaves keys unset: rank 8, alpha 16, every target module. */
+export const DEFAULT_POLICY_LORA: LoraConfig = { rank: 8, alpha: 16, targetModules: [...LORA_TARGETS] };
+
 /** Name, PEFT shape and role of one adapter tensor. */
 interface LoraParamSpec {
   readonly name: string;

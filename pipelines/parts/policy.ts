@@ -1,85 +1,17 @@
 /**
- * A run's policies: the model it starts from and, per policy, the model or adapter view the trainer updates, the
- * copy its engine samples from, its trainer and engine.
+ * A run's policies as built for training: per policy its models, engine and trainer (the models themselves come
+ * from `lib/model/policies.ts`).
  *
  * @packageDocumentation
  */
-import { resolvedLora, type PolicyEntryConfig, type RxrlConfig } from '../../lib/config/schema.js';
+import type { PolicyEntryConfig } from '../../lib/config/schema.js';
 import type { LocalEngine } from '../../lib/engine/local.js';
-import { checkModelFits } from '../../lib/model/capacity.js';
-import { LoraAdapter, validateLoraConfig } from '../../lib/model/lora.js';
-import { join } from 'node:path';
-
-import { readJsonObject } from '../../lib/model/files.js';
-import { MODEL_FILES, loadModelDir, policyConfigFromHf } from '../../lib/model/modelDir.js';
-import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
+import type { PolicyModels } from '../../lib/model/policies.js';
 import type { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 
-/**
- * The tiny Llama-family architecture (`model.type`, default Qwen2) of the `model.*` keys, used when `model.path` is
- * unset; the vocabulary comes from the tokenizer.
- */
-export function tinyModelConfig(model: RxrlConfig['model']): Omit<PolicyConfig, 'vocabSize'> {
-  return {
-    modelType: model.type,
-    dModel: model.dModel,
-    nLayers: model.nLayers,
-    nHeads: model.nHeads,
-    nKvHeads: model.nKvHeads === 0 ? model.nHeads : model.nKvHeads,
-    dFF: model.dFF,
-    maxSeqLen: model.maxSeqLen,
-    ropeTheta: model.ropeTheta,
-  };
-}
-
-/**
- * The policy a run starts from: the recipe's model directory, or the seeded tiny model its `model` keys shape.
- * Either is checked against the backend's memory before anything is allocated (errors name `model.*` keys or
- * `config.json` keys), with the context capped by `model.maxModelLen`.
- *
- * @param vocabSize - The tokenizer's, for the tiny model.
- * @returns the model (owned by the caller) and the context length prompts and responses must fit.
- */
-export async function initialModel(
-  model: RxrlConfig['model'],
-  modelDir: string | undefined,
-  vocabSize: number,
-  seed: number,
-): Promise<{ model: PolicyModel; contextLength: number }> {
-  const cap = model.maxModelLen === null ? {} : { maxModelLen: model.maxModelLen };
-  if (modelDir !== undefined) {
-    const { model: loaded, contents } = await loadModelDir(modelDir, cap);
-    return { model: loaded, contextLength: contents.contextLength };
-  }
-  const config = validatePolicyConfig({ ...tinyModelConfig(model), vocabSize });
-  const contextLength = checkModelFits(config, { ...cap, keyOf: (field) => `model.${field}`, capHint: 'model.maxModelLen' });
-  return { model: PolicyModel.create(config, seed), contextLength };
-}
-
-/**
- * The context length of a policy that lives elsewhere (on a Tinker-API service): what the recipe's model directory
- * or `model` keys declare, capped by `model.maxModelLen`, without loading weights or checking this process's memory.
- */
-export async function remoteContextLength(model: RxrlConfig['model'], modelDir: string | undefined, vocabSize: number): Promise<number> {
-  const cap = model.maxModelLen ?? Infinity;
-  if (modelDir !== undefined) {
-    const path = join(modelDir, MODEL_FILES.config);
-    return Math.min(policyConfigFromHf(await readJsonObject(path), path, { memoryBytes: Infinity }).maxSeqLen, cap);
-  }
-  return Math.min(validatePolicyConfig({ ...tinyModelConfig(model), vocabSize }).maxSeqLen, cap);
-}
-
 /** One policy of a run, as built for training. */
-export interface BuiltPolicy {
+export interface BuiltPolicy extends PolicyModels {
   readonly entry: PolicyEntryConfig;
-  /** The model the trainer updates (an adapter view for `lora`). */
-  readonly train: PolicyModel;
-  /** The engine's copy. */
-  readonly sample: PolicyModel;
-  /** The training adapter of a `lora` policy. */
-  readonly adapter: LoraAdapter | undefined;
-  /** Every adapter to free: the training one and the engine's copy. */
-  readonly adapters: readonly LoraAdapter[];
   readonly engine: LocalEngine;
   readonly trainer: GrpoTrainer;
   readonly syncBytes: number;
@@ -88,44 +20,3 @@ export interface BuiltPolicy {
 
 /** The policy of a run whose recipe names none (`policies` empty): one full model. */
 export const SINGLE_POLICY: PolicyEntryConfig = { name: 'policy', specialization: 'full' };
-
-/**
- * The models of one policy over `base`: what its trainer updates and the copy its engine samples from. `full` and
- * `prompt` are copies of the base's weights; `lora` is an adapter (seeded) on `base`, sampled through a copy of the
- * adapter on `sampleBase` (the engines run beside training, so they read weights of their own).
- *
- * @param entry - the policy (`policies[index]`).
- * @param sampleBase - a copy of `base` the engines sample from; needed for `lora` only.
- * @param how - `copyTrain`: whether a full policy trains a copy of the base (false: `base` itself); `sampled`:
- *   whether the policy needs a copy to sample from (false: `sample` is `train`, for a LoRA policy too, and
- *   `sampleBase` is not needed). Both default true.
- */
-export function policyModels(
-  entry: PolicyEntryConfig,
-  index: number,
-  base: PolicyModel,
-  sampleBase: PolicyModel | undefined,
-  seed: number,
-  how: { readonly copyTrain?: boolean; readonly sampled?: boolean } = {},
-): Pick<BuiltPolicy, 'train' | 'sample' | 'adapter' | 'adapters'> {
-  if (entry.specialization !== 'lora') {
-    const train = how.copyTrain === false ? base : PolicyModel.fromWeights(base.config, base.getWeights());
-    const sample = how.sampled === false ? train : PolicyModel.fromWeights(base.config, train.getWeights());
-    return { train, sample, adapter: undefined, adapters: [] };
-  }
-  const lora = validateLoraConfig(resolvedLora(entry), `policies[${index}].lora`);
-  const adapter = LoraAdapter.create(base.config, lora, seed + 1 + index);
-  if (how.sampled === false) {
-    const train = PolicyModel.withAdapter(base, adapter);
-    return { train, sample: train, adapter, adapters: [adapter] };
-  }
-  if (sampleBase === undefined) throw new Error('policyModels: a lora policy samples from a copy of its base');
-  const copy = LoraAdapter.fromWeights(base.config, lora, adapter.getWeights());
-  return {
-    train: PolicyModel.withAdapter(base, adapter),
-    sample: PolicyModel.withAdapter(sampleBase, copy),
-    adapter,
-    // Views do not free their adapters.
-    adapters: [adapter, copy],
-  };
-}

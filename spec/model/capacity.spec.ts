@@ -19,7 +19,7 @@ import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, policyParamSpecs, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
 import { serve } from '../../lib/serve/server.js';
 import { loadConfig } from '../../lib/config/schema.js';
-import { initialModel } from '../../pipelines/parts/policy.js';
+import { initialModel } from '../../lib/model/policies.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixture = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen3');

@@ -8,7 +8,7 @@ import { loadModelDir } from '../../lib/model/modelDir.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { runAgents } from '../../pipelines/agents.js';
-import { tinyModelConfig } from '../../pipelines/parts/policy.js';
+import { tinyModelConfig } from '../../lib/model/policies.js';
 import { writerEditorTask } from '../../recipes/writerEditor.js';
 
 const roles = [
