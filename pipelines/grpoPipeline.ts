@@ -40,40 +40,29 @@ import { groupIdOf, rollout } from '../operators/rollout.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
 
-/** Configuration of {@link grpoPipeline}. */
-export interface GrpoPipelineConfig {
-  /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a ready loader (`AsyncIterable<Task>`). */
-  readonly tasks: TaskSource | AsyncIterable<Task>;
+/**
+ * What a loop of any transport is told: the data's loader options, the staleness mode, the sizes, sampling, the
+ * advantages, group timeouts, the step budget, the admission hook and cancellation.
+ */
+export interface LoopSettings {
   /** Loader options when `tasks` is not a loader already (epochs, seeded shuffle, resume position). */
   readonly loader?: LoadTasksOptions | undefined;
-  /** Rollout engines; the first one samples, and all of them receive every new version. */
-  readonly engines: readonly RolloutEngine[];
-  /** Takes the train steps. */
-  readonly trainer: Trainer;
-  /** Scores responses. */
-  readonly evaluator: Evaluator;
   /** Staleness mode. Default `sync`. */
   readonly mode?: StalenessMode | undefined;
   /** η of `batch-async`. Default 1. */
   readonly stalenessThreshold?: number | undefined;
   /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
   readonly capacity?: number | undefined;
-  /** Version the engines hold at the start (a resumed run's checkpoint version). Default: the first engine's. */
-  readonly startVersion?: PolicyVersion | undefined;
   /** Tasks (groups) per train step. */
   readonly batchSize: number;
   /** Samples per task (GRPO group size). */
   readonly groupSize: number;
-  /** Most samples in flight. Default: every sample the mode may admit (`(η+1)·batchSize·groupSize`, or `capacity·groupSize`). */
-  readonly concurrency?: number | undefined;
   /** Largest response length in tokens. */
   readonly maxTokens: number;
   /** Sampling temperature. Default 1. */
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
   readonly topP?: number | undefined;
-  /** A sample running this long (ms) fails with an `EngineError` (see `rollout`). Default: no limit. */
-  readonly sampleTimeoutMs?: number | undefined;
   /** Stop after this many train steps, admitting at most `steps · batchSize` tasks (0 or absent: when the loader is exhausted). */
   readonly steps?: number | undefined;
   /** Base seed of the sampling streams. Default 0. */
@@ -93,14 +82,34 @@ export interface GrpoPipelineConfig {
   readonly onGroupTimeout?: 'release' | 'drop' | undefined;
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions | undefined;
+  /** Sees each admitted task with its 0-based admission index. */
+  readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
+  /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
+  readonly signal?: AbortSignal | undefined;
+}
+
+/** Configuration of {@link grpoPipeline}. */
+export interface GrpoPipelineConfig extends LoopSettings {
+  /** Training tasks: an array, an (async) iterable, `{ jsonl }`, or a ready loader (`AsyncIterable<Task>`). */
+  readonly tasks: TaskSource | AsyncIterable<Task>;
+  /** Rollout engines; the first one samples, and all of them receive every new version. */
+  readonly engines: readonly RolloutEngine[];
+  /** Takes the train steps. */
+  readonly trainer: Trainer;
+  /** Scores responses. */
+  readonly evaluator: Evaluator;
+  /** Version the engines hold at the start (a resumed run's checkpoint version). Default: the first engine's. */
+  readonly startVersion?: PolicyVersion | undefined;
+  /** Most samples in flight. Default: every sample the mode may admit (`(η+1)·batchSize·groupSize`, or `capacity·groupSize`). */
+  readonly concurrency?: number | undefined;
+  /** A sample running this long (ms) fails with an `EngineError` (see `rollout`). Default: no limit. */
+  readonly sampleTimeoutMs?: number | undefined;
   /** Custom rollout worker (multi-turn agents, remote tools); default single-turn generate + evaluate. */
   readonly worker?: RolloutWorker | undefined;
   /** Sees each sample that failed (engine or evaluator error); the run goes on with its group shrunk. */
   readonly onSampleFailure?: ((failure: SampleFailure) => void) | undefined;
   /** Sees each sample as it ends: a trajectory, a failure (before `onSampleFailure`) or a skipped episode. */
   readonly onSample?: ((output: RolloutOutput) => void) | undefined;
-  /** Sees each admitted task with its 0-based admission index. */
-  readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /** Sees each batch as it enters the trainer. */
   readonly onBatch?: ((batch: Batch) => void) | undefined;
   /**
@@ -108,8 +117,6 @@ export interface GrpoPipelineConfig {
    * (checkpoints, validation); metrics it returns are merged into the step's metrics.
    */
   readonly afterStep?: ((step: StepResult) => Promise<Metrics | void>) | undefined;
-  /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
-  readonly signal?: AbortSignal | undefined;
 }
 
 /**

@@ -6,7 +6,7 @@
 
 // ── the GRPO loop ──────────────────────────────────────────────────────────────
 export { grpoPipeline } from './grpoPipeline.js';
-export type { GrpoPipelineConfig, PolicyLane, PolicyLoopConfig, PolicyStepResult } from './grpoPipeline.js';
+export type { GrpoPipelineConfig, LoopSettings, PolicyLane, PolicyLoopConfig, PolicyStepResult } from './grpoPipeline.js';
 
 // ── several agents, several policies (PettingLLMs' L1–L3) ─────────────────────
 export { multiAgentPipeline } from './multiAgentPipeline.js';

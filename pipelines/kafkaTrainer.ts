@@ -3,32 +3,27 @@ import { randomBytes } from 'node:crypto';
 import type { ConsumerConfig, Kafka } from 'kafkajs';
 import { Observable } from 'rxjs';
 
-import type { StdKind } from '../lib/algos/advantages.js';
-import type { LoadTasksOptions, TaskSource } from '../lib/data/loader.js';
+import type { TaskSource } from '../lib/data/loader.js';
 import type { Tokenizer } from '../lib/engine/types.js';
 import { episodeSlots } from '../lib/agent/environment.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { TopicPartitions } from '../lib/kafka/client.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
-import type { StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Metrics, Task } from '../lib/core/types.js';
-import type { KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { agentMap } from '../operators/rolloutEpisodes.js';
-import { policyLoop, type PolicyLoopConfig, type PolicyStepResult, type PublishingLane } from './grpoPipeline.js';
+import { policyLoop, type LoopSettings, type PolicyLoopConfig, type PolicyStepResult, type PublishingLane } from './grpoPipeline.js';
 import { PolicyWeights, RunProducer, kafkaRollout, runEvents, type KafkaPolicy } from './kafkaRollout.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 
 export type { KafkaPolicy } from './kafkaRollout.js';
 
 /** Configuration of {@link kafkaTrainer}. */
-export interface KafkaTrainerConfig {
+export interface KafkaTrainerConfig extends LoopSettings {
   /** The kafkajs client (`createKafka`). */
   readonly kafka: Kafka;
   /** Training tasks: an array, an iterable or `{ jsonl }` (read with `loader`), or an async iterable (a loader) used as it is. */
   readonly tasks: TaskSource;
-  /** Loader options (epochs, seeded shuffle, resume position). */
-  readonly loader?: LoadTasksOptions | undefined;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
   /** Takes the train steps (a single-policy run; a multi-agent run gives `policies`). */
@@ -60,43 +55,8 @@ export interface KafkaTrainerConfig {
   readonly run?: string | undefined;
   /** Consumer group of the trainer on the trajectories topic. Default `<trajectories topic>.trainer`. */
   readonly groupId?: string | undefined;
-  /** Staleness mode. Default `sync`. */
-  readonly mode?: StalenessMode | undefined;
-  /** η of `batch-async`. Default 1. */
-  readonly stalenessThreshold?: number | undefined;
-  /** `fully-async`: most tasks admitted but untrained. Default 4 batches. */
-  readonly capacity?: number | undefined;
-  /** Tasks (groups) per train step. */
-  readonly batchSize: number;
-  /** Samples per task (GRPO group size), sent with each task. */
-  readonly groupSize: number;
-  /** Largest response length in tokens. */
-  readonly maxTokens: number;
-  /** Sampling temperature. Default 1. */
-  readonly temperature?: number | undefined;
-  /** Nucleus mass. Default 1. */
-  readonly topP?: number | undefined;
-  /** Base seed of the sampling streams. Default 0. */
-  readonly seed?: number | undefined;
   /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
   readonly steps?: number | undefined;
-  /** Advantage settings and the zero-variance filter. */
-  readonly advantage?:
-    | {
-        readonly normalizeByStd?: boolean | undefined;
-        readonly std?: StdKind | undefined;
-        readonly epsilon?: number | undefined;
-        readonly filterZeroVariance?: boolean | undefined;
-      }
-    | undefined;
-  /** Optional KL penalty in the reward. */
-  readonly klInReward?: KlInRewardOptions | undefined;
-  /** Close a group this long (ms) after its first trajectory arrived, complete or not. Default: wait. */
-  readonly groupTimeoutMs?: number | undefined;
-  /** A timed-out group is trained with the samples it has (`release`, default) or dropped and counted (`drop`). */
-  readonly onGroupTimeout?: 'release' | 'drop' | undefined;
-  /** Called as each task is admitted, with its admission index (0-based, counted from this subscription). */
-  readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /**
    * Called after each step is trained and its weights are announced, before the gate admits on its credit; the
    * metrics it returns are merged into the step's (validation scores, for instance).
