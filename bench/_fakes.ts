@@ -4,7 +4,8 @@
  *
  * @packageDocumentation
  */
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../lib/model/types.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch } from '../lib/core/types.js';

@@ -28,7 +28,7 @@ import { fileURLToPath } from 'node:url';
 
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { ChatTemplate } from '../lib/chat/template.js';
-import type { Tokenizer } from '../lib/engine/types.js';
+import type { Tokenizer } from '../lib/model/types.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../lib/model/tokenizer.js';
 import type { PolicyModel } from '../lib/model/transformer.js';

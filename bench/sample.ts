@@ -12,7 +12,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import type { GenerateRequest } from '../lib/engine/types.js';
+import type { GenerateRequest } from '../lib/model/types.js';
 import { initBackend, type BackendName } from '../lib/model/backend.js';
 import { createRng } from '../lib/core/random.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';

@@ -56,10 +56,10 @@ export type {
   GenerateRequest,
   GenerateResponse,
   NamedWeights,
-  RolloutEngine,
   Tokenizer,
   WeightArray,
-} from './engine/types.js';
+} from './model/types.js';
+export type { RolloutEngine } from './engine/types.js';
 
 // ── GRPO math (pure functions over tensors) ────────────────────────────────────
 export {

@@ -9,7 +9,8 @@ import {
   type TrajectoryGranularity,
   TRAJECTORY_GRANULARITIES,
 } from '../lib/agent/environment.js';
-import type { GenerateResponse, RolloutEngine } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import type { GenerateResponse } from '../lib/model/types.js';
 import { ConfigError, EvaluationError, isAbortError, throwIfAborted } from '../lib/core/errors.js';
 import { hashSeed } from '../lib/core/random.js';
 import type { ModelTag, RolloutOutput, Task, Trajectory } from '../lib/core/types.js';

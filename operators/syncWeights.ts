@@ -1,5 +1,6 @@
 import { concatMap, defer, from, map, type OperatorFunction } from 'rxjs';
-import type { NamedWeights, RolloutEngine } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import type { NamedWeights } from '../lib/model/types.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/core/types.js';
 

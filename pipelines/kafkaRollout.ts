@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import type { ConsumerConfig, Kafka, Producer } from 'kafkajs';
 import { Observable, Subject, Subscription, map, tap, type OperatorFunction } from 'rxjs';
 
-import type { NamedWeights, Tokenizer } from '../lib/engine/types.js';
+import type { NamedWeights, Tokenizer } from '../lib/model/types.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTrajectoryMessage, encodeTaskMessage } from '../lib/kafka/codec.js';
 import type {

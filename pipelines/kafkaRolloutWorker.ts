@@ -26,7 +26,7 @@ import {
 } from 'rxjs';
 
 import type { LocalEngine, LocalEngineOptions } from '../lib/engine/local.js';
-import type { Tokenizer } from '../lib/engine/types.js';
+import type { Tokenizer } from '../lib/model/types.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';

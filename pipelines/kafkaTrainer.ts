@@ -4,7 +4,7 @@ import type { ConsumerConfig, Kafka } from 'kafkajs';
 import { Observable } from 'rxjs';
 
 import type { TaskSource } from '../lib/data/loader.js';
-import type { Tokenizer } from '../lib/engine/types.js';
+import type { Tokenizer } from '../lib/model/types.js';
 import { episodeSlots } from '../lib/agent/environment.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { TopicPartitions } from '../lib/kafka/client.js';

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
-import type { GenerateRequest, GenerateResponse, RolloutEngine } from '../lib/engine/types.js';
+import type { RolloutEngine } from '../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../lib/model/types.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
 import { chatWorker, singleTurnWorker, type RolloutWorkerInput } from '../lib/engine/worker.js';
 

@@ -18,7 +18,7 @@ import { mkdir, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import { join, relative, sep } from 'node:path';
 import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
-import type { NamedWeights } from '../engine/types.js';
+import type { NamedWeights } from '../model/types.js';
 import { DecodeError, asStorageError } from '../core/errors.js';
 import { entryExists } from '../model/files.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';

@@ -10,7 +10,7 @@
  */
 import { join } from 'node:path';
 import type { LoaderPosition } from '../data/loader.js';
-import type { NamedWeights } from '../engine/types.js';
+import type { NamedWeights } from '../model/types.js';
 import { DecodeError } from '../core/errors.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';

@@ -5,7 +5,7 @@
  *
  * @packageDocumentation
  */
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { ConfigError, DecodeError } from '../core/errors.js';
 import type { Task } from '../core/types.js';
 import { readLocatedTasks, type LocatedTask } from './loader.js';

@@ -8,7 +8,8 @@ import { AbortError, ConfigError } from '../core/errors.js';
 import { hashSeed } from '../core/random.js';
 import { yieldToEventLoop } from '../core/turns.js';
 import type { ModelTag, PolicyVersion } from '../core/types.js';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
+import type { RolloutEngine } from './types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 
 /** What the local engine needs of a model: batched sampling and weight replacement. */
 export interface SamplingModel {

@@ -35,7 +35,8 @@ import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTo
 import type { PolicyConfig } from '../model/config.js';
 import { retry, type RetryOptions } from '../core/retry.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from './types.js';
+import type { RolloutEngine } from './types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 
 /** Prefix of a log-prob token spelled as its id (vLLM's `return_tokens_as_token_ids`). */
 export const TOKEN_ID_PREFIX = 'token_id:';

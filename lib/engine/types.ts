@@ -6,16 +6,6 @@
 import type { ModelTag, PolicyVersion } from '../core/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 
-export type {
-  DecodeOptions,
-  EncodeOptions,
-  GenerateRequest,
-  GenerateResponse,
-  NamedWeights,
-  Tokenizer,
-  WeightArray,
-} from '../model/types.js';
-
 /** Something that samples responses from a policy and accepts new weights. */
 export interface RolloutEngine {
   /** Model this engine serves. */

@@ -20,7 +20,7 @@ import type { Producer } from 'kafkajs';
 import { Subject, type Observable, type Subscription } from 'rxjs';
 
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
-import type { NamedWeights, Tokenizer } from '../engine/types.js';
+import type { NamedWeights, Tokenizer } from '../model/types.js';
 import { ConfigError, DecodeError, isRetriable, throwIfAborted } from '../core/errors.js';
 import { entryExists, readJsonObject, readRegularFile, resolveInside } from '../model/files.js';
 import {

@@ -8,7 +8,7 @@ import { basename, resolve } from 'node:path';
 
 import { loadChatTemplate } from '../chat/jinjaTemplate.js';
 import type { ChatTemplate } from '../chat/template.js';
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { ConfigError } from '../core/errors.js';
 import { initBackend, type BackendKind } from '../model/backend.js';
 import { loadTokenizer } from '../model/hfTokenizer.js';

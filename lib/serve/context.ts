@@ -5,7 +5,8 @@
  */
 import type { ChatTemplate } from '../chat/template.js';
 import type { LocalEngine } from '../engine/local.js';
-import type { RolloutEngine, Tokenizer } from '../engine/types.js';
+import type { RolloutEngine } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import type { LoraAdapter } from '../model/lora.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { ServingModel } from './servingModel.js';

@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import type { GenerateRequest, GenerateResponse, Tokenizer } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, Tokenizer } from '../model/types.js';
 import { hashSeed } from '../core/random.js';
 import type { PolicyVersion } from '../core/types.js';
 import { ownModel, type ServeContext } from './context.js';

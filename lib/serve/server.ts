@@ -40,7 +40,8 @@ import type { AddressInfo } from 'node:net';
 
 import { createChatTemplate, type ChatTemplate } from '../chat/template.js';
 import { LocalEngine } from '../engine/local.js';
-import type { RolloutEngine, Tokenizer } from '../engine/types.js';
+import type { RolloutEngine } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { AbortError, ConfigError, ContextLengthError, DecodeError, ShapeError, isAbortError } from '../core/errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { PolicyVersion } from '../core/types.js';

@@ -9,7 +9,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 import type { SamplingModel } from '../engine/local.js';
-import type { GenerateRequest, GenerateResponse, NamedWeights } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../model/types.js';
 import { padPrompts, type GenerateOptions } from '../model/generate.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { yieldToEventLoop } from '../core/turns.js';

@@ -15,7 +15,7 @@
  *
  * @packageDocumentation
  */
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { invalid, readBoolean, type JsonObject } from './protocol.js';
 import { TextPieces, type Finished, type Sampling } from './sampling.js';
 

@@ -10,7 +10,8 @@
  *
  * @packageDocumentation
  */
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../engine/types.js';
+import type { RolloutEngine } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 import { EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
 import { retry, type RetryOptions } from '../core/retry.js';
 import { stalenessMetrics } from '../train/grpoTrainer.js';

@@ -5,7 +5,7 @@
  *
  * @packageDocumentation
  */
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { TrainingClients } from './clients.js';
 import type { FutureStore } from './futures.js';

@@ -10,7 +10,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import type { GenerateRequest, GenerateResponse, NamedWeights } from '../engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../model/types.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';
 import { PolicyModel } from '../model/transformer.js';
 import { RequestError, quote } from '../serve/protocol.js';

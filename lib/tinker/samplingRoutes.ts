@@ -8,7 +8,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-import type { GenerateRequest, Tokenizer } from '../engine/types.js';
+import type { GenerateRequest, Tokenizer } from '../model/types.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { hashSeed } from '../core/random.js';
 import { absent, excerpt, invalid, quote, readBoolean, readInteger, readNumber, type JsonObject } from '../serve/protocol.js';

@@ -33,7 +33,7 @@ import { mkdir, mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
-import type { Tokenizer } from '../engine/types.js';
+import type { Tokenizer } from '../model/types.js';
 import { ConfigError } from '../core/errors.js';
 import { WEIGHTS_HEADER_SLACK_BYTES } from '../model/files.js';
 import { LORA_TARGETS, LoraAdapter } from '../model/lora.js';

@@ -9,7 +9,7 @@ import { truncatedImportanceWeights } from '../algos/importance.js';
 import { type KlEstimatorName, klLoss } from '../algos/kl.js';
 import { keepMetrics, readMetricsSync, type ScalarMetrics } from '../algos/metrics.js';
 import { ppoClipLoss } from '../algos/policyLoss.js';
-import type { NamedWeights } from '../engine/types.js';
+import type { NamedWeights } from '../model/types.js';
 import { ConfigError, assertNever, throwIfAborted } from '../core/errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { createRng, shuffledIndices } from '../core/random.js';

@@ -3,7 +3,7 @@
  *
  * @packageDocumentation
  */
-import type { NamedWeights } from '../engine/types.js';
+import type { NamedWeights } from '../model/types.js';
 import type { Batch, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 
 /** What one train step reports. */

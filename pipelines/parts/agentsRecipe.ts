@@ -8,7 +8,7 @@
 import type { AgentSpec, MultiAgentEnvironment } from '../../lib/agent/environment.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { TaskSource } from '../../lib/data/loader.js';
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';

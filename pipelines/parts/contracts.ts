@@ -8,7 +8,8 @@
 import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '../../lib/agent/environment.js';
 import type { Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import type { RolloutEngine, Tokenizer } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import type { BackendName } from '../../lib/model/backend.js';
 import type { LoraAdapter } from '../../lib/model/lora.js';

@@ -14,7 +14,7 @@ import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
 import { createChatTemplate } from '../../lib/chat/template.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { readTaskFile } from '../../lib/data/loader.js';
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';

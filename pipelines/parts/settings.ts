@@ -8,7 +8,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import type { Kafka } from 'kafkajs';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import type { KafkaEvent, KafkaTopics } from '../../lib/kafka/types.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import type { GrpoTrainerOptions } from '../../lib/train/grpoTrainer.js';

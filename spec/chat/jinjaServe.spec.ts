@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { loadChatTemplate, type JinjaChatTemplate } from '../../lib/chat/jinjaTemplate.js';
 import type { ChatMessage, ChatTool } from '../../lib/chat/types.js';
-import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { LocalEngine, type SamplingModel } from '../../lib/engine/local.js';
-import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/model/types.js';
 import { AbortError, ConfigError } from '../../lib/core/errors.js';
 import { tinyTokenizer } from '../helpers/fixtures.js';
 

@@ -1,7 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { LocalEngine } from '../../lib/engine/local.js';
-import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { LocalEngine } from '../../lib/engine/local.js';
 import { OpenAIEngine, resolveEndpoint } from '../../lib/engine/openai.js';
-import type { GenerateRequest } from '../../lib/engine/types.js';
+import type { GenerateRequest } from '../../lib/model/types.js';
 import { ConfigError, EngineError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';

@@ -1,4 +1,5 @@
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine, Tokenizer } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../../lib/model/types.js';
 import type { SampleFailure, Task, Trajectory } from '../../lib/core/types.js';
 
 /** A task with a prompt and answer. */

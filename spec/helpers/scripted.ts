@@ -1,5 +1,5 @@
-import type { NamedWeights, WeightArray } from '../../lib/engine/types.js';
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { NamedWeights, WeightArray } from '../../lib/model/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import { PolicyModel, validatePolicyConfig, type PolicyConfig } from '../../lib/model/transformer.js';
 
 /** Logit margin of a scripted token: p(scripted) ≈ 1 − V·e^−margin at temperature 1. */

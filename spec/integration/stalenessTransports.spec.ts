@@ -12,7 +12,8 @@ import type { Kafka } from 'kafkajs';
 import { lastValueFrom, toArray } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import { ensureTopics } from '../../lib/kafka/client.js';
 import { kafkaTopics, type KafkaEvent } from '../../lib/kafka/types.js';

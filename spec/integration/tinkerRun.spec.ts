@@ -15,7 +15,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import { RxrlError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { saveModelDir, specialIdsOf } from '../../lib/model/modelDir.js';

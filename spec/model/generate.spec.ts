@@ -1,7 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 
-import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { AbortError, ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { distinctPromptRows, padPrompts } from '../../lib/model/generate.js';

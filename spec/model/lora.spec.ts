@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { collate } from '../../lib/data/collate.js';
-import type { NamedWeights } from '../../lib/engine/types.js';
+import type { NamedWeights } from '../../lib/model/types.js';
 import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import {

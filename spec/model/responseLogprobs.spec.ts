@@ -1,7 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NamedWeights } from '../../lib/engine/types.js';
+import type { NamedWeights } from '../../lib/model/types.js';
 import { ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LoraAdapter } from '../../lib/model/lora.js';

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NamedWeights, WeightArray } from '../../lib/engine/types.js';
+import type { NamedWeights, WeightArray } from '../../lib/model/types.js';
 import { DecodeError, ShapeError } from '../../lib/core/errors.js';
 import { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from '../../lib/model/safetensors.js';
 

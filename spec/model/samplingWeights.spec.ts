@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 
 import { collate } from '../../lib/data/collate.js';
-import type { GenerateRequest, NamedWeights } from '../../lib/engine/types.js';
+import type { GenerateRequest, NamedWeights } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { padPrompts } from '../../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';

@@ -1,7 +1,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { WeightArray } from '../../lib/engine/types.js';
+import type { WeightArray } from '../../lib/model/types.js';
 import { ConfigError, ShapeError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { decodeSafetensors, encodeSafetensors } from '../../lib/model/safetensors.js';

@@ -2,7 +2,7 @@ import { Subject, from, lastValueFrom, take, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import { syncWeights } from '../../operators/syncWeights.js';
 import { train } from '../../operators/train.js';
-import type { NamedWeights } from '../../lib/engine/types.js';
+import type { NamedWeights } from '../../lib/model/types.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Batch } from '../../lib/core/types.js';
 import { collate } from '../../lib/data/collate.js';

@@ -1,7 +1,8 @@
 import { lastValueFrom, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
 import type { AgentSpec, MultiAgentEnvironment } from '../../lib/agent/environment.js';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import { createRng, type Rng } from '../../lib/core/random.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';

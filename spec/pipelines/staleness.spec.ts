@@ -1,6 +1,7 @@
 import { lastValueFrom, toArray } from 'rxjs';
 import { describe, expect, it } from 'vitest';
-import type { GenerateRequest, GenerateResponse, NamedWeights, RolloutEngine } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/model/types.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import { createRng, type Rng } from '../../lib/core/random.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';

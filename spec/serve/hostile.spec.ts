@@ -10,7 +10,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { createJinjaChatTemplate } from '../../lib/chat/jinjaTemplate.js';
-import type { EncodeOptions } from '../../lib/engine/types.js';
+import type { EncodeOptions } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { HfTokenizer, readTokenizerFiles } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';

@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { createJinjaChatTemplate } from '../../lib/chat/jinjaTemplate.js';
-import type { GenerateRequest, GenerateResponse } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';

@@ -10,7 +10,8 @@ import { lastValueFrom, toArray } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { LocalEngine } from '../../lib/engine/local.js';
-import type { GenerateRequest, GenerateResponse, RolloutEngine } from '../../lib/engine/types.js';
+import type { RolloutEngine } from '../../lib/engine/types.js';
+import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';

@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { Tokenizer } from '../../lib/engine/types.js';
+import type { Tokenizer } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';

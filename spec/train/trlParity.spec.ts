@@ -18,7 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TRL_STD_EPSILON, trlSettings } from '../../bench/trl.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/core/errors.js';
-import type { NamedWeights } from '../../lib/engine/types.js';
+import type { NamedWeights } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
