@@ -219,6 +219,19 @@ export function trlSettings(config: RxrlConfig): Record<string, unknown> {
   };
 }
 
+/**
+ * The recipe's settings that rxrl runs and TRL has no counterpart of, so TRL's side runs without them: DAPO's
+ * dynamic sampling (`algorithm.filterZeroVariance`, `sync.generationBatchSize`; TRL 1.16's `GRPOTrainer` trains
+ * every group of its batch). Printed beside the settings and in the summary, so a table never hides them.
+ */
+export function rxrlOnly(config: RxrlConfig): Record<string, unknown> {
+  const own: Record<string, unknown> = {};
+  if (config.algorithm.filterZeroVariance) own['algorithm.filterZeroVariance'] = true;
+  const perStep = config.sync.generationBatchSize;
+  if (perStep !== null && perStep !== config.sync.batchSize) own['sync.generationBatchSize'] = perStep;
+  return own;
+}
+
 /** TRL's advantages are `(r − mean) / (std + 1e-4)`, a constant of `GRPOTrainer`; the bench sets rxrl's to it. */
 export const TRL_STD_EPSILON = 1e-4;
 
@@ -228,7 +241,6 @@ function trlUnmatched(config: RxrlConfig): string[] {
   const checks: [boolean, string][] = [
     [algorithm.std !== 'sample', "algorithm.std: must be 'sample' (TRL's group std is Bessel-corrected)"],
     [algorithm.stdEpsilon !== TRL_STD_EPSILON, `algorithm.stdEpsilon: must be ${TRL_STD_EPSILON} (TRL's constant)`],
-    [algorithm.filterZeroVariance, 'algorithm.filterZeroVariance: must be false (TRL keeps zero-variance groups)'],
     [trainer.clipRatioC !== null, 'trainer.clipRatioC: must be null (TRL has no dual clip)'],
     [trainer.miniBatches !== 1, 'trainer.miniBatches: must be 1 (TRL makes one update per generation batch)'],
     [trainer.entropyCoef !== 0, 'trainer.entropyCoef: must be 0 (not mapped)'],
@@ -506,29 +518,35 @@ async function measureRates(backend: BackendKind): Promise<{ backend: string; gf
   return { backend: tf.getBackend(), gflops: round(gflops, 1), bandwidthGBs: round(bandwidthGBs, 1) };
 }
 
-/** The `trl-bounds` line: the machine's rates, the step's bounds, and each side's measured medians over them. */
+/**
+ * The `trl-bounds` line: the machine's rates, the step's bounds, and each side's measured medians over them. rxrl's
+ * generation is held to the bound of the rows it generates (`rxrlRows`: more than TRL's under dynamic sampling).
+ */
 async function boundsLine(
   backend: BackendKind,
   modelDir: string,
-  settings: Record<string, unknown>,
-  promptTokens: number,
+  shape: { readonly settings: Record<string, unknown>; readonly promptTokens: number; readonly rxrlRows: number },
   sides: Readonly<Record<string, SideResult>>,
 ): Promise<Record<string, unknown>> {
+  const { settings, promptTokens } = shape;
   const rates = await measureRates(backend);
   const config = policyConfigFromHf(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')));
   const sizes = modelSizes(config);
-  const bounds = stepBounds({
-    sizes,
-    gflops: rates.gflops,
-    bandwidthGBs: rates.bandwidthGBs,
-    rows: Number(settings.rows),
-    groupSize: Number(settings.groupSize),
-    promptTokens,
-    maxTokens: Number(settings.maxTokens),
-    ppoEpochs: Number(settings.ppoEpochs),
-    lora: settings.lora !== null,
-    referenceForward: Number(settings.klCoef) > 0,
-  });
+  const boundsOf = (rows: number): ReturnType<typeof stepBounds> =>
+    stepBounds({
+      sizes,
+      gflops: rates.gflops,
+      bandwidthGBs: rates.bandwidthGBs,
+      rows,
+      groupSize: Number(settings.groupSize),
+      promptTokens,
+      maxTokens: Number(settings.maxTokens),
+      ppoEpochs: Number(settings.ppoEpochs),
+      lora: settings.lora !== null,
+      referenceForward: Number(settings.klCoef) > 0,
+    });
+  const bounds = boundsOf(Number(settings.rows));
+  const rxrlGenerateBound = boundsOf(shape.rxrlRows).generate_bound_s;
   const measured: Record<string, unknown> = {};
   for (const [side, result] of Object.entries(sides)) {
     const med = (key: 'generate_s' | 'trainer_s' | 'train_s'): number =>
@@ -538,7 +556,9 @@ async function boundsLine(
     const train = med(side === 'rxrl' ? 'trainer_s' : 'train_s');
     measured[side] = {
       generate_s: Number.isFinite(generate) ? round(generate) : null,
-      generate_ratio: Number.isFinite(generate) ? round(generate / bounds.generate_bound_s, 2) : null,
+      generate_ratio: Number.isFinite(generate)
+        ? round(generate / (side === 'rxrl' ? rxrlGenerateBound : bounds.generate_bound_s), 2)
+        : null,
       train_s: Number.isFinite(train) ? round(train) : null,
       train_ratio: Number.isFinite(train) ? round(train / bounds.train_bound_s, 2) : null,
     };
@@ -552,6 +572,9 @@ async function boundsLine(
     head_params: sizes.headParams,
     prompt_tokens_mean: round(promptTokens, 1),
     ...Object.fromEntries(Object.entries(bounds).map(([key, value]) => [key, r(value)])),
+    ...(shape.rxrlRows === Number(settings.rows)
+      ? {}
+      : { rxrl_generate_rows: shape.rxrlRows, rxrl_generate_bound_s: r(rxrlGenerateBound) }),
     measured,
   };
 }
@@ -600,6 +623,7 @@ export async function main(args: readonly string[]): Promise<void> {
       model: modelDir,
       train_prompts: rows,
       settings,
+      rxrl_only: rxrlOnly(config),
     }),
   );
 
@@ -621,6 +645,7 @@ export async function main(args: readonly string[]): Promise<void> {
   await writeFile(join(out, 'metrics.jsonl'), comparisonLines(sides));
   await writeReport(out, { title: `rxrl and TRL: ${basename(recipe)}, ${steps} steps, seed ${seed}` });
   // Measured after both sides, never beside them.
-  console.log(JSON.stringify(await boundsLine(backend, modelDir, settings, promptTokens, sides)));
-  console.log(JSON.stringify(summaryLine(steps, target, sides)));
+  const rxrlRows = (config.sync.generationBatchSize ?? config.sync.batchSize) * config.rollout.groupSize;
+  console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
+  console.log(JSON.stringify({ ...summaryLine(steps, target, sides), rxrl_only: rxrlOnly(config) }));
 }

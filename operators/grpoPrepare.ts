@@ -5,6 +5,7 @@ import { applyKlPenalty, type KlEstimatorName } from '../lib/algos/kl.js';
 import { type KlController, createKlController, updateKlController } from '../lib/algos/klController.js';
 import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
+import { ConfigError } from '../lib/core/errors.js';
 import { spanSeconds } from '../lib/observe/spans.js';
 import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/core/types.js';
 
@@ -36,6 +37,12 @@ export interface GrpoPrepareOptions {
   readonly epsilon?: number | undefined;
   /** Drop groups whose advantages are all 0 (zero variance, singletons, non-finite): DAPO's dynamic sampling. */
   readonly filterZeroVariance?: boolean | undefined;
+  /**
+   * Most groups a batch trains: the first ones in batch order (after the zero-variance filter); the rest are dropped
+   * and counted in `batch/groups_surplus`. With a larger admission batch and the filter this is DAPO's dynamic
+   * sampling: each step trains `maxGroups` groups whose rewards differ. Default: every group.
+   */
+  readonly maxGroups?: number | undefined;
   /** Subtract `β·KL(policy ‖ reference)` from the token rewards before scoring. */
   readonly klInReward?: KlInRewardOptions | undefined;
   /** Model tag of the batches. Default: the first group's. */
@@ -71,6 +78,9 @@ export interface GrpoPrepareOptions {
  */
 export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<readonly Group[], Batch> {
   const filter = options.filterZeroVariance ?? false;
+  const { maxGroups } = options;
+  if (maxGroups !== undefined && !(Number.isInteger(maxGroups) && maxGroups >= 1))
+    throw new ConfigError(`grpoPrepare maxGroups must be an integer >= 1, got ${maxGroups}`, { context: { key: 'maxGroups' } });
   let controller = options.klInReward ? createKlController(options.klInReward.controller) : undefined;
   return (source) =>
     source.pipe(
@@ -112,6 +122,11 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
           metrics['batch/groups_filtered'] = advantage.groups.length - informative.size;
           metrics['batch/rows_filtered'] = rows.length - kept.length;
         }
+        if (maxGroups !== undefined) {
+          const first = firstGroups(rows, kept, maxGroups);
+          metrics['batch/groups_surplus'] = first.surplus;
+          kept = first.kept;
+        }
         const rowAdvantages = kept.map((i) => advantage.advantages[i]);
         const groupIds = groups.map((g) => g.key.join('/'));
         // Usually nothing is filtered: the batch collated above only needs its advantages.
@@ -144,6 +159,22 @@ function rolloutSeconds(rows: readonly Trajectory[]): Metrics {
     'timing/generate_s': spanSeconds(timed.map((t) => t.generate)),
     'timing/reward_s': spanSeconds(timed.map((t) => t.reward)),
   };
+}
+
+/** The rows of `kept` that belong to its first `maxGroups` groups (rows come grouped, in batch order), and how many groups went. */
+function firstGroups(rows: readonly Trajectory[], kept: readonly number[], maxGroups: number): { kept: number[]; surplus: number } {
+  const chosen = new Set<string>();
+  const dropped = new Set<string>();
+  const out: number[] = [];
+  for (const i of kept) {
+    const id = rows[i].groupId;
+    if (!chosen.has(id) && chosen.size >= maxGroups) dropped.add(id);
+    else {
+      chosen.add(id);
+      out.push(i);
+    }
+  }
+  return { kept: out, surplus: dropped.size };
 }
 
 /** Token rewards minus `coef·KL(policy ‖ reference)` over a batch's response tokens, with the penalty metrics. */

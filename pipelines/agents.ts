@@ -30,7 +30,7 @@ import { loggingTrainer } from './parts/ledger.js';
 import { initialModel, policyModels } from '../lib/model/policies.js';
 import type { BuiltPolicy } from './parts/policy.js';
 import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings, savePolicies } from './parts/runDir.js';
-import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings } from './parts/settings.js';
+import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight } from './parts/settings.js';
 import type { RunTrainingOptions } from './run.js';
 import { validateAgents } from './validate.js';
 
@@ -192,8 +192,6 @@ function buildPolicies(
   built: BuiltPolicy[],
   owned: { dispose(): unknown }[],
 ): void {
-  const { batchSize, mode } = config.sync;
-  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
   const sampleBase = config.policies.some((p) => p.specialization === 'lora')
     ? PolicyModel.fromWeights(base.config, base.getWeights())
     : undefined;
@@ -203,7 +201,7 @@ function buildPolicies(
     const engine = new LocalEngine(models.sample, {
       tokenizer: recipe.tokenizer,
       modelTag: entry.name,
-      maxBatchSize: batchSize * config.rollout.groupSize * inFlightBatches * recipe.agents.filter((a) => a.policy === entry.name).length,
+      maxBatchSize: samplesInFlight(config) * recipe.agents.filter((a) => a.policy === entry.name).length,
       weightSync: config.rollout.weightSync,
     });
     // The reference of the KL terms is the initial policy, which is the base for every policy: frozen under the

@@ -55,6 +55,12 @@ export interface LoopSettings {
   readonly capacity?: number | undefined;
   /** Tasks (groups) per train step. */
   readonly batchSize: number;
+  /**
+   * Tasks rolled out per train step (verl's `gen_batch_size`), at least `batchSize`; larger needs
+   * `advantage.filterZeroVariance`: each step then trains the first `batchSize` groups, in admission order, whose
+   * rewards differ — DAPO's dynamic sampling. Default `batchSize`.
+   */
+  readonly generationBatchSize?: number | undefined;
   /** Samples per task (GRPO group size). */
   readonly groupSize: number;
   /** Largest response length in tokens. */
@@ -63,7 +69,7 @@ export interface LoopSettings {
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
   readonly topP?: number | undefined;
-  /** Stop after this many train steps, admitting at most `steps · batchSize` tasks (0 or absent: when the loader is exhausted). */
+  /** Stop after this many train steps, admitting at most `steps · generationBatchSize` tasks (0 or absent: when the loader is exhausted). */
   readonly steps?: number | undefined;
   /** Base seed of the sampling streams. Default 0. */
   readonly seed?: number | undefined;
@@ -244,12 +250,13 @@ export interface LoopStage extends RolloutStage {
  * The loop behind {@link grpoPipeline}, `multiAgentPipeline` and `kafkaTrainer`: one loader and one rollout stage,
  * then per policy (`modelTag`) its own group store, batching, `grpoPrepare`, trainer, weight publication and
  * admission gate, so each policy has its own version, staleness and step count. A task is admitted when every
- * policy still training admits it; with `steps`, at most `steps · batchSize` tasks are admitted.
+ * policy still training admits it; with `steps`, at most `steps · generationBatchSize` tasks are admitted.
  *
  * @internal
  */
 export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observable<PolicyStepResult> {
-  const { batchSize, groupSize } = config;
+  const { groupSize } = config;
+  const perStep = generationBatchSize(config);
   const tags = stage.lanes.map((lane) => lane.trainer.modelTag);
   if (new Set(tags).size !== tags.length)
     throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
@@ -259,17 +266,11 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
     const gates = lanes.map((lane) => lane.gate);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
     // In sync and batch-async modes a train batch of a policy holds exactly its groups of one admission batch (see
-    // batchGroups' batchOf): that is what keeps staleness ≤ η. Entries leave the map as their groups are batched.
-    const admissionBatch = new Map<string, number>();
+    // batchGroups' batchOf): that is what keeps staleness ≤ η.
     const ordered = first.gate.mode !== 'fully-async';
-    const batchOf = (group: Group): number => {
-      const id = group.key[0];
-      const n = admissionBatch.get(id) ?? 0;
-      admissionBatch.delete(id);
-      return n;
-    };
+    const admissions = ordered || perStep > config.batchSize ? new Admissions(perStep) : undefined;
     const onAdmit = (task: Task, index: number): void => {
-      if (ordered) for (const slot of stage.slots) admissionBatch.set(groupIdOf(task) + slot.suffix, Math.floor(index / batchSize));
+      for (const slot of admissions ? stage.slots : []) admissions?.admit(groupIdOf(task) + slot.suffix, index);
       config.onAdmit?.(task, index);
     };
     const admission: LoopAdmission = {
@@ -277,7 +278,7 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
       admissionVersion: (index) => lowest(gates.map((gate) => gate.admissionVersion(index))),
     };
     // The step budget bounds admission too: no task is rolled out that no step would train.
-    const loader = limit(taskStream(config.tasks, config.loader), config.steps ? config.steps * batchSize : Infinity);
+    const loader = limit(taskStream(config.tasks, config.loader), config.steps ? config.steps * perStep : Infinity);
     const groups$ = admit(loader, allGates(gates), { onAdmit }).pipe(
       stage.rollout(admission),
       tap(sampleListener(config)),
@@ -295,7 +296,8 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
         laneSteps(lane, groups$.pipe(filter((group) => group.modelTag === lane.modelTag)), {
           config,
           stage,
-          batchOf: ordered ? batchOf : undefined,
+          admissions,
+          ordered,
         }),
       ),
     ).pipe(takeUntil(aborted));
@@ -330,7 +332,7 @@ function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, s
       : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal) };
   const gate = new AdmissionGate({
     mode: config.mode ?? 'sync',
-    tasksPerBatch: config.batchSize,
+    tasksPerBatch: generationBatchSize(config),
     stalenessThreshold: config.stalenessThreshold,
     capacity: config.capacity,
     startVersion: sink.startVersion,
@@ -366,15 +368,31 @@ function publishWith(publish: PublishingLane['publish'], signal: AbortSignal | u
 function laneSteps(
   lane: LoopLane,
   groups$: Observable<Group>,
-  loop: { readonly config: PolicyLoopConfig; readonly stage: LoopStage; readonly batchOf: ((group: Group) => number) | undefined },
+  loop: {
+    readonly config: PolicyLoopConfig;
+    readonly stage: LoopStage;
+    readonly admissions: Admissions | undefined;
+    readonly ordered: boolean;
+  },
 ): Observable<PolicyStepResult> {
-  const { config, stage, batchOf } = loop;
+  const { config, stage, admissions } = loop;
+  const perStep = generationBatchSize(config) * lane.slotsPerTask;
+  const trains = config.batchSize * lane.slotsPerTask;
+  const batchOf = loop.ordered ? admissions?.batchOf : undefined;
   // Training and publishing take one batch at a time, in order: each step is of the oldest batch sent on.
   const sent: Batch[] = [];
   return groups$.pipe(
-    // Each task feeds this policy slotsPerTask groups, all of one admission batch.
-    batchGroups({ batchSize: config.batchSize * lane.slotsPerTask, ...(batchOf ? { batchOf } : {}) }),
-    grpoPrepare(prepareOptions(config, lane.padId, lane.modelTag, config.signal)),
+    // Each task feeds this policy slotsPerTask groups, all of one admission batch. Dynamic sampling keeps the first
+    // groups in admission order, not in the order their rollouts happened to end.
+    (groups) =>
+      groups.pipe(
+        batchGroups({ batchSize: perStep, ...(batchOf ? { batchOf } : {}) }),
+        map((batch) => admissions?.settle(batch, perStep > trains) ?? batch),
+      ),
+    grpoPrepare({
+      ...prepareOptions(config, lane.padId, lane.modelTag, config.signal),
+      ...(perStep > trains ? { maxGroups: trains } : {}),
+    }),
     // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
     config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
     map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
@@ -386,7 +404,7 @@ function laneSteps(
     lane.publish,
     concatMap(async (trained) => {
       const batch = sent.shift() as Batch;
-      const groups = trained.metrics['batch/groups'] ?? config.batchSize * lane.slotsPerTask;
+      const groups = trained.metrics['batch/groups'] ?? perStep;
       const step: PolicyStepResult = {
         ...trained,
         modelTag: lane.modelTag,
@@ -443,6 +461,51 @@ export function prefixed(tag: string, metrics: Metrics): Metrics {
   const out: Metrics = {};
   for (const [key, value] of Object.entries(metrics)) out[`${tag}/${key}`] = value;
   return out;
+}
+
+/**
+ * Tasks admitted per train step: `generationBatchSize` (at least `batchSize`; more needs the zero-variance filter).
+ *
+ * @internal
+ */
+export function generationBatchSize(config: Pick<LoopSettings, 'batchSize' | 'generationBatchSize' | 'advantage'>): number {
+  const { batchSize, generationBatchSize: perStep = batchSize } = config;
+  if (!(Number.isInteger(perStep) && perStep >= batchSize))
+    throw new ConfigError(`generationBatchSize must be an integer >= batchSize (${batchSize}), got ${perStep}`, {
+      context: { key: 'generationBatchSize' },
+    });
+  if (perStep > batchSize && config.advantage?.filterZeroVariance !== true)
+    throw new ConfigError(
+      'generationBatchSize > batchSize needs advantage.filterZeroVariance (dynamic sampling trains groups whose rewards differ)',
+      {
+        context: { key: 'generationBatchSize' },
+      },
+    );
+  return perStep;
+}
+
+/**
+ * Each admitted group's admission index, from admission until its group is batched: the admission batch it trains
+ * in (`batchOf`), and its place in a batch under dynamic sampling.
+ */
+class Admissions {
+  private readonly index = new Map<string, number>();
+
+  constructor(private readonly perBatch: number) {}
+
+  admit(groupId: string, index: number): void {
+    this.index.set(groupId, index);
+  }
+
+  readonly batchOf = (group: Group): number => Math.floor((this.index.get(group.key[0]) ?? 0) / this.perBatch);
+
+  /** A batch's groups, in admission order when `sort`; their entries go. */
+  settle(groups: Group[], sort: boolean): Group[] {
+    const rank = (group: Group): number => this.index.get(group.key[0]) ?? 0;
+    const out = sort ? [...groups].sort((a, b) => rank(a) - rank(b)) : groups;
+    for (const group of groups) this.index.delete(group.key[0]);
+    return out;
+  }
 }
 
 /** Most tasks the gate lets in flight at once. */

@@ -248,7 +248,7 @@ export interface KafkaRolloutOptions {
   readonly slots: readonly { readonly suffix: string }[];
   /** Samples per task. */
   readonly groupSize: number;
-  /** Tasks per train step. */
+  /** Tasks admitted per train step (the generation batch). */
   readonly batchSize: number;
   /** How the workers sample each task. */
   readonly sampling: TaskSampling;

@@ -12,7 +12,14 @@ import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Metrics, Task } from '../lib/core/types.js';
 import { agentMap } from '../operators/rolloutEpisodes.js';
-import { policyLoop, type LoopSettings, type PolicyLoopConfig, type PolicyStepResult, type PublishingLane } from './grpoPipeline.js';
+import {
+  generationBatchSize,
+  policyLoop,
+  type LoopSettings,
+  type PolicyLoopConfig,
+  type PolicyStepResult,
+  type PublishingLane,
+} from './grpoPipeline.js';
 import { PolicyWeights, RunProducer, kafkaRollout, runEvents, type KafkaPolicy } from './kafkaRollout.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 
@@ -55,7 +62,7 @@ export interface KafkaTrainerConfig extends LoopSettings {
   readonly run?: string | undefined;
   /** Consumer group of the trainer on the trajectories topic. Default `<trajectories topic>.trainer`. */
   readonly groupId?: string | undefined;
-  /** Train steps; exactly `steps · batchSize` tasks are admitted. Default: until the loader is exhausted. */
+  /** Train steps; exactly `steps · generationBatchSize` tasks are admitted. Default: until the loader is exhausted. */
   readonly steps?: number | undefined;
   /**
    * Called after each step is trained and its weights are announced, before the gate admits on its credit; the
@@ -138,12 +145,12 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       tokenizer: config.tokenizer,
       emit,
     });
-    const { kafka, topics, groupSize, batchSize, groupId, consumer, checkpointed, stepsPerCheckpoint, onEvent } = config;
+    const { kafka, topics, groupSize, groupId, consumer, checkpointed, stepsPerCheckpoint, onEvent } = config;
     const stage = kafkaRollout({
       kafka,
       topics,
       groupSize,
-      batchSize,
+      batchSize: generationBatchSize(config),
       groupId,
       consumer,
       checkpointed,
@@ -201,6 +208,7 @@ function loopConfig(config: KafkaTrainerConfig, signal: AbortSignal): PolicyLoop
     stalenessThreshold: config.stalenessThreshold,
     capacity: config.capacity,
     batchSize: config.batchSize,
+    generationBatchSize: config.generationBatchSize,
     groupSize: config.groupSize,
     maxTokens: config.maxTokens,
     steps: config.steps,

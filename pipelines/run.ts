@@ -34,7 +34,7 @@ import { initialModel, policyModels, remoteContextLength } from '../lib/model/po
 import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
-import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings } from './parts/settings.js';
+import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight, tasksPerStep } from './parts/settings.js';
 import { validate } from './validate.js';
 
 export type { KafkaTransport } from './parts/settings.js';
@@ -301,7 +301,6 @@ async function buildEngine(
   policy: PolicyModel,
   sample: PolicyModel,
 ): Promise<RolloutEngine> {
-  const { batchSize, mode } = config.sync;
   const groupSize = config.rollout.groupSize;
   const version = setup.checkpoint?.state.version ?? 0;
   if (options.createEngine) {
@@ -310,13 +309,12 @@ async function buildEngine(
       tokenizer: setup.tokenizer,
       version,
       backend: setup.backend,
-      samplesPerStep: batchSize * groupSize,
+      samplesPerStep: tasksPerStep(config) * groupSize,
     });
   }
-  const inFlightBatches = mode === 'batch-async' ? config.sync.stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
   return new LocalEngine(sample, {
     tokenizer: setup.tokenizer,
-    maxBatchSize: batchSize * groupSize * inFlightBatches,
+    maxBatchSize: samplesInFlight(config),
     weightSync: config.rollout.weightSync,
     version,
     sharesTrainerWeights: sample === policy,
@@ -409,7 +407,7 @@ async function trainLoop(
   let last: StepResult | undefined;
   // Under stop_on_error a failed sample stops the run once its step's samples have all ended; a step whose every
   // sample failed fails the run.
-  const outcomes = new StepOutcomes(config.sync.batchSize, config.rollout.groupSize);
+  const outcomes = new StepOutcomes(tasksPerStep(config), config.rollout.groupSize);
   const failed: { step?: StepFailedError | undefined } = {};
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").

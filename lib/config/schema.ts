@@ -401,6 +401,11 @@ export const SCHEMA = {
     stalenessThreshold: { doc: 'η of batch-async.', format: 'positive-int', default: 1 },
     capacity: { doc: 'fully-async: most admitted-but-untrained tasks (0 = 4 batches).', format: 'non-negative-int', default: 0 },
     batchSize: { doc: 'Tasks (groups) per train step.', format: 'positive-int', default: 32 },
+    generationBatchSize: {
+      doc: "Tasks rolled out per train step, >= sync.batchSize (verl's gen_batch_size; null = sync.batchSize). Larger needs algorithm.filterZeroVariance: each step trains the first sync.batchSize groups, in admission order, whose rewards differ (DAPO's dynamic sampling).",
+      format: 'optional-positive-int',
+      default: null,
+    },
   },
   kafka: {
     brokers: { doc: 'Comma-separated Kafka brokers.', format: String, default: 'localhost:9092', env: 'KAFKA_BROKERS' },
@@ -636,11 +641,24 @@ function requireWhen(c: RxrlConfig): void {
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
+  missing.push(...samplingProblems(c));
   missing.push(...agentProblems(c), ...tinkerProblems(c));
   if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
   if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
   if (missing.length > 0)
     throw new ConfigError(`invalid configuration:\n${missing.join('\n')}`, { context: { keys: missing.map((m) => m.split(':')[0]) } });
+}
+
+/** Dynamic sampling: a generation batch at least the train batch, larger only with the zero-variance filter. */
+function samplingProblems(c: RxrlConfig): string[] {
+  const perStep = c.sync.generationBatchSize;
+  if (perStep === null) return [];
+  if (perStep < c.sync.batchSize) return [`sync.generationBatchSize: must be >= sync.batchSize (${c.sync.batchSize}), got ${perStep}`];
+  if (perStep > c.sync.batchSize && !c.algorithm.filterZeroVariance)
+    return [
+      'sync.generationBatchSize: larger than sync.batchSize needs algorithm.filterZeroVariance (each step trains groups whose rewards differ)',
+    ];
+  return [];
 }
 
 /** What a Tinker-backed run needs, and the trainer settings it cannot honour (the service computes the loss). */

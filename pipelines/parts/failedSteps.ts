@@ -46,7 +46,7 @@ export class StepOutcomes {
   private newest = -1;
 
   /**
-   * @param tasksPerBatch - Tasks admitted per step (`sync.batchSize`).
+   * @param tasksPerBatch - Tasks admitted per step (`sync.generationBatchSize`, else `sync.batchSize`).
    * @param samplesPerTask - Samples of each task (`rollout.groupSize`).
    */
   constructor(

@@ -36,6 +36,18 @@ export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>):
   };
 }
 
+/** Tasks a run admits per train step: `sync.generationBatchSize`, else `sync.batchSize`. */
+export function tasksPerStep(config: Pick<RxrlConfig, 'sync'>): number {
+  return config.sync.generationBatchSize ?? config.sync.batchSize;
+}
+
+/** Most samples of one sampling slot the staleness mode lets in flight (an engine's batch limit). */
+export function samplesInFlight(config: Pick<RxrlConfig, 'sync' | 'rollout'>): number {
+  const { mode, stalenessThreshold } = config.sync;
+  const batches = mode === 'batch-async' ? stalenessThreshold + 1 : mode === 'fully-async' ? 4 : 1;
+  return tasksPerStep(config) * config.rollout.groupSize * batches;
+}
+
 /**
  * The loop settings of a recipe that every training loop shares (embedded, Kafka, multi-agent): staleness mode,
  * sizes, sampling, seed, advantages and the group store's timeout.
@@ -48,6 +60,7 @@ export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 
     stalenessThreshold: config.sync.stalenessThreshold,
     ...(config.sync.capacity > 0 ? { capacity: config.sync.capacity } : {}),
     batchSize: config.sync.batchSize,
+    ...(config.sync.generationBatchSize === null ? {} : { generationBatchSize: config.sync.generationBatchSize }),
     groupSize: config.rollout.groupSize,
     temperature: config.rollout.temperature,
     topP: config.rollout.topP,

@@ -64,6 +64,20 @@ describe('loadConfig', () => {
     expect(rejection(() => loadConfig({ values: { resume: { mode: 'from_path' } }, env: {} })).message).toMatch(/resume\.path: required/);
   });
 
+  it('checks sync.generationBatchSize: at least sync.batchSize, and larger only with the zero-variance filter', () => {
+    const sync =
+      (generationBatchSize: number, filterZeroVariance = false) =>
+      () =>
+        loadConfig({ values: { sync: { batchSize: 4, generationBatchSize }, algorithm: { filterZeroVariance } }, env: {} });
+    expect(rejection(sync(2)).message).toMatch(/sync\.generationBatchSize: must be >= sync\.batchSize \(4\), got 2/);
+    expect(rejection(sync(8)).message).toMatch(
+      /sync\.generationBatchSize: larger than sync\.batchSize needs algorithm\.filterZeroVariance/,
+    );
+    expect(sync(8, true)().sync.generationBatchSize).toBe(8);
+    expect(sync(4)().sync.generationBatchSize).toBe(4);
+    expect(loadConfig({ env: {} }).sync.generationBatchSize).toBeNull();
+  });
+
   it('checks rollout.agent: a command or a module, not both, not beside a custom worker; env is strings; it may stand for the evaluator', () => {
     expect(
       rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message,

@@ -12,6 +12,7 @@ import type { Kafka } from 'kafkajs';
 import { lastValueFrom, toArray } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 
+import type { Evaluator } from '../../lib/core/evaluator.js';
 import type { RolloutEngine } from '../../lib/engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
@@ -89,7 +90,11 @@ interface Run {
   readonly seed: number;
   readonly tasks: readonly Task[];
   readonly batchSize: number;
+  /** Dynamic sampling: tasks admitted per step (the zero-variance filter on). Default `batchSize`. */
+  readonly generationBatchSize?: number | undefined;
   readonly groupSize: number;
+  /** Scores the samples. Default the task's own evaluator. */
+  readonly evaluator?: Evaluator | undefined;
   readonly trainer: RecordingTrainer;
   /** The model whose weights the trainer announces (unchanged by the recording trainer). */
   readonly policy: PolicyModel;
@@ -108,16 +113,17 @@ interface Transport {
 const inProcess: Transport = {
   name: 'in process',
   seeds: [1, 2, 3],
-  run: ({ mode, eta, seed, tasks, batchSize, groupSize, trainer, onAdmit }) =>
+  run: ({ mode, eta, seed, tasks, batchSize, groupSize, trainer, onAdmit, ...run }) =>
     lastValueFrom(
       grpoPipeline({
         tasks: [...tasks],
         engines: [new LatencyEngine(createRng(seed, 'engine'))],
         trainer,
-        evaluator: task.evaluator,
+        evaluator: run.evaluator ?? task.evaluator,
         mode,
         stalenessThreshold: eta,
         batchSize,
+        ...dynamicSampling(run.generationBatchSize),
         groupSize,
         maxTokens: task.maxAnswerLength + 1,
         onAdmit,
@@ -128,7 +134,7 @@ const inProcess: Transport = {
 const overKafka: Transport = {
   name: 'Kafka',
   seeds: [1],
-  run: async ({ mode, eta, tasks, batchSize, groupSize, trainer, policy, onAdmit, onEvent }) => {
+  run: async ({ mode, eta, tasks, batchSize, groupSize, trainer, policy, onAdmit, onEvent, ...run }) => {
     const topics = kafkaTopics(uniqueName('stale'));
     await ensureTopics(kafka, topics, { tasks: 4, trajectories: 2 });
     // Two workers, one slow: groups come back out of admission order.
@@ -138,7 +144,7 @@ const overKafka: Transport = {
           kafka,
           topics,
           tokenizer,
-          evaluator: task.evaluator,
+          evaluator: run.evaluator ?? task.evaluator,
           workerId: `${topics.tasks}-w${i}`,
           concurrency: 2,
           rolloutDelayMs,
@@ -157,6 +163,7 @@ const overKafka: Transport = {
         mode,
         stalenessThreshold: eta,
         batchSize,
+        ...dynamicSampling(run.generationBatchSize),
         groupSize,
         maxTokens: task.maxAnswerLength + 1,
         onAdmit,
@@ -167,6 +174,11 @@ const overKafka: Transport = {
     return steps;
   },
 };
+
+/** The loop settings of dynamic sampling with `generationBatchSize` tasks a step, or none. */
+function dynamicSampling(generationBatchSize: number | undefined) {
+  return generationBatchSize === undefined ? {} : { generationBatchSize, advantage: { filterZeroVariance: true } };
+}
 
 interface Trial {
   readonly staleness: number[];
@@ -252,6 +264,46 @@ describe.each([inProcess, overKafka])('staleness modes through the loop: $name',
       expect(Math.min(...t.staleness)).toBeGreaterThanOrEqual(0);
       expect(Math.max(...t.staleness)).toBeLessThan(t.steps);
       expect(t.trained).toEqual(t.admitted);
+    },
+    120_000,
+  );
+});
+
+describe.each([inProcess, overKafka])('dynamic sampling through the loop: $name', (transport) => {
+  it.each(['sync', 'batch-async'] as const)(
+    '%s: each step trains the first batchSize informative groups of its own admission batch; every admitted group is accounted for',
+    async (mode) => {
+      // Every third task's samples all score 1 (no signal); the others' two samples score 0 and 1.
+      const flat = (id: string): boolean => task.train.findIndex((t) => t.id === id) % 3 === 0;
+      const scored = new Map<string, number>();
+      const evaluator: Evaluator = {
+        evaluate: (t) => {
+          const n = scored.get(t.id) ?? 0;
+          scored.set(t.id, n + 1);
+          return { reward: flat(t.id) ? 1 : n % 2 };
+        },
+      };
+      const policy = PolicyModel.create(MODEL, 5);
+      const trainer = new RecordingTrainer(createRng(5, 'trainer'), () => policy.getWeights());
+      const admitted: string[] = [];
+      try {
+        const steps = await transport.run({
+          ...{ mode, eta: 1, seed: 5, tasks: task.train.slice(0, 12), batchSize: 2, generationBatchSize: 4, groupSize: 2 },
+          evaluator,
+          trainer,
+          policy,
+          onAdmit: (t, index) => (admitted[index] = t.id),
+        });
+        expect(steps).toHaveLength(3);
+        for (const { step, batch } of trainer.batches) {
+          const own = admitted.slice(4 * step, 4 * step + 4);
+          expect([...new Set(batch.meta.taskIds)]).toEqual(own.filter((id) => !flat(id)).slice(0, 2));
+          expect(batch.metrics?.['batch/groups']).toBe(4);
+          expect(Math.max(...batch.meta.policyVersions.map((v) => step - v))).toBeLessThanOrEqual(mode === 'sync' ? 0 : 1);
+        }
+      } finally {
+        policy.dispose();
+      }
     },
     120_000,
   );

@@ -82,6 +82,22 @@ describe('grpoPrepare', () => {
     expect(batch.metrics).toMatchObject({ 'batch/groups_filtered': 1, 'batch/rows_filtered': 2, 'batch/groups_empty': 1 });
   });
 
+  it('trains the first maxGroups groups left by the filter, in batch order, counting the surplus (dynamic sampling)', async () => {
+    const groups = [group('a@0', [1, 1]), group('b@0', [1, 0]), group('c@0', [0, 0]), group('d@0', [0, 1]), group('e@0', [1, 0])];
+    const [batch] = await prepare([groups], { padId: 0, filterZeroVariance: true, maxGroups: 2 });
+    expect(batch.meta.groupIds).toEqual(['b@0', 'b@0', 'd@0', 'd@0']);
+    expect(batch.meta.groups).toEqual(['a@0', 'b@0', 'c@0', 'd@0', 'e@0']);
+    expect(batch.metrics).toMatchObject({ 'batch/groups': 5, 'batch/groups_filtered': 2, 'batch/groups_surplus': 1, 'batch/rows': 4 });
+    // Fewer informative groups than maxGroups: every one of them trains, nothing is surplus.
+    const [few] = await prepare([groups.slice(0, 3)], { padId: 0, filterZeroVariance: true, maxGroups: 2 });
+    expect(few.meta.groupIds).toEqual(['b@0', 'b@0']);
+    expect(few.metrics).toMatchObject({ 'batch/groups_surplus': 0 });
+    // Without the filter the first groups train whatever their rewards.
+    const [plain] = await prepare([groups], { padId: 0, maxGroups: 1 });
+    expect(plain.meta.groupIds).toEqual(['a@0', 'a@0']);
+    expect(() => grpoPrepare({ padId: 0, maxGroups: 0 })).toThrow(/maxGroups must be an integer >= 1/);
+  });
+
   it('emits an empty batch when no rows are left, so the step counter can move on', async () => {
     const [batch] = await prepare([[group('a@0', [])]], { padId: 0 });
     expect(batch.size).toBe(0);

@@ -172,3 +172,84 @@ describe('staleness modes (property: random rollout latencies and train duration
     expect(Math.max(...stale)).toBeGreaterThan(0);
   });
 });
+
+describe('dynamic sampling (generationBatchSize > batchSize, zero-variance groups filtered)', () => {
+  // Every third task's samples all score 1 (zero variance); the others' two samples score 0 and 1.
+  const flat = (id: string): boolean => Number(id.slice(1)) % 3 === 0;
+  const run = async (mode: StalenessMode) => {
+    const engine = new LatencyEngine(createRng(3, 'engine'));
+    const trainer = new RecordingTrainer(createRng(3, 'trainer'));
+    const scored = new Map<string, number>();
+    const varied: Evaluator = {
+      evaluate: (task) => {
+        const n = scored.get(task.id) ?? 0;
+        scored.set(task.id, n + 1);
+        return { reward: flat(task.id) ? 1 : n % 2 };
+      },
+    };
+    const admitted: string[] = [];
+    const results = await lastValueFrom(
+      grpoPipeline({
+        tasks: Array.from({ length: 40 }, (_, i) => ({ id: `t${i}`, prompt: 'ab' })),
+        engines: [engine],
+        trainer,
+        evaluator: varied,
+        mode,
+        batchSize: 2,
+        generationBatchSize: 4,
+        groupSize: 2,
+        maxTokens: 2,
+        steps: 5,
+        advantage: { filterZeroVariance: true },
+        onAdmit: (task) => admitted.push(task.id),
+      }).pipe(toArray()),
+    );
+    return { results, admitted, batches: trainer.batches };
+  };
+
+  it.each(['sync', 'batch-async'] as const)(
+    '%s: each step trains the first batchSize informative groups of its admission batch, in admission order',
+    async (mode) => {
+      const { results, admitted, batches } = await run(mode);
+      expect(results).toHaveLength(5);
+      expect(admitted).toEqual(Array.from({ length: 20 }, (_, i) => `t${i}`)); // steps · generationBatchSize, no more
+      for (const { step, batch } of batches) {
+        const expected = admitted
+          .slice(4 * step, 4 * step + 4)
+          .filter((id) => !flat(id))
+          .slice(0, 2);
+        expect([...new Set(batch.meta.taskIds)]).toEqual(expected);
+        expect(batch.meta.groups).toHaveLength(4); // every admitted group is accounted for (a Kafka stage acks them)
+        expect(Math.max(...batch.meta.policyVersions.map((v) => step - v))).toBeLessThanOrEqual(mode === 'sync' ? 0 : 1);
+      }
+      // Admission batches t0–t3 … t16–t19 hold 2, 3, 3, 2, 3 informative tasks.
+      expect(batches.map(({ batch }) => batch.metrics?.['batch/groups_surplus'])).toEqual([0, 1, 1, 0, 1]);
+    },
+  );
+
+  it('fully-async: every step trains at most batchSize informative groups, within capacity', async () => {
+    const { results, admitted, batches } = await run('fully-async');
+    expect(results).toHaveLength(5);
+    expect(admitted).toHaveLength(20);
+    for (const { batch } of batches) {
+      const ids = [...new Set(batch.meta.taskIds)];
+      expect(ids.length).toBeGreaterThan(0);
+      expect(ids.length).toBeLessThanOrEqual(2);
+      expect(ids.filter(flat)).toEqual([]);
+    }
+  });
+
+  it('refuses a generation batch below the train batch, or above it without the filter', () => {
+    const config = {
+      tasks: [],
+      engines: [new LatencyEngine(createRng(1, 'e'))],
+      trainer: new RecordingTrainer(createRng(1, 't')),
+      evaluator,
+    };
+    const base = { ...config, batchSize: 2, groupSize: 2, maxTokens: 2 };
+    expect(() => grpoPipeline({ ...base, generationBatchSize: 1 }).subscribe()).toThrow(
+      /generationBatchSize must be an integer >= batchSize/,
+    );
+    expect(() => grpoPipeline({ ...base, generationBatchSize: 4 }).subscribe()).toThrow(/needs advantage.filterZeroVariance/);
+  });
+});

@@ -15,7 +15,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { firstValueFrom, of } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { TRL_STD_EPSILON, trlSettings } from '../../bench/trl.js';
+import { TRL_STD_EPSILON, rxrlOnly, trlSettings } from '../../bench/trl.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { NamedWeights } from '../../lib/model/types.js';
@@ -240,6 +240,17 @@ describe('the bench maps a recipe onto TRL only where TRL can run it the same wa
     }
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).context.keys).toEqual([key]);
+  });
+
+  it("runs rxrl's dynamic sampling, which TRL has no counterpart of, on rxrl's side only and names it", () => {
+    const plain = loadConfig({ env: {}, values: { algorithm: { stdEpsilon: TRL_STD_EPSILON }, sync: { batchSize: 4 } } });
+    const dynamic = loadConfig({
+      env: {},
+      values: { algorithm: { stdEpsilon: TRL_STD_EPSILON, filterZeroVariance: true }, sync: { batchSize: 4, generationBatchSize: 12 } },
+    });
+    expect(trlSettings(dynamic)).toEqual(trlSettings(plain));
+    expect(rxrlOnly(plain)).toEqual({});
+    expect(rxrlOnly(dynamic)).toEqual({ 'algorithm.filterZeroVariance': true, 'sync.generationBatchSize': 12 });
   });
 });
 
