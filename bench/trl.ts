@@ -301,7 +301,8 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
     total_s: total,
     rollout_s: rollout,
     train_s: total - rollout,
-    reward_mean: m['rollout/reward_mean'],
+    // Over every sample of the step, as TRL's side reports it (dynamic sampling trains only some of them).
+    reward_mean: m['critic/score_mean'] ?? m['rollout/reward_mean'],
     tokens_per_s: (m['response_length/mean'] * m['batch/rows']) / total,
     pg_loss: m['actor/pg_loss'],
     clipfrac: m['actor/pg_clipfrac'],

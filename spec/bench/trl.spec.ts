@@ -113,7 +113,10 @@ describe('npm run bench -- trl', () => {
     const text = await readFile(join(root, 'recipes', 'smollm2-arithmetic.yaml'), 'utf8');
     await writeFile(recipe, text.replace(/path: .*SmolLM2-135M-Instruct/, `path: ${fixture}`));
     const out = join(dir, 'out');
+    // The tiny model scores 0 everywhere: without the recipe's dynamic sampling every step trains (and has parts).
+    const plain = ['--set', 'algorithm.filterZeroVariance=false', '--set', 'sync.generationBatchSize=4'];
     const { code, lines, stderr } = await bench([
+      ...plain,
       '--steps',
       '2',
       '--val-every',
@@ -138,6 +141,8 @@ describe('npm run bench -- trl', () => {
       settings: { rows: 16, microBatchSize: 8, groupSize: 4, maxTokens: 16, lossType: 'dapo', scaleRewards: 'group' },
     });
     expect((header.settings as { lora: { rank: number } }).lora.rank).toBe(16);
+    expect(header.rxrl_only).toEqual({});
+    expect(lines.at(-1)!.rxrl_only).toEqual({});
     const steps = lines.filter((l) => l.side === 'rxrl' && typeof l.step === 'number');
     expect(steps.map((s) => s.step)).toEqual([0, 1]);
     for (const s of steps) {
@@ -199,5 +204,26 @@ describe('npm run bench -- trl', () => {
       .map((l) => l.step);
     expect(valSteps).toEqual([-1, 0, 1]);
     expect(await readFile(join(out, 'report.html'), 'utf8')).toContain('rxrl and TRL');
+
+    // The recipe as it is: its dynamic sampling runs on rxrl's side only, and the header and the summary say so. Here
+    // every group is filtered, so the step trains nothing; its reward is still that of every sample, as TRL's is.
+    const own = await bench([
+      '--steps',
+      '1',
+      '--val-every',
+      '1',
+      '--only',
+      'rxrl',
+      '--backend',
+      'wasm',
+      '--recipe',
+      recipe,
+      '--out',
+      join(dir, 'own'),
+    ]);
+    expect(own.code, own.stderr).toBe(0);
+    expect(own.lines[0].rxrl_only).toEqual({ 'algorithm.filterZeroVariance': true, 'sync.generationBatchSize': 8 });
+    expect(own.lines.at(-1)!.rxrl_only).toEqual(own.lines[0].rxrl_only);
+    expect(own.lines.find((l) => l.side === 'rxrl' && l.step === 0)).toMatchObject({ reward_mean: 0 });
   }, 120_000);
 });
