@@ -1,6 +1,22 @@
 import type { RolloutEngine } from '../../lib/engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../../lib/model/types.js';
 import type { SampleFailure, Task, Trajectory } from '../../lib/core/types.js';
+import type { Evaluator } from '../../lib/core/evaluator.js';
+
+/**
+ * Rewards for dynamic-sampling specs: every sample of a task `flat` picks scores 1 (a group with no signal); the
+ * samples of any other task score 0, 1, 0, … in the order they are scored.
+ */
+export function flatOrAlternating(flat: (taskId: string) => boolean): Evaluator {
+  const scored = new Map<string, number>();
+  return {
+    evaluate: (task) => {
+      const n = scored.get(task.id) ?? 0;
+      scored.set(task.id, n + 1);
+      return { reward: flat(task.id) ? 1 : n % 2 };
+    },
+  };
+}
 
 /** A task with a prompt and answer. */
 export function task(id: string, prompt = 'ab', answer = 'ba'): Task {

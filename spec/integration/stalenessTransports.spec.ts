@@ -29,6 +29,7 @@ import { grpoPipeline } from '../../pipelines/grpoPipeline.js';
 import { kafkaRolloutWorker } from '../../pipelines/kafkaRolloutWorker.js';
 import { kafkaTrainer } from '../../pipelines/kafkaTrainer.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
+import { flatOrAlternating } from '../helpers/fixtures.js';
 import { kafkaClient, uniqueName } from '../kafka/helpers.js';
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
@@ -275,14 +276,7 @@ describe.each([inProcess, overKafka])('dynamic sampling through the loop: $name'
     async (mode) => {
       // Every third task's samples all score 1 (no signal); the others' two samples score 0 and 1.
       const flat = (id: string): boolean => task.train.findIndex((t) => t.id === id) % 3 === 0;
-      const scored = new Map<string, number>();
-      const evaluator: Evaluator = {
-        evaluate: (t) => {
-          const n = scored.get(t.id) ?? 0;
-          scored.set(t.id, n + 1);
-          return { reward: flat(t.id) ? 1 : n % 2 };
-        },
-      };
+      const evaluator = flatOrAlternating(flat);
       const policy = PolicyModel.create(MODEL, 5);
       const trainer = new RecordingTrainer(createRng(5, 'trainer'), () => policy.getWeights());
       const admitted: string[] = [];

@@ -8,7 +8,7 @@ import type { StalenessMode } from '../../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Batch, Task } from '../../lib/core/types.js';
 import { grpoPipeline } from '../../pipelines/grpoPipeline.js';
-import { tinyTokenizer } from '../helpers/fixtures.js';
+import { flatOrAlternating, tinyTokenizer } from '../helpers/fixtures.js';
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -179,14 +179,7 @@ describe('dynamic sampling (generationBatchSize > batchSize, zero-variance group
   const run = async (mode: StalenessMode) => {
     const engine = new LatencyEngine(createRng(3, 'engine'));
     const trainer = new RecordingTrainer(createRng(3, 'trainer'));
-    const scored = new Map<string, number>();
-    const varied: Evaluator = {
-      evaluate: (task) => {
-        const n = scored.get(task.id) ?? 0;
-        scored.set(task.id, n + 1);
-        return { reward: flat(task.id) ? 1 : n % 2 };
-      },
-    };
+    const varied = flatOrAlternating(flat);
     const admitted: string[] = [];
     const results = await lastValueFrom(
       grpoPipeline({
