@@ -115,23 +115,24 @@ describe('npm run bench -- trl', () => {
     const out = join(dir, 'out');
     // The tiny model scores 0 everywhere: without the recipe's dynamic sampling every step trains (and has parts).
     const plain = ['--set', 'algorithm.filterZeroVariance=false', '--set', 'sync.generationBatchSize=4'];
-    const { code, lines, stderr } = await bench([
-      ...plain,
-      '--steps',
-      '2',
-      '--val-every',
-      '1',
-      '--target',
-      '0',
-      '--only',
-      'rxrl',
-      '--backend',
-      'wasm',
-      '--recipe',
-      recipe,
-      '--out',
-      out,
-    ]);
+    // rxrl's side only, on wasm, validating after every step.
+    const rxrlSide = (steps: number, to: string, more: readonly string[]) =>
+      bench([
+        ...more,
+        '--steps',
+        String(steps),
+        '--val-every',
+        '1',
+        '--only',
+        'rxrl',
+        '--backend',
+        'wasm',
+        '--recipe',
+        recipe,
+        '--out',
+        to,
+      ]);
+    const { code, lines, stderr } = await rxrlSide(2, out, [...plain, '--target', '0']);
     expect(code, stderr).toBe(0);
 
     const [header] = lines;
@@ -207,20 +208,7 @@ describe('npm run bench -- trl', () => {
 
     // The recipe as it is: its dynamic sampling runs on rxrl's side only, and the header and the summary say so. Here
     // every group is filtered, so the step trains nothing; its reward is still that of every sample, as TRL's is.
-    const own = await bench([
-      '--steps',
-      '1',
-      '--val-every',
-      '1',
-      '--only',
-      'rxrl',
-      '--backend',
-      'wasm',
-      '--recipe',
-      recipe,
-      '--out',
-      join(dir, 'own'),
-    ]);
+    const own = await rxrlSide(1, join(dir, 'own'), []);
     expect(own.code, own.stderr).toBe(0);
     expect(own.lines[0].rxrl_only).toEqual({ 'algorithm.filterZeroVariance': true, 'sync.generationBatchSize': 8 });
     expect(own.lines.at(-1)!.rxrl_only).toEqual(own.lines[0].rxrl_only);
