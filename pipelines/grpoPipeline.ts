@@ -18,7 +18,7 @@ import { taskStream, type LoadTasksOptions, type TaskSource } from '../lib/data/
 import type { RolloutEngine } from '../lib/engine/types.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
-import { AdmissionGate, allGates, type StalenessMode } from '../lib/sync/gate.js';
+import { AdmissionGate, allGates, generationBatchProblem, type StalenessMode } from '../lib/sync/gate.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import {
   isSampleFailure,
@@ -470,17 +470,11 @@ export function prefixed(tag: string, metrics: Metrics): Metrics {
  */
 export function generationBatchSize(config: Pick<LoopSettings, 'batchSize' | 'generationBatchSize' | 'advantage'>): number {
   const { batchSize, generationBatchSize: perStep = batchSize } = config;
-  if (!(Number.isInteger(perStep) && perStep >= batchSize))
-    throw new ConfigError(`generationBatchSize must be an integer >= batchSize (${batchSize}), got ${perStep}`, {
-      context: { key: 'generationBatchSize' },
-    });
-  if (perStep > batchSize && config.advantage?.filterZeroVariance !== true)
-    throw new ConfigError(
-      'generationBatchSize > batchSize needs advantage.filterZeroVariance (dynamic sampling trains groups whose rewards differ)',
-      {
-        context: { key: 'generationBatchSize' },
-      },
-    );
+  const problem = generationBatchProblem(
+    { batch: batchSize, generation: perStep, filter: config.advantage?.filterZeroVariance === true },
+    { batch: 'batchSize', generation: 'generationBatchSize', filter: 'advantage.filterZeroVariance' },
+  );
+  if (problem !== undefined) throw new ConfigError(problem, { context: { key: 'generationBatchSize' } });
   return perStep;
 }
 

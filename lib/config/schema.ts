@@ -10,6 +10,7 @@ import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
+import { generationBatchProblem } from '../sync/gate.js';
 
 /** One agent of a multi-agent run (`agents.roles[i]`). */
 export interface AgentRoleConfig {
@@ -651,14 +652,13 @@ function requireWhen(c: RxrlConfig): void {
 
 /** Dynamic sampling: a generation batch at least the train batch, larger only with the zero-variance filter. */
 function samplingProblems(c: RxrlConfig): string[] {
-  const perStep = c.sync.generationBatchSize;
-  if (perStep === null) return [];
-  if (perStep < c.sync.batchSize) return [`sync.generationBatchSize: must be >= sync.batchSize (${c.sync.batchSize}), got ${perStep}`];
-  if (perStep > c.sync.batchSize && !c.algorithm.filterZeroVariance)
-    return [
-      'sync.generationBatchSize: larger than sync.batchSize needs algorithm.filterZeroVariance (each step trains groups whose rewards differ)',
-    ];
-  return [];
+  const generation = c.sync.generationBatchSize;
+  if (generation === null) return [];
+  const problem = generationBatchProblem(
+    { batch: c.sync.batchSize, generation, filter: c.algorithm.filterZeroVariance },
+    { batch: 'sync.batchSize', generation: 'sync.generationBatchSize', filter: 'algorithm.filterZeroVariance' },
+  );
+  return problem === undefined ? [] : [problem];
 }
 
 /** What a Tinker-backed run needs, and the trainer settings it cannot honour (the service computes the loss). */

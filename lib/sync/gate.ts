@@ -156,6 +156,29 @@ export class AdmissionGate {
   }
 }
 
+/** The names a caller gives the sizes of {@link generationBatchProblem} (config keys, or option names). */
+export interface GenerationBatchKeys {
+  readonly batch: string;
+  readonly generation: string;
+  readonly filter: string;
+}
+
+/**
+ * Why a generation batch (tasks admitted per step) does not go with its train batch, or `undefined` when it does: it
+ * must be an integer ≥ the train batch, and larger only with the zero-variance filter (DAPO's dynamic sampling, which
+ * trains the groups whose rewards differ). The message starts with `keys.generation`.
+ */
+export function generationBatchProblem(
+  sizes: { readonly batch: number; readonly generation: number; readonly filter: boolean },
+  keys: GenerationBatchKeys,
+): string | undefined {
+  if (!(Number.isInteger(sizes.generation) && sizes.generation >= sizes.batch))
+    return `${keys.generation}: must be an integer >= ${keys.batch} (${sizes.batch}), got ${sizes.generation}`;
+  if (sizes.generation > sizes.batch && !sizes.filter)
+    return `${keys.generation}: larger than ${keys.batch} needs ${keys.filter} (dynamic sampling trains the groups whose rewards differ)`;
+  return undefined;
+}
+
 /**
  * One admission over several gates, one per policy: a task may start once every gate admits it (a closed gate, of a
  * policy done training, admits everything). Gates only ever open further, so awaiting them in turn is enough.

@@ -69,7 +69,7 @@ describe('loadConfig', () => {
       (generationBatchSize: number, filterZeroVariance = false) =>
       () =>
         loadConfig({ values: { sync: { batchSize: 4, generationBatchSize }, algorithm: { filterZeroVariance } }, env: {} });
-    expect(rejection(sync(2)).message).toMatch(/sync\.generationBatchSize: must be >= sync\.batchSize \(4\), got 2/);
+    expect(rejection(sync(2)).message).toMatch(/sync\.generationBatchSize: must be an integer >= sync\.batchSize \(4\), got 2/);
     expect(rejection(sync(8)).message).toMatch(
       /sync\.generationBatchSize: larger than sync\.batchSize needs algorithm\.filterZeroVariance/,
     );

@@ -241,8 +241,10 @@ describe('dynamic sampling (generationBatchSize > batchSize, zero-variance group
     };
     const base = { ...config, batchSize: 2, groupSize: 2, maxTokens: 2 };
     expect(() => grpoPipeline({ ...base, generationBatchSize: 1 }).subscribe()).toThrow(
-      /generationBatchSize must be an integer >= batchSize/,
+      /generationBatchSize: must be an integer >= batchSize \(2\), got 1/,
     );
-    expect(() => grpoPipeline({ ...base, generationBatchSize: 4 }).subscribe()).toThrow(/needs advantage.filterZeroVariance/);
+    expect(() => grpoPipeline({ ...base, generationBatchSize: 4 }).subscribe()).toThrow(
+      /generationBatchSize: larger than batchSize needs advantage\.filterZeroVariance/,
+    );
   });
 });
