@@ -261,7 +261,7 @@ export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from 
 export type { JinjaChatTemplate, JinjaChatTemplateOptions } from './chat/jinjaTemplate.js';
 export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
 export type { ParsedAssistantText } from './chat/toolCalls.js';
-export { chatWorker, closeWorker, singleTurnWorker } from './engine/worker.js';
+export { chatWorker, closeWorker, referenceWorker, singleTurnWorker } from './engine/worker.js';
 export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './engine/worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';

@@ -6,8 +6,8 @@ import { type KlController, createKlController, updateKlController } from '../li
 import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
-import { spanSeconds } from '../lib/observe/spans.js';
 import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/core/types.js';
+import { groupMetrics, rolloutSeconds } from './internal/batchStats.js';
 
 /** A frozen reference policy that scores the response tokens of a batch. */
 export interface ReferencePolicy {
@@ -90,13 +90,7 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
         const rows: Trajectory[] = groups.flatMap((g) => g.trajectories);
         const base = collate(rows, { padId: options.padId, modelTag });
         const R = base.responseLength;
-        const metrics: Metrics = {
-          'batch/groups': groups.length,
-          'batch/groups_empty': groups.filter((g) => g.trajectories.length === 0).length,
-          'batch/groups_timed_out': groups.filter((g) => g.closedBy === 'timeout').length,
-          'batch/trajectories_dropped': groups.reduce((n, g) => n + (g.dropped ?? 0), 0),
-          'rollout/failed_samples': groups.reduce((n, g) => n + (g.failed ?? 0), 0),
-        };
+        const metrics: Metrics = groupMetrics(groups);
         let tokenRewards = base.tokenRewards; // [B, R]
         let refLogprobs: Float32Array | undefined; // [B, R]
         if (options.klInReward && controller && base.size > 0) {
@@ -145,20 +139,6 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
         return { ...prepared, meta: { ...prepared.meta, groups: groupIds }, metrics };
       }),
     );
-}
-
-/**
- * `timing/generate_s` and `timing/reward_s` of a batch: the wall time during which at least one of its samples was
- * being generated, or scored (the union of their spans, so concurrent samples count once). Absent when no row has
- * timing (trajectories that crossed Kafka).
- */
-function rolloutSeconds(rows: readonly Trajectory[]): Metrics {
-  const timed = rows.flatMap((t) => (t.timing ? [t.timing] : []));
-  if (timed.length === 0) return {};
-  return {
-    'timing/generate_s': spanSeconds(timed.map((t) => t.generate)),
-    'timing/reward_s': spanSeconds(timed.map((t) => t.reward)),
-  };
 }
 
 /** The rows of `kept` that belong to its first `maxGroups` groups (rows come grouped, in batch order), and how many groups went. */

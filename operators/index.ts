@@ -22,6 +22,8 @@ export type { BatchGroupsOptions, BatchReadiness } from './batchGroups.js';
 // ── algorithm stage ────────────────────────────────────────────────────────────
 export { grpoPrepare } from './grpoPrepare.js';
 export type { GrpoPrepareOptions, KlInRewardOptions, ReferencePolicy } from './grpoPrepare.js';
+export { sftPrepare } from './sftPrepare.js';
+export type { SftPrepareOptions } from './sftPrepare.js';
 
 // ── training and weight sync ───────────────────────────────────────────────────
 export { train } from './train.js';

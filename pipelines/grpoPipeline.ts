@@ -37,6 +37,7 @@ import { batchGroups } from '../operators/batchGroups.js';
 import { groupTrajectories } from '../operators/groupTrajectories.js';
 import { grpoPrepare, type GrpoPrepareOptions, type KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
+import { sftPrepare } from '../operators/sftPrepare.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
 
@@ -88,6 +89,12 @@ export interface LoopSettings {
   readonly onGroupTimeout?: 'release' | 'drop' | undefined;
   /** Optional KL penalty in the reward. */
   readonly klInReward?: KlInRewardOptions | undefined;
+  /**
+   * Supervised fine-tuning (`trainer.algorithm: sft`, with a trainer that minimizes the cross-entropy): batches are
+   * prepared by `sftPrepare` instead of `grpoPrepare` — every row, or with `minReward` only the rows that reached it
+   * (imitation of the rollouts that scored). Default: GRPO.
+   */
+  readonly sft?: { readonly minReward?: number | undefined } | undefined;
   /** Sees each admitted task with its 0-based admission index. */
   readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
@@ -389,10 +396,12 @@ function laneSteps(
         batchGroups({ batchSize: perStep, ...(batchOf ? { batchOf } : {}) }),
         map((batch) => admissions?.settle(batch, perStep > trains) ?? batch),
       ),
-    grpoPrepare({
-      ...prepareOptions(config, lane.padId, lane.modelTag, config.signal),
-      ...(perStep > trains ? { maxGroups: trains } : {}),
-    }),
+    config.sft
+      ? sftPrepare({ padId: lane.padId, minReward: config.sft.minReward, modelTag: lane.modelTag })
+      : grpoPrepare({
+          ...prepareOptions(config, lane.padId, lane.modelTag, config.signal),
+          ...(perStep > trains ? { maxGroups: trains } : {}),
+        }),
     // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
     config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
     map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),

@@ -34,6 +34,11 @@ export interface Task {
   readonly prompt: string;
   /** Reference answer the evaluator scores against, when the task has one. */
   readonly answer?: string;
+  /**
+   * The reference output to imitate (`trainer.algorithm: sft` from a dataset): the completion of `prompt` (or of
+   * the conversation in `metadata.messages`) the policy is trained to write. Default for imitation: `answer`.
+   */
+  readonly response?: string;
   /** Free-form, JSON-serializable data for evaluators and recipes. */
   readonly metadata?: Readonly<Record<string, unknown>>;
   /** Pass over the data this task was loaded in (set by the loader; 0 when absent). */

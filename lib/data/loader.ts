@@ -11,6 +11,7 @@ import { AsyncIterableX } from 'ix/asynciterable';
 import { ConfigError, DecodeError } from '../core/errors.js';
 import { createRng, shuffledIndices } from '../core/random.js';
 import type { Task } from '../core/types.js';
+import { CHAT_ROLES, type ChatRole } from '../chat/types.js';
 
 /** Where tasks come from: an array, any (async) iterable such as a generator, or a JSONL file. */
 export type TaskSource = readonly Task[] | Iterable<Task> | AsyncIterable<Task> | { readonly jsonl: string };
@@ -149,33 +150,65 @@ export function parseTaskLine(line: string, where: { file: string; line: number 
   return validateTask(value, where);
 }
 
-/** Checks that a value has the shape of a {@link Task}; throws {@link DecodeError} otherwise. */
+/**
+ * Checks that a value has the shape of a {@link Task}; throws {@link DecodeError} otherwise. Besides `prompt`, a row
+ * may carry its reference output for supervised fine-tuning: `response`, or a chat conversation `messages` (roles
+ * and contents) ending in the assistant's turn, which becomes the response; the turns before it are kept as
+ * `metadata.messages` (rendered with the model's chat template), and `prompt`, when absent, is the last user turn.
+ */
 export function validateTask(value: unknown, where: Record<string, unknown> = {}): Task {
   const at = 'file' in where ? `${String(where.file)}:${String(where.line)}: ` : '';
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    throw new DecodeError(`${at}a task must be a JSON object`, { context: where });
-  }
+  const fail = (message: string): never => {
+    throw new DecodeError(`${at}${message}`, { context: where });
+  };
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) fail('a task must be a JSON object');
   const record = value as Record<string, unknown>;
   const id = record.id;
-  if (!(typeof id === 'string' && id.length > 0) && typeof id !== 'number') {
-    throw new DecodeError(`${at}task field 'id' must be a non-empty string or a number`, { context: where });
-  }
-  if (typeof record.prompt !== 'string') {
-    throw new DecodeError(`${at}task field 'prompt' must be a string`, { context: where });
-  }
-  if (record.answer !== undefined && typeof record.answer !== 'string') {
-    throw new DecodeError(`${at}task field 'answer' must be a string when present`, { context: where });
+  if (!(typeof id === 'string' && id.length > 0) && typeof id !== 'number') fail("task field 'id' must be a non-empty string or a number");
+  for (const key of ['answer', 'response'] as const) {
+    if (record[key] !== undefined && typeof record[key] !== 'string') fail(`task field '${key}' must be a string when present`);
   }
   const metadata = record.metadata;
   if (metadata !== undefined && (typeof metadata !== 'object' || metadata === null || Array.isArray(metadata))) {
-    throw new DecodeError(`${at}task field 'metadata' must be an object when present`, { context: where });
+    fail("task field 'metadata' must be an object when present");
   }
+  const chat = record.messages === undefined ? undefined : conversation(record.messages, fail);
+  if (chat && record.response !== undefined) fail("a task gives its reference output as 'response' or as 'messages', not both");
+  const prompt = record.prompt ?? chat?.lastUser;
+  if (typeof prompt !== 'string') fail("task field 'prompt' must be a string");
+  const response = (record.response as string | undefined) ?? chat?.response;
+  const meta = chat ? { ...(metadata as Record<string, unknown> | undefined), messages: chat.context } : metadata;
   return {
     id: String(id),
-    prompt: record.prompt,
+    prompt: prompt as string,
     ...(record.answer === undefined ? {} : { answer: record.answer as string }),
-    ...(metadata === undefined ? {} : { metadata: metadata as Record<string, unknown> }),
+    ...(response === undefined ? {} : { response }),
+    ...(meta === undefined ? {} : { metadata: meta as Record<string, unknown> }),
   };
+}
+
+/** A row's `messages`: the turns before the last, the last (the assistant's) as the response, the last user turn. */
+function conversation(
+  value: unknown,
+  fail: (message: string) => never,
+): { context: { role: string; content: string }[]; response: string; lastUser: string | undefined } {
+  if (!Array.isArray(value) || value.length === 0) return fail("task field 'messages' must be a non-empty array when present");
+  const messages = value.map((m: unknown, i) => {
+    const message = m as Record<string, unknown> | null;
+    if (
+      typeof message !== 'object' ||
+      message === null ||
+      !CHAT_ROLES.includes(message.role as ChatRole) ||
+      typeof message.content !== 'string'
+    ) {
+      return fail(`messages[${i}] must be an object with a role (${CHAT_ROLES.join(', ')}) and a string content`);
+    }
+    return { role: message.role as string, content: message.content };
+  });
+  const last = messages[messages.length - 1];
+  if (last.role !== 'assistant') fail(`the last of 'messages' must be the assistant's turn (the reference output), got '${last.role}'`);
+  const context = messages.slice(0, -1);
+  return { context, response: last.content, lastUser: context.filter((m) => m.role === 'user').pop()?.content };
 }
 
 async function* readJsonl(file: string, signal?: AbortSignal): AsyncIterable<Task> {

@@ -11,6 +11,7 @@
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatMessage } from '../chat/types.js';
 import type { RolloutEngine } from './types.js';
+import { DecodeError } from '../core/errors.js';
 import type { FinishReason, ModelTag, PolicyVersion, Task } from '../core/types.js';
 
 /** What a worker is asked to produce: one sample of `task`. */
@@ -91,13 +92,73 @@ export const singleTurnWorker: RolloutWorker = async (input, signal) =>
  * @returns The worker.
  */
 export function chatWorker(template: ChatTemplate, options: { readonly system?: string } = {}): RolloutWorker {
-  return async (input, signal) => {
-    const messages: ChatMessage[] = [
-      ...(options.system === undefined ? [] : [{ role: 'system' as const, content: options.system }]),
-      { role: 'user', content: input.task.prompt },
-    ];
-    return completeOnce(input, template.render(messages, [], { addGenerationPrompt: true }), signal);
+  return async (input, signal) =>
+    completeOnce(input, template.render(conversationOf(input.task, options.system), [], { addGenerationPrompt: true }), signal);
+}
+
+/**
+ * A worker that samples nothing: each sample is the task's reference output (`task.response`, else `task.answer`)
+ * as the policy would have written it after the prompt — supervised fine-tuning (`trainer.algorithm: sft`) through
+ * the same loop as GRPO. Without `template` the prompt is encoded as {@link singleTurnWorker} does and the response
+ * ends with the first stop token; with one, the conversation (`task.metadata.messages`, else the prompt as the user's
+ * message after an optional system message) is rendered with the generation prompt as {@link chatWorker} does, and
+ * the response is what the template writes for the assistant's turn, up to and including its end-of-turn stop token.
+ * Every response token is trained on; the log-probs are 0 (the cross-entropy loss does not read them). The sample
+ * carries the engine's version.
+ *
+ * @example
+ * ```ts
+ * const worker = referenceWorker(await loadChatTemplate(dir, tokenizer));
+ * rollout(engine, { samplesPerTask: 1, concurrency: 16, maxTokens: 64, evaluator, worker });
+ * ```
+ * @param template - Renders conversations; absent: plain prompts.
+ * @param options - `system`: a system message put first (with `template`).
+ * @returns The worker; a task with no reference output fails its sample with a {@link DecodeError}.
+ */
+export function referenceWorker(template?: ChatTemplate, options: { readonly system?: string } = {}): RolloutWorker {
+  return async ({ engine, task }) => {
+    const reference = task.response ?? task.answer;
+    if (reference === undefined) {
+      throw new DecodeError(`task ${task.id} has no reference output to imitate (a 'response', or an 'answer')`, {
+        context: { taskId: task.id },
+      });
+    }
+    const { tokenizer } = engine;
+    let promptTokens: number[];
+    let rendered: number[];
+    if (template) {
+      const messages = conversationOf(task, options.system);
+      promptTokens = template.render(messages, [], { addGenerationPrompt: true });
+      rendered = template.render([...messages, { role: 'assistant', content: reference }], [], { addGenerationPrompt: false });
+      if (!promptTokens.every((id, i) => rendered[i] === id)) {
+        throw new DecodeError(`task ${task.id}: the chat template renders the conversation with its reply differently from the prompt`, {
+          context: { taskId: task.id },
+        });
+      }
+    } else {
+      promptTokens = tokenizer.encode(task.prompt, { addBos: true });
+      rendered = [...promptTokens, ...tokenizer.encode(reference, { addBos: false }), tokenizer.stopIds[0] ?? tokenizer.eosId];
+    }
+    const rest = rendered.slice(promptTokens.length);
+    const stop = rest.findIndex((id) => tokenizer.stopIds.includes(id));
+    const responseTokens = stop < 0 ? rest : rest.slice(0, stop + 1);
+    return {
+      promptTokens,
+      responseTokens,
+      logprobs: responseTokens.map(() => 0),
+      lossMask: responseTokens.map(() => 1),
+      finishReason: stop < 0 ? 'length' : 'stop',
+      policyVersion: engine.version,
+      response: tokenizer.decode(responseTokens),
+    };
   };
+}
+
+/** The messages of a task: its `metadata.messages` when it has them, else its prompt as the user's (after `system`). */
+function conversationOf(task: Task, system: string | undefined): ChatMessage[] {
+  const context = task.metadata?.messages;
+  if (Array.isArray(context)) return context as ChatMessage[];
+  return [...(system === undefined ? [] : [{ role: 'system' as const, content: system }]), { role: 'user', content: task.prompt }];
 }
 
 async function completeOnce(input: RolloutWorkerInput, promptTokens: number[], signal: AbortSignal): Promise<RolloutSample> {

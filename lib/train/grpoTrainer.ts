@@ -17,8 +17,17 @@ import type { Batch, BatchMeta, Defined, Metrics, ModelTag } from '../core/types
 import { Adam, gradientSquares } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 
+/** What a trainer minimizes: the GRPO objective, or the cross-entropy of the response tokens (SFT). */
+export type TrainerAlgorithm = 'grpo' | 'sft';
+
 /** Options of {@link GrpoTrainer}. */
 export interface GrpoTrainerOptions {
+  /**
+   * The loss: `grpo` (the PPO clipped surrogate over the batch's advantages) or `sft` (the cross-entropy of the
+   * response tokens under the loss mask, each token weighted by its advantage — 1 in batches from `sftPrepare` —
+   * aggregated as `lossAggregation` says; the rollout log-probs are not read). Default `grpo`.
+   */
+  readonly algorithm?: TrainerAlgorithm;
   /** Adam learning rate. Default 1e-3. */
   readonly learningRate?: number;
   /** Adam β1. Default 0.9. */
@@ -222,27 +231,6 @@ export class GrpoTrainer implements Trainer {
       trajectoryIds: batch.meta.trajectoryIds,
       weights: () => model.getWeights(),
     };
-  }
-
-  /**
-   * A supervised (cross-entropy) step on the response tokens of `batch` where `lossMask` is 1, for warm starts.
-   * Returns `{ loss, gradNorm, skipped }`.
-   */
-  sftStep(batch: Batch): { loss: number; gradNorm: number; skipped: boolean } {
-    const tensors = rowTensors(batch, 0, batch.size);
-    try {
-      const vars = [...this.trainedVariables];
-      const { value, grads } = tf.variableGrads(() => {
-        const logprob = this.responseLogprobs(tensors, batch).logprob;
-        return tf.neg(aggregateLoss(logprob, tensors.lossMask, 'token-mean')) as tf.Scalar;
-      }, vars);
-      const loss = value.dataSync()[0];
-      value.dispose();
-      const { norm, applied } = this.applyClipped(grads, Number.isFinite(loss));
-      return { loss, gradNorm: norm, skipped: !applied };
-    } finally {
-      tf.dispose(Object.values(tensors));
-    }
   }
 
   /**
@@ -477,16 +465,19 @@ export class GrpoTrainer implements Trainer {
     const { logprob, entropy } = this.responseLogprobs(t, batch); // [b, R]
     const mode = this.options.lossAggregation;
     const maxLength = this.options.maxLength ?? batch.responseLength;
-    const pg = ppoClipLoss(
-      {
-        logprob,
-        oldLogprob: t.oldLogprobs,
-        advantages: t.advantages,
-        mask: t.lossMask,
-        ...(isWeights ? { importanceWeights: isWeights } : {}),
-      },
-      { clipLow: this.options.clipLow, clipHigh: this.options.clipHigh, clipRatioC: this.options.clipRatioC, mode, maxLength },
-    );
+    const pg =
+      this.options.algorithm === 'sft'
+        ? crossEntropy(logprob, t, mode, maxLength)
+        : ppoClipLoss(
+            {
+              logprob,
+              oldLogprob: t.oldLogprobs,
+              advantages: t.advantages,
+              mask: t.lossMask,
+              ...(isWeights ? { importanceWeights: isWeights } : {}),
+            },
+            { clipLow: this.options.clipLow, clipHigh: this.options.clipHigh, clipRatioC: this.options.clipRatioC, mode, maxLength },
+          );
     const metrics: ScalarMetrics = { ...pg.metrics };
     let loss = pg.loss;
     const entropyMean = aggregateLoss(entropy, t.lossMask, mode, { maxLength });
@@ -523,6 +514,17 @@ export class GrpoTrainer implements Trainer {
       tf.dispose([...Object.values(grads), ...squares.filter((x): x is tf.Tensor => x !== undefined)]);
     }
   }
+}
+
+/** The SFT loss: `−advantage · log-prob` of each response token under the loss mask, aggregated (`actor/sft_loss`). */
+function crossEntropy(
+  logprob: tf.Tensor2D,
+  t: RowTensors,
+  mode: LossAggMode,
+  maxLength: number,
+): { loss: tf.Scalar; metrics: ScalarMetrics } {
+  const loss = aggregateLoss(tf.neg(tf.mul(logprob, t.advantages)), t.lossMask, mode, { maxLength });
+  return { loss, metrics: { 'actor/sft_loss': loss } };
 }
 
 /** `rollout/staleness_{min,mean,max}` of a batch trained at `step`: `step − policyVersion` per row. */

@@ -250,16 +250,27 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     model.dispose();
   });
 
-  it('takes a supervised step that lowers the NLL of the response tokens', () => {
+  it("minimizes the response tokens' cross-entropy with algorithm 'sft', whatever the rollout log-probs say", async () => {
     const model = PolicyModel.create(config, 11);
-    const trainer = new GrpoTrainer(model, { learningRate: 1e-2 });
-    const batch = batchOf(model);
-    const first = trainer.sftStep(batch);
-    let last = first;
-    for (let i = 0; i < 5; i++) last = trainer.sftStep(batch);
-    expect(last.loss).toBeLessThan(first.loss);
-    expect(first.skipped).toBe(false);
+    const trainer = new GrpoTrainer(model, { algorithm: 'sft', learningRate: 1e-2 });
+    const nll = (ts: Trajectory[]): number =>
+      -ts.reduce((s, t) => s + t.logprobs.reduce((a, b) => a + b, 0), 0) / ts.reduce((n, t) => n + t.logprobs.length, 0);
+    // Rollout log-probs of 0 (a reference output was never sampled) must not change the loss: it reads the policy's own.
+    const data = rows(model).map((t) => ({ ...t, logprobs: t.logprobs.map(() => 0) }));
+    const before = nll(rows(model));
+    const first = await trainer.trainStep(collate(data, { padId: 0, modelTag: 'policy', advantages: [1, 1, 1, 1] }));
+    expect(first.metrics['actor/sft_loss']).toBeCloseTo(before, 4);
+    expect(first.metrics['actor/pg_loss']).toBeUndefined();
+    for (let i = 0; i < 4; i++) await trainer.trainStep(collate(data, { padId: 0, modelTag: 'policy', advantages: [1, 1, 1, 1] }));
+    expect(nll(rows(model))).toBeLessThan(before - 0.05);
+    // Advantage 0 weighs a row out: a batch of such rows moves nothing (a fresh trainer: Adam's momentum would).
     trainer.dispose();
+    const fresh = new GrpoTrainer(model, { algorithm: 'sft', learningRate: 1e-2 });
+    const weights = model.getWeights();
+    const idle = await fresh.trainStep(collate(data, { padId: 0, modelTag: 'policy', advantages: [0, 0, 0, 0] }));
+    expect(idle.metrics['actor/sft_loss']).toBe(0);
+    for (const [name, w] of model.getWeights()) expect(Array.from(w.data)).toEqual(Array.from(weights.get(name)!.data));
+    fresh.dispose();
     model.dispose();
   });
 });
