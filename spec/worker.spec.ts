@@ -4,7 +4,9 @@ import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { GenerateRequest, GenerateResponse } from '../lib/model/types.js';
 import { loadTokenizer } from '../lib/model/hfTokenizer.js';
-import { chatWorker, singleTurnWorker, type RolloutWorkerInput } from '../lib/engine/worker.js';
+import { chatWorker, referenceWorker, singleTurnWorker, type RolloutWorkerInput } from '../lib/engine/worker.js';
+import type { ChatMessage } from '../lib/chat/types.js';
+import { DecodeError } from '../lib/core/errors.js';
 
 const FIXTURE = new URL('./fixtures/hf/tiny-qwen2/', import.meta.url).pathname;
 
@@ -67,5 +69,49 @@ describe('rollout workers', () => {
     const sample = await singleTurnWorker(input(engine), new AbortController().signal);
     expect(requests[0].promptTokens).toEqual(engine.tokenizer.encode('What is 2 + 3?', { addBos: true }));
     expect(sample.response).toBe('5');
+  });
+});
+
+describe('referenceWorker', () => {
+  const signal = new AbortController().signal;
+
+  it("writes the task's reference output after the chat-rendered prompt, up to the template's end-of-turn, without sampling", async () => {
+    const { engine, requests } = await recordingEngine('unused');
+    const template = (await loadChatTemplate(FIXTURE, engine.tokenizer))!;
+    const task = { id: 't', prompt: 'What is 2 + 3?', answer: '2 + 3 = 5' };
+    const sample = await referenceWorker(template)({ ...input(engine), task }, signal);
+    expect(requests).toEqual([]);
+    expect(sample.promptTokens).toEqual(template.render([{ role: 'user', content: task.prompt }], [], { addGenerationPrompt: true }));
+    expect(engine.tokenizer.decode(sample.responseTokens, { skipSpecialTokens: false })).toBe('2 + 3 = 5<|im_end|>');
+    expect(sample).toMatchObject({ finishReason: 'stop', policyVersion: 3, response: '2 + 3 = 5' });
+    expect(sample.lossMask).toEqual(sample.responseTokens.map(() => 1));
+    expect(sample.logprobs).toEqual(sample.responseTokens.map(() => 0));
+    // `response` wins over `answer`; a conversation in metadata.messages is the prompt.
+    const chat = {
+      ...task,
+      response: 'Five.',
+      metadata: {
+        messages: [
+          { role: 'system', content: 'Be brief.' },
+          { role: 'user', content: 'What is 2 + 3?' },
+        ],
+      },
+    };
+    const fromChat = await referenceWorker(template)({ ...input(engine), task: chat }, signal);
+    expect(fromChat.promptTokens).toEqual(template.render(chat.metadata.messages as ChatMessage[], [], { addGenerationPrompt: true }));
+    expect(fromChat.response).toBe('Five.');
+  });
+
+  it('without a template encodes the prompt as singleTurnWorker does and ends the reference with the stop token', async () => {
+    const { engine } = await recordingEngine('unused');
+    const task = { id: 't', prompt: 'abc', response: 'cba' };
+    const sample = await referenceWorker()({ ...input(engine), task }, signal);
+    expect(sample.promptTokens).toEqual(engine.tokenizer.encode('abc', { addBos: true }));
+    expect(sample.responseTokens).toEqual([...engine.tokenizer.encode('cba', { addBos: false }), engine.tokenizer.stopIds[0]]);
+  });
+
+  it('fails the sample with a DecodeError when the task has no reference output', async () => {
+    const { engine } = await recordingEngine('unused');
+    await expect(referenceWorker()({ ...input(engine), task: { id: 'x', prompt: 'p' } }, signal)).rejects.toThrow(DecodeError);
   });
 });

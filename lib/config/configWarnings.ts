@@ -28,9 +28,13 @@ export interface ConfigWarningsContext {
  * @param context - facts known after loading, such as the number of training tasks.
  * @returns the warnings, in a fixed order; empty when there is nothing to say.
  */
-export function configWarnings(config: Pick<RxrlConfig, 'algorithm' | 'data' | 'rollout'>, context: ConfigWarningsContext = {}): string[] {
+export function configWarnings(
+  config: Pick<RxrlConfig, 'algorithm' | 'data' | 'rollout'> & { readonly trainer?: Pick<RxrlConfig['trainer'], 'algorithm'> },
+  context: ConfigWarningsContext = {},
+): string[] {
   const warnings: string[] = [];
-  if (config.rollout.groupSize === 1) {
+  // Supervised fine-tuning has no group advantages: one sample a task is its normal shape.
+  if (config.rollout.groupSize === 1 && config.trainer?.algorithm !== 'sft') {
     warnings.push(
       'rollout.groupSize is 1: every GRPO group has one sample, whose advantage (reward minus the group mean) is ' +
         'always 0, so the policy-gradient loss is 0 and nothing is learned from the rewards' +

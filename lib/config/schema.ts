@@ -57,6 +57,7 @@ interface FormatValues {
   'non-negative-int': number;
   'positive-number': number;
   'non-negative-number': number;
+  'finite-number': number;
   'unit-interval': number;
   'clip-range': number;
   'optional-positive-number': number | null;
@@ -79,6 +80,10 @@ const FORMATS = {
   'non-negative-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'), coerce: Number },
   'positive-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v > 0, 'a finite number > 0'),
+    coerce: Number,
+  },
+  'finite-number': {
+    validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v), 'a finite number'),
     coerce: Number,
   },
   'non-negative-number': {
@@ -368,6 +373,11 @@ export const SCHEMA = {
       format: ['local', 'tinker'],
       default: 'local',
     },
+    algorithm: {
+      doc: "What the trainer minimizes: 'grpo' (the clipped policy gradient over group advantages) or 'sft' (the cross-entropy of reference outputs, sft.*).",
+      format: ['grpo', 'sft'],
+      default: 'grpo',
+    },
     learningRate: { doc: 'Adam learning rate.', format: 'positive-number', default: 1e-3 },
     clipLow: { doc: 'PPO lower clip range.', format: 'clip-range', default: 0.2 },
     clipHigh: { doc: 'PPO upper clip range (DAPO clip-higher).', format: 'non-negative-number', default: 0.28 },
@@ -395,6 +405,18 @@ export const SCHEMA = {
         default: 0,
       },
       estimator: { doc: 'KL estimator of the loss term.', format: KL_ESTIMATORS, default: 'low_var_kl' },
+    },
+  },
+  sft: {
+    source: {
+      doc: "trainer.algorithm 'sft': the targets — 'dataset' (each task's reference output: its response, or its answer; rollout.groupSize 1) or 'rollouts' (the policy's own samples whose reward reaches sft.minReward: rejection-sampling fine-tuning).",
+      format: ['dataset', 'rollouts'],
+      default: 'dataset',
+    },
+    minReward: {
+      doc: "trainer.algorithm 'sft' with sft.source 'rollouts': a sample is imitated when its reward is at least this.",
+      format: 'finite-number',
+      default: 1,
     },
   },
   sync: {
@@ -626,7 +648,9 @@ function requireWhen(c: RxrlConfig): void {
     }
     // A multi-agent environment scores its episodes itself; an agent program may give its own rewards.
     const agentRewards = c.rollout.agent.command !== null || c.rollout.agent.module !== null;
-    if (c.rollout.evaluator.module === null && c.agents.environment === 'none' && !agentRewards) {
+    // Reference outputs for supervised fine-tuning need no score, unless a validation split is to be scored.
+    const references = c.trainer.algorithm === 'sft' && c.sft.source === 'dataset' && c.data.validationFile === null;
+    if (c.rollout.evaluator.module === null && c.agents.environment === 'none' && !agentRewards && !references) {
       missing.push("rollout.evaluator.module: required when data.source is 'jsonl' (unless rollout.agent gives the rewards)");
     }
   }
@@ -643,7 +667,7 @@ function requireWhen(c: RxrlConfig): void {
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');
   missing.push(...samplingProblems(c));
-  missing.push(...agentProblems(c), ...tinkerProblems(c));
+  missing.push(...agentProblems(c), ...tinkerProblems(c), ...sftProblems(c));
   if (c.model.nKvHeads !== 0 && c.model.nHeads % c.model.nKvHeads !== 0) missing.push('model.nKvHeads: must divide model.nHeads');
   if ((c.model.dModel / c.model.nHeads) % 2 !== 0) missing.push('model.nHeads: dModel / nHeads (the head width) must be even');
   if (missing.length > 0)
@@ -659,6 +683,23 @@ function samplingProblems(c: RxrlConfig): string[] {
     { batch: 'sync.batchSize', generation: 'sync.generationBatchSize', filter: 'algorithm.filterZeroVariance' },
   );
   return problem === undefined ? [] : [problem];
+}
+
+/** What supervised fine-tuning cannot be combined with. */
+function sftProblems(c: RxrlConfig): string[] {
+  if (c.trainer.algorithm !== 'sft') return [];
+  const problems: string[] = [];
+  const why = "with trainer.algorithm 'sft'";
+  if (c.algorithm.klInReward.coef > 0) problems.push(`algorithm.klInReward.coef: must be 0 ${why} (there is no reward to penalize)`);
+  if (c.algorithm.filterZeroVariance) problems.push(`algorithm.filterZeroVariance: must be false ${why} (rows are kept by sft.minReward)`);
+  if (c.agents.environment !== 'none') problems.push(`agents.environment: multi-agent runs train with GRPO; not ${why}`);
+  if (c.sft.source === 'dataset') {
+    const dataset = "with sft.source 'dataset'";
+    if (c.rollout.groupSize !== 1) problems.push(`rollout.groupSize: must be 1 ${dataset} (a task has one reference output)`);
+    if (c.rollout.agent.command !== null || c.rollout.agent.module !== null || c.rollout.worker.module !== null)
+      problems.push(`rollout.agent, rollout.worker: the samples are the dataset's reference outputs ${dataset}; leave them unset`);
+  }
+  return problems;
 }
 
 /** What a Tinker-backed run needs, and the trainer settings it cannot honour (the service computes the loss). */

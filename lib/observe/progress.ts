@@ -56,7 +56,7 @@ export function formatStepLine(step: ProgressStep, elapsedSeconds: number): stri
 
 function formatMetrics(m: Readonly<Metrics>): string {
   return (
-    `reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}  loss ${(m['actor/pg_loss'] ?? 0).toFixed(4)}` +
+    `reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}  loss ${(m['actor/pg_loss'] ?? m['actor/sft_loss'] ?? 0).toFixed(4)}` +
     `  entropy ${(m['actor/entropy'] ?? 0).toFixed(3)}  staleness ${m['rollout/staleness_max'] ?? 0}`
   );
 }

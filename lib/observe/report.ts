@@ -43,7 +43,14 @@ export const REPORT_PLOTS: readonly ReportPlot[] = [
     series: [{ key: 'val/reward_mean', label: 'val/reward_mean' }],
     markers: true,
   },
-  { id: 'loss', title: 'Policy loss', series: [{ key: 'actor/pg_loss', label: 'actor/pg_loss' }] },
+  {
+    id: 'loss',
+    title: 'Policy loss',
+    series: [
+      { key: 'actor/pg_loss', label: 'actor/pg_loss' },
+      { key: 'actor/sft_loss', label: 'actor/sft_loss' },
+    ],
+  },
   {
     id: 'kl',
     title: 'KL',

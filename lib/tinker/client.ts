@@ -14,7 +14,7 @@ import type { RolloutEngine } from '../engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 import { EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
 import { retry, type RetryOptions } from '../core/retry.js';
-import { stalenessMetrics } from '../train/grpoTrainer.js';
+import { stalenessMetrics, type TrainerAlgorithm } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
 import type { Batch, ModelTag, PolicyVersion } from '../core/types.js';
 import {
@@ -361,6 +361,8 @@ export async function tinkerHealthy(options: Pick<TinkerClientOptions, 'baseURL'
 
 /** Options of {@link TinkerClientTrainer}. */
 export interface TinkerClientTrainerOptions {
+  /** `grpo`: the `ppo` loss over the batch's advantages; `sft`: `cross_entropy` weighted by them. Default `grpo`. */
+  readonly algorithm?: TrainerAlgorithm;
   readonly learningRate?: number;
   readonly adamBeta1?: number;
   readonly adamBeta2?: number;
@@ -428,11 +430,14 @@ export class TinkerClientTrainer implements Trainer {
     const started = performance.now();
     const clipLow = this.options.clipLow ?? 0.2;
     const clipHigh = this.options.clipHigh ?? clipLow;
-    const { data, tokens } = datumsOf(batch);
-    const out = await this.client.forwardBackward(this.modelId, data, 'ppo', {
-      clip_low_threshold: 1 - clipLow,
-      clip_high_threshold: 1 + clipHigh,
-    });
+    const sft = this.options.algorithm === 'sft';
+    const { data, tokens } = datumsOf(batch, sft ? 'cross_entropy' : 'ppo');
+    const out = sft
+      ? await this.client.forwardBackward(this.modelId, data, 'cross_entropy', {})
+      : await this.client.forwardBackward(this.modelId, data, 'ppo', {
+          clip_low_threshold: 1 - clipLow,
+          clip_high_threshold: 1 + clipHigh,
+        });
     const optim = await this.client.optimStep(this.modelId, {
       learningRate: this.options.learningRate ?? 1e-3,
       beta1: this.options.adamBeta1 ?? 0.9,
@@ -449,7 +454,7 @@ export class TinkerClientTrainer implements Trainer {
       version: step + 1,
       metrics: {
         ...stalenessMetrics(batch, step),
-        'actor/pg_loss': loss,
+        [sft ? 'actor/sft_loss' : 'actor/pg_loss']: loss,
         'actor/grad_norm': optim['grad_norm:mean'] ?? Number.NaN,
         'actor/loss_tokens': tokens,
         'timing/step_s': (performance.now() - started) / 1000,
@@ -461,8 +466,11 @@ export class TinkerClientTrainer implements Trainer {
   }
 }
 
-/** The batch's rows as `ppo` datums, advantages scaled so the summed loss is the token mean. */
-function datumsOf(batch: Batch): { data: WireDatum[]; tokens: number } {
+/**
+ * The batch's rows as datums of `loss`, advantages scaled so the summed loss is the token mean: `ppo` datums carry
+ * the sampler's log-probs and the advantages, `cross_entropy` ones the advantages as the tokens' weights.
+ */
+function datumsOf(batch: Batch, loss: 'ppo' | 'cross_entropy'): { data: WireDatum[]; tokens: number } {
   const P = batch.promptLength;
   const R = batch.responseLength;
   const T = P + R;
@@ -488,8 +496,9 @@ function datumsOf(batch: Batch): { data: WireDatum[]; tokens: number } {
       tokens: ids.slice(0, n),
       lossFnInputs: {
         target_tokens: { dtype: 'int64', data: ids.slice(1), shape: [n] },
-        logprobs: { dtype: 'float32', data: logprobs, shape: [n] },
-        advantages: { dtype: 'float32', data: advantages, shape: [n] },
+        ...(loss === 'ppo'
+          ? { logprobs: { dtype: 'float32', data: logprobs, shape: [n] }, advantages: { dtype: 'float32', data: advantages, shape: [n] } }
+          : { weights: { dtype: 'float32', data: advantages, shape: [n] } }),
       },
     });
   }

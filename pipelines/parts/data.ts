@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 
 import { gatewayWorker, type AgentFunction, type AgentProgram, type GatewayWorker } from '../../lib/agent/gateway.js';
 import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
-import { createChatTemplate } from '../../lib/chat/template.js';
+import { createChatTemplate, type ChatTemplate } from '../../lib/chat/template.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { readTaskFile } from '../../lib/data/loader.js';
 import type { Tokenizer } from '../../lib/model/types.js';
@@ -20,7 +20,7 @@ import type { Evaluator } from '../../lib/core/evaluator.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/core/types.js';
-import { chatWorker, type RolloutWorker } from '../../lib/engine/worker.js';
+import { chatWorker, referenceWorker, type RolloutWorker } from '../../lib/engine/worker.js';
 import { arithmeticTask } from '../../recipes/arithmetic.js';
 import { calculatorTask, type CalculatorOperator } from '../../recipes/calculator.js';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
@@ -41,23 +41,30 @@ export interface Data {
  * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
  */
 export async function loadRollout(
-  config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run'>,
+  config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run' | 'sft' | 'trainer'>,
   baseDir: string,
 ): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
   const data = await loadData(config, baseDir);
+  const references = config.trainer.algorithm === 'sft' && config.sft.source === 'dataset';
   const evaluator = config.rollout.evaluator.module
     ? await importExport<Evaluator>(config.rollout.evaluator, baseDir, 'rollout.evaluator')
-    : data.evaluator;
+    : references && config.data.source === 'jsonl'
+      ? UNSCORED
+      : data.evaluator;
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const agent = config.rollout.agent;
-  const worker = config.rollout.worker.module
-    ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
-    : agent.command !== null || agent.module !== null
-      ? await agentWorker(config, baseDir, modelDir, tokenizer)
-      : config.rollout.chatTemplate === 'model' && modelDir !== undefined
-        ? await modelChatWorker(modelDir, tokenizer, config.rollout.system)
-        : undefined;
+  const chat = config.rollout.chatTemplate === 'model' && modelDir !== undefined;
+  const system = config.rollout.system === null ? {} : { system: config.rollout.system };
+  const worker = references
+    ? referenceWorker(chat ? await modelTemplate(modelDir, tokenizer) : undefined, system)
+    : config.rollout.worker.module
+      ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
+      : agent.command !== null || agent.module !== null
+        ? await agentWorker(config, baseDir, modelDir, tokenizer)
+        : chat
+          ? chatWorker(await modelTemplate(modelDir, tokenizer), system)
+          : undefined;
   return { data, evaluator, worker, modelDir, tokenizer };
 }
 
@@ -96,15 +103,18 @@ export function modelPath(path: string, baseDir: string): string {
   return path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : resolve(baseDir, path);
 }
 
-/** A worker that sends each prompt as the user's message in the model directory's chat template. */
-async function modelChatWorker(modelDir: string, tokenizer: Tokenizer, system: string | null): Promise<RolloutWorker> {
+/** The evaluator of reference outputs from a JSONL dataset with none named: they are not scored (reward 0). */
+const UNSCORED: Evaluator = { evaluate: () => ({ reward: 0 }) };
+
+/** The model directory's chat template (`rollout.chatTemplate: model`). */
+async function modelTemplate(modelDir: string, tokenizer: Tokenizer): Promise<ChatTemplate> {
   const template = await loadChatTemplate(modelDir, tokenizer);
   if (template === undefined) {
     throw new ConfigError(`rollout.chatTemplate: ${modelDir} has no chat template (chat_template.jinja or tokenizer_config.json)`, {
       context: { key: 'rollout.chatTemplate', modelDir },
     });
   }
-  return chatWorker(template, system === null ? {} : { system });
+  return template;
 }
 
 /** What {@link loadData} needs of a generated task. */

@@ -19,6 +19,7 @@ import type { KlInRewardOptions } from '../../operators/grpoPrepare.js';
 export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>): GrpoTrainerOptions {
   const t = config.trainer;
   return {
+    algorithm: t.algorithm,
     learningRate: t.learningRate,
     clipLow: t.clipLow,
     clipHigh: t.clipHigh,
@@ -54,7 +55,7 @@ export function samplesInFlight(config: Pick<RxrlConfig, 'sync' | 'rollout'>): n
  *
  * @internal
  */
-export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 'run' | 'store' | 'sync'>) {
+export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 'run' | 'sft' | 'store' | 'sync' | 'trainer'>) {
   return {
     mode: config.sync.mode,
     stalenessThreshold: config.sync.stalenessThreshold,
@@ -73,6 +74,9 @@ export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 
     },
     ...(config.store.groupTimeoutMs === null ? {} : { groupTimeoutMs: config.store.groupTimeoutMs }),
     onGroupTimeout: config.store.onGroupTimeout,
+    ...(config.trainer.algorithm === 'sft'
+      ? { sft: { minReward: config.sft.source === 'rollouts' ? config.sft.minReward : undefined } }
+      : {}),
   };
 }
 

@@ -58,7 +58,7 @@ export async function tinkerParts(
       client,
       baseModel,
       rank,
-      { learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
+      { algorithm: t.algorithm, learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
       from,
     );
     const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {

@@ -78,6 +78,18 @@ describe('loadConfig', () => {
     expect(loadConfig({ env: {} }).sync.generationBatchSize).toBeNull();
   });
 
+  it("checks trainer.algorithm 'sft': one reference a task from a dataset, no reward penalty or zero-variance filter", () => {
+    const sft = (values: Record<string, unknown>) => () =>
+      loadConfig({ values: { trainer: { algorithm: 'sft' }, rollout: { groupSize: 1 }, ...values }, env: {} });
+    expect(sft({})().sft).toEqual({ source: 'dataset', minReward: 1 });
+    expect(rejection(sft({ rollout: { groupSize: 4 } })).message).toMatch(/rollout\.groupSize: must be 1 with sft\.source 'dataset'/);
+    expect(sft({ rollout: { groupSize: 4 }, sft: { source: 'rollouts', minReward: 0.5 } })().sft.minReward).toBe(0.5);
+    expect(rejection(sft({ algorithm: { filterZeroVariance: true } })).message).toMatch(/algorithm\.filterZeroVariance: must be false/);
+    expect(rejection(sft({ algorithm: { klInReward: { coef: 0.1 } } })).message).toMatch(/algorithm\.klInReward\.coef: must be 0/);
+    expect(rejection(sft({ rollout: { groupSize: 1, worker: { module: 'w.js' } } })).message).toMatch(/rollout\.agent, rollout\.worker/);
+    expect(rejection(() => loadConfig({ values: { trainer: { algorithm: 'dpo' } }, env: {} })).message).toMatch(/trainer\.algorithm/);
+  });
+
   it('checks rollout.agent: a command or a module, not both, not beside a custom worker; env is strings; it may stand for the evaluator', () => {
     expect(
       rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message,

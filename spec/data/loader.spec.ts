@@ -2,7 +2,7 @@ import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadTasks } from '../../lib/data/loader.js';
+import { loadTasks, validateTask } from '../../lib/data/loader.js';
 import { ConfigError, DecodeError } from '../../lib/core/errors.js';
 import type { Task } from '../../lib/core/types.js';
 
@@ -96,6 +96,31 @@ describe('loadTasks', () => {
     const notJson = join(dir, 'notjson.jsonl');
     await writeFile(notJson, '{"id": \n');
     await expect(collect(loadTasks({ jsonl: notJson }))).rejects.toBeInstanceOf(DecodeError);
+  });
+
+  it('reads reference outputs: a response, or a conversation whose last turn is the reply', () => {
+    expect(validateTask({ id: 1, prompt: 'p', response: 'r' })).toEqual({ id: '1', prompt: 'p', response: 'r' });
+    const messages = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'What is 2 + 3?' },
+      { role: 'assistant', content: '5' },
+    ];
+    expect(validateTask({ id: 'c', messages, metadata: { source: 'x' } })).toEqual({
+      id: 'c',
+      prompt: 'What is 2 + 3?',
+      response: '5',
+      metadata: { source: 'x', messages: messages.slice(0, 2) },
+    });
+    const bad: [unknown, RegExp][] = [
+      [{ id: 'a', prompt: 'p', response: 3 }, /'response' must be a string/],
+      [{ id: 'a', messages: [] }, /'messages' must be a non-empty array/],
+      [{ id: 'a', messages: [{ role: 'user', content: 'q' }] }, /last of 'messages' must be the assistant's turn/],
+      [{ id: 'a', messages: [{ role: 'robot', content: 'q' }] }, /messages\[0\] must be an object with a role/],
+      [{ id: 'a', messages, response: 'r' }, /as 'response' or as 'messages', not both/],
+      [{ id: 'a', messages: [{ role: 'assistant', content: 'r' }] }, /'prompt' must be a string/],
+    ];
+    for (const [row, message] of bad) expect(() => validateTask(row, { file: 'f.jsonl', line: 2 })).toThrow(message);
+    expect(() => validateTask(bad[0][0])).toThrow(DecodeError);
   });
 
   it('rejects epochs or shuffle over a one-shot source', () => {

@@ -158,6 +158,32 @@ describe('a run trained on a Tinker-API service (trainer.backend: tinker)', () =
     120_000,
   );
 
+  it("trains trainer.algorithm 'sft' on a JSONL dataset with the service's cross_entropy loss, which goes down", async () => {
+    service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny' });
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-sft-'));
+    // Four reference outputs, no evaluator (they are not scored), one epoch a step.
+    const rows = ['ab', 'ba', 'abc', 'cab'].map((p, i) => ({ id: i, prompt: p, response: [...p].reverse().join('') }));
+    await writeFile(join(dir, 'train.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n'));
+    const summary = await runTraining(
+      recipe(dir, 8, service.url, {
+        data: { source: 'jsonl', trainFile: join(dir, 'train.jsonl'), alphabet: 'abc', epochs: 0 },
+        rollout: { groupSize: 1, maxTokens: 4 },
+        trainer: { backend: 'tinker', algorithm: 'sft', learningRate: 0.05 },
+        sync: { batchSize: 4 },
+      }),
+    );
+    expect(summary.steps).toBe(8);
+    const sft = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
+      .split('\n')
+      .filter((line) => line.includes('actor/sft_loss'))
+      .map((line) => (JSON.parse(line) as Record<string, number>)['actor/sft_loss']);
+    expect(sft).toHaveLength(8);
+    expect(losses(join(dir, 'run'))).toEqual([]);
+    // The same four rows every step: their loss falls step after step.
+    for (let i = 1; i < sft.length; i++) expect(sft[i]).toBeLessThan(sft[i - 1]);
+    await service.close();
+  }, 60_000);
+
   it('runs from the CLI: rxrl run with the service from TINKER_BASE_URL and its key from TINKER_API_KEY', async () => {
     service = await tinkerService({ model: base, tokenizer, baseModel: 'tiny', apiKey: 'tml-secret' });
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-tinker-cli-'));

@@ -60,7 +60,7 @@ describe('arithmetic task', () => {
   });
 
   // The SmolLM2 recipes run on the tiny Qwen2 fixture for two steps (CI's smoke; the real model is opt-in).
-  for (const name of ['smollm2-arithmetic.yaml', 'smollm2-arithmetic-full.yaml']) {
+  for (const name of ['smollm2-arithmetic.yaml', 'smollm2-arithmetic-full.yaml', 'smollm2-arithmetic-sft.yaml']) {
     it(`recipes/${name} trains two steps in the model's chat template and checkpoints`, async () => {
       const dir = await mkdtemp(join(tmpdir(), 'rxrl-arith-'));
       const config = loadConfig({
@@ -86,4 +86,61 @@ describe('arithmetic task', () => {
       expect(existsSync(join(dir, 'run', 'global_step_2', lora ? 'adapter_model.safetensors' : 'model.safetensors'))).toBe(true);
     });
   }
+
+  const tiny = (dir: string, extra: string[]): string[] => [
+    `model.path=${fixture}`,
+    'run.steps=2',
+    `run.dir=${dir}`,
+    'run.backend=wasm',
+    'validation.every=0',
+    'data.arithmetic.validationSize=4',
+    'sync.batchSize=2',
+    'rollout.maxTokens=6',
+    ...extra,
+  ];
+
+  it('the SFT recipe trains on the reference answers, and a GRPO run starts from its checkpoint', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-sft-'));
+    const steps: Record<string, number>[] = [];
+    const sft = loadConfig({ env: {}, file: join(recipes, 'smollm2-arithmetic-sft.yaml'), set: tiny(join(dir, 'sft'), []) });
+    await runTraining(sft, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    // Each step trains every reference (two tasks, one row each), scored 1 by the evaluator, with the cross-entropy.
+    expect(steps.map((m) => [m['batch/rows'], m['batch/rows_filtered'], m['critic/score_mean']])).toEqual([
+      [2, 0, 1],
+      [2, 0, 1],
+    ]);
+    expect(steps[1]['actor/sft_loss']).toBeGreaterThan(0);
+    expect(steps[1]['actor/pg_loss']).toBeUndefined();
+    const checkpoint = join(dir, 'sft', 'global_step_2');
+    const grpo = loadConfig({
+      env: {},
+      file: join(recipes, 'smollm2-arithmetic-full.yaml'),
+      set: [...tiny(join(dir, 'grpo'), []), `model.path=${checkpoint}`],
+    });
+    const summary = await runTraining(grpo, { log: () => undefined });
+    expect(summary.steps).toBe(2);
+    expect(existsSync(join(dir, 'grpo', 'global_step_2', 'model.safetensors'))).toBe(true);
+  });
+
+  it('imitates only the rollouts whose reward reaches sft.minReward (rejection-sampling fine-tuning)', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-rft-'));
+    const steps: Record<string, number>[] = [];
+    // The tiny fixture answers at random: no sample reaches 1, every one reaches 0.
+    for (const minReward of [1, 0]) {
+      const config = loadConfig({
+        env: {},
+        file: join(recipes, 'smollm2-arithmetic-sft.yaml'),
+        set: tiny(join(dir, String(minReward)), ['sft.source=rollouts', `sft.minReward=${minReward}`, 'rollout.groupSize=2']),
+      });
+      await runTraining(config, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    }
+    expect(steps.map((m) => [m['batch/rows'], m['batch/rows_filtered']])).toEqual([
+      [0, 4],
+      [0, 4],
+      [4, 0],
+      [4, 0],
+    ]);
+    expect(steps[0]['actor/skipped_empty']).toBe(1);
+    expect(steps[3]['actor/sft_loss']).toBeGreaterThan(0);
+  });
 });
