@@ -1,6 +1,6 @@
 import type { RolloutEngine } from '../../lib/engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../../lib/model/types.js';
-import type { SampleFailure, Task, Trajectory } from '../../lib/core/types.js';
+import type { Group, SampleFailure, Task, Trajectory } from '../../lib/core/types.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 
 /**
@@ -21,6 +21,11 @@ export function flatOrAlternating(flat: (taskId: string) => boolean): Evaluator 
 /** A task with a prompt and answer. */
 export function task(id: string, prompt = 'ab', answer = 'ba'): Task {
   return { id, prompt, answer };
+}
+
+/** A group `id` of the policy's trajectories, one a reward. */
+export function groupOf(id: string, rewards: readonly number[]): Group {
+  return { key: [id], modelTag: 'policy', trajectories: rewards.map((reward, runId) => traj(id, runId, { reward })) };
 }
 
 /** A trajectory of group `groupId`, sample `runId`. */

@@ -4,13 +4,9 @@ import { from, lastValueFrom, throwError, toArray, concat } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { grpoPrepare, type ReferencePolicy } from '../../operators/grpoPrepare.js';
 import type { Batch, Group } from '../../lib/core/types.js';
-import { traj } from '../helpers/fixtures.js';
+import { groupOf, traj } from '../helpers/fixtures.js';
 
-const group = (id: string, rewards: number[]): Group => ({
-  key: [id],
-  modelTag: 'policy',
-  trajectories: rewards.map((reward, runId) => traj(id, runId, { reward })),
-});
+const group = groupOf;
 
 async function prepare(batches: Group[][], options: Parameters<typeof grpoPrepare>[0]): Promise<Batch[]> {
   return lastValueFrom(from(batches).pipe(grpoPrepare(options), toArray()));

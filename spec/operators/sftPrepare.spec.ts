@@ -3,13 +3,9 @@ import { describe, expect, it } from 'vitest';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { Batch, Group } from '../../lib/core/types.js';
 import { sftPrepare } from '../../operators/sftPrepare.js';
-import { traj } from '../helpers/fixtures.js';
+import { groupOf } from '../helpers/fixtures.js';
 
-const group = (id: string, rewards: number[]): Group => ({
-  key: [id],
-  modelTag: 'policy',
-  trajectories: rewards.map((reward, runId) => traj(id, runId, { reward })),
-});
+const group = groupOf;
 
 async function prepare(batches: Group[][], options: Parameters<typeof sftPrepare>[0]): Promise<Batch[]> {
   return lastValueFrom(from(batches).pipe(sftPrepare(options), toArray()));
