@@ -146,7 +146,7 @@ async function setUp(
 ): Promise<RunSetup> {
   const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const { data, evaluator, worker, modelDir, tokenizer } = await loadRollout(config, baseDir);
+  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir);
   const checkpoint = await resumeCheckpoint(
     resumeOf(config, baseDir),
     runDir,
@@ -174,7 +174,7 @@ async function setUp(
     }
     // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
     // custom worker builds its own prompts, so it is trusted with them).
-    if (!worker) {
+    if (!sampler) {
       const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
       const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
       trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;
@@ -188,7 +188,7 @@ async function setUp(
     moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  return { backend, data, evaluator, worker, tokenizer, checkpoint, initial, runDir };
+  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir };
 }
 
 /**
@@ -393,7 +393,7 @@ async function trainLoop(
       temperature: config.validation.temperature,
       seed,
       signal,
-      worker: baseWorker,
+      worker: setup.sampler ?? singleTurnWorker,
     });
     return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
   };

@@ -106,7 +106,10 @@ export interface RunSetup {
   readonly backend: BackendName;
   readonly data: Data;
   readonly evaluator: Evaluator;
+  /** Makes the training samples (default `singleTurnWorker`). */
   readonly worker: RolloutWorker | undefined;
+  /** Samples the policy for validation: `worker`, unless that writes reference outputs (SFT). */
+  readonly sampler: RolloutWorker | undefined;
   readonly tokenizer: Tokenizer;
   readonly checkpoint: Checkpoint | undefined;
   /** The model the run starts from (owned by the parts built from it); none when it trains on a Tinker service. */

@@ -37,13 +37,22 @@ export interface Data {
 }
 
 /**
- * What both halves of a run build from the recipe: the data, the evaluator and rollout worker it names, and the
- * policy's tokenizer (the model directory's, or a character tokenizer over the data's alphabet).
+ * What both halves of a run build from the recipe: the data, the evaluator and rollout worker it names (`worker`:
+ * what makes the training samples; `sampler`: what samples the policy, for validation — the same but for supervised
+ * fine-tuning on reference outputs; `undefined`: `singleTurnWorker`), and the policy's tokenizer (the model
+ * directory's, or a character tokenizer over the data's alphabet).
  */
 export async function loadRollout(
   config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run' | 'sft' | 'trainer'>,
   baseDir: string,
-): Promise<{ data: Data; evaluator: Evaluator; worker: RolloutWorker | undefined; modelDir: string | undefined; tokenizer: Tokenizer }> {
+): Promise<{
+  data: Data;
+  evaluator: Evaluator;
+  worker: RolloutWorker | undefined;
+  sampler: RolloutWorker | undefined;
+  modelDir: string | undefined;
+  tokenizer: Tokenizer;
+}> {
   const data = await loadData(config, baseDir);
   const references = config.trainer.algorithm === 'sft' && config.sft.source === 'dataset';
   const evaluator = config.rollout.evaluator.module
@@ -56,16 +65,16 @@ export async function loadRollout(
   const agent = config.rollout.agent;
   const chat = config.rollout.chatTemplate === 'model' && modelDir !== undefined;
   const system = config.rollout.system === null ? {} : { system: config.rollout.system };
-  const worker = references
-    ? referenceWorker(chat ? await modelTemplate(modelDir, tokenizer) : undefined, system)
-    : config.rollout.worker.module
-      ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
-      : agent.command !== null || agent.module !== null
-        ? await agentWorker(config, baseDir, modelDir, tokenizer)
-        : chat
-          ? chatWorker(await modelTemplate(modelDir, tokenizer), system)
-          : undefined;
-  return { data, evaluator, worker, modelDir, tokenizer };
+  const sampler = config.rollout.worker.module
+    ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
+    : agent.command !== null || agent.module !== null
+      ? await agentWorker(config, baseDir, modelDir, tokenizer)
+      : chat
+        ? chatWorker(await modelTemplate(modelDir, tokenizer), system)
+        : undefined;
+  // Supervised fine-tuning on reference outputs trains on them, and validates by sampling as any run does.
+  const worker = references ? referenceWorker(chat ? await modelTemplate(modelDir, tokenizer) : undefined, system) : sampler;
+  return { data, evaluator, worker, sampler, modelDir, tokenizer };
 }
 
 /**

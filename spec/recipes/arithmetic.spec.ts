@@ -103,7 +103,10 @@ describe('arithmetic task', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-sft-'));
     const steps: Record<string, number>[] = [];
     const sft = loadConfig({ env: {}, file: join(recipes, 'smollm2-arithmetic-sft.yaml'), set: tiny(join(dir, 'sft'), []) });
-    await runTraining(sft, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    expect(sft.validation.beforeTrain).toBe(true);
+    const summary = await runTraining(sft, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    // Validation samples the policy (the random fixture), not the references it trains on.
+    expect(summary.valRewardInitial).toBeLessThan(0.5);
     // Each step trains every reference (two tasks, one row each), scored 1 by the evaluator, with the cross-entropy.
     expect(steps.map((m) => [m['batch/rows'], m['batch/rows_filtered'], m['critic/score_mean']])).toEqual([
       [2, 0, 1],
@@ -117,8 +120,7 @@ describe('arithmetic task', () => {
       file: join(recipes, 'smollm2-arithmetic-full.yaml'),
       set: [...tiny(join(dir, 'grpo'), []), `model.path=${checkpoint}`],
     });
-    const summary = await runTraining(grpo, { log: () => undefined });
-    expect(summary.steps).toBe(2);
+    expect((await runTraining(grpo, { log: () => undefined })).steps).toBe(2);
     expect(existsSync(join(dir, 'grpo', 'global_step_2', 'model.safetensors'))).toBe(true);
   });
 
