@@ -124,6 +124,17 @@ describe('arithmetic task', () => {
     expect(existsSync(join(dir, 'grpo', 'global_step_2', 'model.safetensors'))).toBe(true);
   });
 
+  it('trains a LoRA adapter with the cross-entropy as well (the LoRA recipe with trainer.algorithm sft)', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-sft-lora-'));
+    const steps: Record<string, number>[] = [];
+    const set = ['trainer.algorithm=sft', 'rollout.groupSize=1', 'sync.generationBatchSize=2', 'algorithm.filterZeroVariance=false'];
+    const config = loadConfig({ env: {}, file: join(recipes, 'smollm2-arithmetic.yaml'), set: tiny(join(dir, 'run'), set) });
+    await runTraining(config, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    expect(steps.map((m) => m['batch/rows'])).toEqual([2, 2]);
+    expect(steps[1]['actor/sft_loss']).toBeLessThan(steps[0]['actor/sft_loss']);
+    expect(existsSync(join(dir, 'run', 'global_step_2', 'adapter_model.safetensors'))).toBe(true);
+  });
+
   it('imitates only the rollouts whose reward reaches sft.minReward (rejection-sampling fine-tuning)', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-rft-'));
     const steps: Record<string, number>[] = [];
