@@ -6,14 +6,10 @@ import { type KlController, createKlController, updateKlController } from '../li
 import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
-import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../lib/core/types.js';
+import type { Batch, Group, Metrics, ModelTag, ReferencePolicy, Trajectory } from '../lib/core/types.js';
 import { groupMetrics, rolloutSeconds } from './internal/batchStats.js';
 
-/** A frozen reference policy that scores the response tokens of a batch. */
-export interface ReferencePolicy {
-  /** Log-probs of the response tokens of `batch` under the reference policy, `[B, R]` row-major. */
-  responseLogprobs(batch: Batch, signal?: AbortSignal): Promise<Float32Array>;
-}
+export type { ReferencePolicy } from '../lib/core/types.js';
 
 /** KL-in-reward settings of {@link grpoPrepare}. */
 export interface KlInRewardOptions {

@@ -23,6 +23,8 @@ export type { BatchGroupsOptions, BatchReadiness } from './batchGroups.js';
 export { grpoPrepare } from './grpoPrepare.js';
 export type { GrpoPrepareOptions, KlInRewardOptions, ReferencePolicy } from './grpoPrepare.js';
 export { sftPrepare } from './sftPrepare.js';
+export { distillPrepare } from './distillPrepare.js';
+export type { DistillPrepareOptions } from './distillPrepare.js';
 export type { SftPrepareOptions } from './sftPrepare.js';
 
 // ── training and weight sync ───────────────────────────────────────────────────

@@ -27,6 +27,7 @@ import {
   type Metrics,
   type ModelTag,
   type PolicyVersion,
+  type ReferencePolicy,
   type RolloutOutput,
   type SampleFailure,
   type Task,
@@ -38,6 +39,7 @@ import { groupTrajectories } from '../operators/groupTrajectories.js';
 import { grpoPrepare, type GrpoPrepareOptions, type KlInRewardOptions } from '../operators/grpoPrepare.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { sftPrepare } from '../operators/sftPrepare.js';
+import { distillPrepare } from '../operators/distillPrepare.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
 
@@ -95,6 +97,11 @@ export interface LoopSettings {
    * (imitation of the rollouts that scored). Default: GRPO.
    */
   readonly sft?: { readonly minReward?: number | undefined } | undefined;
+  /**
+   * On-policy distillation (`trainer.algorithm: distill`): batches are prepared by `distillPrepare` — each response
+   * token's advantage is the teacher's log-prob minus the student's, plus `rewardCoef` times the reward. Default: GRPO.
+   */
+  readonly distill?: { readonly teacher: ReferencePolicy; readonly rewardCoef?: number | undefined } | undefined;
   /** Sees each admitted task with its 0-based admission index. */
   readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
@@ -396,12 +403,7 @@ function laneSteps(
         batchGroups({ batchSize: perStep, ...(batchOf ? { batchOf } : {}) }),
         map((batch) => admissions?.settle(batch, perStep > trains) ?? batch),
       ),
-    config.sft
-      ? sftPrepare({ padId: lane.padId, minReward: config.sft.minReward, modelTag: lane.modelTag })
-      : grpoPrepare({
-          ...prepareOptions(config, lane.padId, lane.modelTag, config.signal),
-          ...(perStep > trains ? { maxGroups: trains } : {}),
-        }),
+    prepareStage(config, lane, perStep > trains ? trains : undefined),
     // The step budget limits the batches that reach the trainer, so no extra step starts on a ready batch.
     config.steps === undefined || config.steps === 0 ? (s: Observable<Batch>) => s : take<Batch>(config.steps),
     map((batch) => (stage.batchMetrics ? { ...batch, metrics: { ...batch.metrics, ...stage.batchMetrics(batch) } } : batch)),
@@ -428,6 +430,14 @@ function laneSteps(
     }),
     finalize(() => lane.gate.close()),
   );
+}
+
+/** How a lane's batches are prepared: by the run's algorithm (SFT, distillation, else GRPO). */
+function prepareStage(config: PolicyLoopConfig, lane: LoopLane, maxGroups: number | undefined): OperatorFunction<readonly Group[], Batch> {
+  const { padId, modelTag } = lane;
+  if (config.sft) return sftPrepare({ padId, minReward: config.sft.minReward, modelTag });
+  if (config.distill) return distillPrepare({ padId, ...config.distill, modelTag, signal: config.signal });
+  return grpoPrepare({ ...prepareOptions(config, padId, modelTag, config.signal), ...(maxGroups === undefined ? {} : { maxGroups }) });
 }
 
 /** The listener of each rollout output: `onSample`, then `onSampleFailure` for a failure that was not skipped. */

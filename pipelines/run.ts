@@ -34,6 +34,7 @@ import { initialModel, policyModels, remoteContextLength } from '../lib/model/po
 import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
+import { loadTeacher } from './parts/teacher.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight, tasksPerStep } from './parts/settings.js';
 import { validate } from './validate.js';
 
@@ -123,12 +124,14 @@ async function trainOnce(
   if (memo.recoveries === 0) memo.resumedFrom = setup.checkpoint?.path;
   const parts = await buildParts(config, options, setup, runDir, memo).catch(async (error: unknown) => {
     await closeWorker(setup.worker);
+    setup.teacher?.dispose();
     throw error;
   });
   try {
     return await trainLoop(config, options, setup, parts, reporter, memo);
   } finally {
     await closeWorker(setup.worker);
+    setup.teacher?.dispose();
     await parts.dispose();
   }
 }
@@ -188,7 +191,11 @@ async function setUp(
     moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir };
+  const teacher = await loadTeacher(config, baseDir, tokenizer).catch((error: unknown) => {
+    initial?.dispose();
+    throw error;
+  });
+  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir, teacher };
 }
 
 /**
@@ -487,6 +494,7 @@ function stepsOf(
     maxTokens: setup.data.maxTokens,
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),
+    ...(setup.teacher ? { distill: { teacher: setup.teacher.scorer, rewardCoef: config.distill.rewardCoef } } : {}),
     onAdmit: (task: Task, index: number) => {
       ledger.admit(task);
       loop.outcomes.admitted(groupIdOf(task), index);

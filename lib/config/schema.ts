@@ -374,8 +374,8 @@ export const SCHEMA = {
       default: 'local',
     },
     algorithm: {
-      doc: "What the trainer minimizes: 'grpo' (the clipped policy gradient over group advantages) or 'sft' (the cross-entropy of reference outputs, sft.*).",
-      format: ['grpo', 'sft'],
+      doc: "What the trainer minimizes: 'grpo' (the clipped policy gradient over group advantages), 'sft' (the cross-entropy of reference outputs, sft.*) or 'distill' (on-policy distillation: the clipped policy gradient over per-token advantages teacher − student log-prob, distill.*).",
+      format: ['grpo', 'sft', 'distill'],
       default: 'grpo',
     },
     learningRate: { doc: 'Adam learning rate.', format: 'positive-number', default: 1e-3 },
@@ -417,6 +417,27 @@ export const SCHEMA = {
       doc: "trainer.algorithm 'sft' with sft.source 'rollouts': a sample is imitated when its reward is at least this.",
       format: 'finite-number',
       default: 1,
+    },
+  },
+  distill: {
+    teacher: {
+      path: {
+        doc: "trainer.algorithm 'distill': the teacher's model directory, loaded in this process (relative to the recipe; ~/ is the home directory).",
+        format: 'optional-string',
+        default: null,
+      },
+      baseUrl: {
+        doc: "trainer.algorithm 'distill': instead of path, an OpenAI-compatible server that scores with prompt_logprobs (vLLM, rxrl serve), e.g. http://127.0.0.1:8000/v1.",
+        format: 'optional-string',
+        default: null,
+      },
+      model: { doc: 'distill.teacher.baseUrl: the model the server serves.', format: 'optional-string', default: null },
+      apiKey: { doc: 'distill.teacher.baseUrl: its API key.', format: 'optional-string', default: null, sensitive: true },
+    },
+    rewardCoef: {
+      doc: "trainer.algorithm 'distill': weight of the task reward added to every token's advantage (0 = distillation alone).",
+      format: 'finite-number',
+      default: 0,
     },
   },
   sync: {
@@ -685,11 +706,21 @@ function samplingProblems(c: RxrlConfig): string[] {
   return problem === undefined ? [] : [problem];
 }
 
-/** What supervised fine-tuning cannot be combined with. */
+/** What supervised fine-tuning and distillation need, and what they cannot be combined with. */
 function sftProblems(c: RxrlConfig): string[] {
-  if (c.trainer.algorithm !== 'sft') return [];
+  if (c.trainer.algorithm === 'grpo') return [];
   const problems: string[] = [];
-  const why = "with trainer.algorithm 'sft'";
+  const why = `with trainer.algorithm '${c.trainer.algorithm}'`;
+  if (c.trainer.algorithm === 'distill') {
+    const { path, baseUrl, model } = c.distill.teacher;
+    if ((path === null) === (baseUrl === null)) problems.push(`distill.teacher: give a path or a baseUrl (with a model) ${why}`);
+    if (baseUrl !== null && model === null) problems.push('distill.teacher.model: required with distill.teacher.baseUrl');
+    if (c.algorithm.klInReward.coef > 0) problems.push(`algorithm.klInReward.coef: must be 0 ${why}`);
+    if (c.algorithm.filterZeroVariance)
+      problems.push(`algorithm.filterZeroVariance: must be false ${why} (every token has its own advantage)`);
+    if (c.agents.environment !== 'none') problems.push(`agents.environment: multi-agent runs train with GRPO; not ${why}`);
+    return problems;
+  }
   if (c.algorithm.klInReward.coef > 0) problems.push(`algorithm.klInReward.coef: must be 0 ${why} (there is no reward to penalize)`);
   if (c.algorithm.filterZeroVariance) problems.push(`algorithm.filterZeroVariance: must be false ${why} (rows are kept by sft.minReward)`);
   if (c.agents.environment !== 'none') problems.push(`agents.environment: multi-agent runs train with GRPO; not ${why}`);

@@ -198,3 +198,12 @@ export function isSampleFailure(output: RolloutOutput): output is SampleFailure 
  * defaults are filled in (`Required<T>` keeps an explicit `| undefined`).
  */
 export type Defined<T> = { [K in keyof T]-?: Exclude<T[K], undefined> };
+
+/**
+ * A frozen policy that scores a batch's response tokens — the reference of a KL penalty, or the teacher of
+ * on-policy distillation.
+ */
+export interface ReferencePolicy {
+  /** Log-probs of the response tokens of `batch` under this policy, `[B, R]` row-major (0 on padding). */
+  responseLogprobs(batch: Batch, signal?: AbortSignal): Promise<Float32Array>;
+}

@@ -14,7 +14,7 @@ import type { RolloutEngine } from '../engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 import { EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
 import { retry, type RetryOptions } from '../core/retry.js';
-import { stalenessMetrics, type TrainerAlgorithm } from '../train/grpoTrainer.js';
+import { stalenessMetrics, type TrainerLoss } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
 import type { Batch, ModelTag, PolicyVersion } from '../core/types.js';
 import {
@@ -361,8 +361,8 @@ export async function tinkerHealthy(options: Pick<TinkerClientOptions, 'baseURL'
 
 /** Options of {@link TinkerClientTrainer}. */
 export interface TinkerClientTrainerOptions {
-  /** `grpo`: the `ppo` loss over the batch's advantages; `sft`: `cross_entropy` weighted by them. Default `grpo`. */
-  readonly algorithm?: TrainerAlgorithm;
+  /** `policy-gradient`: the `ppo` loss over the batch's advantages; `cross-entropy`: `cross_entropy` weighted by them. Default `policy-gradient`. */
+  readonly loss?: TrainerLoss;
   readonly learningRate?: number;
   readonly adamBeta1?: number;
   readonly adamBeta2?: number;
@@ -430,7 +430,7 @@ export class TinkerClientTrainer implements Trainer {
     const started = performance.now();
     const clipLow = this.options.clipLow ?? 0.2;
     const clipHigh = this.options.clipHigh ?? clipLow;
-    const sft = this.options.algorithm === 'sft';
+    const sft = this.options.loss === 'cross-entropy';
     const { data, tokens } = datumsOf(batch, sft ? 'cross_entropy' : 'ppo');
     const out = sft
       ? await this.client.forwardBackward(this.modelId, data, 'cross_entropy', {})

@@ -17,17 +17,18 @@ import type { Batch, BatchMeta, Defined, Metrics, ModelTag } from '../core/types
 import { Adam, gradientSquares } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 
-/** What a trainer minimizes: the GRPO objective, or the cross-entropy of the response tokens (SFT). */
-export type TrainerAlgorithm = 'grpo' | 'sft';
+/** What a trainer minimizes: the clipped policy gradient (GRPO, distillation), or the cross-entropy (SFT). */
+export type TrainerLoss = 'policy-gradient' | 'cross-entropy';
 
 /** Options of {@link GrpoTrainer}. */
 export interface GrpoTrainerOptions {
   /**
-   * The loss: `grpo` (the PPO clipped surrogate over the batch's advantages) or `sft` (the cross-entropy of the
-   * response tokens under the loss mask, each token weighted by its advantage — 1 in batches from `sftPrepare` —
-   * aggregated as `lossAggregation` says; the rollout log-probs are not read). Default `grpo`.
+   * The loss: `policy-gradient` (the PPO clipped surrogate over the batch's advantages: GRPO, distillation) or
+   * `cross-entropy` (SFT: the response tokens' negative log-probs under the loss mask, each weighted by its
+   * advantage — 1 in batches from `sftPrepare` — aggregated as `lossAggregation` says; the rollout log-probs are not
+   * read). Default `policy-gradient`.
    */
-  readonly algorithm?: TrainerAlgorithm;
+  readonly loss?: TrainerLoss;
   /** Adam learning rate. Default 1e-3. */
   readonly learningRate?: number;
   /** Adam β1. Default 0.9. */
@@ -466,7 +467,7 @@ export class GrpoTrainer implements Trainer {
     const mode = this.options.lossAggregation;
     const maxLength = this.options.maxLength ?? batch.responseLength;
     const pg =
-      this.options.algorithm === 'sft'
+      this.options.loss === 'cross-entropy'
         ? crossEntropy(logprob, t, mode, maxLength)
         : ppoClipLoss(
             {

@@ -18,6 +18,7 @@ import type { Logger } from '../../lib/observe/logger.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Metrics, PolicyVersion } from '../../lib/core/types.js';
 import type { RolloutWorker } from '../../lib/engine/worker.js';
+import type { RunTeacher } from './teacher.js';
 import type { Data } from './data.js';
 import type { RunLedger } from './ledger.js';
 import type { KafkaTransport } from './settings.js';
@@ -116,6 +117,8 @@ export interface RunSetup {
   readonly initial: PolicyModel | undefined;
   /** The run directory, resolved. */
   readonly runDir: string | undefined;
+  /** The teacher of a distillation run (`trainer.algorithm: distill`), released with the setup. */
+  readonly teacher?: RunTeacher | undefined;
 }
 
 /** Called with each checkpoint saved (its path, step and pending tasks): prunes the older ones, logs, records it. */

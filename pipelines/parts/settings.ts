@@ -4,22 +4,21 @@
  *
  * @packageDocumentation
  */
-import * as tf from '@tensorflow/tfjs-core';
 import type { Kafka } from 'kafkajs';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { Tokenizer } from '../../lib/model/types.js';
 import type { KafkaEvent, KafkaTopics } from '../../lib/kafka/types.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
-import type { GrpoTrainerOptions } from '../../lib/train/grpoTrainer.js';
-import type { Batch } from '../../lib/core/types.js';
+import type { GrpoTrainerOptions, TrainerLoss } from '../../lib/train/grpoTrainer.js';
+import { modelScorer } from '../../lib/engine/teacher.js';
 import type { KlInRewardOptions } from '../../operators/grpoPrepare.js';
 
 /** The trainer settings of a recipe's `trainer` section (a reference policy, when KL is on, is the caller's). */
 export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>): GrpoTrainerOptions {
   const t = config.trainer;
   return {
-    algorithm: t.algorithm,
+    loss: lossOf(t.algorithm),
     learningRate: t.learningRate,
     clipLow: t.clipLow,
     clipHigh: t.clipHigh,
@@ -35,6 +34,11 @@ export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>):
     ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),
     seed: config.run.seed,
   };
+}
+
+/** The trainer's loss for a recipe's `trainer.algorithm`: SFT's cross-entropy, else the policy gradient. */
+export function lossOf(algorithm: RxrlConfig['trainer']['algorithm']): TrainerLoss {
+  return algorithm === 'sft' ? 'cross-entropy' : 'policy-gradient';
 }
 
 /** Tasks a run admits per train step: `sync.generationBatchSize`, else `sync.batchSize`. */
@@ -122,26 +126,9 @@ export function klInRewardOf(
   if (reference === undefined || config.algorithm.klInReward.coef <= 0) return {};
   return {
     klInReward: {
-      reference: { responseLogprobs: async (batch: Batch) => responseLogprobs(reference, batch) },
+      reference: modelScorer(reference),
       controller: { type: 'fixed', coef: config.algorithm.klInReward.coef },
       estimator: config.algorithm.klInReward.estimator,
     },
   };
-}
-
-/** Reference log-probs of a batch's response tokens, `[B, R]`. */
-async function responseLogprobs(model: PolicyModel, batch: Batch): Promise<Float32Array> {
-  const T = batch.promptLength + batch.responseLength;
-  const out = tf.tidy(
-    () =>
-      model.responseLogprobs(
-        tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-        tf.tensor2d(batch.attentionMask, [batch.size, T]),
-        tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-        batch.promptLength,
-      ).logprobs, // [B, R]
-  );
-  const data = (await out.data()) as Float32Array;
-  out.dispose();
-  return data;
 }

@@ -7,6 +7,7 @@
  * @packageDocumentation
  */
 import { saveCheckpoint } from '../../lib/checkpoint/checkpoint.js';
+import { lossOf } from './settings.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { ConfigError, RetriesExhaustedError } from '../../lib/core/errors.js';
 import { retry } from '../../lib/core/retry.js';
@@ -58,7 +59,7 @@ export async function tinkerParts(
       client,
       baseModel,
       rank,
-      { algorithm: t.algorithm, learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
+      { loss: lossOf(t.algorithm), learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
       from,
     );
     const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {

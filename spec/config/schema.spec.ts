@@ -90,6 +90,18 @@ describe('loadConfig', () => {
     expect(rejection(() => loadConfig({ values: { trainer: { algorithm: 'dpo' } }, env: {} })).message).toMatch(/trainer\.algorithm/);
   });
 
+  it("checks trainer.algorithm 'distill': one teacher, a path or a server with its model", () => {
+    const distill = (teacher: Record<string, unknown>) => () =>
+      loadConfig({ values: { trainer: { algorithm: 'distill' }, distill: { teacher } }, env: {} });
+    expect(distill({ path: 'teacher' })().distill.teacher.path).toBe('teacher');
+    expect(rejection(distill({})).message).toMatch(/distill\.teacher: give a path or a baseUrl/);
+    expect(rejection(distill({ path: 't', baseUrl: 'http://h/v1', model: 'm' })).message).toMatch(
+      /distill\.teacher: give a path or a baseUrl/,
+    );
+    expect(rejection(distill({ baseUrl: 'http://h/v1' })).message).toMatch(/distill\.teacher\.model: required/);
+    expect(distill({ baseUrl: 'http://h/v1', model: 'm' })().distill.rewardCoef).toBe(0);
+  });
+
   it('checks rollout.agent: a command or a module, not both, not beside a custom worker; env is strings; it may stand for the evaluator', () => {
     expect(
       rejection(() => loadConfig({ values: { rollout: { agent: { command: 'python3 a.py', module: './a.js' } } }, env: {} })).message,

@@ -135,6 +135,27 @@ describe('arithmetic task', () => {
     expect(existsSync(join(dir, 'run', 'global_step_2', 'adapter_model.safetensors'))).toBe(true);
   });
 
+  it("the distillation recipe scores the student's tokens under its teacher, and refuses a teacher of another tokenizer", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-distill-'));
+    const steps: Record<string, number>[] = [];
+    // The teacher is the fixture itself: the student starts at the teacher, so the reverse KL starts at 0.
+    const set = tiny(join(dir, 'run'), [`distill.teacher.path=${fixture}`]);
+    const config = loadConfig({ env: {}, file: join(recipes, 'smollm2-distill.yaml'), set });
+    await runTraining(config, { log: () => undefined, onStep: (step) => steps.push(step.metrics) });
+    expect(steps).toHaveLength(2);
+    expect(Math.abs(steps[0]['distill/reverse_kl'])).toBeLessThan(1e-4);
+    expect(steps[1]['distill/reverse_kl']).toBeGreaterThan(steps[0]['distill/reverse_kl']);
+    expect(steps[0]['distill/teacher_logprob_mean']).toBeLessThan(0);
+    const other = loadConfig({
+      env: {},
+      file: join(recipes, 'smollm2-distill.yaml'),
+      set: tiny(join(dir, 'other'), [`distill.teacher.path=${join(import.meta.dirname, '..', 'fixtures', 'hf', 'tiny-llama')}`]),
+    });
+    await expect(runTraining(other, { log: () => undefined })).rejects.toThrow(
+      /distill\.teacher: .* does not share the student's tokenizer/,
+    );
+  });
+
   it('imitates only the rollouts whose reward reaches sft.minReward (rejection-sampling fine-tuning)', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-rft-'));
     const steps: Record<string, number>[] = [];

@@ -250,9 +250,9 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     model.dispose();
   });
 
-  it("minimizes the response tokens' cross-entropy with algorithm 'sft', whatever the rollout log-probs say", async () => {
+  it("minimizes the response tokens' cross-entropy with loss 'cross-entropy', whatever the rollout log-probs say", async () => {
     const model = PolicyModel.create(config, 11);
-    const trainer = new GrpoTrainer(model, { algorithm: 'sft', learningRate: 1e-2 });
+    const trainer = new GrpoTrainer(model, { loss: 'cross-entropy', learningRate: 1e-2 });
     const nll = (ts: Trajectory[]): number =>
       -ts.reduce((s, t) => s + t.logprobs.reduce((a, b) => a + b, 0), 0) / ts.reduce((n, t) => n + t.logprobs.length, 0);
     // Rollout log-probs of 0 (a reference output was never sampled) must not change the loss: it reads the policy's own.
@@ -265,7 +265,7 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     expect(nll(rows(model))).toBeLessThan(before - 0.05);
     // Advantage 0 weighs a row out: a batch of such rows moves nothing (a fresh trainer: Adam's momentum would).
     trainer.dispose();
-    const fresh = new GrpoTrainer(model, { algorithm: 'sft', learningRate: 1e-2 });
+    const fresh = new GrpoTrainer(model, { loss: 'cross-entropy', learningRate: 1e-2 });
     const weights = model.getWeights();
     const idle = await fresh.trainStep(collate(data, { padId: 0, modelTag: 'policy', advantages: [0, 0, 0, 0] }));
     expect(idle.metrics['actor/sft_loss']).toBe(0);

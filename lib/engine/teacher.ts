@@ -1,0 +1,166 @@
+/**
+ * Scorers of a batch's response tokens under another policy ({@link ReferencePolicy}): a model in this process
+ * (the frozen reference of a KL penalty, or a local teacher), or an OpenAI-compatible server's `prompt_logprobs`
+ * (vLLM, `rxrl serve`) — the teacher of on-policy distillation. A teacher must share the student's tokenizer:
+ * {@link checkSameTokenizer} refuses one that does not, naming the difference.
+ *
+ * @packageDocumentation
+ */
+import * as tf from '@tensorflow/tfjs-core';
+import OpenAI from 'openai';
+import { ConfigError, DecodeError, EngineError } from '../core/errors.js';
+import { retry } from '../core/retry.js';
+import type { Batch, ReferencePolicy } from '../core/types.js';
+import type { PolicyModel } from '../model/transformer.js';
+import type { Tokenizer } from '../model/types.js';
+
+/**
+ * A model of this process as a scorer: one forward pass over the batch's padded rows.
+ *
+ * @param model - The frozen policy (owned by the caller).
+ * @returns Its scorer.
+ */
+export function modelScorer(model: PolicyModel): ReferencePolicy {
+  return {
+    responseLogprobs: async (batch) => {
+      const T = batch.promptLength + batch.responseLength;
+      const out = tf.tidy(
+        () =>
+          model.responseLogprobs(
+            tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
+            tf.tensor2d(batch.attentionMask, [batch.size, T]),
+            tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
+            batch.promptLength,
+          ).logprobs, // [B, R]
+      );
+      const data = (await out.data()) as Float32Array;
+      out.dispose();
+      return data;
+    },
+  };
+}
+
+/** Options of {@link openaiScorer}. */
+export interface OpenAIScorerOptions {
+  /** Base URL of the server's OpenAI API, e.g. `http://127.0.0.1:8000/v1`. */
+  readonly baseUrl: string;
+  /** Model the server serves (its id). */
+  readonly model: string;
+  /** API key. Default `EMPTY`. */
+  readonly apiKey?: string | undefined;
+  /** The student's tokenizer: the server must decode the batch's tokens as it does. */
+  readonly tokenizer: Tokenizer;
+  /** A request unanswered after this long fails (and is retried). Default 120 000 ms. */
+  readonly timeoutMs?: number;
+  /** Attempts after the first, for connection errors, timeouts, 429 and 5xx. Default 3. */
+  readonly retries?: number;
+}
+
+/** One entry of `prompt_logprobs`: token id (a string key) → its log-prob and decoded text. */
+type PromptLogprobs = (Record<string, { logprob: number; decoded_token?: string }> | null)[];
+
+/**
+ * A server's scores of the batch's response tokens: one `POST /completions` of every row's prompt and response as
+ * token ids, with `prompt_logprobs: 0` and `max_tokens: 1`; each response token's log-prob is the server's for that
+ * token given what precedes it. The first batch checks that the server decodes the tokens as the student's tokenizer
+ * does (a {@link ConfigError} naming the first token that differs otherwise). Failures after the retries are
+ * {@link EngineError}s; an answer without the log-probs is a {@link DecodeError}.
+ *
+ * @param options - The server, its model and the student's tokenizer.
+ * @returns The scorer.
+ */
+export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
+  const client = new OpenAI({ baseURL: options.baseUrl, apiKey: options.apiKey ?? 'EMPTY', maxRetries: 0 });
+  let checked = false;
+  return {
+    responseLogprobs: async (batch, signal) => {
+      const rows = rowsOf(batch);
+      if (rows.length === 0) return new Float32Array(0);
+      const body = { model: options.model, prompt: rows.map((r) => r.ids), max_tokens: 1, temperature: 0, prompt_logprobs: 0 };
+      const answer = await retry(
+        async () => {
+          try {
+            return await client.completions.create(body as OpenAI.CompletionCreateParamsNonStreaming, {
+              signal,
+              timeout: options.timeoutMs ?? 120_000,
+            });
+          } catch (cause) {
+            const status = (cause as { status?: number }).status;
+            const retriable = status === undefined || status === 429 || status >= 500;
+            throw new EngineError(`teacher ${options.model} at ${options.baseUrl}: ${(cause as Error).message}`, { cause, retriable });
+          }
+        },
+        { retries: options.retries ?? 3, initialDelayMs: 200, isRetriable: (e) => e instanceof EngineError && e.retriable, signal },
+      );
+      const choices = [...(answer.choices ?? [])].sort((a, b) => a.index - b.index);
+      const R = batch.responseLength;
+      const out = new Float32Array(batch.size * R);
+      rows.forEach((row, b) => {
+        const scored = (choices[b] as { prompt_logprobs?: PromptLogprobs } | undefined)?.prompt_logprobs;
+        if (!Array.isArray(scored) || scored.length !== row.ids.length)
+          throw new DecodeError(`teacher ${options.model}: answer ${b} has no prompt_logprobs for its ${row.ids.length} tokens`);
+        if (!checked) checkDecoding(options.tokenizer, row.ids, scored, options.model);
+        for (let i = 0; i < row.response; i++) {
+          const position = row.ids.length - row.response + i;
+          const entry = scored[position]?.[String(row.ids[position])];
+          if (entry === undefined || !Number.isFinite(entry.logprob))
+            throw new DecodeError(`teacher ${options.model}: no log-prob for token ${position} of answer ${b}`);
+          out[b * R + i] = entry.logprob;
+        }
+      });
+      checked = true;
+      return out;
+    },
+  };
+}
+
+/** Each row's tokens without padding, and how many of them are the response. */
+function rowsOf(batch: Batch): { ids: number[]; response: number }[] {
+  const P = batch.promptLength;
+  const R = batch.responseLength;
+  const T = P + R;
+  return Array.from({ length: batch.size }, (_, b) => {
+    let first = 0;
+    while (first < P && batch.attentionMask[b * T + first] === 0) first++;
+    let response = 0;
+    while (response < R && batch.responseMask[b * R + response] === 1) response++;
+    return { ids: Array.from(batch.inputIds.subarray(b * T + first, b * T + P + response)), response };
+  });
+}
+
+/** The server's decoding of the row's tokens must be the student's: the same token ids mean the same text. */
+function checkDecoding(tokenizer: Tokenizer, ids: readonly number[], scored: PromptLogprobs, model: string): void {
+  for (let i = 1; i < ids.length; i++) {
+    const text = scored[i]?.[String(ids[i])]?.decoded_token;
+    if (text === undefined || text.startsWith('token_id:')) continue;
+    const own = tokenizer.decode([ids[i]], { skipSpecialTokens: false });
+    if (text !== own)
+      throw new ConfigError(
+        `distill.teacher: ${model} does not share the student's tokenizer: token ${ids[i]} is ${JSON.stringify(text)} to it, ${JSON.stringify(own)} to the student`,
+        { context: { key: 'distill.teacher' } },
+      );
+  }
+}
+
+/**
+ * Refuses a teacher whose tokenizer is not the student's, naming the first difference: the vocabulary size, the
+ * special ids, or a token id that decodes differently.
+ *
+ * @throws {@link ConfigError} with `key` `distill.teacher`.
+ */
+export function checkSameTokenizer(student: Tokenizer, teacher: Tokenizer, where: string): void {
+  const fail = (what: string): never => {
+    throw new ConfigError(`distill.teacher: ${where} does not share the student's tokenizer: ${what}`, {
+      context: { key: 'distill.teacher' },
+    });
+  };
+  if (student.vocabSize !== teacher.vocabSize) fail(`${teacher.vocabSize} token ids, the student's ${student.vocabSize}`);
+  for (const key of ['bosId', 'eosId', 'padId'] as const) {
+    if (student[key] !== teacher[key]) fail(`${key} ${String(teacher[key])}, the student's ${String(student[key])}`);
+  }
+  for (let id = 0; id < student.vocabSize; id++) {
+    const a = student.decode([id], { skipSpecialTokens: false });
+    const b = teacher.decode([id], { skipSpecialTokens: false });
+    if (a !== b) fail(`token ${id} is ${JSON.stringify(b)}, the student's ${JSON.stringify(a)}`);
+  }
+}
