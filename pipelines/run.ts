@@ -517,13 +517,6 @@ function stepsOf(
       throw new ConfigError('kafka: a run trained on a Tinker service samples through it, not through Kafka workers', {
         context: { key: 'trainer.backend' },
       });
-    if (config.trainer.algorithm === 'sft' && config.sft.source === 'dataset')
-      throw new ConfigError(
-        "kafka: sft.source 'dataset' trains in one process (a task's reference output does not cross the task topic); use sft.source 'rollouts'",
-        {
-          context: { key: 'sft.source' },
-        },
-      );
     const checkpointed = config.run.dir !== null && config.checkpoint.every > 0;
     return kafkaTrainer({
       ...common,

@@ -1,7 +1,7 @@
 /**
  * The binary codec of the Kafka bridge: tasks, trajectories (and failed samples) and weight announcements.
  *
- * Every message starts with a 4-byte header — the magic bytes `r x`, the codec version (1) and the message
+ * Every message starts with a 4-byte header — the magic bytes `r x`, the codec version (2) and the message
  * kind — followed by the fields in a fixed order, little-endian:
  *
  * | type | bytes |
@@ -27,8 +27,11 @@ import { isSampleFailure } from '../core/types.js';
 import { EncodeError } from './errors.js';
 import type { TaskMessage, TrajectoryMessage, WeightsMessage } from './types.js';
 
-/** Version of the wire format written by this module (the third header byte). */
-export const CODEC_VERSION = 1;
+/**
+ * Version of the wire format written by this module (the third header byte). 2: a task carries its reference output
+ * (`response`, after `epoch`); a reader refuses any other version with a {@link DecodeError}.
+ */
+export const CODEC_VERSION = 2;
 
 /** First two bytes of every message: `r`, `x`. */
 const MAGIC = [0x72, 0x78] as const;
@@ -297,6 +300,7 @@ function writeTask(w: Writer, task: Task): void {
     w.str(json, 'task.metadata');
   });
   w.optional(task.epoch, (e) => w.u32(e, 'task.epoch'));
+  w.optional(task.response, (r) => w.str(r, 'task.response'));
 }
 
 function readTask(r: Reader): Task {
@@ -318,8 +322,10 @@ function readTask(r: Reader): Task {
     metadata = parsed as Record<string, unknown>;
   }
   const epoch = r.flag('task.epoch') ? r.u32('task.epoch') : undefined;
+  const response = r.flag('task.response') ? r.str('task.response') : undefined;
   const task: { -readonly [K in keyof Task]: Task[K] } = { id, prompt };
   if (answer !== undefined) task.answer = answer;
+  if (response !== undefined) task.response = response;
   if (metadata !== undefined) task.metadata = metadata;
   if (epoch !== undefined) task.epoch = epoch;
   return task;

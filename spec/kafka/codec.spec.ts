@@ -35,7 +35,7 @@ describe('codec: tasks', () => {
     minVersion: 3,
     samples: 8,
     sampling: { maxTokens: 5, temperature: 0.7, topP: 0.95, seed: 42 },
-    task: { id: 'täsk-1', prompt: 'abcd=', answer: 'dcba', metadata: { level: 2, tags: ['x'] }, epoch: 1 },
+    task: { id: 'täsk-1', prompt: 'abcd=', answer: 'dcba', response: 'dcba!', metadata: { level: 2, tags: ['x'] }, epoch: 1 },
   };
 
   it('round-trips every field, optional ones included and omitted', () => {
