@@ -31,6 +31,7 @@ import { initBackend } from '../lib/model/backend.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import type { PolicyModel } from '../lib/model/transformer.js';
 import { createRng } from '../lib/core/random.js';
+import { modelScorer } from '../lib/engine/teacher.js';
 import { Adam, gradientSquares } from '../lib/train/adam.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Batch, Trajectory } from '../lib/core/types.js';
@@ -59,7 +60,7 @@ function parse(args: readonly string[]): Options {
 }
 
 /** The recipe's batch: 4 prompts (43–47 tokens) × 4 samples of up to 16 tokens, rollout log-probs of `model`. */
-function recipeBatch(model: PolicyModel): Batch {
+async function recipeBatch(model: PolicyModel): Promise<Batch> {
   const rng = createRng(7, 'fullStep');
   const token = (): number => 100 + Math.floor(rng.next() * 49000);
   const rows: Trajectory[] = [];
@@ -95,18 +96,8 @@ function recipeBatch(model: PolicyModel): Batch {
     return (r - mean) / (std + 1e-6);
   });
   const batch = collate(rows, { padId: 0, modelTag: 'policy', advantages });
-  const T = batch.promptLength + batch.responseLength;
-  const old = tf.tidy(
-    () =>
-      model.responseLogprobs(
-        tf.tensor2d(batch.inputIds, [batch.size, T], 'int32'),
-        tf.tensor2d(batch.attentionMask, [batch.size, T]),
-        tf.tensor2d(batch.positionIds, [batch.size, T], 'int32'),
-        batch.promptLength,
-      ).logprobs,
-  );
-  const oldLogprobs = (old.dataSync() as Float32Array).map((x, i) => x * batch.responseMask[i]);
-  old.dispose();
+  // modelScorer leaves 0 on padding: the rollout's log-probs of these rows are the model's own.
+  const oldLogprobs = await modelScorer(model).responseLogprobs(batch);
   return { ...batch, oldLogprobs };
 }
 
@@ -350,7 +341,7 @@ export async function main(args: readonly string[]): Promise<void> {
     }),
   );
   try {
-    const batch = recipeBatch(model);
+    const batch = await recipeBatch(model);
     if (options.sections.includes('adam')) await adamSection(model, options.reps);
     if (options.sections.includes('phases')) await phasesSection(model, batch, options.reps);
     if (options.sections.includes('step')) await stepSection(model, batch, options.reps);

@@ -2,7 +2,7 @@ import { concatMap, type OperatorFunction } from 'rxjs';
 import { collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Batch, Group, Metrics, ModelTag, ReferencePolicy } from '../lib/core/types.js';
-import { groupMetrics, rolloutSeconds } from './internal/batchStats.js';
+import { groupMetrics, rolloutSeconds, scoreMean } from './internal/batchStats.js';
 
 /** Options of {@link distillPrepare}. */
 export interface DistillPrepareOptions {
@@ -71,7 +71,7 @@ export function distillPrepare(options: DistillPrepareOptions): OperatorFunction
         }
         const metrics: Metrics = {
           ...groupMetrics(groups),
-          'critic/score_mean': rows.length === 0 ? 0 : rows.reduce((sum, t) => sum + t.reward, 0) / rows.length,
+          ...scoreMean(rows),
           'distill/reverse_kl': tokens === 0 ? 0 : kl / tokens,
           'distill/teacher_logprob_mean': tokens === 0 ? 0 : teacherSum / tokens,
           'batch/rows': base.size,

@@ -2,7 +2,7 @@ import { concatMap, type OperatorFunction } from 'rxjs';
 import { collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Batch, Group, Metrics, ModelTag } from '../lib/core/types.js';
-import { groupMetrics, rolloutSeconds } from './internal/batchStats.js';
+import { groupMetrics, rolloutSeconds, scoreMean } from './internal/batchStats.js';
 
 /** Options of {@link sftPrepare}. */
 export interface SftPrepareOptions {
@@ -53,7 +53,7 @@ export function sftPrepare(options: SftPrepareOptions): OperatorFunction<readonl
         const batch = collate(kept, { padId: options.padId, modelTag, advantages: kept.map(() => 1) });
         const metrics: Metrics = {
           ...groupMetrics(groups),
-          'critic/score_mean': rows.length === 0 ? 0 : rows.reduce((sum, t) => sum + t.reward, 0) / rows.length,
+          ...scoreMean(rows),
           'batch/rows': batch.size,
           'batch/rows_filtered': rows.length - kept.length,
           ...rolloutSeconds(rows),

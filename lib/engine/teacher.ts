@@ -15,7 +15,7 @@ import type { PolicyModel } from '../model/transformer.js';
 import type { Tokenizer } from '../model/types.js';
 
 /**
- * A model of this process as a scorer: one forward pass over the batch's padded rows.
+ * A model of this process as a scorer: one forward pass over the batch's padded rows (0 on padding).
  *
  * @param model - The frozen policy (owned by the caller).
  * @returns Its scorer.
@@ -35,7 +35,7 @@ export function modelScorer(model: PolicyModel): ReferencePolicy {
       );
       const data = (await out.data()) as Float32Array;
       out.dispose();
-      return data;
+      return data.map((x, i) => (batch.responseMask[i] === 1 ? x : 0));
     },
   };
 }

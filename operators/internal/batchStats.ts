@@ -17,6 +17,11 @@ export function groupMetrics(groups: readonly Group[]): Metrics {
   };
 }
 
+/** `critic/score_mean`: the mean reward of a batch's samples, kept or not (0 for none). */
+export function scoreMean(rows: readonly Trajectory[]): Metrics {
+  return { 'critic/score_mean': rows.length === 0 ? 0 : rows.reduce((sum, t) => sum + t.reward, 0) / rows.length };
+}
+
 /**
  * `timing/generate_s` and `timing/reward_s` of a batch: the wall time during which at least one of its samples was
  * being generated, or scored (the union of their spans, so concurrent samples count once). Absent when no row has
