@@ -35,11 +35,12 @@ import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
 import { loadTeacher } from './parts/teacher.js';
+import { servedEngine } from './parts/served.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight, tasksPerStep } from './parts/settings.js';
 import { validate } from './validate.js';
 
 export type { KafkaTransport } from './parts/settings.js';
-import type { RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
+import type { EngineContext, RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
 
 export type { EngineContext, RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
 
@@ -227,11 +228,6 @@ async function buildParts(
   };
   let engine: RolloutEngine | undefined;
   try {
-    if (entry.specialization === 'lora' && options.createEngine) {
-      throw new ConfigError('policies[0]: a LoRA policy samples from the in-process engines or Kafka workers, not from createEngine', {
-        context: { key: 'policies[0].specialization' },
-      });
-    }
     checkCheckpointKind(checkpoint, entry.specialization === 'lora');
     const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
     // A full policy keeps a copy of its start as the reference; a LoRA policy's frozen base is its start.
@@ -239,11 +235,12 @@ async function buildParts(
       needsReference && entry.specialization !== 'lora' ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
     if (reference) owned.push(reference);
     const lora = entry.specialization === 'lora';
-    // Over Kafka or a caller's engine the in-process engine only validates, between steps: a full policy's reads
-    // the policy's own weights; a LoRA policy validates through its adapter copy.
-    const inProcess = lora || !(options.createEngine || options.kafka);
+    // A caller's engine or a server (openai.baseUrl) samples and validates. Over Kafka the in-process engine only
+    // validates, between steps: a full policy's reads the policy's own weights; a LoRA policy's, its adapter copy.
+    const external = options.createEngine !== undefined || config.openai.baseUrl !== null;
+    const inProcess = !external && (lora || !options.kafka);
     // In sync mode in one process, rollouts and training take turns: the engine samples from the trainer's model.
-    const sampled = inProcess && !(config.sync.mode === 'sync' && !options.createEngine && !options.kafka);
+    const sampled = inProcess && !(config.sync.mode === 'sync' && !options.kafka);
     const sampleBase = lora && sampled ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
     if (sampleBase) owned.push(sampleBase);
     const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, { copyTrain: false, sampled });
@@ -253,7 +250,8 @@ async function buildParts(
       if (models.sample !== models.train) models.sample.setWeights(checkpoint.weights);
     }
     const policy = models.train;
-    engine = await buildEngine(config, options, setup, policy, models.sample);
+    const adapter = models.adapter ? { config: models.adapter.lora, name: entry.name } : undefined;
+    engine = await buildEngine(config, options, setup, { policy, sample: models.sample, lora: adapter, runDir });
     const ref = reference ?? (lora && needsReference ? initial : undefined);
     const trainer = new GrpoTrainer(policy, { ...grpoTrainerOptions(config), ...(ref ? { reference: ref } : {}) });
     owned.push(trainer);
@@ -300,23 +298,27 @@ function checkCheckpointKind(checkpoint: Checkpoint | undefined, lora: boolean):
   );
 }
 
-/** The rollout engine: the caller's (`createEngine`), or an in-process one sampling from `sample`. */
+/**
+ * The rollout engine: the caller's (`createEngine`), an OpenAI-compatible server's (`openai.baseUrl`), or an
+ * in-process one sampling from `sample`.
+ */
 async function buildEngine(
   config: RxrlConfig,
   options: RunTrainingOptions,
   setup: RunSetup,
-  policy: PolicyModel,
-  sample: PolicyModel,
+  models: { policy: PolicyModel; sample: PolicyModel; lora: EngineContext['lora']; runDir: string | undefined },
 ): Promise<RolloutEngine> {
-  const groupSize = config.rollout.groupSize;
+  const { policy, sample } = models;
   const version = setup.checkpoint?.state.version ?? 0;
-  if (options.createEngine) {
-    return options.createEngine({
+  const createEngine = options.createEngine ?? (config.openai.baseUrl !== null ? servedEngine(config, models.runDir) : undefined);
+  if (createEngine) {
+    return createEngine({
       policy,
       tokenizer: setup.tokenizer,
       version,
       backend: setup.backend,
-      samplesPerStep: tasksPerStep(config) * groupSize,
+      samplesPerStep: tasksPerStep(config) * config.rollout.groupSize,
+      lora: models.lora,
     });
   }
   return new LocalEngine(sample, {

@@ -475,10 +475,10 @@ export const SCHEMA = {
   },
   openai: {
     baseUrl: {
-      doc: 'OpenAI-compatible server URL (null = the embedded policy).',
+      // No environment variable: an OPENAI_BASE_URL set for other programs must not move a run's rollouts.
+      doc: "OpenAI-compatible server the run rolls out and validates on, serving model.path as openai.model (vLLM, SGLang, rxrl serve); versions are published below <run-dir>/served (null = the in-process engine).",
       format: 'optional-string',
       default: null,
-      env: 'OPENAI_BASE_URL',
     },
     apiKey: { doc: 'API key of the server.', format: String, default: 'EMPTY', env: 'OPENAI_API_KEY', sensitive: true },
     model: { doc: 'Model name on the server.', format: 'non-empty-string', default: 'rxrl-policy' },

@@ -32,6 +32,7 @@ import type { ChatTemplate } from '../chat/template.js';
 import type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatTool, ToolCall } from '../chat/types.js';
 import { AbortError, ConfigError, DecodeError, EngineError, isAbortError } from '../core/errors.js';
 import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTokenIds } from '../model/modelDir.js';
+import { savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import type { PolicyConfig } from '../model/config.js';
 import { retry, type RetryOptions } from '../core/retry.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
@@ -67,6 +68,15 @@ export interface OpenAIWeightSyncOptions {
   readonly body?: (modelPath: string, version: PolicyVersion) => Record<string, unknown>;
   /** Deadline of one update call, in ms. Default 300 000. */
   readonly timeoutMs?: number;
+  /**
+   * A LoRA policy (vLLM's `--enable-lora`, `rxrl serve`): each version is written as a PEFT adapter directory
+   * `<directory>/v<version>/` of the adapter's weights alone and loaded with `POST /v1/load_lora_adapter` as
+   * `<name>-v<version>` (`load_inplace`, so a resumed run may load a version again), which later requests name;
+   * the versions beyond the last `keep` are unloaded (`POST /v1/unload_lora_adapter`) and deleted, and the first
+   * load unloads every other `<name>-v*` the server lists (what a killed run left): the name belongs to one run.
+   * The server serves the base model the adapters adapt.
+   */
+  readonly lora?: { readonly config: ResolvedLoraConfig; readonly name: string; readonly baseModel?: string | null };
 }
 
 /** Options of {@link OpenAIEngine}. */
@@ -149,8 +159,10 @@ type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 export class OpenAIEngine implements RolloutEngine, ChatEngine {
   readonly modelTag: ModelTag;
   readonly tokenizer: Tokenizer;
-  /** Served model name. */
-  readonly model: string;
+  /** Base of the model names of a LoRA policy's versions (`<base>-v<version>`). */
+  private readonly loraName: string | undefined;
+  /** The model name requests carry now: the served model, or the adapter of the current version. */
+  private served: string;
   /** The underlying `openai` client (built-in retries off: the engine retries itself). */
   readonly client: OpenAI;
   private current: PolicyVersion;
@@ -166,11 +178,16 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
   };
   private lastLoad: Promise<void> = Promise.resolve();
   private readonly published: string[] = [];
+  /** A LoRA policy's loaded versions, oldest first. */
+  private adapters: { readonly name: string; readonly path: string }[] = [];
+  /** Whether the server was cleared of this policy's versions that another process left. */
+  private swept = false;
 
   constructor(private readonly options: OpenAIEngineOptions) {
     this.modelTag = options.modelTag ?? 'policy';
     this.tokenizer = options.tokenizer;
-    this.model = options.model;
+    this.loraName = options.weightSync?.lora?.name;
+    this.served = options.model;
     this.current = options.version ?? 0;
     this.timeoutMs = options.timeoutMs ?? 120_000;
     const concurrency = options.concurrency ?? 256;
@@ -194,6 +211,11 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
 
   get version(): PolicyVersion {
     return this.current;
+  }
+
+  /** The model name requests carry: the served model, or for a LoRA policy the adapter of the current version. */
+  get model(): string {
+    return this.served;
   }
 
   /** A snapshot of the counters. */
@@ -232,7 +254,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     const tools = request.tools ?? [];
     const body: ChatCompletionCreateParamsNonStreaming & TokenIdExtensions = {
       ...this.options.extraBody,
-      model: this.model,
+      model: this.served,
       messages: request.messages.map(toOpenAIMessage),
       ...(tools.length > 0 ? { tools: tools.map(toOpenAITool) } : {}),
       max_tokens: request.maxTokens,
@@ -249,7 +271,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     return this.call(
       'chat',
       (options) => this.client.chat.completions.create(body, options),
-      (completion) => this.parseChat(completion, request, startVersion),
+      (completion) => this.parseChat(this.checkAdapter(completion, body.model, startVersion), request, startVersion),
       signal,
     );
   }
@@ -272,6 +294,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
   }
 
   private async publish(sync: OpenAIWeightSyncOptions, version: PolicyVersion, weights: NamedWeights): Promise<void> {
+    if (sync.lora) return this.publishAdapter(sync, sync.lora, version, weights);
     const modelPath = join(sync.directory, `v${version}`);
     await saveModelDir(
       modelPath,
@@ -305,10 +328,87 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     }
   }
 
+  /** A LoRA version: its PEFT directory, `load_lora_adapter` as `<name>-v<version>`, then the old ones unloaded. */
+  private async publishAdapter(
+    sync: OpenAIWeightSyncOptions,
+    lora: NonNullable<OpenAIWeightSyncOptions['lora']>,
+    version: PolicyVersion,
+    weights: NamedWeights,
+  ): Promise<void> {
+    const path = join(sync.directory, `v${version}`);
+    const name = `${lora.name}-v${version}`;
+    await savePeftWeights(path, lora.config, weights, lora.baseModel ?? null, { [POLICY_VERSION_METADATA_KEY]: String(version) });
+    // In place: a resumed run publishes again a version the server may still hold from before.
+    await this.adapterCall('/v1/load_lora_adapter', { lora_name: name, lora_path: path, load_inplace: true }, version, sync.timeoutMs);
+    this.current = version;
+    this.served = name;
+    this.counters.weightLoads++;
+    // A run that was killed left its versions loaded: the first load of this process unloads them.
+    if (!this.swept) {
+      this.swept = true;
+      const listed = await this.call(
+        'models',
+        (options) => this.client.models.list(options),
+        (page) => page.data.map((m) => m.id),
+        undefined,
+      );
+      const own = new RegExp(`^${lora.name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}-v\\d+$`);
+      for (const id of listed) {
+        if (id !== name && own.test(id))
+          await this.adapterCall('/v1/unload_lora_adapter', { lora_name: id }, version, sync.timeoutMs, true);
+      }
+    }
+    this.adapters = [...this.adapters.filter((a) => a.name !== name), { name, path }];
+    while (this.adapters.length > (sync.keep ?? 2)) {
+      const old = this.adapters.shift()!;
+      // Requests already running on it finish there (vLLM and rxrl serve); new ones name the newer version.
+      await this.adapterCall('/v1/unload_lora_adapter', { lora_name: old.name }, version, sync.timeoutMs, true);
+      await rm(old.path, { recursive: true, force: true });
+    }
+  }
+
+  /** `POST` of a LoRA route on the server's origin; `success: false` is refused, and so is a 404 unless `gone`. */
+  private async adapterCall(
+    route: string,
+    body: Record<string, unknown>,
+    version: PolicyVersion,
+    timeoutMs?: number,
+    gone = false,
+  ): Promise<void> {
+    const url = resolveEndpoint(this.options.baseURL, route);
+    try {
+      await this.call(
+        'weights',
+        (options) => this.client.post<unknown>(url, { body, ...options }),
+        (answer) => {
+          if (typeof answer === 'object' && answer !== null && (answer as { success?: unknown }).success === false) {
+            const message = String((answer as { message?: unknown }).message ?? 'no message');
+            throw new EngineError(`${route} for version ${version} refused: ${message}`, { context: { version, ...body } });
+          }
+        },
+        undefined,
+        timeoutMs ?? 300_000,
+      );
+    } catch (error) {
+      if (gone && error instanceof EngineError && error.context.status === 404) return;
+      throw error;
+    }
+  }
+
+  /**
+   * A LoRA policy's answer must come from the adapter it asked for; its version is that adapter's, whatever version
+   * the server reports for its base.
+   */
+  private checkAdapter<R extends { model?: string }>(answer: R, requested: string, version: PolicyVersion): R {
+    if (this.loraName === undefined) return answer;
+    if (answer?.model !== requested) throw malformed(`asked adapter ${requested}, answered by ${String(answer?.model)}`);
+    return { ...answer, policy_version: version };
+  }
+
   private async complete(request: GenerateRequest, signal?: AbortSignal): Promise<GenerateResponse> {
     const body: CompletionCreateParamsNonStreaming & TokenIdExtensions = {
       ...this.options.extraBody,
-      model: this.model,
+      model: this.served,
       prompt: [...request.promptTokens],
       max_tokens: request.maxTokens,
       temperature: request.temperature ?? 1,
@@ -323,7 +423,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     return this.call(
       'completion',
       (options) => this.client.completions.create(body, options),
-      (completion) => this.parseCompletion(completion, startVersion),
+      (completion) => this.parseCompletion(this.checkAdapter(completion, body.model, startVersion), startVersion),
       signal,
     );
   }

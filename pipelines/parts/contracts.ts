@@ -18,6 +18,7 @@ import type { Logger } from '../../lib/observe/logger.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Metrics, PolicyVersion } from '../../lib/core/types.js';
 import type { RolloutWorker } from '../../lib/engine/worker.js';
+import type { ResolvedLoraConfig } from '../../lib/model/lora.js';
 import type { RunTeacher } from './teacher.js';
 import type { Data } from './data.js';
 import type { RunLedger } from './ledger.js';
@@ -70,6 +71,11 @@ export interface EngineContext {
   readonly backend: BackendName;
   /** Samples per train step (`batchSize · groupSize`). */
   readonly samplesPerStep: number;
+  /**
+   * A LoRA policy: `policy` is its adapter view, whose weights (`getWeights()`, and every published step's) are the
+   * adapter's alone, in PEFT's names; the engine serves them over the base (e.g. vLLM's `load_lora_adapter`).
+   */
+  readonly lora?: { readonly config: ResolvedLoraConfig; readonly name: string } | undefined;
 }
 
 /** What {@link runTraining} reports. */
