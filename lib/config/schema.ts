@@ -476,7 +476,7 @@ export const SCHEMA = {
   openai: {
     baseUrl: {
       // No environment variable: an OPENAI_BASE_URL set for other programs must not move a run's rollouts.
-      doc: "OpenAI-compatible server the run rolls out and validates on, serving model.path as openai.model (vLLM, SGLang, rxrl serve); versions are published below <run-dir>/served (null = the in-process engine).",
+      doc: 'OpenAI-compatible server the run rolls out and validates on, serving model.path as openai.model (vLLM, SGLang, rxrl serve); versions are published below <run-dir>/served (null = the in-process engine).',
       format: 'optional-string',
       default: null,
     },
