@@ -306,19 +306,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       },
     );
     const body = sync.body ? sync.body(modelPath, version) : { model_path: modelPath, weight_version: String(version) };
-    const url = resolveEndpoint(this.options.baseURL, sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT);
-    await this.call(
-      'weights',
-      (options) => this.client.post<unknown>(url, { body, ...options }),
-      (answer) => {
-        if (typeof answer === 'object' && answer !== null && (answer as { success?: unknown }).success === false) {
-          const message = String((answer as { message?: unknown }).message ?? 'no message');
-          throw new EngineError(`weight update to version ${version} refused: ${message}`, { context: { version, modelPath } });
-        }
-      },
-      undefined,
-      sync.timeoutMs ?? 300_000,
-    );
+    await this.updateCall(sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT, body, version, sync.timeoutMs);
     this.current = version;
     this.counters.weightLoads++;
     if (!this.published.includes(modelPath)) this.published.push(modelPath);
@@ -339,7 +327,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     const name = `${lora.name}-v${version}`;
     await savePeftWeights(path, lora.config, weights, lora.baseModel ?? null, { [POLICY_VERSION_METADATA_KEY]: String(version) });
     // In place: a resumed run publishes again a version the server may still hold from before.
-    await this.adapterCall('/v1/load_lora_adapter', { lora_name: name, lora_path: path, load_inplace: true }, version, sync.timeoutMs);
+    await this.updateCall('/v1/load_lora_adapter', { lora_name: name, lora_path: path, load_inplace: true }, version, sync.timeoutMs);
     this.current = version;
     this.served = name;
     this.counters.weightLoads++;
@@ -354,21 +342,23 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       );
       const own = new RegExp(`^${lora.name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}-v\\d+$`);
       for (const id of listed) {
-        if (id !== name && own.test(id))
-          await this.adapterCall('/v1/unload_lora_adapter', { lora_name: id }, version, sync.timeoutMs, true);
+        if (id !== name && own.test(id)) await this.updateCall('/v1/unload_lora_adapter', { lora_name: id }, version, sync.timeoutMs, true);
       }
     }
     this.adapters = [...this.adapters.filter((a) => a.name !== name), { name, path }];
     while (this.adapters.length > (sync.keep ?? 2)) {
       const old = this.adapters.shift()!;
       // Requests already running on it finish there (vLLM and rxrl serve); new ones name the newer version.
-      await this.adapterCall('/v1/unload_lora_adapter', { lora_name: old.name }, version, sync.timeoutMs, true);
+      await this.updateCall('/v1/unload_lora_adapter', { lora_name: old.name }, version, sync.timeoutMs, true);
       await rm(old.path, { recursive: true, force: true });
     }
   }
 
-  /** `POST` of a LoRA route on the server's origin; `success: false` is refused, and so is a 404 unless `gone`. */
-  private async adapterCall(
+  /**
+   * `POST` of a weight route (a path on the server's origin, or a URL): `success: false` is refused, and so is an
+   * error status — but a 404 when `gone` (what to unload is not there).
+   */
+  private async updateCall(
     route: string,
     body: Record<string, unknown>,
     version: PolicyVersion,
@@ -383,7 +373,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
         (answer) => {
           if (typeof answer === 'object' && answer !== null && (answer as { success?: unknown }).success === false) {
             const message = String((answer as { message?: unknown }).message ?? 'no message');
-            throw new EngineError(`${route} for version ${version} refused: ${message}`, { context: { version, ...body } });
+            throw new EngineError(`${route} for version ${version} refused: ${message}`, { context: { version, route } });
           }
         },
         undefined,
