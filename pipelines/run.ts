@@ -229,6 +229,11 @@ async function buildParts(
   let engine: RolloutEngine | undefined;
   try {
     checkCheckpointKind(checkpoint, entry.specialization === 'lora');
+    // Over Kafka the workers roll out and the versions go to them by the weights topic, never to a server.
+    if (options.kafka && config.openai.baseUrl !== null)
+      throw new ConfigError('openai.baseUrl: a run over Kafka rolls out on its rxrl worker processes; leave it unset', {
+        context: { key: 'openai.baseUrl' },
+      });
     const needsReference = config.trainer.klLoss.coef > 0 || config.algorithm.klInReward.coef > 0;
     // A full policy keeps a copy of its start as the reference; a LoRA policy's frozen base is its start.
     const reference =

@@ -78,9 +78,9 @@ export const singleTurnWorker: RolloutWorker = async (input, signal) =>
   completeOnce(input, input.engine.tokenizer.encode(input.task.prompt, { addBos: true }), signal);
 
 /**
- * A worker for chat models: the task's prompt is the user's message (after an optional system message), rendered
- * with `template` and its generation prompt (the model's own template, see `loadChatTemplate`); then one
- * completion as in {@link singleTurnWorker}.
+ * A worker for chat models: the task's prompt is the user's message (after an optional system message) — or, for a
+ * task read from a chat row, its conversation (`metadata.messages`) — rendered with `template` and its generation
+ * prompt (the model's own template, see `loadChatTemplate`); then one completion as in {@link singleTurnWorker}.
  *
  * @example
  * ```ts

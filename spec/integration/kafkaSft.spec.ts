@@ -43,6 +43,18 @@ describe('trainer.algorithm sft over Kafka (rxrl trainer + rxrl worker)', () => 
       const summary = await runTraining(config, { kafka: { kafka, topics, weightsDir: join(dir, 'run', 'weights') } });
       await worker;
       expect(summary.steps).toBe(3);
+      // A server to roll out on has no place in a run over Kafka.
+      const served = loadConfig({
+        env: {},
+        values: {
+          ...config,
+          run: { ...config.run, dir: join(dir, 'served') },
+          openai: { ...config.openai, baseUrl: 'http://127.0.0.1:9/v1' },
+        },
+      });
+      await expect(runTraining(served, { kafka: { kafka, topics, weightsDir: join(dir, 'w2') } })).rejects.toThrow(
+        /openai\.baseUrl: a run over Kafka/,
+      );
       const lines = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
         .trim()
         .split('\n')
