@@ -1,8 +1,8 @@
-import { concatMap, type OperatorFunction } from 'rxjs';
+import type { OperatorFunction } from 'rxjs';
 import { collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Batch, Group, Metrics, ModelTag, ReferencePolicy } from '../lib/core/types.js';
-import { groupMetrics, rolloutSeconds, scoreMean } from './internal/batchStats.js';
+import { preparing, scoreMean } from './internal/batchStats.js';
 
 /** Options of {@link distillPrepare}. */
 export interface DistillPrepareOptions {
@@ -46,40 +46,30 @@ export function distillPrepare(options: DistillPrepareOptions): OperatorFunction
   const coef = options.rewardCoef ?? 0;
   if (!Number.isFinite(coef))
     throw new ConfigError(`distillPrepare rewardCoef must be finite, got ${coef}`, { context: { key: 'rewardCoef' } });
-  return (source) =>
-    source.pipe(
-      concatMap(async (groups) => {
-        const started = performance.now();
-        const modelTag = options.modelTag ?? groups[0]?.modelTag ?? 'policy';
-        const rows = groups.flatMap((g) => g.trajectories);
-        const base = collate(rows, { padId: options.padId, modelTag });
-        const teacher = base.size > 0 ? await options.teacher.responseLogprobs(base, options.signal) : new Float32Array(0);
-        const R = base.responseLength;
-        const advantages = new Float32Array(base.size * R);
-        let tokens = 0;
-        let kl = 0;
-        let teacherSum = 0;
-        for (let b = 0; b < base.size; b++) {
-          for (let i = 0; i < R; i++) {
-            const cell = b * R + i;
-            if (base.lossMask[cell] === 0) continue;
-            advantages[cell] = teacher[cell] - base.oldLogprobs[cell] + coef * rows[b].reward;
-            kl += base.oldLogprobs[cell] - teacher[cell];
-            teacherSum += teacher[cell];
-            tokens++;
-          }
-        }
-        const metrics: Metrics = {
-          ...groupMetrics(groups),
-          ...scoreMean(rows),
-          'distill/reverse_kl': tokens === 0 ? 0 : kl / tokens,
-          'distill/teacher_logprob_mean': tokens === 0 ? 0 : teacherSum / tokens,
-          'batch/rows': base.size,
-          ...rolloutSeconds(rows),
-          'timing/prepare_s': (performance.now() - started) / 1000,
-        };
-        const groupIds = groups.map((g) => g.key.join('/'));
-        return { ...base, advantages, refLogprobs: teacher, meta: { ...base.meta, groups: groupIds }, metrics };
-      }),
-    );
+  return preparing(options.modelTag, async (rows, modelTag) => {
+    const base = collate(rows, { padId: options.padId, modelTag });
+    const teacher = base.size > 0 ? await options.teacher.responseLogprobs(base, options.signal) : new Float32Array(0);
+    const R = base.responseLength;
+    const advantages = new Float32Array(base.size * R);
+    let tokens = 0;
+    let kl = 0;
+    let teacherSum = 0;
+    for (let b = 0; b < base.size; b++) {
+      for (let i = 0; i < R; i++) {
+        const cell = b * R + i;
+        if (base.lossMask[cell] === 0) continue;
+        advantages[cell] = teacher[cell] - base.oldLogprobs[cell] + coef * rows[b].reward;
+        kl += base.oldLogprobs[cell] - teacher[cell];
+        teacherSum += teacher[cell];
+        tokens++;
+      }
+    }
+    const metrics: Metrics = {
+      ...scoreMean(rows),
+      'distill/reverse_kl': tokens === 0 ? 0 : kl / tokens,
+      'distill/teacher_logprob_mean': tokens === 0 ? 0 : teacherSum / tokens,
+      'batch/rows': base.size,
+    };
+    return { ...base, advantages, refLogprobs: teacher, metrics };
+  });
 }

@@ -1,5 +1,5 @@
 import * as tf from '@tensorflow/tfjs-core';
-import { concatMap, type OperatorFunction } from 'rxjs';
+import type { OperatorFunction } from 'rxjs';
 import { computeGroupAdvantages, type StdKind } from '../lib/algos/advantages.js';
 import { applyKlPenalty, type KlEstimatorName } from '../lib/algos/kl.js';
 import { type KlController, createKlController, updateKlController } from '../lib/algos/klController.js';
@@ -7,7 +7,7 @@ import { readMetricsSync } from '../lib/algos/metrics.js';
 import { broadcastAdvantages, collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Batch, Group, Metrics, ModelTag, ReferencePolicy, Trajectory } from '../lib/core/types.js';
-import { groupMetrics, rolloutSeconds } from './internal/batchStats.js';
+import { preparing } from './internal/batchStats.js';
 
 export type { ReferencePolicy } from '../lib/core/types.js';
 
@@ -78,63 +78,54 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
   if (maxGroups !== undefined && !(Number.isInteger(maxGroups) && maxGroups >= 1))
     throw new ConfigError(`grpoPrepare maxGroups must be an integer >= 1, got ${maxGroups}`, { context: { key: 'maxGroups' } });
   let controller = options.klInReward ? createKlController(options.klInReward.controller) : undefined;
-  return (source) =>
-    source.pipe(
-      concatMap(async (groups) => {
-        const started = performance.now();
-        const modelTag = options.modelTag ?? groups[0]?.modelTag ?? 'policy';
-        const rows: Trajectory[] = groups.flatMap((g) => g.trajectories);
-        const base = collate(rows, { padId: options.padId, modelTag });
-        const R = base.responseLength;
-        const metrics: Metrics = groupMetrics(groups);
-        let tokenRewards = base.tokenRewards; // [B, R]
-        let refLogprobs: Float32Array | undefined; // [B, R]
-        if (options.klInReward && controller && base.size > 0) {
-          refLogprobs = await options.klInReward.reference.responseLogprobs(base, options.signal);
-          const penalty = klPenalty(base, refLogprobs, controller.coef, options.klInReward.estimator ?? 'k1');
-          tokenRewards = penalty.tokenRewards;
-          Object.assign(metrics, penalty.metrics);
-          controller = updateKlController(controller, metrics['actor/reward_kl_penalty'], base.size);
-        }
-        // Scores are the per-row sums of the token rewards: the reward itself unless a KL penalty applies.
-        const scores = rows.map((_, b) => tokenRewards.subarray(b * R, (b + 1) * R).reduce((a, x) => a + x, 0));
-        const advantage = computeGroupAdvantages(scores, base.meta.groupIds, {
-          normalizeByStd: options.normalizeByStd,
-          std: options.std,
-          epsilon: options.epsilon,
-        });
-        Object.assign(metrics, advantage.metrics);
+  return preparing(options.modelTag, async (rows, modelTag) => {
+    const base = collate(rows, { padId: options.padId, modelTag });
+    const R = base.responseLength;
+    const metrics: Metrics = {};
+    let tokenRewards = base.tokenRewards; // [B, R]
+    let refLogprobs: Float32Array | undefined; // [B, R]
+    if (options.klInReward && controller && base.size > 0) {
+      refLogprobs = await options.klInReward.reference.responseLogprobs(base, options.signal);
+      const penalty = klPenalty(base, refLogprobs, controller.coef, options.klInReward.estimator ?? 'k1');
+      tokenRewards = penalty.tokenRewards;
+      Object.assign(metrics, penalty.metrics);
+      controller = updateKlController(controller, metrics['actor/reward_kl_penalty'], base.size);
+    }
+    // Scores are the per-row sums of the token rewards: the reward itself unless a KL penalty applies.
+    const scores = rows.map((_, b) => tokenRewards.subarray(b * R, (b + 1) * R).reduce((a, x) => a + x, 0));
+    const advantage = computeGroupAdvantages(scores, base.meta.groupIds, {
+      normalizeByStd: options.normalizeByStd,
+      std: options.std,
+      epsilon: options.epsilon,
+    });
+    Object.assign(metrics, advantage.metrics);
 
-        let kept = rows.map((_, i) => i);
-        if (filter) {
-          const informative = new Set(advantage.groups.filter((g) => g.kind === 'normal').map((g) => String(g.groupId)));
-          kept = kept.filter((i) => informative.has(rows[i].groupId));
-          metrics['batch/groups_filtered'] = advantage.groups.length - informative.size;
-          metrics['batch/rows_filtered'] = rows.length - kept.length;
-        }
-        if (maxGroups !== undefined) {
-          const first = firstGroups(rows, kept, maxGroups);
-          metrics['batch/groups_surplus'] = first.surplus;
-          kept = first.kept;
-        }
-        const rowAdvantages = kept.map((i) => advantage.advantages[i]);
-        const groupIds = groups.map((g) => g.key.join('/'));
-        // Usually nothing is filtered: the batch collated above only needs its advantages.
-        const prepared: Batch =
-          kept.length === rows.length
-            ? {
-                ...base,
-                advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages),
-                tokenRewards,
-                ...(refLogprobs ? { refLogprobs } : {}),
-              }
-            : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
-        metrics['batch/rows'] = prepared.size;
-        Object.assign(metrics, rolloutSeconds(rows));
-        metrics['timing/prepare_s'] = (performance.now() - started) / 1000;
-        return { ...prepared, meta: { ...prepared.meta, groups: groupIds }, metrics };
-      }),
-    );
+    let kept = rows.map((_, i) => i);
+    if (filter) {
+      const informative = new Set(advantage.groups.filter((g) => g.kind === 'normal').map((g) => String(g.groupId)));
+      kept = kept.filter((i) => informative.has(rows[i].groupId));
+      metrics['batch/groups_filtered'] = advantage.groups.length - informative.size;
+      metrics['batch/rows_filtered'] = rows.length - kept.length;
+    }
+    if (maxGroups !== undefined) {
+      const first = firstGroups(rows, kept, maxGroups);
+      metrics['batch/groups_surplus'] = first.surplus;
+      kept = first.kept;
+    }
+    const rowAdvantages = kept.map((i) => advantage.advantages[i]);
+    // Usually nothing is filtered: the batch collated above only needs its advantages.
+    const prepared: Batch =
+      kept.length === rows.length
+        ? {
+            ...base,
+            advantages: broadcastAdvantages(base.lossMask, R, rowAdvantages),
+            tokenRewards,
+            ...(refLogprobs ? { refLogprobs } : {}),
+          }
+        : filteredBatch(rows, kept, rowAdvantages, { padId: options.padId, modelTag, width: R, tokenRewards, refLogprobs });
+    metrics['batch/rows'] = prepared.size;
+    return { ...prepared, metrics };
+  });
 }
 
 /** The rows of `kept` that belong to its first `maxGroups` groups (rows come grouped, in batch order), and how many groups went. */

@@ -1,8 +1,8 @@
-import { concatMap, type OperatorFunction } from 'rxjs';
+import type { OperatorFunction } from 'rxjs';
 import { collate } from '../lib/data/collate.js';
 import { ConfigError } from '../lib/core/errors.js';
-import type { Batch, Group, Metrics, ModelTag } from '../lib/core/types.js';
-import { groupMetrics, rolloutSeconds, scoreMean } from './internal/batchStats.js';
+import type { Batch, Group, ModelTag } from '../lib/core/types.js';
+import { preparing, scoreMean } from './internal/batchStats.js';
 
 /** Options of {@link sftPrepare}. */
 export interface SftPrepareOptions {
@@ -43,23 +43,9 @@ export function sftPrepare(options: SftPrepareOptions): OperatorFunction<readonl
   const { minReward } = options;
   if (minReward !== undefined && Number.isNaN(minReward))
     throw new ConfigError('sftPrepare minReward must be a number, got NaN', { context: { key: 'minReward' } });
-  return (source) =>
-    source.pipe(
-      concatMap(async (groups) => {
-        const started = performance.now();
-        const modelTag = options.modelTag ?? groups[0]?.modelTag ?? 'policy';
-        const rows = groups.flatMap((g) => g.trajectories);
-        const kept = minReward === undefined ? rows : rows.filter((t) => t.reward >= minReward);
-        const batch = collate(kept, { padId: options.padId, modelTag, advantages: kept.map(() => 1) });
-        const metrics: Metrics = {
-          ...groupMetrics(groups),
-          ...scoreMean(rows),
-          'batch/rows': batch.size,
-          'batch/rows_filtered': rows.length - kept.length,
-          ...rolloutSeconds(rows),
-          'timing/prepare_s': (performance.now() - started) / 1000,
-        };
-        return { ...batch, meta: { ...batch.meta, groups: groups.map((g) => g.key.join('/')) }, metrics };
-      }),
-    );
+  return preparing(options.modelTag, (rows, modelTag) => {
+    const kept = minReward === undefined ? rows : rows.filter((t) => t.reward >= minReward);
+    const batch = collate(kept, { padId: options.padId, modelTag, advantages: kept.map(() => 1) });
+    return { ...batch, metrics: { ...scoreMean(rows), 'batch/rows': batch.size, 'batch/rows_filtered': rows.length - kept.length } };
+  });
 }

@@ -159,8 +159,6 @@ type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 export class OpenAIEngine implements RolloutEngine, ChatEngine {
   readonly modelTag: ModelTag;
   readonly tokenizer: Tokenizer;
-  /** Base of the model names of a LoRA policy's versions (`<base>-v<version>`). */
-  private readonly loraName: string | undefined;
   /** The model name requests carry now: the served model, or the adapter of the current version. */
   private served: string;
   /** The underlying `openai` client (built-in retries off: the engine retries itself). */
@@ -177,16 +175,14 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     weightLoads: 0,
   };
   private lastLoad: Promise<void> = Promise.resolve();
-  private readonly published: string[] = [];
-  /** A LoRA policy's loaded versions, oldest first. */
-  private adapters: { readonly name: string; readonly path: string }[] = [];
+  /** The versions on disk (and, for a LoRA policy, loaded on the server under `adapter`), oldest first. */
+  private published: { readonly path: string; readonly adapter?: string }[] = [];
   /** Whether the server was cleared of this policy's versions that another process left. */
   private swept = false;
 
   constructor(private readonly options: OpenAIEngineOptions) {
     this.modelTag = options.modelTag ?? 'policy';
     this.tokenizer = options.tokenizer;
-    this.loraName = options.weightSync?.lora?.name;
     this.served = options.model;
     this.current = options.version ?? 0;
     this.timeoutMs = options.timeoutMs ?? 120_000;
@@ -309,11 +305,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     await this.updateCall(sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT, body, version, sync.timeoutMs);
     this.current = version;
     this.counters.weightLoads++;
-    if (!this.published.includes(modelPath)) this.published.push(modelPath);
-    while (this.published.length > (sync.keep ?? 2)) {
-      const old = this.published.shift()!;
-      await rm(old, { recursive: true, force: true });
-    }
+    await this.retire(sync, { path: modelPath }, version);
   }
 
   /** A LoRA version: its PEFT directory, `load_lora_adapter` as `<name>-v<version>`, then the old ones unloaded. */
@@ -345,11 +337,19 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
         if (id !== name && own.test(id)) await this.updateCall('/v1/unload_lora_adapter', { lora_name: id }, version, sync.timeoutMs, true);
       }
     }
-    this.adapters = [...this.adapters.filter((a) => a.name !== name), { name, path }];
-    while (this.adapters.length > (sync.keep ?? 2)) {
-      const old = this.adapters.shift()!;
-      // Requests already running on it finish there (vLLM and rxrl serve); new ones name the newer version.
-      await this.updateCall('/v1/unload_lora_adapter', { lora_name: old.name }, version, sync.timeoutMs, true);
+    await this.retire(sync, { path, adapter: name }, version);
+  }
+
+  /**
+   * Records a published version, then drops the oldest beyond `keep`: a LoRA version is unloaded from the server first
+   * (requests already running on it finish there, in vLLM and rxrl serve), and its files are deleted.
+   */
+  private async retire(sync: OpenAIWeightSyncOptions, latest: (typeof this.published)[number], version: PolicyVersion): Promise<void> {
+    this.published = [...this.published.filter((p) => p.path !== latest.path), latest];
+    while (this.published.length > (sync.keep ?? 2)) {
+      const old = this.published.shift()!;
+      if (old.adapter !== undefined)
+        await this.updateCall('/v1/unload_lora_adapter', { lora_name: old.adapter }, version, sync.timeoutMs, true);
       await rm(old.path, { recursive: true, force: true });
     }
   }
@@ -390,7 +390,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
    * the server reports for its base.
    */
   private checkAdapter<R extends { model?: string }>(answer: R, requested: string, version: PolicyVersion): R {
-    if (this.loraName === undefined) return answer;
+    if (this.options.weightSync?.lora === undefined) return answer;
     if (answer?.model !== requested) throw malformed(`asked adapter ${requested}, answered by ${String(answer?.model)}`);
     return { ...answer, policy_version: version };
   }

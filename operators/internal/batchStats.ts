@@ -1,10 +1,38 @@
 /**
- * What every prepare stage (`grpoPrepare`, `sftPrepare`) reports of the groups it turns into a batch.
+ * What every prepare stage (`grpoPrepare`, `sftPrepare`, `distillPrepare`) shares: one batch per array of groups, in
+ * order, and what it reports of them.
  *
  * @packageDocumentation
  */
+import { concatMap, type OperatorFunction } from 'rxjs';
 import { spanSeconds } from '../../lib/observe/spans.js';
-import type { Group, Metrics, Trajectory } from '../../lib/core/types.js';
+import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../../lib/core/types.js';
+
+/**
+ * A prepare stage around `prepare`, which makes the batch of a batch's rows (in group order) with its own metrics:
+ * one batch per array of groups, in order, with `meta.groups` (every group's key) and the metrics every stage reports
+ * added — the groups' counts ({@link groupMetrics}), the rollout's timing ({@link rolloutSeconds}) and
+ * `timing/prepare_s`, the seconds of the whole preparation.
+ *
+ * @param modelTag - the batches' model tag; default the first group's (else `policy`).
+ */
+export function preparing(
+  modelTag: ModelTag | undefined,
+  prepare: (rows: readonly Trajectory[], modelTag: ModelTag) => Promise<Batch> | Batch,
+): OperatorFunction<readonly Group[], Batch> {
+  return concatMap(async (groups) => {
+    const started = performance.now();
+    const rows = groups.flatMap((g) => g.trajectories);
+    const batch = await prepare(rows, modelTag ?? groups[0]?.modelTag ?? 'policy');
+    const metrics: Metrics = {
+      ...groupMetrics(groups),
+      ...batch.metrics,
+      ...rolloutSeconds(rows),
+      'timing/prepare_s': (performance.now() - started) / 1000,
+    };
+    return { ...batch, meta: { ...batch.meta, groups: groups.map((g) => g.key.join('/')) }, metrics };
+  });
+}
 
 /** `batch/groups`, the empty, timed-out and dropped ones, and `rollout/failed_samples` of a batch's groups. */
 export function groupMetrics(groups: readonly Group[]): Metrics {

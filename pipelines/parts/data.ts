@@ -63,17 +63,17 @@ export async function loadRollout(
   const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const agent = config.rollout.agent;
-  const chat = config.rollout.chatTemplate === 'model' && modelDir !== undefined;
+  const template = config.rollout.chatTemplate === 'model' && modelDir !== undefined ? await modelTemplate(modelDir, tokenizer) : undefined;
   const system = config.rollout.system === null ? {} : { system: config.rollout.system };
   const sampler = config.rollout.worker.module
     ? await importExport<RolloutWorker>(config.rollout.worker, baseDir, 'rollout.worker')
     : agent.command !== null || agent.module !== null
       ? await agentWorker(config, baseDir, modelDir, tokenizer)
-      : chat
-        ? chatWorker(await modelTemplate(modelDir, tokenizer), system)
+      : template
+        ? chatWorker(template, system)
         : undefined;
   // Supervised fine-tuning on reference outputs trains on them, and validates by sampling as any run does.
-  const worker = references ? referenceWorker(chat ? await modelTemplate(modelDir, tokenizer) : undefined, system) : sampler;
+  const worker = references ? referenceWorker(template, system) : sampler;
   return { data, evaluator, worker, sampler, modelDir, tokenizer };
 }
 
