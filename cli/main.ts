@@ -166,23 +166,61 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
       }
     : undefined;
   if (config.agents.environment !== 'none') return agentsCommand(config, dir, kafka);
-  const progress = new Progress(config.run.steps > 0 ? { total: config.run.steps } : {});
+  const { activityTracker } = await import('../pipelines/run.js');
+  const activity = activityTracker(config);
+  const progress = new Progress({ ...(config.run.steps > 0 ? { total: config.run.steps } : {}), stalls: () => activity.snapshot().stalled });
   const { createLogger } = await import('../lib/observe/logger.js');
   const logger = createLogger({ level: config.logging.level });
   const { moduleLogger } = await import('../lib/observe/logger.js');
   const kafkaLog = moduleLogger(logger, 'kafka');
   const controller = stopOnSignals();
-  const summary = await runTraining(config, {
-    baseDir: dir,
-    signal: controller.signal,
-    logger,
-    log: (line) => progress.message(`rxrl: ${line}`),
-    onStep: (step, elapsed) => progress.update(step, elapsed),
-    ...(kafka ? { kafka: { ...kafka, onEvent: (event) => kafkaLog.debug({ event: event.type, ...event.payload }, event.type) } } : {}),
-  });
-  progress.done();
-  const { lastStep: _last, ...printed } = summary;
-  process.stdout.write(`${JSON.stringify(printed)}\n`);
+  let last: import('../lib/train/types.js').StepResult | undefined;
+  const status = await statusServer(args, activity, () => ({
+    step: last === undefined ? 0 : last.step + 1,
+    steps: config.run.steps,
+    mode: config.sync.mode,
+    metrics: last?.metrics,
+  }));
+  if (status) progress.message(`rxrl: status on ${status.url}/status and ${status.url}/metrics`);
+  try {
+    const summary = await runTraining(config, {
+      baseDir: dir,
+      signal: controller.signal,
+      logger,
+      activity,
+      log: (line) => progress.message(`rxrl: ${line}`),
+      onStep: (step, elapsed) => {
+        last = step;
+        progress.update(step, elapsed);
+      },
+      ...(kafka ? { kafka: { ...kafka, onEvent: (event) => kafkaLog.debug({ event: event.type, ...event.payload }, event.type) } } : {}),
+    });
+    progress.done();
+    const { lastStep: _last, ...printed } = summary;
+    process.stdout.write(`${JSON.stringify(printed)}\n`);
+    return 0;
+  } finally {
+    await status?.close();
+  }
+}
+
+/** The status server of `--status-port N [--status-host H]`, when asked for. */
+async function statusServer(
+  args: ParsedCommand,
+  tracker: import('../lib/observe/activity.js').ActivityTracker,
+  info: () => import('../lib/observe/status.js').RunInfo,
+): Promise<import('../lib/observe/status.js').StatusServer | undefined> {
+  const port = integer(text(args, 'status-port'), 'status-port');
+  if (port === undefined) return undefined;
+  const { serveStatus } = await import('../lib/observe/status.js');
+  return serveStatus({ tracker, info, port, host: text(args, 'status-host') });
+}
+
+/** `rxrl status <url> [--json]`: a running training's status, as tables (or the JSON document). */
+async function statusCommand(args: ParsedCommand): Promise<number> {
+  const { fetchStatus, formatStatus } = await import('../lib/observe/status.js');
+  const status = await fetchStatus(args.positionals[0]);
+  process.stdout.write(args.values.json === true ? `${JSON.stringify(status)}\n` : formatStatus(status));
   return 0;
 }
 
@@ -261,6 +299,7 @@ const RUNNERS: Readonly<Record<CommandName, (args: ParsedCommand) => Promise<num
   worker: workerCommand,
   config: configCommand,
   report: reportCommand,
+  status: statusCommand,
 };
 
 /**

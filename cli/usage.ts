@@ -7,7 +7,7 @@
 import type { CommandSpec, FlagSpec } from './args.js';
 
 /** The commands of `rxrl`. */
-export type CommandName = 'start' | 'serve' | 'tinker' | 'run' | 'trainer' | 'worker' | 'config' | 'report';
+export type CommandName = 'start' | 'serve' | 'tinker' | 'run' | 'trainer' | 'worker' | 'config' | 'report' | 'status';
 
 /** A command's flags and positionals, and its usage text. */
 export interface CommandUsage extends CommandSpec {
@@ -20,6 +20,12 @@ export interface CommandUsage extends CommandSpec {
 const value: FlagSpec = { type: 'string' };
 const flagSwitch: FlagSpec = { type: 'boolean' };
 const recipe = { flags: { set: { type: 'string', multiple: true } }, positionals: ['<recipe.json|yaml>'] } as const;
+/** A training run's flags: the recipe's, and its status server. */
+const training = { ...recipe, flags: { ...recipe.flags, 'status-port': value, 'status-host': value } } as const;
+const STATUS_USAGE = `
+                    --status-port N serves GET /status (JSON: each module's work in flight, done, failed, idle
+                    time, stalls; each Kafka worker's last heartbeat) and GET /metrics (Prometheus) on
+                    127.0.0.1:N (0: a free port, printed), or on --status-host H`;
 
 /** Every command, in the order `rxrl --help` lists them. */
 export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
@@ -97,21 +103,22 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
   },
   run: {
     name: 'rxrl run',
-    ...recipe,
-    usage: `  rxrl run <recipe.json|yaml> [--set key=value]…
+    ...training,
+    usage: `  rxrl run <recipe.json|yaml> [--set key=value]… [--status-port N] [--status-host H]
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>); a multi-agent
                     recipe (agents.environment, agents.roles, policies) trains every policy and saves each one's
-                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)`,
+                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)${STATUS_USAGE}`,
   },
   trainer: {
     name: 'rxrl trainer',
-    ...recipe,
-    usage: `  rxrl trainer <recipe.json|yaml> [--set key=value]…
+    ...training,
+    usage: `  rxrl trainer <recipe.json|yaml> [--set key=value]… [--status-port N] [--status-host H]
                     the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
                     the workers must be able to read; checkpoints and resume as in 'rxrl run' (a multi-agent
-                    recipe: each policy's weights under its name, a LoRA policy's as its adapter alone)`,
+                    recipe: each policy's weights under its name, a LoRA policy's as its adapter alone); its
+                    status shows each worker's heartbeat (kafka.heartbeatMs) and the ones gone${STATUS_USAGE}`,
   },
   worker: {
     name: 'rxrl worker',
@@ -134,6 +141,15 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
                     write a self-contained HTML page with the run's curves (reward, held-out reward, loss, KL,
                     clip fraction, staleness, throughput) from <run-dir>/metrics.jsonl; prints its path
                     (default <run-dir>/report.html)`,
+  },
+  status: {
+    name: 'rxrl status',
+    flags: { json: { type: 'boolean' } },
+    positionals: ['<url>'],
+    usage: `  rxrl status <url> [--json]
+                    print a running training's status (rxrl run|trainer --status-port): one row per module
+                    (in flight, held, done, failed, oldest, idle, stalled, last error) and one per Kafka worker
+                    (last heartbeat, up/left/gone); --json prints the document as served`,
   },
 };
 

@@ -3,11 +3,14 @@ import type { RolloutEngine } from '../lib/engine/types.js';
 import type { NamedWeights } from '../lib/model/types.js';
 import type { StepResult } from '../lib/train/types.js';
 import type { Metrics } from '../lib/core/types.js';
+import type { TrackWork } from '../lib/observe/activity.js';
 
 /** Options of {@link syncWeights}. */
 export interface SyncWeightsOptions {
   /** Called after every engine holds the new version (for example to open the admission gate). */
   readonly onPublished?: (version: number) => void;
+  /** Runs each publication as a unit of work of the run's activity tracker (`tracker.tracking('sync')`). */
+  readonly track?: TrackWork | undefined;
 }
 
 /**
@@ -50,8 +53,8 @@ export function syncWeights(engines: readonly RolloutEngine[], options: SyncWeig
           const started = performance.now();
           // An engine sampling from the trainer's own model reads no copy: none is made when every engine does.
           const weights = engines.some((engine) => engine.sharesTrainerWeights !== true) ? result.weights() : NO_WEIGHTS;
-          const loads = engines.map((engine) => engine.loadWeights(result.version, weights));
-          return from(Promise.all(loads)).pipe(
+          const load = (): Promise<unknown> => Promise.all(engines.map((engine) => engine.loadWeights(result.version, weights)));
+          return from(options.track ? options.track(load) : load()).pipe(
             map(() => {
               const now = performance.now();
               Object.assign(result.metrics, stepTiming(result.metrics, (now - started) / 1000, (now - previous) / 1000));

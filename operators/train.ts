@@ -1,11 +1,14 @@
 import { Observable, concatMap, type OperatorFunction } from 'rxjs';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Batch } from '../lib/core/types.js';
+import type { TrackWork } from '../lib/observe/activity.js';
 
 /** Options of {@link train}. */
 export interface TrainOptions {
   /** Cancels the step in progress (the trainer sees it) and errors the stream. */
   readonly signal?: AbortSignal | undefined;
+  /** Runs each step as a unit of work of the run's activity tracker (`tracker.tracking('trainer')`). */
+  readonly track?: TrackWork | undefined;
 }
 
 /**
@@ -37,7 +40,8 @@ export function train(trainer: Trainer, options: TrainOptions = {}): OperatorFun
             const controller = new AbortController();
             const signal = options.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
             let settled = false;
-            trainer.trainStep(batch, signal).then(
+            const step = (): Promise<StepResult> => trainer.trainStep(batch, signal);
+            (options.track ? options.track(step) : step()).then(
               (result) => {
                 settled = true;
                 subscriber.next(result);

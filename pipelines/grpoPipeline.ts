@@ -42,6 +42,8 @@ import { sftPrepare } from '../operators/sftPrepare.js';
 import { distillPrepare } from '../operators/distillPrepare.js';
 import { syncWeights } from '../operators/syncWeights.js';
 import { train } from '../operators/train.js';
+import type { ActivityTracker, TrackWork } from '../lib/observe/activity.js';
+import { SampleTracking, batcherTracking, trackedTasks } from './parts/tracking.js';
 
 /**
  * What a loop of any transport is told: the data's loader options, the staleness mode, the sizes, sampling, the
@@ -104,6 +106,12 @@ export interface LoopSettings {
   readonly distill?: { readonly teacher: ReferencePolicy; readonly rewardCoef?: number | undefined } | undefined;
   /** Sees each admitted task with its 0-based admission index. */
   readonly onAdmit?: ((task: Task, index: number) => void) | undefined;
+  /**
+   * The run's activity tracker: the loop reports to it each loader read (`loader`), each sample (`rollout`), the groups
+   * the store and the batcher hold (`store`, `batcher`), each train step (`trainer`) and each weight publication
+   * (`sync`) — per policy (`trainer/<modelTag>`, …) when the loop trains several.
+   */
+  readonly activity?: ActivityTracker | undefined;
   /** Cancels the run: rollouts stop, the loader is closed, the stream completes. */
   readonly signal?: AbortSignal | undefined;
 }
@@ -275,7 +283,7 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
   if (new Set(tags).size !== tags.length)
     throw new ConfigError(`two trainers share a modelTag: ${tags.join(', ')}`, { context: { key: 'policies' } });
   return new Observable<PolicyStepResult>((subscriber) => {
-    const lanes = stage.lanes.map((lane) => loopLane(lane, config, stage.slots));
+    const lanes = stage.lanes.map((lane) => loopLane(lane, config, stage.slots, stage.lanes.length > 1));
     const [first] = lanes;
     const gates = lanes.map((lane) => lane.gate);
     const aborted = config.signal ? fromEvent(config.signal, 'abort') : EMPTY;
@@ -292,9 +300,14 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
       admissionVersion: (index) => lowest(gates.map((gate) => gate.admissionVersion(index))),
     };
     // The step budget bounds admission too: no task is rolled out that no step would train.
-    const loader = limit(taskStream(config.tasks, config.loader), config.steps ? config.steps * perStep : Infinity);
+    const { activity } = config;
+    const tasks = taskStream(config.tasks, config.loader);
+    const loader = limit(activity ? trackedTasks(tasks, activity) : tasks, config.steps ? config.steps * perStep : Infinity);
+    const samples = activity ? new SampleTracking(activity, stage.slots.map((slot) => slot.suffix), groupSize) : undefined;
     const groups$ = admit(loader, allGates(gates), { onAdmit }).pipe(
+      tap((task) => samples?.admitted(task)),
       stage.rollout(admission),
+      tap((output) => samples?.ended(output)),
       tap(sampleListener(config)),
       groupTrajectories({
         keys: ['groupId'],
@@ -302,7 +315,10 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
         ...(config.groupTimeoutMs === undefined ? {} : { timeoutMs: config.groupTimeoutMs }),
         onTimeout: config.onGroupTimeout,
       }),
-      tap((group) => stage.released?.(group)),
+      tap((group) => {
+        samples?.released(group);
+        stage.released?.(group);
+      }),
       share(),
     );
     const steps$ = merge(
@@ -334,16 +350,20 @@ interface LoopLane {
   readonly publish: OperatorFunction<StepResult, StepResult>;
   readonly afterStep?: ((step: PolicyStepResult) => Promise<Metrics | void>) | undefined;
   readonly onBatch?: ((batch: Batch) => void) | undefined;
+  /** Name of this lane's module `name` for the activity tracker: `name`, or `name/<modelTag>` in a loop of several. */
+  readonly moduleName: (name: string) => string;
 }
 
 /** A lane of `policyLoop` with its gate; refuses a policy without engines or without trajectories. */
-function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, slots: LoopStage['slots']): LoopLane {
+function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, slots: LoopStage['slots'], several: boolean): LoopLane {
   const { trainer, afterStep, onBatch } = lane;
   const { modelTag } = trainer;
+  const moduleName = (name: string): string => (several ? `${name}/${modelTag}` : name);
+  const track = config.activity?.tracking(moduleName('sync'));
   const sink =
     'engines' in lane
-      ? engineSink(lane)
-      : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal) };
+      ? engineSink(lane, track)
+      : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal, track) };
   const gate = new AdmissionGate({
     mode: config.mode ?? 'sync',
     tasksPerBatch: generationBatchSize(config),
@@ -356,21 +376,29 @@ function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, s
     throw new ConfigError(`policy '${modelTag}' gets no trajectories: no agent samples from it`, {
       context: { key: 'policies', modelTag },
     });
-  return { trainer, modelTag, gate, slotsPerTask, padId: sink.padId, publish: sink.publish, afterStep, onBatch };
+  return { trainer, modelTag, gate, slotsPerTask, padId: sink.padId, publish: sink.publish, afterStep, onBatch, moduleName };
 }
 
 /** Where an in-process lane's weights go: to every engine of it (`syncWeights`). */
-function engineSink(lane: PolicyLane): { startVersion: PolicyVersion; padId: number; publish: OperatorFunction<StepResult, StepResult> } {
+function engineSink(
+  lane: PolicyLane,
+  track: TrackWork | undefined,
+): { startVersion: PolicyVersion; padId: number; publish: OperatorFunction<StepResult, StepResult> } {
   const { modelTag } = lane.trainer;
   const [engine] = lane.engines;
   if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
-  return { startVersion: lane.startVersion ?? engine.version, padId: engine.tokenizer.padId, publish: syncWeights(lane.engines) };
+  return { startVersion: lane.startVersion ?? engine.version, padId: engine.tokenizer.padId, publish: syncWeights(lane.engines, { track }) };
 }
 
 /** Each step once `publish` resolved for it. */
-function publishWith(publish: PublishingLane['publish'], signal: AbortSignal | undefined): OperatorFunction<StepResult, StepResult> {
+function publishWith(
+  publish: PublishingLane['publish'],
+  signal: AbortSignal | undefined,
+  track: TrackWork | undefined,
+): OperatorFunction<StepResult, StepResult> {
   return concatMap(async (step) => {
-    await publish(step, signal);
+    const work = (): Promise<void> => publish(step, signal);
+    await (track ? track(work) : work());
     return step;
   });
 }
@@ -395,12 +423,15 @@ function laneSteps(
   const batchOf = loop.ordered ? admissions?.batchOf : undefined;
   // Training and publishing take one batch at a time, in order: each step is of the oldest batch sent on.
   const sent: Batch[] = [];
+  const batcher = config.activity ? batcherTracking(config.activity, lane.moduleName('batcher')) : undefined;
   return groups$.pipe(
     // Each task feeds this policy slotsPerTask groups, all of one admission batch. Dynamic sampling keeps the first
     // groups in admission order, not in the order their rollouts happened to end.
     (groups) =>
       groups.pipe(
+        tap(() => batcher?.received()),
         batchGroups({ batchSize: perStep, ...(batchOf ? { batchOf } : {}) }),
+        tap((batch) => batcher?.sent(batch.length)),
         map((batch) => admissions?.settle(batch, perStep > trains) ?? batch),
       ),
     prepareStage(config, lane, perStep > trains ? trains : undefined),
@@ -411,7 +442,7 @@ function laneSteps(
       lane.onBatch?.(batch);
       sent.push(batch);
     }),
-    train(lane.trainer, { signal: config.signal }),
+    train(lane.trainer, { signal: config.signal, track: config.activity?.tracking(lane.moduleName('trainer')) }),
     lane.publish,
     concatMap(async (trained) => {
       const batch = sent.shift() as Batch;

@@ -217,6 +217,7 @@ function loopConfig(config: KafkaTrainerConfig, signal: AbortSignal): PolicyLoop
     groupTimeoutMs: config.groupTimeoutMs,
     onGroupTimeout: config.onGroupTimeout,
     onAdmit: config.onAdmit,
+    activity: config.activity,
     signal,
   };
 }

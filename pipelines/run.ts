@@ -36,10 +36,12 @@ import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
 import { loadTeacher } from './parts/teacher.js';
 import { servedEngine } from './parts/served.js';
+import { activityTracker, watchRun, type RunWatch } from './parts/stalls.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight, tasksPerStep } from './parts/settings.js';
 import { validate } from './validate.js';
 
 export type { KafkaTransport } from './parts/settings.js';
+export { activityTracker } from './parts/stalls.js';
 import type { EngineContext, RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
 
 export type { EngineContext, RunParts, RunSetup, RunSummary, RunTrainingOptions, SavedCheckpoint } from './parts/contracts.js';
@@ -62,6 +64,8 @@ export async function runTraining(config: RxrlConfig, options: RunTrainingOption
 }
 
 async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: string, runDir: string | undefined): Promise<RunSummary> {
+  // One tracker for every attempt (a status server shows the whole run).
+  const tracked = { ...options, activity: options.activity ?? activityTracker(config) };
   // Failed samples go to the error reporter: counted always, and under stop_on_error they end the run gracefully.
   const reporter = new ErrorReporter({
     policy: config.run.errorPolicy,
@@ -74,7 +78,7 @@ async function train(config: RxrlConfig, options: RunTrainingOptions, baseDir: s
   for (;;) {
     const savedBefore = memo.saved;
     try {
-      const summary = await trainOnce(attempt, options, baseDir, runDir, reporter, memo);
+      const summary = await trainOnce(attempt, tracked, baseDir, runDir, reporter, memo);
       return memo.recoveries > 0 ? { ...summary, recoveries: memo.recoveries } : summary;
     } catch (error) {
       // A Tinker-backed run under `continue` outlives its service: it waits for the service to answer again and
@@ -196,7 +200,8 @@ async function setUp(
     initial?.dispose();
     throw error;
   });
-  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir, teacher };
+  const activity = options.activity ?? activityTracker(config);
+  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir, teacher, activity };
 }
 
 /**
@@ -384,11 +389,36 @@ async function trainLoop(
   reporter: ErrorReporter,
   memo: RunMemo,
 ): Promise<RunSummary> {
-  const { data, evaluator } = setup;
+  const { trainer, ledger } = parts;
+  // Each stall is a warning and a metrics line; under stop_on_error a long one ends the attempt, naming the module.
+  const watch = watchRun(config, setup.activity, {
+    logger: options.logger,
+    log: options.log,
+    onStall: (module, idle) => ledger.writeMetrics(trainer.step - 1, trainer.step, { [`activity/stalled_s/${module}`]: idle }),
+  });
+  try {
+    return await trainWatched(config, options, setup, parts, reporter, memo, watch);
+  } finally {
+    watch.stop();
+  }
+}
+
+/** {@link trainLoop} under its stall watch. */
+async function trainWatched(
+  config: RxrlConfig,
+  options: RunTrainingOptions,
+  setup: RunSetup,
+  parts: RunParts,
+  reporter: ErrorReporter,
+  memo: RunMemo,
+  watch: RunWatch,
+): Promise<RunSummary> {
+  const { data, evaluator, activity } = setup;
   const { engine, trainer, ledger } = parts;
-  // The attempt ends when the reporter stops the run, or when the trainer's service is lost (a Tinker-backed run).
+  // The attempt ends when the reporter stops the run, when the trainer's service is lost (a Tinker-backed run), or
+  // when a module stalls past activity.stallFailSeconds.
   const lostService = new AbortController();
-  const signal = AbortSignal.any([reporter.signal, lostService.signal]);
+  const signal = AbortSignal.any([reporter.signal, lostService.signal, watch.signal]);
   const lost: { error?: unknown } = {};
   const noticeLost = (error: unknown): boolean => {
     if (!parts.serviceLost?.(error)) return false;
@@ -400,17 +430,18 @@ async function trainLoop(
   const baseWorker = setup.worker ?? singleTurnWorker;
   // Each validation's scores carry its seconds (`timing/val_s`); one between steps also counts in the next step's
   // `timing/wait_s` and `timing/total_s`, which it delays.
-  const score = async (): Promise<Metrics> => {
-    const started = performance.now();
-    const scores = await validate(engine, data.validation, evaluator, {
-      maxTokens: data.maxTokens,
-      temperature: config.validation.temperature,
-      seed,
-      signal,
-      worker: setup.sampler ?? singleTurnWorker,
+  const score = (): Promise<Metrics> =>
+    activity.track('validation', async () => {
+      const started = performance.now();
+      const scores = await validate(engine, data.validation, evaluator, {
+        maxTokens: data.maxTokens,
+        temperature: config.validation.temperature,
+        seed,
+        signal,
+        worker: setup.sampler ?? singleTurnWorker,
+      });
+      return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
     });
-    return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
-  };
   // A restarted attempt keeps the first attempt's validation before training.
   const before =
     memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;
@@ -461,6 +492,7 @@ async function trainLoop(
   }
   // A lost service ends the attempt with its error: nothing more can be saved there.
   if (lost.error !== undefined) throw lost.error;
+  await throwIfStalled(config, parts, watch);
   // A step of nothing but failures is no result: the run fails, without a checkpoint of its end.
   if (failed.step !== undefined) throw failed.step;
   // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
@@ -470,6 +502,15 @@ async function trainLoop(
   const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
   if (after) ledger.writeMetrics(trainer.step - 1, trainer.step, after);
   return summary(config, setup, { steps: trainer.step, seconds, before, after, last, reporter, resumedFrom: memo.resumedFrom });
+}
+
+/** Ends an attempt that stalled: what was trained is kept, unless the hang is in the trainer or the checkpoint itself. */
+async function throwIfStalled(config: RxrlConfig, parts: RunParts, watch: RunWatch): Promise<void> {
+  const stalled = watch.failure();
+  if (stalled === undefined) return;
+  if (config.checkpoint.onStop && !/^(trainer|checkpoint)\b/.test(String(stalled.context.module)))
+    await parts.ledger.finish(parts.trainer.step, true);
+  throw stalled;
 }
 
 /** The steps of the run: the embedded GRPO pipeline, or the Kafka trainer when the run has a transport. */
@@ -502,6 +543,7 @@ function stepsOf(
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),
     ...(setup.teacher ? { distill: { teacher: setup.teacher.scorer, rewardCoef: config.distill.rewardCoef } } : {}),
+    activity: setup.activity,
     onAdmit: (task: Task, index: number) => {
       ledger.admit(task);
       loop.outcomes.admitted(groupIdOf(task), index);

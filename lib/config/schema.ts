@@ -472,6 +472,11 @@ export const SCHEMA = {
     },
     workerConcurrency: { doc: 'rxrl worker: tasks rolled out at once.', format: 'positive-int', default: 8 },
     rolloutDelayMs: { doc: 'rxrl worker: extra latency before each task (demos and fault tests).', format: 'non-negative-int', default: 0 },
+    heartbeatMs: {
+      doc: "rxrl worker: a heartbeat on the '<prefix>.heartbeats' topic every this many ms (0 = none); rxrl trainer: a worker unheard of for 3 of these is gone in its status.",
+      format: 'non-negative-int',
+      default: 5_000,
+    },
   },
   openai: {
     baseUrl: {
@@ -521,6 +526,18 @@ export const SCHEMA = {
       doc: "trainer.backend 'tinker', run.errorPolicy 'continue': restarts from the last checkpoint in a row, without a new checkpoint between, before the run fails (0 = never).",
       format: 'non-negative-int',
       default: 3,
+    },
+  },
+  activity: {
+    stallSeconds: {
+      doc: 'A module of the run (loader, rollout, trainer, weight sync, validation, checkpoint) with work in flight and none of it ending for this many seconds is stalled: a warning, the status server, the progress line and the report say so.',
+      format: 'positive-number',
+      default: 300,
+    },
+    stallFailSeconds: {
+      doc: "Under run.errorPolicy 'stop_on_error', a module stalled this many seconds fails the run with a StalledError naming it (0 = never; else more than activity.stallSeconds).",
+      format: 'non-negative-number',
+      default: 0,
     },
   },
   checkpoint: {
@@ -684,6 +701,8 @@ function requireWhen(c: RxrlConfig): void {
   }
   if (c.rollout.chatTemplate === 'model' && c.model.path === null)
     missing.push("model.path: required when rollout.chatTemplate is 'model'");
+  if (c.activity.stallFailSeconds > 0 && c.activity.stallFailSeconds <= c.activity.stallSeconds)
+    missing.push('activity.stallFailSeconds: must be 0 or more than activity.stallSeconds');
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");
   if (c.data.task.maxLength < c.data.task.minLength) missing.push('data.task.maxLength: must be >= data.task.minLength');
   if (c.model.dModel % c.model.nHeads !== 0) missing.push('model.nHeads: must divide model.dModel');

@@ -20,3 +20,12 @@ export class ActivityOverflowError extends RxrlError {
 export class RunDirError extends RxrlError {
   override readonly name = 'RunDirError';
 }
+
+/**
+ * A module of a run had work in flight and finished none of it for `activity.stallFailSeconds`: a hung engine, a
+ * weight sync that never returns. Never retriable. `context` holds the `module`, its `inFlight` count,
+ * `idleSeconds` and `failSeconds`.
+ */
+export class StalledError extends RxrlError {
+  override readonly name = 'StalledError';
+}

@@ -21,11 +21,22 @@ export type {
 } from './events.js';
 
 // ── activity and errors ────────────────────────────────────────────────────────
-export { ActivityTracker, DEFAULT_ACTIVITY_CAPACITY } from './activity.js';
-export type { Activity, ActivitySnapshot, ActivityTrackerOptions, ModuleActivity } from './activity.js';
+export { ActivityTracker, DEFAULT_ACTIVITY_CAPACITY, DEFAULT_WORKER_GONE_MS, watchStalls } from './activity.js';
+export type {
+  Activity,
+  ActivityError,
+  ActivitySnapshot,
+  ActivityTrackerOptions,
+  ModuleActivity,
+  StallWatchOptions,
+  WorkerActivity,
+  WorkerBeat,
+} from './activity.js';
+export { fetchStatus, formatStatus, prometheusText, serveStatus } from './status.js';
+export type { RunInfo, RunStatus, ServeStatusOptions, StatusServer } from './status.js';
 export { ERROR_POLICIES, ErrorReporter, REPORTER_MESSAGE_CAPACITY, describeError, parseErrorPolicy } from './errorReporter.js';
 export type { ErrorAction, ErrorContext, ErrorPolicy, ErrorReporterOptions } from './errorReporter.js';
-export { ActivityOverflowError, RunDirError } from './errors.js';
+export { ActivityOverflowError, RunDirError, StalledError } from './errors.js';
 
 // ── metrics stream ─────────────────────────────────────────────────────────────
 export { spanSeconds } from './spans.js';

@@ -38,6 +38,8 @@ export interface ProgressOptions {
   readonly barWidth?: number;
   /** Force the bar on (`true`) or off (`false`). Default: `stream.isTTY`. */
   readonly tty?: boolean;
+  /** The run's stalled modules (`ActivityTracker.snapshot().stalled`), shown at the end of each line while any is. */
+  readonly stalls?: () => readonly string[];
 }
 
 /** ANSI "erase to end of line". */
@@ -88,6 +90,7 @@ export class Progress {
   private readonly total: number | undefined;
   private readonly every: number;
   private readonly barWidth: number;
+  private readonly stalls: () => readonly string[];
   /** Whether the bar is drawn in place. */
   readonly tty: boolean;
   private last: { step: ProgressStep; elapsed: number; printed: boolean } | undefined;
@@ -99,6 +102,7 @@ export class Progress {
     this.total = options.total;
     this.every = options.every ?? 1;
     this.barWidth = options.barWidth ?? 20;
+    this.stalls = options.stalls ?? (() => []);
     this.tty = options.tty ?? this.stream.isTTY === true;
     for (const [key, value, min] of [
       ['every', this.every, 1],
@@ -127,7 +131,7 @@ export class Progress {
       return;
     }
     const printed = n % this.every === 0 || n === this.total;
-    if (printed) this.stream.write(`${formatStepLine(step, elapsedSeconds)}\n`);
+    if (printed) this.stream.write(`${formatStepLine(step, elapsedSeconds)}${this.stallNote()}\n`);
     this.last = { step, elapsed: elapsedSeconds, printed };
   }
 
@@ -158,7 +162,17 @@ export class Progress {
     }
   }
 
+  /** `  stalled: rollout, …` while a module is stalled, else nothing. */
+  private stallNote(): string {
+    const stalled = this.stalls();
+    return stalled.length > 0 ? `  stalled: ${stalled.join(', ')}` : '';
+  }
+
   private barLine(step: ProgressStep, elapsed: number): string {
+    return this.bar(step, elapsed) + this.stallNote();
+  }
+
+  private bar(step: ProgressStep, elapsed: number): string {
     const n = step.step + 1;
     const timing = `${formatDuration(elapsed)}`;
     if (this.total === undefined || this.total === 0) return `step ${n}  ${formatMetrics(step.metrics)}  ${timing}`;

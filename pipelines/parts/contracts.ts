@@ -5,6 +5,7 @@
  *
  * @packageDocumentation
  */
+import type { ActivityTracker } from '../../lib/observe/activity.js';
 import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '../../lib/agent/environment.js';
 import type { Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
@@ -57,6 +58,12 @@ export interface RunTrainingOptions {
    * the resumed trainer hands out again every task its checkpoint had not trained.
    */
   readonly kafka?: KafkaTransport;
+  /**
+   * The run's activity tracker (serve it with `serveStatus` to watch the run): every module reports its work to it,
+   * and a module stalled `activity.stallFailSeconds` fails the run. Default: one of the run's own
+   * ({@link activityTracker}).
+   */
+  readonly activity?: ActivityTracker | undefined;
 }
 
 /** What {@link RunTrainingOptions.createEngine} is given. */
@@ -125,6 +132,8 @@ export interface RunSetup {
   readonly runDir: string | undefined;
   /** The teacher of a distillation run (`trainer.algorithm: distill`), released with the setup. */
   readonly teacher?: RunTeacher | undefined;
+  /** The run's activity tracker. */
+  readonly activity: ActivityTracker;
 }
 
 /** Called with each checkpoint saved (its path, step and pending tasks): prunes the older ones, logs, records it. */

@@ -12,6 +12,7 @@ import type { BufferedSample, Checkpoint } from '../../lib/checkpoint/checkpoint
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { loadTasks, type LoaderPosition, type TaskLoader } from '../../lib/data/loader.js';
 import { asStorageError } from '../../lib/core/errors.js';
+import type { ActivityTracker } from '../../lib/observe/activity.js';
 import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Batch, Metrics, Task } from '../../lib/core/types.js';
@@ -44,10 +45,13 @@ export function openLedger(
     readonly data: { readonly train: Parameters<typeof loadTasks>[0] };
     readonly checkpoint: Checkpoint | undefined;
     readonly runDir: string | undefined;
+    /** Each checkpoint written is a unit of work of its module `checkpoint`. */
+    readonly activity?: ActivityTracker | undefined;
   },
-  save: SaveCheckpoint,
+  write: SaveCheckpoint,
 ): Promise<RunLedger> {
-  const { checkpoint } = run;
+  const { checkpoint, activity } = run;
+  const save: SaveCheckpoint = activity ? (...args) => activity.track('checkpoint', () => write(...args)) : write;
   const loader = loadTasks(run.data.train, {
     epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
     shuffle: config.data.shuffle,
