@@ -217,9 +217,11 @@ export {
   CODEC_MAX_STRING_BYTES,
   CODEC_VERSION,
   MESSAGE_KINDS,
+  decodeHeartbeatMessage,
   decodeTaskMessage,
   decodeTrajectoryMessage,
   decodeWeightsMessage,
+  encodeHeartbeatMessage,
   encodeTaskMessage,
   encodeTrajectoryMessage,
   encodeWeightsMessage,
@@ -231,6 +233,7 @@ export { OffsetTracker } from './kafka/offsets.js';
 export type { CommitOffset } from './kafka/offsets.js';
 export { kafkaTopics } from './kafka/types.js';
 export type {
+  HeartbeatMessage,
   KafkaEvent,
   KafkaEventType,
   KafkaRecord,

@@ -30,7 +30,7 @@ import type { Tokenizer } from '../lib/model/types.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
-import { decodeTaskMessage, decodeWeightsMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
+import { decodeTaskMessage, decodeWeightsMessage, encodeHeartbeatMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
 import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/core/types.js';
@@ -75,6 +75,8 @@ export interface KafkaRolloutWorkerConfig {
   readonly weightsRoot?: string;
   /** Extra latency before each task's rollout, in ms (simulates a slow engine in demos and crash tests). Default 0. */
   readonly rolloutDelayMs?: number;
+  /** A heartbeat on the `heartbeats` topic every this many ms (0: none), and a last one as it stops. Default 5000. */
+  readonly heartbeatMs?: number;
   /** Complete when the run this worker follows ends. Default true. */
   readonly untilRunEnds?: boolean;
   /** Partition counts used if this worker creates the topics. */
@@ -185,6 +187,9 @@ class WorkerRun {
   private readonly inFlight = new Map<string, Promise<boolean>>();
   private inner: Subscription | undefined;
   private cleaned: Promise<void> | undefined;
+  /** Tasks finished and samples failed, for the heartbeats. */
+  private readonly counts = { done: 0, failed: 0 };
+  private beating: ReturnType<typeof setInterval> | undefined;
 
   constructor(
     private readonly config: KafkaRolloutWorkerConfig,
@@ -234,8 +239,39 @@ class WorkerRun {
       this.inner?.unsubscribe();
       this.follower.close();
       await Promise.all(this.closings);
+      if (this.beating !== undefined) {
+        clearInterval(this.beating);
+        await this.beat(true);
+      }
       await this.producer.disconnect().catch(() => undefined);
     })());
+  }
+
+  /** Sends a heartbeat (the last one with `leaving`); a failed send is an event, and the next period tries again. */
+  private async beat(leaving: boolean): Promise<void> {
+    const current = this.follower.current;
+    const value = encodeHeartbeatMessage({
+      worker: this.settings.workerId,
+      run: current?.run ?? '',
+      inFlight: this.inFlight.size,
+      ...this.counts,
+      ...(current === undefined ? {} : { version: current.version }),
+      leaving,
+      timestamp: Date.now(),
+    });
+    const message = { key: this.settings.workerId, value: Buffer.from(value) };
+    await this.producer.send({ topic: this.config.topics.heartbeats, messages: [message] }).catch((error: unknown) => {
+      this.emit('worker.heartbeat_failed', { error: String(error) });
+    });
+  }
+
+  /** Heartbeats every `heartbeatMs`, the first at once. */
+  private startBeating(): void {
+    const every = this.config.heartbeatMs ?? 5_000;
+    if (every <= 0) return;
+    void this.beat(false);
+    this.beating = setInterval(() => void this.beat(false), every);
+    this.beating.unref();
   }
 
   /** Topics and producer; then tasks rolled out until the followed run ends (or the signal fires). */
@@ -244,6 +280,7 @@ class WorkerRun {
     await ensureTopics(config.kafka, config.topics, config.partitions, signal);
     await this.producer.connect();
     signal.throwIfAborted();
+    this.startBeating();
     const work$ = fromKafka(config.kafka, {
       groupId: config.groupId ?? `${config.topics.tasks}.workers`,
       topics: [config.topics.tasks],
@@ -260,7 +297,15 @@ class WorkerRun {
           (config.untilRunEnds ?? true) ? takeUntil(this.runEnd$()) : identity,
           takeUntil(signal.aborted ? of(true) : fromEvent(signal, 'abort')),
         )
-        .subscribe({ next: (result) => this.subscriber.next(result), error: reject, complete: resolve });
+        .subscribe({
+          next: (result) => {
+            if (result.outcome === 'rolled-out') this.counts.done++;
+            this.counts.failed += result.failures;
+            this.subscriber.next(result);
+          },
+          error: reject,
+          complete: resolve,
+        });
       // The follower's events are hot: start it once the pipeline listens.
       this.follower.start();
     });

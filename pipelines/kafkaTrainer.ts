@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 
 import type { ConsumerConfig, Kafka } from 'kafkajs';
-import { Observable } from 'rxjs';
+import { Observable, type Subscription } from 'rxjs';
 
 import type { TaskSource } from '../lib/data/loader.js';
 import type { Tokenizer } from '../lib/model/types.js';
@@ -20,7 +20,10 @@ import {
   type PolicyStepResult,
   type PublishingLane,
 } from './grpoPipeline.js';
-import { PolicyWeights, RunProducer, kafkaRollout, runEvents, type KafkaPolicy } from './kafkaRollout.js';
+import { PolicyWeights, RunProducer, kafkaRollout, runEvents, type KafkaPolicy, type RunEmit } from './kafkaRollout.js';
+import { decodeHeartbeatMessage } from '../lib/kafka/codec.js';
+import type { ActivityTracker } from '../lib/observe/activity.js';
+import { fromKafka } from '../operators/fromKafka.js';
 import type { KafkaEpisodes } from './kafkaRolloutWorker.js';
 
 export type { KafkaPolicy } from './kafkaRollout.js';
@@ -137,6 +140,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
   return new Observable<PolicyStepResult>((subscriber) => {
     const link = new RunProducer(config.kafka, config.signal);
     const emit = runEvents(run, config.onEvent);
+    let beats: Subscription | undefined;
     const weights = new PolicyWeights(link.producer, policies, {
       topic: config.topics.weights,
       dir: config.weightsDir,
@@ -163,6 +167,8 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       // Topics, producer, LoRA bases and first versions, before the first task goes out.
       open: async () => {
         await link.open(topics, config.partitions);
+        // Workers' heartbeats go to the run's tracker (its status shows each worker, and the ones gone).
+        if (config.activity) beats = heartbeats(config, config.activity, run, link, emit);
         await weights.open(link.signal);
       },
       announcedVersion: () => weights.lowest(),
@@ -176,8 +182,10 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       publish: (step, signal) => weights.publish(trainer.modelTag, step, signal),
       afterStep: config.afterStep,
     }));
-    const fail = (error: unknown): void =>
+    const fail = (error: unknown): void => {
+      beats?.unsubscribe();
       void link.close().then(() => (link.signal.aborted ? subscriber.complete() : subscriber.error(error)));
+    };
     const subscription = policyLoop(loopConfig(config, link.signal), {
       ...stage,
       lanes,
@@ -187,10 +195,13 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       next: (step) => subscriber.next(step),
       error: fail,
       // One end for the run: workers stop following every policy of it. A cancelled run ends without it.
-      complete: () =>
-        void (link.signal.aborted ? Promise.resolve() : weights.end()).then(() => link.close().then(() => subscriber.complete()), fail),
+      complete: () => {
+        beats?.unsubscribe();
+        void (link.signal.aborted ? Promise.resolve() : weights.end()).then(() => link.close().then(() => subscriber.complete()), fail);
+      },
     });
     return () => {
+      beats?.unsubscribe();
       link.abort();
       subscription.unsubscribe();
       void link.close();
@@ -224,6 +235,30 @@ function loopConfig(config: KafkaTrainerConfig, signal: AbortSignal): PolicyLoop
 
 /** An empty loader. */
 async function* noTasks(): AsyncGenerator<Task> {}
+
+/** Reads the workers' heartbeats from now on (a consumer group of this run's own) into `activity`. */
+function heartbeats(config: KafkaTrainerConfig, activity: ActivityTracker, run: string, link: RunProducer, emit: RunEmit): Subscription {
+  const { topics } = config;
+  return fromKafka(config.kafka, {
+    groupId: `${topics.heartbeats}.${run}`,
+    topics: [topics.heartbeats],
+    decode: decodeHeartbeatMessage,
+    capacity: 1024,
+    deadLetter: { producer: link.producer, topic: topics.deadLetter },
+    consumer: config.consumer,
+    onEvent: config.onEvent,
+    onClosed: link.onClosed,
+  }).subscribe({
+    next: (record) => {
+      record.ack();
+      const { timestamp: _sent, ...beat } = record.value;
+      activity.heartbeat(beat);
+      emit('trainer.heartbeat', { ...beat });
+    },
+    // Heartbeats only inform the status: a failed consumer leaves the workers' rows ageing into 'gone'.
+    error: () => undefined,
+  });
+}
 
 /** A slot of a task: the suffix of its group id and the policy that samples it. */
 type Slot = { readonly suffix: string; readonly modelTag: string };

@@ -695,6 +695,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
         ...(agents ? { episodes: agents.episodes } : {}),
         concurrency: config.kafka.workerConcurrency,
         rolloutDelayMs: config.kafka.rolloutDelayMs,
+        heartbeatMs: config.kafka.heartbeatMs,
         ...(config.rollout.sampleTimeoutMs === null ? {} : { sampleTimeoutMs: config.rollout.sampleTimeoutMs }),
         engine: { weightSync: config.rollout.weightSync },
         ...(root === undefined ? {} : { weightsRoot: resolve(baseDir, root) }),

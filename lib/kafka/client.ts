@@ -116,8 +116,8 @@ export interface TopicPartitions {
 }
 
 /**
- * Creates the topics of a deployment if they do not exist (weights and dead-letter topics get one partition, so
- * announcements stay in order). Safe to call from several processes at once.
+ * Creates the topics of a deployment if they do not exist (weights, dead-letter and heartbeat topics get one
+ * partition, so announcements stay in order). Safe to call from several processes at once.
  *
  * @param kafka - the client.
  * @param topics - the topic names.
@@ -136,6 +136,7 @@ export async function ensureTopics(
     { topic: topics.trajectories, numPartitions: partitions.trajectories ?? 4 },
     { topic: topics.weights, numPartitions: 1 },
     { topic: topics.deadLetter, numPartitions: 1 },
+    { topic: topics.heartbeats, numPartitions: 1 },
   ];
   const admin = kafka.admin();
   try {

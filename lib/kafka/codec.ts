@@ -1,5 +1,6 @@
 /**
- * The binary codec of the Kafka bridge: tasks, trajectories (and failed samples) and weight announcements.
+ * The binary codec of the Kafka bridge: tasks, trajectories (and failed samples), weight announcements and
+ * workers' heartbeats.
  *
  * Every message starts with a 4-byte header — the magic bytes `r x`, the codec version (2) and the message
  * kind — followed by the fields in a fixed order, little-endian:
@@ -25,7 +26,7 @@ import { AbortError, DecodeError, EngineError, EvaluationError, RxrlError } from
 import type { FinishReason, SampleFailure, Task, Trajectory } from '../core/types.js';
 import { isSampleFailure } from '../core/types.js';
 import { EncodeError } from './errors.js';
-import type { TaskMessage, TrajectoryMessage, WeightsMessage } from './types.js';
+import type { HeartbeatMessage, TaskMessage, TrajectoryMessage, WeightsMessage } from './types.js';
 
 /**
  * Version of the wire format written by this module (the third header byte). 2: a task carries its reference output
@@ -48,6 +49,7 @@ export const MESSAGE_KINDS = {
   sampleFailure: 3,
   weightsVersion: 4,
   runEnd: 5,
+  heartbeat: 6,
 } as const;
 
 /** Name of a message kind. */
@@ -252,6 +254,36 @@ export function decodeWeightsMessage(bytes: Uint8Array): WeightsMessage {
   const timestamp = r.f64('timestamp');
   r.end();
   return { kind: 'version', run, version, modelTag, path, bytes: size, sha256, timestamp };
+}
+
+/** Encodes a worker's heartbeat. @throws {@link EncodeError} when a field breaks the schema. */
+export function encodeHeartbeatMessage(message: HeartbeatMessage): Uint8Array {
+  return encoding(MESSAGE_KINDS.heartbeat, (w) => {
+    w.str(message.worker, 'worker');
+    w.str(message.run, 'run');
+    w.u32(message.inFlight, 'inFlight');
+    w.safeInteger(message.done, 'done');
+    w.safeInteger(message.failed, 'failed');
+    w.optional(message.version, (v) => w.u32(v, 'version'));
+    w.u8(message.leaving ? 1 : 0);
+    w.finite(message.timestamp, 'timestamp');
+  });
+}
+
+/** Decodes a worker's heartbeat. @throws {@link DecodeError} naming the failing field. */
+export function decodeHeartbeatMessage(bytes: Uint8Array): HeartbeatMessage {
+  const r = new Reader(bytes, ['heartbeat']);
+  const worker = r.str('worker');
+  if (worker.length === 0) throw r.fail('worker', 'empty worker id');
+  const run = r.str('run');
+  const inFlight = r.u32('inFlight');
+  const done = r.safeInteger('done');
+  const failed = r.safeInteger('failed');
+  const version = r.flag('version') ? r.u32('version') : undefined;
+  const leaving = r.flag('leaving');
+  const timestamp = r.finite('timestamp');
+  r.end();
+  return { worker, run, inFlight, done, failed, ...(version === undefined ? {} : { version }), leaving, timestamp };
 }
 
 /**

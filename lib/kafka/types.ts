@@ -8,6 +8,7 @@
  * trainer ──tasks (TaskMessage)──────────▶ workers (one consumer group)
  * trainer ◀──trajectories (TrajectoryMessage)── workers
  * trainer ──weights (WeightsMessage)─────▶ every worker (one consumer group each)
+ * trainer ◀──heartbeats (HeartbeatMessage)── every worker, every `kafka.heartbeatMs`
  * poison messages of any topic ──────────▶ dead-letter topic (original bytes + reason headers)
  * ```
  *
@@ -25,11 +26,13 @@ export interface KafkaTopics {
   readonly weights: string;
   /** Messages that failed to decode, with the reason in their headers. */
   readonly deadLetter: string;
+  /** Workers' heartbeats, workers → trainer (its status shows each worker, and the ones gone). */
+  readonly heartbeats: string;
 }
 
 /**
  * The topic names under a prefix: `<prefix>.tasks`, `<prefix>.trajectories`, `<prefix>.weights`,
- * `<prefix>.dlq`.
+ * `<prefix>.dlq`, `<prefix>.heartbeats`.
  *
  * @param prefix - Topic prefix (letters, digits, `.`, `_`, `-`). Default `rxrl`.
  */
@@ -39,6 +42,7 @@ export function kafkaTopics(prefix = 'rxrl'): KafkaTopics {
     trajectories: `${prefix}.trajectories`,
     weights: `${prefix}.weights`,
     deadLetter: `${prefix}.dlq`,
+    heartbeats: `${prefix}.heartbeats`,
   };
 }
 
@@ -110,6 +114,26 @@ export interface RunEndMessage {
   readonly timestamp: number;
 }
 
+/** A rollout worker's heartbeat on the `heartbeats` topic: it is alive, and what it is doing. */
+export interface HeartbeatMessage {
+  /** The worker's id. */
+  readonly worker: string;
+  /** The run whose weights it holds (empty before any). */
+  readonly run: string;
+  /** Tasks it rolls out now. */
+  readonly inFlight: number;
+  /** Tasks it finished since it started. */
+  readonly done: number;
+  /** Samples that failed on it since it started. */
+  readonly failed: number;
+  /** Policy version it holds, once it holds one. */
+  readonly version?: PolicyVersion | undefined;
+  /** Its last beat: it stops (a killed worker sends none; the trainer sees it gone after three silent periods). */
+  readonly leaving: boolean;
+  /** Milliseconds since the epoch (the worker's clock). */
+  readonly timestamp: number;
+}
+
 /** What the `weights` topic carries. */
 export type WeightsMessage = WeightsVersionMessage | RunEndMessage;
 
@@ -172,7 +196,11 @@ export type KafkaEventType =
   /** A worker refused an announced weights version and keeps the one it has: `run`, `modelTag`, `version`, `reason`. */
   | 'worker.weights_refused'
   /** The run a worker followed is over: `run`, `version`. */
-  | 'worker.run_end';
+  | 'worker.run_end'
+  /** A worker's heartbeat could not be sent (it tries again next period): `error`. */
+  | 'worker.heartbeat_failed'
+  /** The trainer heard a worker's heartbeat: the {@link HeartbeatMessage}'s fields. */
+  | 'trainer.heartbeat';
 
 /** An instrumentation event of the Kafka bridge and its pipelines, in the envelope every rxrl module uses. */
 export interface KafkaEvent {

@@ -236,6 +236,7 @@ export function renderReport(input: ReportInput): string {
     '<body>',
     `<h1>rxrl report: ${escapeHtml(input.title)}</h1>`,
     renderSummary(input.records, input.found ?? true, skipped),
+    renderStalls(input.records),
     `<main class="plots">\n${figures}\n</main>`,
     renderLastValues(series),
     '</body>',
@@ -455,6 +456,29 @@ function renderSummary(records: readonly MetricsRecord[], found: boolean, skippe
     html += `\n<p class="summary warning">Skipped ${skipped.length} unreadable line(s): ${escapeHtml(lines)}</p>`;
   }
   return html;
+}
+
+/** Prefix of the metrics a stalled module leaves (`activity/stalled_s/<module>`: seconds idle when reported). */
+const STALL_PREFIX = 'activity/stalled_s/';
+
+/** The run's stalls, one row each (module, the step it followed, seconds idle when reported); nothing without any. */
+function renderStalls(records: readonly MetricsRecord[]): string {
+  const rows = records.flatMap((record) =>
+    Object.entries(record.metrics)
+      .filter(([key]) => key.startsWith(STALL_PREFIX))
+      .map(([key, seconds]) => {
+        const module = key.slice(STALL_PREFIX.length);
+        const when = Number.isFinite(record.time) ? new Date(record.time).toISOString() : '';
+        return `<tr><td>${escapeHtml(module)}</td><td class="num">${record.step + 1}</td><td class="num">${escapeHtml(formatValue(seconds))}</td><td>${escapeHtml(when)}</td></tr>`;
+      }),
+  );
+  if (rows.length === 0) return '';
+  return [
+    `<h2 class="warning">Stalls (${rows.length})</h2>`,
+    '<table class="stalls"><thead><tr><th>module</th><th>during step</th><th>idle s</th><th>reported</th></tr></thead><tbody>',
+    ...rows,
+    '</tbody></table>',
+  ].join('\n');
 }
 
 function renderLastValues(series: ReadonlyMap<string, readonly Point[]>): string {

@@ -221,7 +221,7 @@ export function formatStatus(status: RunStatus): string {
     m.oldestStartedAt === undefined ? '' : seconds((activity.at - m.oldestStartedAt) / 1000),
     m.inFlight > 0 ? seconds(m.idleSeconds) : '',
     m.stalled ? 'STALLED' : m.inFlight > 0 ? 'busy' : 'idle',
-    m.lastError ? `${m.lastError.name}: ${m.lastError.message}`.slice(0, 80) : '',
+    m.lastError ? `${m.lastError.name}: ${m.lastError.message}`.replace(/\s+/g, ' ').slice(0, 80) : '',
   ]);
   out.push(...table(['module', 'in flight', 'held', 'done', 'failed', 'oldest', 'idle', 'state', 'last error'], rows));
   const workers = Object.entries(activity.workers);

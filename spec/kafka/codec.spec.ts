@@ -3,9 +3,11 @@ import { describe, expect, it } from 'vitest';
 import { DecodeError, EngineError, EvaluationError, isRetriable } from '../../lib/core/errors.js';
 import {
   CODEC_VERSION,
+  decodeHeartbeatMessage,
   decodeTaskMessage,
   decodeTrajectoryMessage,
   decodeWeightsMessage,
+  encodeHeartbeatMessage,
   encodeTaskMessage,
   encodeTrajectoryMessage,
   encodeWeightsMessage,
@@ -204,6 +206,25 @@ describe('codec: weights', () => {
     const bytes = Uint8Array.from(encodeWeightsMessage(version));
     bytes[bytes.length - 9] = 'G'.charCodeAt(0); // last hex digit of the digest
     expect(decodeError(() => decodeWeightsMessage(bytes)).context.field).toBe('sha256');
+  });
+});
+
+describe('codec: heartbeats', () => {
+  const beat = { worker: 'host-12-ab', run: 'run-1', inFlight: 3, done: 41, failed: 2, version: 7, leaving: false, timestamp: 1_700_000_000_000 };
+
+  it('round-trips a heartbeat, with and without a version, and the last one', () => {
+    expect(decodeHeartbeatMessage(encodeHeartbeatMessage(beat))).toEqual(beat);
+    const { version: _v, ...first } = beat;
+    expect(decodeHeartbeatMessage(encodeHeartbeatMessage({ ...first, run: '', leaving: true }))).toEqual({ ...first, run: '', leaving: true });
+    expect(messageKindOf(encodeHeartbeatMessage(beat))).toBe('heartbeat');
+  });
+
+  it('refuses a broken heartbeat with a DecodeError naming the field, and another kind', () => {
+    expect(() => encodeHeartbeatMessage({ ...beat, inFlight: -1 })).toThrow(EncodeError);
+    expect(() => decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker: '' }))).toThrow(/worker/);
+    const bytes = encodeHeartbeatMessage(beat);
+    expect(() => decodeHeartbeatMessage(bytes.subarray(0, bytes.length - 3))).toThrow(DecodeError);
+    expect(() => decodeHeartbeatMessage(encodeWeightsMessage({ kind: 'end', run: 'r', version: 1, timestamp: 0 }))).toThrow(/kind runEnd/);
   });
 });
 

@@ -35,6 +35,21 @@ describe('Progress', () => {
     expect(stream.text).not.toContain('\r');
   });
 
+  it('shows the stalled modules at the end of the line (plain and bar), and nothing while none is', () => {
+    let stalled: string[] = [];
+    const plain = new FakeStream(false);
+    const progress = new Progress({ stream: plain, stalls: () => stalled });
+    progress.update({ step: 0, metrics }, 1);
+    stalled = ['rollout', 'sync'];
+    progress.update({ step: 1, metrics }, 2);
+    expect(plain.text.trimEnd().split('\n')).toEqual([formatStepLine({ step: 0, metrics }, 1), `${formatStepLine({ step: 1, metrics }, 2)}  stalled: rollout, sync`]);
+    const tty = new FakeStream(true, 400);
+    const bar = new Progress({ stream: tty, total: 4, stalls: () => stalled });
+    bar.update({ step: 0, metrics }, 1);
+    bar.message('rxrl: warning: rollout stalled');
+    expect(tty.chunks.at(-1)).toContain('staleness 1  1s  eta 3s  stalled: rollout, sync');
+  });
+
   it('done() prints the last step when the cadence skipped it (no total)', () => {
     const stream = new FakeStream(false);
     const progress = new Progress({ stream, every: 10 });

@@ -42,6 +42,19 @@ describe('renderReport', () => {
     expect(html).toContain('data-plot="throughput" data-empty="true"');
   });
 
+  it('lists the stalls of the run (activity/stalled_s/<module> lines), and no such table without any', () => {
+    const records = [
+      record(0, { 'rollout/reward_mean': 0.1 }),
+      record(0, { 'activity/stalled_s/rollout': 300.5 }),
+      record(3, { 'activity/stalled_s/sync<x>': 301 }),
+    ];
+    const html = renderReport({ title: 'run', records });
+    expect(html).toContain('<h2 class="warning">Stalls (2)</h2>');
+    expect(html).toContain('<tr><td>rollout</td><td class="num">1</td><td class="num">300.5</td><td>2023-11-14T22:13:20.000Z</td></tr>');
+    expect(html).toContain('<td>sync&lt;x&gt;</td><td class="num">4</td>');
+    expect(renderReport({ title: 'run', records: records.slice(0, 1) })).not.toContain('Stalls');
+  });
+
   it('a multi-policy run (metrics under <policy>/) gets one curve per policy in each plot', () => {
     const records = Array.from({ length: 4 }, (_, s) =>
       record(s, {

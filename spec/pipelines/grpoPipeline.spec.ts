@@ -3,7 +3,8 @@ import { lastValueFrom, tap, toArray } from 'rxjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { LocalEngine } from '../../lib/engine/local.js';
 import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
-import { ConfigError } from '../../lib/core/errors.js';
+import { ConfigError, EngineError } from '../../lib/core/errors.js';
+import { ActivityTracker } from '../../lib/observe/activity.js';
 import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
@@ -119,6 +120,46 @@ describe.each(SPEC_BACKENDS)('grpoPipeline (%s backend)', (backend) => {
     expect(generating).toBe(0);
     dispose();
     expect(tf.memory().numTensors).toBe(tensors);
+  });
+
+  it('reports every module to the activity tracker: each read, sample, group, batch, step and publication', async () => {
+    const { trainer, engine, dispose } = setup();
+    const activity = new ActivityTracker();
+    // One sample of each group fails: the rollout module counts it and keeps its error.
+    const generate = engine.generate.bind(engine);
+    let calls = 0;
+    engine.generate = async (requests, signal) => {
+      if (++calls % 4 === 0) throw new EngineError('no answer this time');
+      return generate(requests, signal);
+    };
+    await lastValueFrom(
+      grpoPipeline({
+        tasks: task.train,
+        engines: [engine],
+        trainer,
+        evaluator: task.evaluator,
+        batchSize: 3,
+        groupSize: 4,
+        maxTokens: 4,
+        steps: 2,
+        concurrency: 1,
+        activity,
+      }).pipe(toArray()),
+    );
+    const { modules, inFlight, stalled } = activity.snapshot();
+    expect(inFlight).toBe(0);
+    expect(stalled).toEqual([]);
+    const count = (name: string): [number, number, number] => [modules[name].started, modules[name].completed, modules[name].failed];
+    expect(count('loader')).toEqual([6, 6, 0]);
+    expect(count('rollout')).toEqual([24, 18, 6]);
+    expect(modules.rollout.lastError).toMatchObject({ name: 'EngineError', message: 'no answer this time' });
+    expect(count('store')).toEqual([6, 6, 0]);
+    expect(modules.store.held).toBe(0);
+    expect(count('batcher')).toEqual([2, 2, 0]);
+    expect(modules.batcher.held).toBe(0);
+    expect(count('trainer')).toEqual([2, 2, 0]);
+    expect(count('sync')).toEqual([2, 2, 0]);
+    dispose();
   });
 
   it('rejects a pipeline without engines', () => {
