@@ -155,8 +155,6 @@ async function kafkaOf(config: import('../lib/config/schema.js').RxrlConfig, cli
 
 /** `rxrl run` (embedded rollouts) and `rxrl trainer` (rollouts by `rxrl worker` processes over Kafka). */
 async function runCommand(args: ParsedCommand, overKafka = false): Promise<number> {
-  const { runTraining } = await import('../pipelines/run.js');
-  const { Progress } = await import('../lib/observe/progress.js');
   const { resolve } = await import('node:path');
   const { config, dir } = await resolvedConfig(args);
   const kafka = overKafka
@@ -165,15 +163,8 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
         weightsDir: config.kafka.weightsDir === null ? resolve(dir, config.run.dir!, 'weights') : resolve(dir, config.kafka.weightsDir),
       }
     : undefined;
-  if (config.agents.environment !== 'none') return agentsCommand(config, dir, kafka);
   const { activityTracker } = await import('../pipelines/run.js');
   const activity = activityTracker(config);
-  const progress = new Progress({ ...(config.run.steps > 0 ? { total: config.run.steps } : {}), stalls: () => activity.snapshot().stalled });
-  const { createLogger } = await import('../lib/observe/logger.js');
-  const logger = createLogger({ level: config.logging.level });
-  const { moduleLogger } = await import('../lib/observe/logger.js');
-  const kafkaLog = moduleLogger(logger, 'kafka');
-  const controller = stopOnSignals();
   let last: import('../lib/train/types.js').StepResult | undefined;
   const status = await statusServer(args, activity, () => ({
     step: last === undefined ? 0 : last.step + 1,
@@ -181,27 +172,54 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
     mode: config.sync.mode,
     metrics: last?.metrics,
   }));
-  if (status) progress.message(`rxrl: status on ${status.url}/status and ${status.url}/metrics`);
+  if (status) process.stderr.write(`rxrl: status on ${status.url}/status and ${status.url}/metrics\n`);
   try {
-    const summary = await runTraining(config, {
-      baseDir: dir,
-      signal: controller.signal,
-      logger,
-      activity,
-      log: (line) => progress.message(`rxrl: ${line}`),
-      onStep: (step, elapsed) => {
-        last = step;
-        progress.update(step, elapsed);
-      },
-      ...(kafka ? { kafka: { ...kafka, onEvent: (event) => kafkaLog.debug({ event: event.type, ...event.payload }, event.type) } } : {}),
-    });
-    progress.done();
-    const { lastStep: _last, ...printed } = summary;
-    process.stdout.write(`${JSON.stringify(printed)}\n`);
-    return 0;
+    if (config.agents.environment !== 'none')
+      return await agentsCommand(config, dir, kafka, { activity, onStep: (step) => (last = step) });
+    return await trainCommand(config, dir, kafka, { activity, onStep: (step) => (last = step) });
   } finally {
     await status?.close();
   }
+}
+
+/** The training of `rxrl run|trainer` for a single-policy recipe: a progress line, one summary line. */
+async function trainCommand(
+  config: import('../lib/config/schema.js').RxrlConfig,
+  dir: string,
+  kafka: import('../pipelines/run.js').KafkaTransport | undefined,
+  watched: WatchedRun,
+): Promise<number> {
+  const { runTraining } = await import('../pipelines/run.js');
+  const { Progress } = await import('../lib/observe/progress.js');
+  const { activity } = watched;
+  const progress = new Progress({ ...(config.run.steps > 0 ? { total: config.run.steps } : {}), stalls: () => activity.snapshot().stalled });
+  const { createLogger } = await import('../lib/observe/logger.js');
+  const logger = createLogger({ level: config.logging.level });
+  const { moduleLogger } = await import('../lib/observe/logger.js');
+  const kafkaLog = moduleLogger(logger, 'kafka');
+  const controller = stopOnSignals();
+  const summary = await runTraining(config, {
+    baseDir: dir,
+    signal: controller.signal,
+    logger,
+    activity,
+    log: (line) => progress.message(`rxrl: ${line}`),
+    onStep: (step, elapsed) => {
+      watched.onStep(step);
+      progress.update(step, elapsed);
+    },
+    ...(kafka ? { kafka: { ...kafka, onEvent: (event) => kafkaLog.debug({ event: event.type, ...event.payload }, event.type) } } : {}),
+  });
+  progress.done();
+  const { lastStep: _last, ...printed } = summary;
+  process.stdout.write(`${JSON.stringify(printed)}\n`);
+  return 0;
+}
+
+/** What a training command shares with its status server: the tracker, and each step as it ends. */
+interface WatchedRun {
+  readonly activity: import('../lib/observe/activity.js').ActivityTracker;
+  readonly onStep: (step: import('../lib/train/types.js').StepResult) => void;
 }
 
 /** The status server of `--status-port N [--status-host H]`, when asked for. */
@@ -238,15 +256,18 @@ async function agentsCommand(
   config: import('../lib/config/schema.js').RxrlConfig,
   dir: string,
   kafka: import('../pipelines/run.js').KafkaTransport | undefined,
+  watched: WatchedRun,
 ): Promise<number> {
   const { runAgents } = await import('../pipelines/agents.js');
   const controller = stopOnSignals();
   const summary = await runAgents(config, {
     baseDir: dir,
     signal: controller.signal,
+    activity: watched.activity,
     ...(kafka ? { kafka } : {}),
     log: (line) => process.stderr.write(`rxrl: ${line}\n`),
     onStep: (step, elapsed) => {
+      watched.onStep(step);
       const reward = step.metrics[`${step.modelTag}/rollout/reward_mean`];
       process.stderr.write(`rxrl: ${step.modelTag} step ${step.step + 1} reward ${reward?.toFixed(3) ?? '-'} (${elapsed.toFixed(0)} s)\n`);
     },

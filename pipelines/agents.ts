@@ -10,6 +10,7 @@ import {
   type PoliciesCheckpoint,
   type PolicyCheckpoint,
 } from '../lib/checkpoint/policiesCheckpoint.js';
+import { activityTracker, watchRun } from './parts/stalls.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
 import type { RxrlConfig, Specialization } from '../lib/config/schema.js';
 import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
@@ -42,7 +43,7 @@ export { loadAgentsRecipe } from './parts/agentsRecipe.js';
  * Kafka transport: then `rxrl worker` processes of the same recipe play the episodes and the in-process engines
  * only validate), with every policy's steps.
  */
-export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | 'signal' | 'log' | 'kafka'> {
+export interface AgentsRunOptions extends Pick<RunTrainingOptions, 'baseDir' | 'signal' | 'log' | 'kafka' | 'activity'> {
   /** Sees every policy's steps. */
   readonly onStep?: (step: PolicyStepResult, elapsedSeconds: number) => void;
 }
@@ -91,8 +92,21 @@ export interface AgentsRunSummary {
 export async function runAgents(config: RxrlConfig, options: AgentsRunOptions = {}): Promise<AgentsRunSummary> {
   const baseDir = options.baseDir ?? process.cwd();
   const runDir = config.run.dir === null ? undefined : resolve(baseDir, config.run.dir);
-  // One writer per run directory: held from before the first write to after the last.
-  return withRunLock(runDir, () => trainAgents(config, options, baseDir, runDir), { warn: runDirWarnings(options) });
+  // Every policy's modules report to one tracker; a module stalled activity.stallFailSeconds (stop_on_error) ends the run.
+  const activity = options.activity ?? activityTracker(config);
+  const watch = watchRun(config, activity, { log: options.log });
+  const signal = options.signal ? AbortSignal.any([options.signal, watch.signal]) : watch.signal;
+  try {
+    // One writer per run directory: held from before the first write to after the last.
+    const summary = await withRunLock(runDir, () => trainAgents(config, { ...options, activity, signal }, baseDir, runDir), {
+      warn: runDirWarnings(options),
+    });
+    const stalled = watch.failure();
+    if (stalled) throw stalled;
+    return summary;
+  } finally {
+    watch.stop();
+  }
 }
 
 async function trainAgents(
@@ -135,7 +149,7 @@ async function trainAgents(
 
     metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
     const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
-    const score = (): Promise<Metrics> =>
+    const validation = (): Promise<Metrics> =>
       validateAgents(engines, recipe.task.validation, {
         environment: recipe.task.environment,
         agents: recipe.agents,
@@ -143,6 +157,7 @@ async function trainAgents(
         temperature: config.validation.temperature,
         seed: config.run.seed,
       });
+    const score = (): Promise<Metrics> => options.activity?.track('validation', validation) ?? validation();
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, recipe.agents)}`);
     const started = performance.now();
@@ -358,6 +373,7 @@ function agentSteps(
     steps: run.remaining,
     ...klInRewardOf(config, base),
     afterStep: run.afterStep,
+    activity: options.activity,
     ...(options.signal ? { signal: options.signal } : {}),
   };
   const transport = options.kafka;
