@@ -174,8 +174,7 @@ async function runCommand(args: ParsedCommand, overKafka = false): Promise<numbe
   }));
   if (status) process.stderr.write(`rxrl: status on ${status.url}/status and ${status.url}/metrics\n`);
   try {
-    if (config.agents.environment !== 'none')
-      return await agentsCommand(config, dir, kafka, { activity, onStep: (step) => (last = step) });
+    if (config.agents.environment !== 'none') return await agentsCommand(config, dir, kafka, { activity, onStep: (step) => (last = step) });
     return await trainCommand(config, dir, kafka, { activity, onStep: (step) => (last = step) });
   } finally {
     await status?.close();
@@ -192,7 +191,10 @@ async function trainCommand(
   const { runTraining } = await import('../pipelines/run.js');
   const { Progress } = await import('../lib/observe/progress.js');
   const { activity } = watched;
-  const progress = new Progress({ ...(config.run.steps > 0 ? { total: config.run.steps } : {}), stalls: () => activity.snapshot().stalled });
+  const progress = new Progress({
+    ...(config.run.steps > 0 ? { total: config.run.steps } : {}),
+    stalls: () => activity.snapshot().stalled,
+  });
   const { createLogger } = await import('../lib/observe/logger.js');
   const logger = createLogger({ level: config.logging.level });
   const { moduleLogger } = await import('../lib/observe/logger.js');

@@ -303,7 +303,13 @@ export function policyLoop(config: PolicyLoopConfig, stage: LoopStage): Observab
     const { activity } = config;
     const tasks = taskStream(config.tasks, config.loader);
     const loader = limit(activity ? trackedTasks(tasks, activity) : tasks, config.steps ? config.steps * perStep : Infinity);
-    const samples = activity ? new SampleTracking(activity, stage.slots.map((slot) => slot.suffix), groupSize) : undefined;
+    const samples = activity
+      ? new SampleTracking(
+          activity,
+          stage.slots.map((slot) => slot.suffix),
+          groupSize,
+        )
+      : undefined;
     const groups$ = admit(loader, allGates(gates), { onAdmit }).pipe(
       tap((task) => samples?.admitted(task)),
       stage.rollout(admission),
@@ -387,7 +393,11 @@ function engineSink(
   const { modelTag } = lane.trainer;
   const [engine] = lane.engines;
   if (engine === undefined) throw new ConfigError(`policy '${modelTag}' has no rollout engine`, { context: { key: 'policies', modelTag } });
-  return { startVersion: lane.startVersion ?? engine.version, padId: engine.tokenizer.padId, publish: syncWeights(lane.engines, { track }) };
+  return {
+    startVersion: lane.startVersion ?? engine.version,
+    padId: engine.tokenizer.padId,
+    publish: syncWeights(lane.engines, { track }),
+  };
 }
 
 /** Each step once `publish` resolved for it. */

@@ -123,25 +123,90 @@ export function prometheusText(status: RunStatus): string {
       const v = value(m);
       return v === undefined ? [] : [[labels({ module: name }), v] as [string, number]];
     });
-  family('rxrl_module_in_flight', 'gauge', 'Units of work the module has in flight.', byModule((m) => m.inFlight));
-  family('rxrl_module_held', 'gauge', 'Items the module holds while waiting for input.', byModule((m) => m.held));
-  family('rxrl_module_started_total', 'counter', 'Units of work begun.', byModule((m) => m.started));
-  family('rxrl_module_completed_total', 'counter', 'Units of work done.', byModule((m) => m.completed));
-  family('rxrl_module_failed_total', 'counter', 'Units of work failed.', byModule((m) => m.failed));
-  family('rxrl_module_idle_seconds', 'gauge', 'Seconds with work in flight and none of it ending.', byModule((m) => m.idleSeconds));
-  family('rxrl_module_stalled', 'gauge', '1 while the module is stalled.', byModule((m) => (m.stalled ? 1 : 0)));
+  family(
+    'rxrl_module_in_flight',
+    'gauge',
+    'Units of work the module has in flight.',
+    byModule((m) => m.inFlight),
+  );
+  family(
+    'rxrl_module_held',
+    'gauge',
+    'Items the module holds while waiting for input.',
+    byModule((m) => m.held),
+  );
+  family(
+    'rxrl_module_started_total',
+    'counter',
+    'Units of work begun.',
+    byModule((m) => m.started),
+  );
+  family(
+    'rxrl_module_completed_total',
+    'counter',
+    'Units of work done.',
+    byModule((m) => m.completed),
+  );
+  family(
+    'rxrl_module_failed_total',
+    'counter',
+    'Units of work failed.',
+    byModule((m) => m.failed),
+  );
+  family(
+    'rxrl_module_idle_seconds',
+    'gauge',
+    'Seconds with work in flight and none of it ending.',
+    byModule((m) => m.idleSeconds),
+  );
+  family(
+    'rxrl_module_stalled',
+    'gauge',
+    '1 while the module is stalled.',
+    byModule((m) => (m.stalled ? 1 : 0)),
+  );
   const workers = Object.entries(status.activity.workers);
   const byWorker = (value: (w: (typeof workers)[number][1]) => number): [string, number][] =>
     workers.map(([id, w]) => [labels({ worker: id, run: w.run }), value(w)]);
-  family('rxrl_worker_up', 'gauge', '1 while the Kafka worker heartbeats.', byWorker((w) => (w.state === 'up' ? 1 : 0)));
-  family('rxrl_worker_in_flight', 'gauge', 'Tasks the worker rolls out.', byWorker((w) => w.inFlight));
-  family('rxrl_worker_done_total', 'counter', 'Tasks the worker finished.', byWorker((w) => w.done));
-  family('rxrl_worker_failed_total', 'counter', 'Samples that failed on the worker.', byWorker((w) => w.failed));
-  family('rxrl_worker_heartbeat_age_seconds', 'gauge', 'Seconds since the last heartbeat.', byWorker((w) => w.beatAgeSeconds));
+  family(
+    'rxrl_worker_up',
+    'gauge',
+    '1 while the Kafka worker heartbeats.',
+    byWorker((w) => (w.state === 'up' ? 1 : 0)),
+  );
+  family(
+    'rxrl_worker_in_flight',
+    'gauge',
+    'Tasks the worker rolls out.',
+    byWorker((w) => w.inFlight),
+  );
+  family(
+    'rxrl_worker_done_total',
+    'counter',
+    'Tasks the worker finished.',
+    byWorker((w) => w.done),
+  );
+  family(
+    'rxrl_worker_failed_total',
+    'counter',
+    'Samples that failed on the worker.',
+    byWorker((w) => w.failed),
+  );
+  family(
+    'rxrl_worker_heartbeat_age_seconds',
+    'gauge',
+    'Seconds since the last heartbeat.',
+    byWorker((w) => w.beatAgeSeconds),
+  );
   const { run } = status;
   family('rxrl_step', 'gauge', 'Train steps taken.', run.step === undefined ? [] : [['', run.step]]);
   const metrics = Object.entries(run.metrics ?? {}).filter(([, value]) => Number.isFinite(value));
-  family('rxrl_metric', 'gauge', 'A metric of the last step.', metrics.map(([name, value]) => [labels({ name }), value]));
+  family(
+    'rxrl_metric',
+    'gauge',
+    'A metric of the last step.',
+    metrics.map(([name, value]) => [labels({ name }), value]),
+  );
   return `${lines.join('\n')}\n`;
 }
 
@@ -186,7 +251,8 @@ export async function fetchStatus(url: string, signal?: AbortSignal): Promise<Ru
     throw new EngineError(`cannot reach ${target.href}: ${reason}`, { cause, retriable: true, context: { url: target.href } });
   }
   const body = await response.text();
-  if (!response.ok) throw new EngineError(`${target.href} answered ${response.status}`, { context: { url: target.href, status: response.status } });
+  if (!response.ok)
+    throw new EngineError(`${target.href} answered ${response.status}`, { context: { url: target.href, status: response.status } });
   try {
     const status = JSON.parse(body) as RunStatus;
     if (typeof status.activity?.modules !== 'object') throw new TypeError('no activity.modules');
@@ -243,6 +309,10 @@ export function formatStatus(status: RunStatus): string {
 
 function table(header: readonly string[], rows: readonly (readonly string[])[]): string[] {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
-  const line = (cells: readonly string[]): string => cells.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd();
+  const line = (cells: readonly string[]): string =>
+    cells
+      .map((cell, i) => cell.padEnd(widths[i]))
+      .join('  ')
+      .trimEnd();
   return [line(header), ...rows.map(line)];
 }

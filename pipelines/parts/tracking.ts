@@ -74,7 +74,8 @@ export class SampleTracking {
   readonly released = (group: Group): void => {
     const id = group.key[0];
     if (id === undefined) return;
-    for (const sample of this.open.get(id) ?? []) sample.fail(new Error(`group ${id} was closed (${group.closedBy ?? 'complete'}) before this sample ended`));
+    for (const sample of this.open.get(id) ?? [])
+      sample.fail(new Error(`group ${id} was closed (${group.closedBy ?? 'complete'}) before this sample ended`));
     this.open.delete(id);
     this.tracker.begin('store').done();
     this.tracker.hold('store', this.open.size);

@@ -147,7 +147,9 @@ describe('a stalled rollout (an inference server that never answers)', () => {
     expect(stderr).toMatch(/rxrl: StalledError: module 'rollout' stalled: 4 in flight and nothing ended for \d+ s/);
     // The stall is a line of metrics.jsonl, which the report shows.
     const lines = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n');
-    expect(lines.some((line) => (JSON.parse(line) as { 'activity/stalled_s/rollout'?: number })['activity/stalled_s/rollout'] !== undefined)).toBe(true);
+    expect(
+      lines.some((line) => (JSON.parse(line) as { 'activity/stalled_s/rollout'?: number })['activity/stalled_s/rollout'] !== undefined),
+    ).toBe(true);
   }, 120_000);
 });
 
@@ -171,8 +173,10 @@ describe('a Kafka worker killed with SIGKILL', () => {
     const trainer = rxrl(['trainer', recipe, '--status-port', '0']);
     const url = await statusUrl(trainer);
     const [doomed, survivor] = [rxrl(['worker', recipe]), rxrl(['worker', recipe])];
-    const idOf = (proc: Proc) => (status: RunStatus): string | undefined =>
-      Object.keys(status.activity.workers).find((id) => id.includes(`-${proc.child.pid}-`));
+    const idOf =
+      (proc: Proc) =>
+      (status: RunStatus): string | undefined =>
+        Object.keys(status.activity.workers).find((id) => id.includes(`-${proc.child.pid}-`));
     const both = await statusUntil(url, (s) => [doomed, survivor].every((p) => s.activity.workers[idOf(p)(s) ?? '']?.state === 'up'));
     const doomedId = idOf(doomed)(both) as string;
     const survivorId = idOf(survivor)(both) as string;

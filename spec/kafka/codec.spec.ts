@@ -210,12 +210,25 @@ describe('codec: weights', () => {
 });
 
 describe('codec: heartbeats', () => {
-  const beat = { worker: 'host-12-ab', run: 'run-1', inFlight: 3, done: 41, failed: 2, version: 7, leaving: false, timestamp: 1_700_000_000_000 };
+  const beat = {
+    worker: 'host-12-ab',
+    run: 'run-1',
+    inFlight: 3,
+    done: 41,
+    failed: 2,
+    version: 7,
+    leaving: false,
+    timestamp: 1_700_000_000_000,
+  };
 
   it('round-trips a heartbeat, with and without a version, and the last one', () => {
     expect(decodeHeartbeatMessage(encodeHeartbeatMessage(beat))).toEqual(beat);
     const { version: _v, ...first } = beat;
-    expect(decodeHeartbeatMessage(encodeHeartbeatMessage({ ...first, run: '', leaving: true }))).toEqual({ ...first, run: '', leaving: true });
+    expect(decodeHeartbeatMessage(encodeHeartbeatMessage({ ...first, run: '', leaving: true }))).toEqual({
+      ...first,
+      run: '',
+      leaving: true,
+    });
     expect(messageKindOf(encodeHeartbeatMessage(beat))).toBe('heartbeat');
   });
 

@@ -31,7 +31,16 @@ describe('ActivityTracker', () => {
       inFlight: 1,
       modules: {
         // Idle since its last end (t = 5), which is later than its oldest open start (t = 2).
-        rollout: { inFlight: 1, started: 2, completed: 1, failed: 0, oldestStartedAt: 2, lastEndedAt: 5, idleSeconds: 0.002, stalled: false },
+        rollout: {
+          inFlight: 1,
+          started: 2,
+          completed: 1,
+          failed: 0,
+          oldestStartedAt: 2,
+          lastEndedAt: 5,
+          idleSeconds: 0.002,
+          stalled: false,
+        },
         trainer: { inFlight: 0, started: 1, completed: 1, failed: 0, lastEndedAt: 6, idleSeconds: 0, stalled: false },
       },
       workers: {},
@@ -130,7 +139,11 @@ describe('ActivityTracker stalls, holds and workers', () => {
     second.fail(new TypeError('no answer'));
     const after = tracker.snapshot();
     expect(after.stalled).toEqual([]);
-    expect(after.modules.rollout).toMatchObject({ failed: 1, stalled: false, lastError: { name: 'TypeError', message: 'no answer', at: 14_000 } });
+    expect(after.modules.rollout).toMatchObject({
+      failed: 1,
+      stalled: false,
+      lastError: { name: 'TypeError', message: 'no answer', at: 14_000 },
+    });
   });
 
   it('held items are shown and never stall; stalled modules are listed longest idle first', () => {

@@ -42,7 +42,10 @@ describe('Progress', () => {
     progress.update({ step: 0, metrics }, 1);
     stalled = ['rollout', 'sync'];
     progress.update({ step: 1, metrics }, 2);
-    expect(plain.text.trimEnd().split('\n')).toEqual([formatStepLine({ step: 0, metrics }, 1), `${formatStepLine({ step: 1, metrics }, 2)}  stalled: rollout, sync`]);
+    expect(plain.text.trimEnd().split('\n')).toEqual([
+      formatStepLine({ step: 0, metrics }, 1),
+      `${formatStepLine({ step: 1, metrics }, 2)}  stalled: rollout, sync`,
+    ]);
     const tty = new FakeStream(true, 400);
     const bar = new Progress({ stream: tty, total: 4, stalls: () => stalled });
     bar.update({ step: 0, metrics }, 1);

@@ -41,7 +41,10 @@ describe('prometheusText', () => {
     for (const family of ['rxrl_module_in_flight', 'rxrl_worker_up', 'rxrl_metric'])
       expect(text.split('\n').filter((line) => line === `# TYPE ${family} gauge`)).toHaveLength(1);
     // Every sample line is NAME{labels} VALUE or NAME VALUE.
-    for (const line of text.trim().split('\n').filter((l) => !l.startsWith('#')))
+    for (const line of text
+      .trim()
+      .split('\n')
+      .filter((l) => !l.startsWith('#')))
       expect(line).toMatch(/^[a-z_]+(\{[^}]*\})? (-?[0-9.e+-]+|NaN|[+-]Inf)$/);
     const escaped = prometheusText({ run: { metrics: { 'a"b\\c\nd': 1 } }, activity: new ActivityTracker().snapshot() });
     expect(escaped).toContain('rxrl_metric{name="a\\"b\\\\c\\nd"} 1');
@@ -50,7 +53,10 @@ describe('prometheusText', () => {
 
 describe('formatStatus', () => {
   it('prints a row per module and per worker, with the stalls', () => {
-    const text = formatStatus({ run: { step: 12, steps: 50, mode: 'sync', metrics: { 'rollout/reward_mean': 0.5 } }, activity: busyTracker().snapshot() });
+    const text = formatStatus({
+      run: { step: 12, steps: 50, mode: 'sync', metrics: { 'rollout/reward_mean': 0.5 } },
+      activity: busyTracker().snapshot(),
+    });
     const lines = text.trimEnd().split('\n');
     expect(lines[0]).toBe('step 12/50  sync  reward 0.500  stalled: rollout');
     const rollout = lines.find((line) => line.startsWith('rollout'));
