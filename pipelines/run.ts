@@ -154,7 +154,7 @@ async function setUp(
 ): Promise<RunSetup> {
   const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir);
+  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir, log);
   const checkpoint = await resumeCheckpoint(
     resumeOf(config, baseDir),
     runDir,

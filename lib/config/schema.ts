@@ -243,7 +243,8 @@ export const SCHEMA = {
   model: {
     path: {
       doc:
-        'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train; relative to the recipe. ' +
+        'Hugging Face model directory (config.json, safetensors, tokenizer.json) to train, relative to the recipe; or a model id ' +
+        "'org/name[@revision]' read from the Hugging Face cache (HF_HUB_CACHE, HF_HOME), downloaded into it when missing unless HF_HUB_OFFLINE=1. " +
         'Unset: a seeded tiny Llama-family model with the character tokenizer, shaped by the keys below.',
       format: 'optional-string',
       default: null,
@@ -422,7 +423,7 @@ export const SCHEMA = {
   distill: {
     teacher: {
       path: {
-        doc: "trainer.algorithm 'distill': the teacher's model directory, loaded in this process (relative to the recipe; ~/ is the home directory).",
+        doc: "trainer.algorithm 'distill': the teacher's model directory or id (as model.path), loaded in this process (relative to the recipe; ~/ is the home directory).",
         format: 'optional-string',
         default: null,
       },

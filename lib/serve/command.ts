@@ -4,7 +4,6 @@
  * @packageDocumentation
  */
 import { stat } from 'node:fs/promises';
-import { basename, resolve } from 'node:path';
 
 import { loadChatTemplate } from '../chat/jinjaTemplate.js';
 import type { ChatTemplate } from '../chat/template.js';
@@ -12,6 +11,7 @@ import type { Tokenizer } from '../model/types.js';
 import { ConfigError } from '../core/errors.js';
 import { initBackend, type BackendKind } from '../model/backend.js';
 import { loadTokenizer } from '../model/hfTokenizer.js';
+import { modelNameOf, resolveModelDir } from '../model/hubCache.js';
 import { isModelDir, loadModelDir } from '../model/modelDir.js';
 import { CharTokenizer } from '../model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../model/transformer.js';
@@ -109,7 +109,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
     chatTemplate = await loadChatTemplate(dir, tokenizer);
     const stored = Number(loaded.contents.metadata[POLICY_VERSION_METADATA_KEY] ?? 0);
     version = Number.isSafeInteger(stored) && stored >= 0 ? stored : 0;
-    modelName ??= basename(dir);
+    modelName ??= modelNameOf(options.model ?? dir, dir);
   } else {
     tokenizer = new CharTokenizer(options.alphabet ?? options.defaultAlphabet);
     model = PolicyModel.create({ ...options.defaultModel, vocabSize: tokenizer.vocabSize }, options.seed ?? 1);
@@ -158,8 +158,8 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
 
 /** The absolute path of the `--model` directory, or a {@link ConfigError} naming the flag and the path. */
 async function checkedModelDir(model: string, options: ServeCommandOptions): Promise<string> {
-  const dir = resolve(model);
   const key = options.modelFlag ?? 'model';
+  const dir = await resolveModelDir(model, { key: `--${key}`, log: (line) => options.err(`rxrl: ${line}`) });
   if (!(await isModelDir(dir))) {
     const why = (await isDirectory(dir)) ? 'no config.json' : 'no such directory';
     throw new ConfigError(`--${key} ${model}: not a model directory (${why})`, { context: { key, path: dir } });

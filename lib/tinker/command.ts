@@ -3,11 +3,12 @@
  *
  * @packageDocumentation
  */
-import { basename, resolve } from 'node:path';
+import { resolve } from 'node:path';
 
 import { ConfigError } from '../core/errors.js';
 import { initBackend, type BackendKind } from '../model/backend.js';
 import { loadTokenizer } from '../model/hfTokenizer.js';
+import { modelNameOf, resolveModelDir } from '../model/hubCache.js';
 import { isModelDir, loadModelDir } from '../model/modelDir.js';
 import { tinkerService, type TinkerService } from './service.js';
 
@@ -45,14 +46,14 @@ export async function runTinkerCommand(options: TinkerCommandOptions): Promise<n
   // Checked before anything loads: an empty key would otherwise serve every request without one.
   if (options.apiKey !== undefined && options.apiKey.trim() === '')
     throw new ConfigError('--api-key must not be empty', { context: { key: 'api-key' } });
-  const dir = resolve(options.model);
+  const dir = await resolveModelDir(options.model, { key: '--model', log: (line) => process.stderr.write(`rxrl: ${line}\n`) });
   if (!(await isModelDir(dir)))
     throw new ConfigError(`--model ${options.model}: not a model directory`, { context: { key: 'model', path: dir } });
   const backend = await initBackend(options.backend ?? 'auto', { logger: { info: () => undefined } });
   const tokenizer = await loadTokenizer(dir);
   const { model } = await loadModelDir(dir);
   try {
-    const baseModel = options.modelName ?? basename(dir);
+    const baseModel = options.modelName ?? modelNameOf(options.model, dir);
     const service = await tinkerService({
       model,
       tokenizer,

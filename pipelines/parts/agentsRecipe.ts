@@ -15,7 +15,8 @@ import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/core/types.js';
 import { writerEditorTask } from '../../recipes/writerEditor.js';
 import type { KafkaEpisodes } from './contracts.js';
-import { importExport, loadData, modelPath } from './data.js';
+import { resolveModelDir } from '../../lib/model/hubCache.js';
+import { importExport, loadData } from './data.js';
 
 /** The data and environment of a multi-agent recipe. */
 export interface AgentsTask {
@@ -56,7 +57,7 @@ export async function loadAgentsRecipe(
     throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", {
       context: { key: 'agents.environment' },
     });
-  const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
+  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir });
   let task: AgentsTask;
   let characters: string;
   let maxTokens: number;

@@ -5,7 +5,6 @@
  * @packageDocumentation
  */
 import { readFile } from 'node:fs/promises';
-import { homedir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -18,6 +17,7 @@ import type { Tokenizer } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
+import { resolveModelDir } from '../../lib/model/hubCache.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/core/types.js';
 import { chatWorker, referenceWorker, type RolloutWorker } from '../../lib/engine/worker.js';
@@ -45,6 +45,7 @@ export interface Data {
 export async function loadRollout(
   config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run' | 'sft' | 'trainer'>,
   baseDir: string,
+  log?: (line: string) => void,
 ): Promise<{
   data: Data;
   evaluator: Evaluator;
@@ -60,7 +61,7 @@ export async function loadRollout(
     : references && config.data.source === 'jsonl'
       ? UNSCORED
       : data.evaluator;
-  const modelDir = config.model.path === null ? undefined : modelPath(config.model.path, baseDir);
+  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir, log });
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const agent = config.rollout.agent;
   const template = config.rollout.chatTemplate === 'model' && modelDir !== undefined ? await modelTemplate(modelDir, tokenizer) : undefined;
@@ -105,11 +106,6 @@ async function agentWorker(
     });
   }
   return gatewayWorker(program, { maxModelLen, template });
-}
-
-/** `model.path` resolved against the recipe's directory; a leading `~/` is the home directory (the model cache). */
-export function modelPath(path: string, baseDir: string): string {
-  return path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : resolve(baseDir, path);
 }
 
 /** The evaluator of reference outputs from a JSONL dataset with none named: they are not scored (reward 0). */

@@ -11,7 +11,7 @@ import { checkSameTokenizer, modelScorer, openaiScorer } from '../../lib/engine/
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import type { Tokenizer } from '../../lib/model/types.js';
-import { modelPath } from './data.js';
+import { resolveModelDir } from '../../lib/model/hubCache.js';
 
 /** A run's teacher and what releases it. */
 export interface RunTeacher {
@@ -34,7 +34,7 @@ export async function loadTeacher(
   if (baseUrl !== null) {
     return { scorer: openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer }), dispose: () => undefined };
   }
-  const dir = modelPath(path as string, baseDir);
+  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path' });
   checkSameTokenizer(tokenizer, await loadTokenizer(dir), dir);
   const { model: teacher } = await loadModelDir(dir);
   return { scorer: modelScorer(teacher), dispose: () => teacher.dispose() };

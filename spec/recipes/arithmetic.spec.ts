@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 
 import { loadConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/core/errors.js';
-import { modelPath } from '../../pipelines/parts/data.js';
+import { resolveModelDir } from '../../lib/model/hubCache.js';
 import { runTraining } from '../../pipelines/run.js';
 import { FORMAT_CREDIT, arithmeticTask, equationEvaluator } from '../../recipes/arithmetic.js';
 
@@ -51,9 +51,9 @@ describe('arithmetic task', () => {
     expect(() => arithmeticTask({ maxOperand: 2, validationSize: 8 })).toThrow(ConfigError);
   });
 
-  it('model.path ~/ is the home directory; other paths are relative to the recipe', () => {
-    expect(modelPath('~/.cache/m', '/r')).toBe(join(homedir(), '.cache', 'm'));
-    expect(modelPath('m', '/r')).toBe('/r/m');
+  it('model.path ~/ is the home directory; other paths are relative to the recipe', async () => {
+    expect(await resolveModelDir('~/.cache/m', { baseDir: '/r' })).toBe(join(homedir(), '.cache', 'm'));
+    expect(await resolveModelDir('m', { baseDir: '/r' })).toBe('/r/m');
     expect(() => loadConfig({ env: {}, values: { data: { source: 'arithmetic' } } })).toThrow(
       /model\.path: required when data\.source is 'arithmetic'/,
     );
