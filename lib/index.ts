@@ -189,8 +189,10 @@ export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engi
 export type { EvaluationResult, Evaluator, ResponseInfo } from './core/evaluator.js';
 
 // ── data ───────────────────────────────────────────────────────────────────────
-export { TaskLoader, loadTasks, parseTaskLine, readLocatedTasks, readTaskFile, validateTask } from './data/loader.js';
-export type { LoadTasksOptions, LoaderPosition, LocatedTask, TaskSource } from './data/loader.js';
+export { TaskLoader, loadTasks, parseTaskLine, readLocatedTasks, readTaskFile, taskFileOf, validateTask } from './data/loader.js';
+export type { LoadTasksOptions, LoaderPosition, LocatedTask, RowPlace, TaskSource } from './data/loader.js';
+export { cachedSnapshot, hubCacheDir, modelNameOf, parseModelId, resolveModelDir } from './model/hubCache.js';
+export type { ModelId, ResolveModelOptions } from './model/hubCache.js';
 export { checkPrompts } from './data/checkPrompts.js';
 export type { CheckPromptsOptions, PromptsChecked } from './data/checkPrompts.js';
 export { collate } from './data/collate.js';

@@ -15,6 +15,10 @@ export {
 } from './stringTransform.js';
 export type { StringTransform, StringTransformOptions, StringTransformTask } from './stringTransform.js';
 
+// ── arithmetic for a chat model ───────────────────────────────────────────────
+export { ARITHMETIC_OPERATORS, FORMAT_CREDIT, arithmeticTask, equationEvaluator } from './arithmetic.js';
+export type { ArithmeticOperator, ArithmeticTask, ArithmeticTaskOptions } from './arithmetic.js';
+
 // ── tool use: a calculator for agent rollouts ──────────────────────────────────
 export {
   CALCULATOR_ERROR_TEXT,

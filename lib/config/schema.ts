@@ -209,7 +209,7 @@ export const SCHEMA = {
   },
   data: {
     source: {
-      doc: "Tasks: the generated string task ('bundled'), generated arithmetic questions for a chat model ('arithmetic'), bare expressions for a calculator agent on the character tokenizer ('calculator'), or JSONL files ('jsonl').",
+      doc: "Tasks: the generated string task ('bundled'), generated arithmetic questions for a chat model ('arithmetic'), bare expressions for a calculator agent on the character tokenizer ('calculator'), or task files ('jsonl': JSONL, Parquet, or a directory of Parquet shards; prompts as text or chat messages, TRL's and verl's columns).",
       format: ['bundled', 'arithmetic', 'calculator', 'jsonl'],
       default: 'bundled',
     },
@@ -231,11 +231,15 @@ export const SCHEMA = {
       validationSize: { doc: 'Calculator task: held-out expressions.', format: 'positive-int', default: 64 },
     },
     trainFile: {
-      doc: "JSONL training tasks (required when data.source is 'jsonl'); relative to the recipe.",
+      doc: "Training tasks (required when data.source is 'jsonl'): a .jsonl or .parquet file, or a directory of .parquet shards; relative to the recipe.",
       format: 'optional-string',
       default: null,
     },
-    validationFile: { doc: 'JSONL held-out tasks; relative to the recipe.', format: 'optional-string', default: null },
+    validationFile: {
+      doc: 'Held-out tasks: a .jsonl or .parquet file, or a directory of .parquet shards; relative to the recipe.',
+      format: 'optional-string',
+      default: null,
+    },
     alphabet: { doc: "Characters of the char tokenizer for 'jsonl' data (required then).", format: 'optional-string', default: null },
     epochs: { doc: 'Passes over the training data (0 = forever).', format: 'non-negative-int', default: 0 },
     shuffle: { doc: 'Shuffle each epoch with the run seed.', format: 'flag', default: true },
@@ -335,7 +339,7 @@ export const SCHEMA = {
     },
     evaluator: {
       module: {
-        doc: "Module of a custom evaluator (required for 'jsonl' data); relative to the recipe.",
+        doc: "Module of a custom evaluator (required for 'jsonl' data): a file relative to the recipe, or a package's export path ('rxrl/recipes' for the bundled evaluators).",
         format: 'optional-string',
         default: null,
       },

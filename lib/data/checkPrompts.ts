@@ -8,7 +8,7 @@
 import type { Tokenizer } from '../model/types.js';
 import { ConfigError, DecodeError } from '../core/errors.js';
 import type { Task } from '../core/types.js';
-import { readLocatedTasks, type LocatedTask } from './loader.js';
+import { readLocatedTasks, taskFileOf, type LocatedTask, type TaskSource } from './loader.js';
 
 /** Options of {@link checkPrompts}. */
 export interface CheckPromptsOptions {
@@ -39,7 +39,7 @@ export interface PromptsChecked {
 
 /**
  * Checks that every prompt of a data set encodes and fits: `prompt tokens ≤ maxSeqLen − maxTokens`, and at
- * least one token. A JSONL file is streamed, so a bad task is named by file and line; an array names it by
+ * least one token. A task file (JSONL, Parquet) is streamed, so a bad task is named by file and line or row; an array names it by
  * `source` and index.
  *
  * @example
@@ -51,7 +51,7 @@ export interface PromptsChecked {
  *   maxTokens: 16,
  * });
  * ```
- * @param source - a JSONL file (`{ jsonl: path }`) or an array of tasks.
+ * @param source - a task file (`{ file: path }`: JSONL, Parquet, a directory of Parquet shards) or an array of tasks.
  * @param options - tokenizer, context length, response budget and how prompts are encoded.
  * @returns the number of tasks and the longest prompt in tokens.
  * @throws {@link DecodeError} naming the place, the task id and the reason, for the first prompt that cannot be
@@ -61,7 +61,7 @@ export interface PromptsChecked {
  * @throws {@link ConfigError} when `maxSeqLen − maxTokens` leaves no room for a prompt.
  */
 export async function checkPrompts(
-  source: readonly Task[] | { readonly jsonl: string },
+  source: readonly Task[] | { readonly file: string } | { readonly jsonl: string },
   options: CheckPromptsOptions,
 ): Promise<PromptsChecked> {
   const { tokenizer, maxSeqLen, maxTokens, signal } = options;
@@ -79,12 +79,13 @@ export async function checkPrompts(
     tasks++;
     longestPrompt = Math.max(longestPrompt, length);
   };
-  if (isJsonl(source)) {
-    for await (const located of readLocatedTasks(source.jsonl, signal))
+  const file = Array.isArray(source) ? undefined : taskFileOf(source as TaskSource);
+  if (file !== undefined) {
+    for await (const located of readLocatedTasks(file, signal))
       visit(located.task, at(located), { file: located.file, line: located.line });
   } else {
     const name = options.source ?? 'tasks';
-    source.forEach((task, index) => {
+    (source as readonly Task[]).forEach((task, index) => {
       signal?.throwIfAborted();
       visit(task, `${name}[${index}]`, { source: name, index });
     });
@@ -127,10 +128,6 @@ function promptLength(
     );
   }
   return ids.length;
-}
-
-function isJsonl(source: readonly Task[] | { readonly jsonl: string }): source is { readonly jsonl: string } {
-  return !Array.isArray(source);
 }
 
 function at(located: LocatedTask): string {

@@ -29,7 +29,7 @@ import { stringTransformTask } from '../../recipes/stringTransform.js';
 export interface Data {
   readonly name: string;
   readonly characters: string;
-  readonly train: readonly Task[] | { readonly jsonl: string };
+  readonly train: readonly Task[] | { readonly file: string };
   readonly validation: readonly Task[];
   readonly evaluator: Evaluator;
   readonly maxTokens: number;
@@ -169,9 +169,9 @@ export async function loadData(config: Pick<RxrlConfig, 'data' | 'rollout' | 'ru
     },
   };
   return {
-    name: basename(trainFile).replace(/\.jsonl$/, ''),
+    name: basename(trainFile).replace(/\.(jsonl|parquet)$/, ''),
     characters: config.data.alphabet!,
-    train: { jsonl: trainFile },
+    train: { file: trainFile },
     validation,
     evaluator: fallback,
     maxTokens: config.rollout.maxTokens,
@@ -185,10 +185,12 @@ export async function loadData(config: Pick<RxrlConfig, 'data' | 'rollout' | 'ru
  * @internal
  */
 export async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, key: string): Promise<T> {
-  const file = resolve(baseDir, spec.module!);
+  // A bare specifier (`rxrl/recipes`, a package) is imported by name; anything else is a file relative to the recipe.
+  const bare = /^(@[\w.-]+\/)?[\w][\w.-]*(\/[\w.-]+)*$/.test(spec.module!) && !/\.[cm]?[jt]s$/.test(spec.module!);
+  const file = bare ? spec.module! : resolve(baseDir, spec.module!);
   let module: Record<string, unknown>;
   try {
-    module = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+    module = (await import(bare ? file : pathToFileURL(file).href)) as Record<string, unknown>;
   } catch (cause) {
     throw new ConfigError(`${key}.module: cannot import ${file}`, { cause, context: { file, key: `${key}.module` } });
   }

@@ -123,6 +123,47 @@ describe('loadTasks', () => {
     expect(() => validateTask(bad[0][0])).toThrow(DecodeError);
   });
 
+  it("reads TRL's and verl's rows: prompt messages, ground truths, other columns as metadata, ids from the row's place", () => {
+    const prompt = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'What is 2 + 3?' },
+    ];
+    expect(validateTask({ prompt, ground_truth: 5, source: 'gsm' }, { file: 'dir/train.jsonl', line: 7 })).toEqual({
+      id: 'train.jsonl#7',
+      prompt: 'What is 2 + 3?',
+      answer: '5',
+      metadata: { ground_truth: 5, source: 'gsm', messages: prompt },
+    });
+    const verl = { data_source: 'd', prompt, reward_model: { style: 'rule', ground_truth: '5' }, extra_info: { index: 3 } };
+    expect(validateTask(verl, { file: 'f.jsonl', line: 1 })).toMatchObject({
+      answer: '5',
+      metadata: { data_source: 'd', extra_info: { index: 3 } },
+    });
+    // answer wins over ground_truth, which wins over reward_model.ground_truth; the row's metadata wins over a column.
+    expect(validateTask({ id: 1, prompt: 'p', answer: 'a', ground_truth: 'g', x: 1, metadata: { x: 2 } })).toEqual({
+      id: '1',
+      prompt: 'p',
+      answer: 'a',
+      metadata: { ground_truth: 'g', x: 2 },
+    });
+    const bad: [unknown, RegExp][] = [
+      [
+        {
+          prompt: [
+            { role: 'user', content: 'q' },
+            { role: 'assistant', content: 'a' },
+          ],
+        },
+        /prompt's messages must be the user's turn/,
+      ],
+      [{ prompt: [], id: 1 }, /'prompt' must be a non-empty array/],
+      [{ prompt: 'p', answer: { x: 1 } }, /'answer' must be a string or a number/],
+      [{ prompt, messages: [{ role: 'assistant', content: 'a' }] }, /in 'prompt' or in 'messages', not both/],
+    ];
+    for (const [row, message] of bad) expect(() => validateTask(row, { file: 'f.jsonl', line: 2 })).toThrow(message);
+    expect(() => validateTask({ prompt: 'p' })).toThrow(/'id' must be a non-empty string or a number/);
+  });
+
   it('rejects epochs or shuffle over a one-shot source', () => {
     expect(() => loadTasks((function* () {})(), { epochs: 2 })).toThrow(ConfigError);
     expect(() => loadTasks(tasks, { epochs: 0 })).toThrow(ConfigError);
