@@ -11,6 +11,7 @@ import {
   type PolicyCheckpoint,
 } from '../lib/checkpoint/policiesCheckpoint.js';
 import { activityTracker, watchRun } from './parts/stalls.js';
+import { openTrackers, type MetricsSink } from './parts/trackers.js';
 import { withRunLock } from '../lib/checkpoint/runLock.js';
 import type { RxrlConfig, Specialization } from '../lib/config/schema.js';
 import { loadTasks, type LoaderPosition } from '../lib/data/loader.js';
@@ -123,6 +124,8 @@ async function trainAgents(
   const built: BuiltPolicy[] = [];
   const owned: { dispose(): unknown }[] = [base];
   let metricsFile: MetricsWriter | undefined;
+  let trackers: MetricsSink[] = [];
+  let failed = true;
   try {
     buildPolicies(config, recipe, base, built, owned);
     const files = { tokenizerFiles: recipe.tokenizer.files(), special: specialIdsOf(recipe.tokenizer) };
@@ -148,6 +151,7 @@ async function trainAgents(
     if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
 
     metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
+    trackers = await openTrackers(config, runDir, resumed ? startStep + 1 : undefined, log);
     const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
     const validation = (): Promise<Metrics> =>
       validateAgents(engines, recipe.task.validation, {
@@ -168,7 +172,9 @@ async function trainAgents(
     await lastValueFrom(
       steps$.pipe(
         tap((step) => {
-          writer?.write({ step: step.step, version: step.version, metrics: step.metrics });
+          const entry = { step: step.step, version: step.version, metrics: step.metrics };
+          writer?.write(entry);
+          for (const tracker of trackers) tracker.write(entry);
           options.onStep?.(step, (performance.now() - started) / 1000);
         }),
       ),
@@ -182,9 +188,11 @@ async function trainAgents(
     // Every run ends with a checkpoint of its last step (when its policies stand at one step) and its final weights.
     await checkpointIfLevel(true);
     const saved = runDir ? await savePolicies(runDir, built, files, loraBase) : new Map<string, string>();
+    failed = false;
     return agentsSummary(config, recipe, { backend, seconds, built, saved, valInitial, valFinal });
   } finally {
     metricsFile?.close();
+    for (const tracker of trackers) await tracker.close(failed);
     for (const b of built) {
       b.trainer.dispose();
       b.train.dispose();

@@ -132,12 +132,15 @@ async function trainOnce(
     setup.teacher?.dispose();
     throw error;
   });
+  let failed = true;
   try {
-    return await trainLoop(config, options, setup, parts, reporter, memo);
+    const summary = await trainLoop(config, options, setup, parts, reporter, memo);
+    failed = false;
+    return summary;
   } finally {
     await closeWorker(setup.worker);
     setup.teacher?.dispose();
-    await parts.dispose();
+    await parts.dispose(failed);
   }
 }
 
@@ -268,7 +271,7 @@ async function buildParts(
     if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
     const loraParts = models.adapter ? { adapter: models.adapter, base: initial } : undefined;
     const save = await checkpointWriter(config, { runDir, policy, lora: loraParts, trainer, tokenizer, onSaved });
-    const ledger = await openLedger(config, setup, save);
+    const ledger = await openLedger(config, { ...setup, warn: options.log }, save);
     const built = engine;
     return {
       policy,
@@ -277,8 +280,8 @@ async function buildParts(
       engine: built,
       trainer,
       ledger,
-      dispose: async () => {
-        ledger.close();
+      dispose: async (failed) => {
+        await ledger.close(failed);
         await release(built);
       },
     };

@@ -67,12 +67,12 @@ if [ -z "${KAFKA_BROKERS:-}" ]; then
 fi
 
 # 2. Python packages the specs drive (the openai client, the Tinker SDK), in a virtual environment of their own.
-python_specs="the Python client and agent specs (spec/serve/{stream,gateway}, spec/agent, spec/integration/agentRun, spec/examples agent-python), spec/tinker/{proto,service,cookbook}, spec/data/parquet and spec/model/hubCache"
+python_specs="the Python client and agent specs (spec/serve/{stream,gateway}, spec/agent, spec/integration/agentRun, spec/examples agent-python), spec/tinker/{proto,service,cookbook}, spec/data/parquet, spec/model/hubCache and spec/integration/trackers"
 venv=.cache/python
 requirements=scripts/requirements-test.txt
-want=$(cat "$requirements" examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-datasets.txt scripts/requirements-fixtures.txt |
+want=$(cat "$requirements" examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-datasets.txt scripts/requirements-trackers.txt scripts/requirements-fixtures.txt |
   sha256sum | cut -c1-16)
-if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import openai, tinker, datasets, huggingface_hub' 2>/dev/null; then
+if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import openai, tinker, datasets, huggingface_hub, tensorboard, mlflow' 2>/dev/null; then
   rm -rf "$venv"
   if ! python3 -m venv --system-site-packages "$venv" >/dev/null 2>&1; then
     rm -rf "$venv"
@@ -82,7 +82,7 @@ if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/pyt
     fi
   fi
   if [ -x "$venv/bin/python" ]; then
-    echo "test setup: installing $(grep -hv '^#' examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-datasets.txt | xargs) huggingface_hub into $venv" >&2
+    echo "test setup: installing $(grep -hv '^#' examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-datasets.txt scripts/requirements-trackers.txt | xargs) huggingface_hub into $venv" >&2
     quietly "$venv/bin/python" -m pip install -q -r "$requirements"
     # PEFT loads rxrl's adapters in spec/model/lora.spec.ts where torch and transformers import (none is downloaded here).
     if "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then

@@ -571,6 +571,25 @@ export const SCHEMA = {
       default: 'info',
       env: 'RXRL_LOG_LEVEL',
     },
+    tensorboard: {
+      doc: 'Write every metric as TensorBoard scalars under <run-dir>/tensorboard (tensorboard --logdir it); a resumed run repeats no step.',
+      format: 'flag',
+      default: false,
+    },
+    mlflow: {
+      trackingUri: {
+        doc: "An MLflow tracking server (http://host:5000) to log the recipe's settings and every metric to (null = none); a resumed run continues its MLflow run without repeating a step.",
+        format: 'optional-string',
+        default: null,
+        env: 'MLFLOW_TRACKING_URI',
+      },
+      experiment: {
+        doc: 'MLflow experiment of the run (created when missing).',
+        format: 'non-empty-string',
+        default: 'rxrl',
+        env: 'MLFLOW_EXPERIMENT_NAME',
+      },
+    },
   },
   agents: {
     environment: {

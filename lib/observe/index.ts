@@ -50,3 +50,9 @@ export type { ProgressOptions, ProgressStep, ProgressStream } from './progress.j
 // ── report ─────────────────────────────────────────────────────────────────────
 export { REPORT_PALETTE, REPORT_PLOTS, escapeHtml, renderReport, reportPlotsFor, writeReport } from './report.js';
 export type { ReportInput, ReportPlot, ReportSeries, WriteReportOptions } from './report.js';
+
+// ── dashboards ─────────────────────────────────────────────────────────────────
+export { TENSORBOARD_DIR, TensorBoardWriter, crc32c } from './tensorboard.js';
+export type { TensorBoardOptions } from './tensorboard.js';
+export { MlflowTracker } from './mlflow.js';
+export type { MlflowOptions } from './mlflow.js';

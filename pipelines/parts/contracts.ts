@@ -151,5 +151,6 @@ export interface RunParts {
   readonly ledger: RunLedger;
   /** Whether an error means the trainer's service lost the policy (a Tinker-backed run): the attempt ends. */
   readonly serviceLost?: (error: unknown) => boolean;
-  dispose(): Promise<void>;
+  /** Releases what the parts hold; `failed`: the run ended with an error (an MLflow run is marked FAILED). */
+  dispose(failed?: boolean): Promise<void>;
 }

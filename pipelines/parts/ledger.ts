@@ -13,7 +13,8 @@ import type { RxrlConfig } from '../../lib/config/schema.js';
 import { loadTasks, type LoaderPosition, type TaskLoader } from '../../lib/data/loader.js';
 import { asStorageError } from '../../lib/core/errors.js';
 import type { ActivityTracker } from '../../lib/observe/activity.js';
-import { MetricsWriter, metricsPath } from '../../lib/observe/metricsFile.js';
+import { MetricsWriter, metricsPath, type MetricsEntry } from '../../lib/observe/metricsFile.js';
+import { openTrackers, type MetricsSink } from './trackers.js';
 import type { StepResult, Trainer } from '../../lib/train/types.js';
 import type { Batch, Metrics, Task } from '../../lib/core/types.js';
 import type { RolloutWorker } from '../../lib/engine/worker.js';
@@ -36,17 +37,21 @@ export interface RunLedgerOptions {
   readonly steps: number;
   /** Writes a checkpoint (called only with a run directory). */
   readonly save: SaveCheckpoint;
+  /** Dashboards that get every metrics line too (TensorBoard, MLflow). */
+  readonly trackers?: readonly MetricsSink[] | undefined;
 }
 
 /** The run's ledger over the recipe's training tasks, from the checkpoint's loader position. */
-export function openLedger(
-  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run'>,
+export async function openLedger(
+  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run' | 'logging'>,
   run: {
     readonly data: { readonly train: Parameters<typeof loadTasks>[0] };
     readonly checkpoint: Checkpoint | undefined;
     readonly runDir: string | undefined;
     /** Each checkpoint written is a unit of work of its module `checkpoint`. */
     readonly activity?: ActivityTracker | undefined;
+    /** Where a tracker's failures during the run are told. */
+    readonly warn?: ((line: string) => void) | undefined;
   },
   write: SaveCheckpoint,
 ): Promise<RunLedger> {
@@ -58,7 +63,17 @@ export function openLedger(
     seed: config.run.seed,
     ...(checkpoint ? { start: checkpoint.state.loader } : {}),
   });
-  return RunLedger.open({ runDir: run.runDir, loader, checkpoint, every: config.checkpoint.every, steps: config.run.steps, save });
+  const resumeVersion = checkpoint === undefined ? undefined : checkpoint.state.step + 1;
+  const trackers = await openTrackers(config, run.runDir, resumeVersion, run.warn);
+  return RunLedger.open({
+    runDir: run.runDir,
+    loader,
+    checkpoint,
+    every: config.checkpoint.every,
+    steps: config.run.steps,
+    save,
+    trackers,
+  });
 }
 
 /** See the module comment. One per run; {@link RunLedger.close} when the run ends. */
@@ -131,7 +146,7 @@ export class RunLedger {
 
   /** A metrics line of its own (validation scores before, between and after training). */
   writeMetrics(step: number, version: number, metrics: Metrics): void {
-    this.metrics?.write({ step, version, metrics });
+    this.log({ step, version, metrics });
   }
 
   /** The trainer as the pipeline sees it: each step is logged and checkpointed before the next can start. */
@@ -157,9 +172,16 @@ export class RunLedger {
       await this.save([...this.admitted.values()], this.position, [...this.generated.values()], step);
   }
 
-  /** Closes the metrics file. */
-  close(): void {
+  /** Closes the metrics file and the trackers (an MLflow run ends FAILED when `failed`). */
+  async close(failed = false): Promise<void> {
     this.metrics?.close();
+    for (const tracker of this.options.trackers ?? []) await tracker.close(failed);
+  }
+
+  /** One metrics line, to `metrics.jsonl` and every tracker. */
+  private log(entry: MetricsEntry): void {
+    this.metrics?.write(entry);
+    for (const tracker of this.options.trackers ?? []) tracker.write(entry);
   }
 
   private async trainAndRecord(trainer: Trainer, batch: Batch, signal: AbortSignal | undefined): Promise<StepResult> {
@@ -174,7 +196,7 @@ export class RunLedger {
     await this.appendTrained(result, batch);
     // The step's metrics line goes out before its checkpoint: a process killed between the two resumes past this
     // step, so a line written after the checkpoint could be lost for good.
-    this.metrics?.write({ step: result.step, version: result.version, metrics: result.metrics });
+    this.log({ step: result.step, version: result.version, metrics: result.metrics });
     // The last step of the budget is saved here too, inside the step, so a Kafka trainer can still commit the
     // offsets of its trajectories before it ends.
     const { every, steps } = this.options;

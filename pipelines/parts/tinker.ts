@@ -22,7 +22,7 @@ import { openLedger } from './ledger.js';
  * @throws {@link ConfigError} for what such a run cannot do (Kafka workers, a caller's engine, a local checkpoint).
  */
 export async function tinkerParts(
-  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'run' | 'tinker' | 'trainer'>,
+  config: Pick<RxrlConfig, 'checkpoint' | 'data' | 'logging' | 'run' | 'tinker' | 'trainer'>,
   options: RunTrainingOptions,
   setup: RunSetup,
   runDir: string | undefined,
@@ -62,7 +62,7 @@ export async function tinkerParts(
       { loss: lossOf(t.algorithm), learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
       from,
     );
-    const ledger = await openLedger(config, setup, async (pendingTasks, loader, buffered) => {
+    const ledger = await openLedger(config, { ...setup, warn: options.log }, async (pendingTasks, loader, buffered) => {
       if (!runDir) return;
       const step = trainer.step;
       const state = await trainer.saveState(`step-${step}`);
@@ -81,8 +81,8 @@ export async function tinkerParts(
       trainer,
       ledger,
       serviceLost: tinkerServiceLost,
-      dispose: async () => {
-        ledger.close();
+      dispose: async (failed) => {
+        await ledger.close(failed);
         // Finishing the session frees its training client on the service.
         await client.close();
       },

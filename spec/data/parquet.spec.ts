@@ -142,6 +142,8 @@ describe('Parquet task files', () => {
       expect(summary.failedSamples).toBe(0);
       expect(summary.valRewardInitial).toBeGreaterThanOrEqual(0);
       expect(existsSync(join(run, 'global_step_2', 'adapter_model.safetensors'))).toBe(true);
+      // The verl-layout recipe logs to TensorBoard.
+      expect(existsSync(join(run, 'tensorboard'))).toBe(name === 'smollm2-arithmetic-parquet.yaml');
     }, 120_000);
   }
 });
