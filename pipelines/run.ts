@@ -11,6 +11,7 @@ import { LocalEngine } from '../lib/engine/local.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { Tokenizer } from '../lib/model/types.js';
 import { ConfigError, asStorageError, type StepFailedError } from '../lib/core/errors.js';
+import { parseShardSize } from '../lib/core/sizes.js';
 import { tinkerServiceLost } from '../lib/tinker/client.js';
 import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
 import { initBackend } from '../lib/model/backend.js';
@@ -373,7 +374,13 @@ async function checkpointWriter(
       buffered,
       model: lora
         ? { lora: lora.adapter.lora, weights: policy.getWeights(), baseDir: baseDir ?? null }
-        : { config: policy.config, weights: policy.getWeights(), ...files },
+        : {
+            config: policy.config,
+            weights: policy.getWeights(),
+            ...files,
+            dtype: config.checkpoint.dtype,
+            maxShardBytes: parseShardSize(config.checkpoint.maxShardSize),
+          },
       optimizer: await trainer.optimizerState(),
     });
     await parts.onSaved(path, trainer.step, pendingTasks.length);

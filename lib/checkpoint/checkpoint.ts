@@ -22,7 +22,7 @@ import type { NamedWeights } from '../model/types.js';
 import { DecodeError, asStorageError } from '../core/errors.js';
 import { entryExists } from '../model/files.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
-import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SpecialTokenIds } from '../model/modelDir.js';
+import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SavedDtype, type SpecialTokenIds } from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from '../model/config.js';
 import type { PolicyVersion, Task } from '../core/types.js';
@@ -104,7 +104,17 @@ export interface CheckpointModel {
   /** Tokenizer files written beside the weights (`tokenizer.files()`). */
   readonly tokenizerFiles?: Readonly<Record<string, string>>;
   readonly special?: SpecialTokenIds;
+  /**
+   * Element type of the model directory's weights (`checkpoint.dtype`). Default `float32`; another one also writes
+   * the float32 weights to `master.safetensors`, which a resume reads, so training goes on from the exact weights.
+   */
+  readonly dtype?: SavedDtype | undefined;
+  /** Largest weights shard in bytes (`checkpoint.maxShardSize`). Default transformers' 50 GB. */
+  readonly maxShardBytes?: number | undefined;
 }
+
+/** The float32 weights of a checkpoint saved in a narrower type. */
+export const MASTER_WEIGHTS_FILE = 'master.safetensors';
 
 /** A LoRA policy a checkpoint holds, written as a PEFT adapter directory. */
 export interface CheckpointAdapter {
@@ -147,12 +157,13 @@ export async function saveCheckpoint(
       await writeFileAtomic(join(tmp, TINKER_STATE_FILE), `${JSON.stringify({ ...model.tinker, metadata }, null, 2)}\n`);
     else if ('lora' in model) await savePeftWeights(tmp, model.lora, model.weights, model.baseDir, metadata);
     else {
-      const { config, weights, tokenizerFiles, special } = model;
+      const { config, weights, tokenizerFiles, special, dtype, maxShardBytes } = model;
       await saveModelDir(
         tmp,
         { config, weights },
-        { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata },
+        { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata, dtype, maxShardBytes },
       );
+      if (dtype !== undefined && dtype !== 'float32') await saveSafetensors(join(tmp, MASTER_WEIGHTS_FILE), weights);
     }
     if (contents.optimizer !== undefined) await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
     const buffered = contents.buffered ?? [];
@@ -387,7 +398,11 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     return { ...common, lora, weights: adapter.weights, metadata: adapter.metadata };
   }
   const model = await readModelDir(path);
-  return { ...common, config: model.config, weights: model.weights, metadata: model.metadata };
+  // A checkpoint saved in bfloat16 or float16 resumes from its float32 master weights.
+  const master = (await entryExists(join(path, MASTER_WEIGHTS_FILE)))
+    ? (await loadSafetensors(join(path, MASTER_WEIGHTS_FILE))).weights
+    : undefined;
+  return { ...common, config: model.config, weights: master ?? model.weights, metadata: model.metadata };
 }
 
 async function readTinkerState(path: string): Promise<TinkerStateRef> {

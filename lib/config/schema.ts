@@ -9,6 +9,7 @@ import { extname } from 'node:path';
 import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
+import { parseShardSize } from '../core/sizes.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 import { generationBatchProblem } from '../sync/gate.js';
 
@@ -549,6 +550,16 @@ export const SCHEMA = {
     every: { doc: 'Save a checkpoint every K steps (0 = never).', format: 'non-negative-int', default: 50 },
     keepLast: { doc: 'Keep the newest N checkpoints (0 = all).', format: 'non-negative-int', default: 3 },
     onStop: { doc: 'Save a checkpoint on a graceful stop (SIGINT/SIGTERM).', format: 'flag', default: true },
+    dtype: {
+      doc: "Element type of a checkpoint's model weights, as save_pretrained writes them (bfloat16 and float16 halve the bytes; the float32 weights go to master.safetensors beside them, which resume reads). LoRA adapters stay float32.",
+      format: ['float32', 'bfloat16', 'float16'],
+      default: 'float32',
+    },
+    maxShardSize: {
+      doc: "Largest weights file of a checkpoint ('50GB' as transformers 5's save_pretrained, '500MB', '2GiB'): bigger weights are sharded with model.safetensors.index.json.",
+      format: 'non-empty-string',
+      default: '50GB',
+    },
   },
   resume: {
     mode: {
@@ -725,6 +736,11 @@ function requireWhen(c: RxrlConfig): void {
   }
   if (c.rollout.chatTemplate === 'model' && c.model.path === null)
     missing.push("model.path: required when rollout.chatTemplate is 'model'");
+  try {
+    parseShardSize(c.checkpoint.maxShardSize);
+  } catch (error) {
+    missing.push((error as Error).message);
+  }
   if (c.activity.stallFailSeconds > 0 && c.activity.stallFailSeconds <= c.activity.stallSeconds)
     missing.push('activity.stallFailSeconds: must be 0 or more than activity.stallSeconds');
   if (c.resume.mode === 'from_path' && c.resume.path === null) missing.push("resume.path: required when resume.mode is 'from_path'");

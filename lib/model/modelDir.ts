@@ -10,14 +10,14 @@
  * @packageDocumentation
  */
 import { createHash } from 'node:crypto';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, readdir, rm } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from './types.js';
 import { ConfigError, DecodeError, ShapeError } from '../core/errors.js';
 import { checkModelFits, modelFootprint, type ModelFitOptions } from './capacity.js';
 import { WEIGHTS_HEADER_SLACK_BYTES, entryExists, readJsonObject, resolveInside } from './files.js';
-import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsMetadata } from './safetensors.js';
+import { encodeSafetensors, loadSafetensors, writeFileAtomic, type SafetensorsDtype, type SafetensorsMetadata } from './safetensors.js';
 import { validatePolicyConfig, type ModelType, type PolicyConfig, type ResolvedPolicyConfig, type RopeScaling } from './config.js';
 import { PolicyModel } from './transformer.js';
 
@@ -76,7 +76,23 @@ export interface SaveModelDirOptions {
   readonly special?: SpecialTokenIds;
   /** Extra string metadata for the safetensors header (e.g. {@link POLICY_VERSION_METADATA_KEY}). */
   readonly metadata?: SafetensorsMetadata;
+  /** Element type of the saved weights (`config.json`'s `torch_dtype`). Default `float32`. */
+  readonly dtype?: SavedDtype | undefined;
+  /**
+   * Largest shard in bytes: bigger weights are split into `model-0000K-of-0000N.safetensors` with
+   * `model.safetensors.index.json`, as `save_pretrained` does. Default {@link DEFAULT_MAX_SHARD_BYTES}.
+   */
+  readonly maxShardBytes?: number | undefined;
 }
+
+/** The element types a model directory is saved in. */
+export type SavedDtype = 'float32' | 'bfloat16' | 'float16';
+
+/** Default shard bound: transformers 5's `max_shard_size` ("50GB"; {@link parseShardSize} reads such sizes). */
+export const DEFAULT_MAX_SHARD_BYTES = 50e9;
+
+const SAFETENSORS_DTYPES: Readonly<Record<SavedDtype, SafetensorsDtype>> = { float32: 'F32', bfloat16: 'BF16', float16: 'F16' };
+const DTYPE_BYTES: Readonly<Record<SavedDtype, number>> = { float32: 4, bfloat16: 2, float16: 2 };
 
 const ARCHITECTURES: Readonly<Record<ModelType, string>> = {
   llama: 'LlamaForCausalLM',
@@ -394,9 +410,15 @@ export async function saveModelDir(
   const config = source.config;
   const weights = source instanceof PolicyModel ? source.getWeights() : source.weights;
   const special = options.special ?? {};
+  const dtype = options.dtype ?? 'float32';
   await mkdir(dir, { recursive: true });
-  const bytes = encodeSafetensors(weights, { format: 'pt', ...options.metadata });
-  await writeFileAtomic(join(dir, MODEL_FILES.weights), bytes);
+  const saved = await writeWeights(
+    dir,
+    weights,
+    { format: 'pt', ...options.metadata },
+    dtype,
+    options.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES,
+  );
   for (const [name, text] of Object.entries(options.tokenizerFiles ?? {})) {
     await writeFileAtomic(join(dir, basename(name)), text);
   }
@@ -405,6 +427,58 @@ export async function saveModelDir(
   // As transformers' own checkpoints: config.json names the primary eos, generation_config.json every stop id.
   const eos = special.eosTokenId;
   const primary = Array.isArray(eos) ? { ...special, eosTokenId: eos[0] } : special;
-  await writeFileAtomic(join(dir, MODEL_FILES.config), JSON.stringify(policyConfigToHf(config, primary), null, 2) + '\n');
-  return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
+  const hf = { ...policyConfigToHf(config, primary), torch_dtype: dtype };
+  await writeFileAtomic(join(dir, MODEL_FILES.config), JSON.stringify(hf, null, 2) + '\n');
+  return saved;
+}
+
+/**
+ * The weights as `model.safetensors`, or as shards of at most `maxShardBytes` with their index (tensors in order, a
+ * new shard when the next one does not fit, as `save_pretrained` splits); the other layout's files are removed.
+ * Returns the bytes written and the sha256 of `model.safetensors`, or of the index for shards.
+ */
+async function writeWeights(
+  dir: string,
+  weights: NamedWeights,
+  metadata: SafetensorsMetadata,
+  dtype: SavedDtype,
+  maxShardBytes: number,
+): Promise<{ readonly bytes: number; readonly sha256: string }> {
+  const width = DTYPE_BYTES[dtype];
+  type Entry = [string, WeightArray];
+  const shards: Entry[][] = [[]];
+  let size = 0;
+  let total = 0;
+  for (const [name, tensor] of weights) {
+    const bytes = tensor.data.length * width;
+    if (size > 0 && size + bytes > maxShardBytes) {
+      shards.push([]);
+      size = 0;
+    }
+    shards[shards.length - 1].push([name, tensor]);
+    size += bytes;
+    total += bytes;
+  }
+  const stale = (await readdir(dir)).filter((name) => /^model-\d{5}-of-\d{5}\.safetensors$/.test(name));
+  for (const name of stale) await rm(join(dir, name), { force: true });
+  if (shards.length === 1) {
+    await rm(join(dir, MODEL_FILES.index), { force: true });
+    const bytes = encodeSafetensors(weights, metadata, SAFETENSORS_DTYPES[dtype]);
+    await writeFileAtomic(join(dir, MODEL_FILES.weights), bytes);
+    return { bytes: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
+  }
+  await rm(join(dir, MODEL_FILES.weights), { force: true });
+  const weightMap: Record<string, string> = {};
+  let written = 0;
+  for (const [i, shard] of shards.entries()) {
+    const file = `model-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`;
+    const bytes = encodeSafetensors(new Map(shard) as NamedWeights, metadata, SAFETENSORS_DTYPES[dtype]);
+    await writeFileAtomic(join(dir, file), bytes);
+    written += bytes.length;
+    for (const [name] of shard) weightMap[name] = file;
+  }
+  const parameters = [...weights.values()].reduce((sum, tensor) => sum + tensor.data.length, 0);
+  const index = `${JSON.stringify({ metadata: { total_parameters: parameters, total_size: total }, weight_map: weightMap }, null, 2)}\n`;
+  await writeFileAtomic(join(dir, MODEL_FILES.index), index);
+  return { bytes: written, sha256: createHash('sha256').update(index).digest('hex') };
 }

@@ -48,13 +48,16 @@ export interface SafetensorsContents {
 const hostIsLittleEndian = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
 
 /**
- * Encodes weights (all `F32`) and optional string metadata as safetensors bytes.
+ * Encodes weights and optional string metadata as safetensors bytes, every tensor in `dtype` (`F32` by default;
+ * `BF16` and `F16` round each float32 to nearest, ties to even, as PyTorch's casts do).
  *
  * @param weights - Tensors by name; each `data.length` must equal the product of its `shape`.
  * @param metadata - Stored under `__metadata__`.
+ * @param dtype - The stored element type.
  * @throws {@link ShapeError} when a tensor's data does not match its shape, or a name is reserved.
  */
-export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsMetadata): Uint8Array {
+export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsMetadata, dtype: SafetensorsDtype = 'F32'): Uint8Array {
+  const width = READ_DTYPES[dtype] as number;
   const header: Record<string, unknown> = {};
   if (metadata !== undefined && Object.keys(metadata).length > 0) {
     header[SAFETENSORS_METADATA_KEY] = { ...metadata };
@@ -70,8 +73,8 @@ export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsM
         context: { name, shape, length: data.length },
       });
     }
-    header[name] = { dtype: 'F32', shape: [...shape], data_offsets: [offset, offset + size * F32_BYTES] };
-    offset += size * F32_BYTES;
+    header[name] = { dtype, shape: [...shape], data_offsets: [offset, offset + size * width] };
+    offset += size * width;
   }
   let json = new TextEncoder().encode(JSON.stringify(header));
   const padding = (HEADER_ALIGNMENT - (json.length % HEADER_ALIGNMENT)) % HEADER_ALIGNMENT;
@@ -85,10 +88,65 @@ export function encodeSafetensors(weights: NamedWeights, metadata?: SafetensorsM
   out.set(json, LENGTH_PREFIX_BYTES);
   let at = LENGTH_PREFIX_BYTES + json.length;
   for (const { data } of weights.values()) {
-    writeF32(out, at, data);
-    at += data.length * F32_BYTES;
+    if (dtype === 'F32') writeF32(out, at, data);
+    else writeHalves(out, at, data, dtype === 'BF16' ? floatToBfloat16 : floatToHalf);
+    at += data.length * width;
   }
   return out;
+}
+
+function writeHalves(out: Uint8Array, at: number, data: ArrayLike<number>, narrow: (value: number) => number): void {
+  for (let i = 0; i < data.length; i++) {
+    const bits = narrow(data[i]);
+    out[at + 2 * i] = bits & 0xff;
+    out[at + 2 * i + 1] = bits >>> 8;
+  }
+}
+
+const narrowScratch = new DataView(new ArrayBuffer(4));
+
+/**
+ * The bfloat16 nearest to a float32 (ties to even); NaN stays a quiet NaN of its sign.
+ *
+ * @param value - A float32 value.
+ * @returns Its 16 bits.
+ */
+export function floatToBfloat16(value: number): number {
+  narrowScratch.setFloat32(0, value);
+  const bits = narrowScratch.getUint32(0);
+  if ((bits & 0x7fffffff) > 0x7f800000) return ((bits >>> 16) & 0x8000) | 0x7fc0;
+  return ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+/**
+ * The IEEE half nearest to a float32 (ties to even): overflow to ±Infinity, subnormals kept, NaN quiet.
+ *
+ * @param value - A float32 value.
+ * @returns Its 16 bits.
+ */
+export function floatToHalf(value: number): number {
+  narrowScratch.setFloat32(0, value);
+  const bits = narrowScratch.getUint32(0);
+  const sign = (bits >>> 16) & 0x8000;
+  const exponent = (bits >>> 23) & 0xff;
+  const mantissa = bits & 0x7fffff;
+  if (exponent === 0xff) return sign | 0x7c00 | (mantissa !== 0 ? 0x200 : 0);
+  const e = exponent - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    // Subnormal: the implicit bit joins the mantissa, shifted right with rounding to nearest even.
+    const full = mantissa | 0x800000;
+    const shift = 14 - e;
+    const half = full >>> shift;
+    const rest = full & ((1 << shift) - 1);
+    const midpoint = 1 << (shift - 1);
+    return sign | (half + (rest > midpoint || (rest === midpoint && (half & 1) === 1) ? 1 : 0));
+  }
+  const half = (e << 10) | (mantissa >>> 13);
+  const rest = mantissa & 0x1fff;
+  // A carry out of the mantissa raises the exponent, up to Infinity, which is the right rounding.
+  return sign | (half + (rest > 0x1000 || (rest === 0x1000 && (half & 1) === 1) ? 1 : 0));
 }
 
 /**
