@@ -90,6 +90,7 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
     weightsRoot: flag('weights-root'),
     apiKey: flag('api-key'),
     loraModules: loraModules(flag('lora-modules')),
+    reasoningParser: flag('reasoning-parser'),
     sessions: {
       ...(maxSessions === undefined ? {} : { maxSessions }),
       ...(maxTokens === undefined ? {} : { maxTokens }),

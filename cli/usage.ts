@@ -60,6 +60,7 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
           'max-sessions',
           'max-session-tokens',
           'session-idle-ms',
+          'reasoning-parser',
         ].map((name) => [name, value]),
       ),
       verbose: flagSwitch,
@@ -67,7 +68,7 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
     usage: `  rxrl serve [--model DIR] [--served-model-name NAME] [--port N] [--host H] [--alphabet CHARS] [--seed N]
              [--max-batch-size N] [--max-wait-ms N] [--weights-root DIR] [--api-key KEY] [--backend …] [--verbose]
              [--lora-modules NAME=DIR[,NAME=DIR…]] [--max-model-len N]
-             [--max-sessions N] [--max-session-tokens N] [--session-idle-ms N]
+             [--max-sessions N] [--max-session-tokens N] [--session-idle-ms N] [--reasoning-parser qwen3|deepseek_r1]
                     OpenAI-compatible server (/v1/completions with prompt_logprobs, /v1/chat/completions with the
                     model's chat template, both streaming; /v1/models, /health, /update_weights_from_disk;
                     /sessions/{id}/v1/… records agents' calls token for token for training) for a Hugging Face
@@ -75,7 +76,8 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
                     policy over --alphabet; served model id = the directory's name unless --served-model-name;
                     port 8000 by default, 0 picks a free one; --weights-root confines update_weights_from_disk
                     to directories below DIR; --api-key (or RXRL_SERVE_API_KEY) is required as a Bearer token
-                    on every route but /health; --lora-modules serves PEFT LoRA adapters on the shared base,
+                    on every route but /health (and /metrics, Prometheus text with vLLM's metric names);
+                    --reasoning-parser splits <think>…</think> into reasoning_content, as vLLM does; --lora-modules serves PEFT LoRA adapters on the shared base,
                     each under its own model name (more load through /v1/load_lora_adapter, as in vLLM);
                     --max-model-len caps the context (a model whose weights and one full-length sequence's
                     cache exceed the backend's memory is refused before anything is allocated); sessions are

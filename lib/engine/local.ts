@@ -90,6 +90,11 @@ export class LocalEngine implements RolloutEngine {
   /** How long an idle engine waits for more requests before starting a batch, in ms. */
   readonly maxWaitMs: number;
   private queue: Pending[] = [];
+
+  /** Requests queued and not yet in a batch. */
+  get queued(): number {
+    return this.queue.length;
+  }
   private running: Promise<void> | undefined;
   private timer: ReturnType<typeof setTimeout> | undefined;
   /** Weight loads queued or running; no batch starts while one is pending. */

@@ -4,6 +4,7 @@
  *
  * @packageDocumentation
  */
+import { ReasoningStream, splitReasoning, type ReasoningDelta } from './reasoning.js';
 import { isToolName } from '../chat/toolCalls.js';
 import type { ChatMessage, ChatRole, ChatTool, ToolCall, ToolParameters } from '../chat/types.js';
 import { ContextLengthError, DecodeError } from '../core/errors.js';
@@ -155,6 +156,8 @@ function logprobContent(
 /** The assistant's reply of one choice, as the client gets it. */
 interface Reply {
   readonly content: string;
+  /** The reply's thinking, split off by the server's reasoning parser. */
+  readonly reasoning?: string | undefined;
   readonly toolCalls: readonly {
     readonly id: string;
     readonly type: 'function';
@@ -165,13 +168,19 @@ interface Reply {
 
 /** The assistant's reply of one choice: content and the calls of offered tools. */
 function reply(ctx: ServeContext, done: Finished, tools: readonly ChatTool[], parseTools: boolean, id: string, index: number): Reply {
-  const parsed = parseTools ? ctx.template.parse(done.text, tools) : { content: done.text, toolCalls: [] };
+  const split = ctx.reasoningParser ? splitReasoning(ctx.reasoningParser, done.text) : { content: done.text };
+  const parsed = parseTools ? ctx.template.parse(split.content, tools) : { content: split.content, toolCalls: [] };
   const toolCalls = parsed.toolCalls.map((call, i) => ({
     id: `call_${id.slice(-12)}_${index}_${i}`,
     type: 'function' as const,
     function: { name: call.name, arguments: call.arguments },
   }));
-  return { content: parsed.content, toolCalls, finishReason: toolCalls.length > 0 ? 'tool_calls' : done.finishReason };
+  return {
+    content: parsed.content,
+    ...(split.reasoning === undefined ? {} : { reasoning: split.reasoning }),
+    toolCalls,
+    finishReason: toolCalls.length > 0 ? 'tool_calls' : done.finishReason,
+  };
 }
 
 /** A validated chat request. */
@@ -325,7 +334,8 @@ async function answerChat(request: ChatRequest, signal: AbortSignal, admission: 
       index,
       message: {
         role: 'assistant',
-        content: content === '' && toolCalls.length > 0 ? null : content,
+        content: content === '' && (toolCalls.length > 0 || r.reasoning !== undefined) ? null : content,
+        ...(r.reasoning === undefined ? {} : { reasoning_content: r.reasoning }),
         refusal: null,
         ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
       },
@@ -360,17 +370,22 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
       const { id, created } = envelope(ctx, 'chatcmpl', 'chat.completion.chunk', ctx.engine.version);
       const head = { id, object: 'chat.completion.chunk', created, model: ctx.modelName };
       const tops: (Finished | undefined)[] = [];
+      const thinking = Array.from({ length: sampling.n }, () =>
+        ctx.reasoningParser ? new ReasoningStream(ctx.reasoningParser) : undefined,
+      );
       const chunk = (index: number, delta: unknown, extra: Record<string, unknown> = {}): void =>
         sink.send({ ...head, choices: [{ index, delta, logprobs: null, finish_reason: null, ...extra }] });
-      const content = (index: number, text: string, tokens: readonly number[], logprobs: readonly number[], top: Finished['top']): void =>
-        chunk(
-          index,
-          { content: text },
-          {
-            logprobs: wantLogprobs ? { content: logprobContent(ctx, tokens, logprobs, top, sampling.tokensAsIds), refusal: null } : null,
-            ...(sampling.returnTokenIds ? { token_ids: tokens } : {}),
-          },
-        );
+      const content = (
+        index: number,
+        text: string | ReasoningDelta,
+        tokens: readonly number[],
+        logprobs: readonly number[],
+        top: Finished['top'],
+      ): void =>
+        chunk(index, typeof text === 'string' ? { content: text } : reasoningDelta(text), {
+          logprobs: wantLogprobs ? { content: logprobContent(ctx, tokens, logprobs, top, sampling.tokensAsIds), refusal: null } : null,
+          ...(sampling.returnTokenIds ? { token_ids: tokens } : {}),
+        });
       const streams = Array.from({ length: sampling.n }, (_, index) => {
         sink.send({
           ...head,
@@ -378,10 +393,11 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
           ...(index === 0 && sampling.returnTokenIds ? { prompt_token_ids: prompt } : {}),
         });
         const emit = (piece: StreamPiece): void => {
-          if (worthSending(piece, sampling, wantLogprobs))
+          const split = thinking[index]?.push(piece.text);
+          if (worthSending(piece, sampling, wantLogprobs) || (split !== undefined && split.reasoning + split.content !== ''))
             content(
               index,
-              piece.text,
+              split ?? piece.text,
               piece.tokens,
               piece.logprobs,
               tops[index]?.top?.slice(piece.first, piece.first + piece.tokens.length),
@@ -411,9 +427,12 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
         if (r.toolCalls.length === 0) {
           streams[index].end(done);
           await drainChoice(streams[index], sink);
+          const rest = thinking[index]?.end();
+          if (rest !== undefined && rest.reasoning + rest.content !== '') chunk(index, reasoningDelta(rest));
         } else {
           await sink.drained();
-          if (r.content !== '' || wantLogprobs || sampling.returnTokenIds) content(index, r.content, done.tokens, done.logprobs, done.top);
+          if (r.content !== '' || r.reasoning !== undefined || wantLogprobs || sampling.returnTokenIds)
+            content(index, { reasoning: r.reasoning ?? '', content: r.content }, done.tokens, done.logprobs, done.top);
           chunk(index, { tool_calls: r.toolCalls.map((call, i) => ({ index: i, ...call })) });
         }
         sink.send({
@@ -435,4 +454,12 @@ function streamChat(request: ChatRequest, signal: AbortSignal, admission: Admiss
       admission?.end();
     }
   });
+}
+
+/** A streamed delta of a reasoning parser's split: `reasoning_content`, `content`, or both. */
+function reasoningDelta(delta: ReasoningDelta): Record<string, string> {
+  return {
+    ...(delta.reasoning === '' ? {} : { reasoning_content: delta.reasoning }),
+    ...(delta.content === '' && delta.reasoning !== '' ? {} : { content: delta.content }),
+  };
 }

@@ -3,6 +3,7 @@
  *
  * @packageDocumentation
  */
+import { REASONING_PARSERS, type ReasoningParserName } from './reasoning.js';
 import { stat } from 'node:fs/promises';
 
 import { loadChatTemplate } from '../chat/jinjaTemplate.js';
@@ -60,6 +61,8 @@ export interface ServeCommandOptions {
   readonly apiKey?: string | undefined;
   /** LoRA adapters to serve, model name → PEFT directory (`--lora-modules`). */
   readonly loraModules?: Readonly<Record<string, string>> | undefined;
+  /** `--reasoning-parser`: one of {@link REASONING_PARSERS}. */
+  readonly reasoningParser?: string | undefined;
   /** Limits of recorded sessions (`--max-sessions`, `--max-session-tokens`, `--session-idle-ms`). */
   readonly sessions?: SessionLimits;
   /** Log one JSON line per request on stderr. Default false. */
@@ -85,6 +88,7 @@ export interface ServeCommandOptions {
 export async function runServeCommand(options: ServeCommandOptions): Promise<number> {
   // The model directory and its tokenizer are checked before the backend starts (and logs a line), so a bad path
   // fails with its error alone.
+  const reasoningParser = readReasoningParser(options.reasoningParser);
   const dir = options.model === undefined ? undefined : await checkedModelDir(options.model, options);
   const dirTokenizer = dir === undefined ? undefined : await loadTokenizer(dir);
   const backend = await initBackend(options.backend ?? 'auto', {
@@ -129,6 +133,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
       ...(options.weightsRoot === undefined ? {} : { weightsRoot: options.weightsRoot }),
       ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
       ...(options.loraModules === undefined ? {} : { loraModules: options.loraModules }),
+      ...(reasoningParser === undefined ? {} : { reasoningParser }),
       ...(options.sessions === undefined ? {} : { sessions: options.sessions }),
       log: options.verbose ? (record) => options.err(JSON.stringify(record)) : undefined,
     });
@@ -174,4 +179,15 @@ async function checkedModelDir(model: string, options: ServeCommandOptions): Pro
 
 async function isDirectory(path: string): Promise<boolean> {
   return (await stat(path).catch(() => undefined))?.isDirectory() ?? false;
+}
+
+/** `--reasoning-parser`'s value, or a {@link ConfigError} listing the known ones. */
+function readReasoningParser(name: string | undefined): ReasoningParserName | undefined {
+  if (name === undefined) return undefined;
+  if (!(REASONING_PARSERS as readonly string[]).includes(name)) {
+    throw new ConfigError(`--reasoning-parser ${name}: not a known parser (${REASONING_PARSERS.join(', ')})`, {
+      context: { key: 'reasoning-parser' },
+    });
+  }
+  return name as ReasoningParserName;
 }

@@ -3,6 +3,8 @@
  *
  * @packageDocumentation
  */
+import type { ServeMetrics } from './metrics.js';
+import type { ReasoningParserName } from './reasoning.js';
 import type { ChatTemplate } from '../chat/template.js';
 import type { LocalEngine } from '../engine/local.js';
 import type { RolloutEngine } from '../engine/types.js';
@@ -71,5 +73,9 @@ export interface ServeContext {
   readonly log: ServeLogger;
   /** Sessions of `/sessions/{id}/v1/…` (shared by the base model and its adapters). */
   readonly sessions: SessionStore;
+  /** What `GET /metrics` reports. */
+  readonly metrics: ServeMetrics;
+  /** Splits chat replies into `reasoning_content` and `content` (`--reasoning-parser`). */
+  readonly reasoningParser: ReasoningParserName | undefined;
   closing: boolean;
 }

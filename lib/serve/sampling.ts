@@ -238,6 +238,8 @@ export async function sample(
   onToken?: (choice: number, token: number, logprob: number) => void,
 ): Promise<{ responses: GenerateResponse[]; promptLogprobs: ((PromptTokenLogprob | null)[] | undefined)[]; version: PolicyVersion }> {
   const requests: GenerateRequest[] = [];
+  // Each prompt is one request of `GET /metrics` (its n choices together, as vLLM counts them).
+  const served = prompts.map(() => ctx.metrics.begin());
   prompts.forEach((promptTokens, p) => {
     for (let i = 0; i < sampling.n; i++) {
       const request: GenerateRequest = {
@@ -247,7 +249,10 @@ export async function sample(
         topP: sampling.topP,
         stopTokens: sampling.stopTokens,
         seed: choiceSeed(sampling.seed, p * sampling.n + i),
-        ...(onToken === undefined ? {} : { onToken: (token: number, logprob: number) => onToken(p * sampling.n + i, token, logprob) }),
+        onToken: (token: number, logprob: number) => {
+          served[p].token();
+          onToken?.(p * sampling.n + i, token, logprob);
+        },
       };
       if (topK > 0 || promptTopK !== undefined) {
         ownModel(ctx, 'top_logprobs and prompt_logprobs').serving.requestScores(request, {
@@ -258,7 +263,21 @@ export async function sample(
       requests.push(request);
     }
   });
-  const responses = await ctx.engine.generate(requests, signal);
+  let responses: GenerateResponse[];
+  try {
+    responses = await ctx.engine.generate(requests, signal);
+  } catch (error) {
+    served.forEach((request, p) => request.end(prompts[p].length, 0, 'abort'));
+    throw error;
+  }
+  served.forEach((request, p) => {
+    const choices = responses.slice(p * sampling.n, (p + 1) * sampling.n);
+    request.end(
+      prompts[p].length,
+      choices.reduce((sum, r) => sum + r.tokens.length, 0),
+      choices[0]?.finishReason ?? 'stop',
+    );
+  });
   const promptLogprobs = prompts.map((_, p) => ctx.own?.serving.scores(responses[p * sampling.n])?.prompt);
   const version = responses.reduce((oldest, r) => Math.min(oldest, r.policyVersion), Number.POSITIVE_INFINITY);
   return { responses, promptLogprobs, version };

@@ -4,6 +4,7 @@
  * | route | what |
  * | --- | --- |
  * | `GET /health` | `{ status: 'ok', policy_version }` (503 while closing) |
+ * | `GET /metrics` | Prometheus text with vLLM's metric names (requests running, waiting, tokens, latencies) |
  * | `GET /v1/models`, `GET /v1/models/{id}` | the served model |
  * | `POST /v1/completions` | prompt as text, token ids or a list of either; `n`, `max_tokens`, `temperature`, |
  * |  | `top_p`, `stop`, `seed`, `logprobs` ({@link completions}) |
@@ -34,6 +35,8 @@
  *
  * @packageDocumentation
  */
+import { ServeMetrics } from './metrics.js';
+import type { ReasoningParserName } from './reasoning.js';
 import { stat } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -103,7 +106,7 @@ export interface ServeOptions {
    * others get 403. Default: any directory the process can read.
    */
   readonly weightsRoot?: string | undefined;
-  /** As vLLM's `--api-key`: every route but `/health` needs `Authorization: Bearer <key>` (else 401). */
+  /** As vLLM's `--api-key`: every route but `/health` and `/metrics` needs `Authorization: Bearer <key>` (else 401). */
   readonly apiKey?: string | undefined;
   /** Largest `n` (samples per prompt). Default 128. */
   readonly maxN?: number | undefined;
@@ -119,6 +122,11 @@ export interface ServeOptions {
   readonly loraModules?: Readonly<Record<string, string>> | undefined;
   /** Limits of `/sessions/{id}/v1/…` sessions (count, tokens, idle time). */
   readonly sessions?: SessionLimits | undefined;
+  /**
+   * vLLM's `--reasoning-parser`: a chat reply's `<think>…</think>` becomes `reasoning_content` (streamed as its own
+   * deltas), the rest `content`. Default: none (the thinking stays in `content`).
+   */
+  readonly reasoningParser?: ReasoningParserName | undefined;
   /** Receives one record per request and per weight update. Default: silent. */
   readonly log?: ServeLogger | undefined;
   /** Closes the server when it fires. */
@@ -280,6 +288,8 @@ function serveContext(options: ServeOptions, limits: ServeLimits): ServeContext 
     created: Math.floor(Date.now() / 1000),
     log: options.log ?? (() => undefined),
     sessions: new SessionStore(options.sessions),
+    reasoningParser: options.reasoningParser,
+    metrics: new ServeMetrics(modelName, () => own?.engine.queued ?? 0),
     closing: false,
   };
 }
@@ -335,6 +345,7 @@ async function handle(ctx: ServeContext, req: IncomingMessage, res: ServerRespon
     const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
     const result = await route(ctx, method, path, query, req, controller.signal);
     if (result instanceof EventStream) await sendEvents(ctx, res, result, controller.signal);
+    else if (result instanceof TextBody) res.writeHead(200, { 'content-type': result.contentType }).end(result.text);
     else sendEncoded(res, 200, await encodeJson(result));
   } catch (error) {
     if (controller.signal.aborted && isAbortError(error)) {
@@ -392,6 +403,11 @@ async function route(
   if (path === '/health') {
     expect('GET');
     return { status: 'ok', model: ctx.modelName, policy_version: ctx.engine.version };
+  }
+  // As vLLM's: open like /health, for the scraper.
+  if (path === '/metrics') {
+    expect('GET');
+    return new TextBody('text/plain; version=0.0.4; charset=utf-8', ctx.metrics.text());
   }
   if (ctx.apiKey !== undefined && !sameSecret(req.headers.authorization ?? '', `Bearer ${ctx.apiKey}`)) {
     throw new RequestError(401, 'missing or wrong API key (Authorization: Bearer <key>)', {
@@ -609,4 +625,12 @@ function eventSink(
     settle(gone());
   };
   return { sink, close, stats };
+}
+
+/** A plain-text answer (`GET /metrics`). */
+class TextBody {
+  constructor(
+    readonly contentType: string,
+    readonly text: string,
+  ) {}
 }
