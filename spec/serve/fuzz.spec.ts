@@ -541,7 +541,7 @@ function unknownRouteRequest(rng: Rng): FuzzRequest {
     '/v1/chat',
     '/v1/embeddings',
     '/tokenize',
-    '/metrics',
+    '/metrics/x',
     '/health/x',
     '/%',
     '/%E0',

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { calculatorAgent } from '../../examples/agents/calculator.js';
 import { aiSdkCalculatorAgent } from '../../examples/agents/calculatorAiSdk.js';
+import { agentsSdkCalculatorAgent } from '../../examples/agents/calculatorAgentsSdk.js';
 import { gatewayWorker, type AgentProgram } from '../../lib/agent/gateway.js';
 import { LocalEngine } from '../../lib/engine/local.js';
 import { OpenAIEngine } from '../../lib/engine/openai.js';
@@ -88,6 +89,16 @@ describe('gatewayWorker: unmodified agents trained through a session gateway', (
 
   it('the same agent on the Vercel AI SDK (streamText, a tool step) gives the same token-exact sample', async () => {
     const sample = await worker({ run: (t, context) => aiSdkCalculatorAgent(t, context).then(() => undefined) })(
+      input(),
+      new AbortController().signal,
+    );
+    expect(sample.responseTokens).toEqual([...calcTurn, ...toolTurn, ...answerTurn]);
+    expect(sample.lossMask).toEqual([...calcTurn.map(() => 1), 0, 0, 1, 1]);
+    expect(sample).toMatchObject({ response: '5', metrics: { 'agent/calls': 2, 'agent/sequences': 1 } });
+  });
+
+  it('the same agent on the OpenAI Agents SDK (Agent, a function tool, Runner) gives the same token-exact sample', async () => {
+    const sample = await worker({ run: (t, context) => agentsSdkCalculatorAgent(t, context).then(() => undefined) })(
       input(),
       new AbortController().signal,
     );
