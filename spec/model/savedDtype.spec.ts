@@ -5,6 +5,7 @@
  * no torch here, that rxrl's bfloat16 shards of the same model hold the same bits and that rxrl reads transformers'
  * shards to the same logits; a run saved in bfloat16 resumes from its float32 master weights exactly.
  */
+import { spawnSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -109,24 +110,52 @@ describe('bfloat16 shards as transformers writes them', () => {
     // rxrl reads its own shards back.
     const again = await readModelDir(dir);
     expect([...again.weights.keys()].sort()).toEqual([...torch.keys()].sort());
+    // Where torch imports, transformers loads rxrl's shards and computes rxrl's logits (the fixture covers it elsewhere).
+    if (hasTransformers()) {
+      const ids = [3, 9, 27, 81, 5];
+      const script = [
+        'import json, sys, torch',
+        'from transformers import AutoModelForCausalLM',
+        'm = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)',
+        'print(json.dumps(m(torch.tensor([json.loads(sys.argv[2])])).logits[0].tolist()))',
+      ].join('\n');
+      const python = spawnSync('python3', ['-c', script, dir, JSON.stringify(ids)], { encoding: 'utf8' });
+      expect(python.status, python.stderr).toBe(0);
+      const theirs = JSON.parse(python.stdout.trim().split('\n').at(-1)!) as number[][];
+      expect(maxDiff(await rxrlLogits(dir, ids), theirs)).toBeLessThanOrEqual(1e-4);
+    }
   });
 
   it("reads transformers' shards to the logits transformers computes from them (within 1e-4)", async () => {
-    const { model } = await loadModelDir(TORCH_BF16);
     const expected = JSON.parse(readFileSync(join(TORCH_BF16, 'logits.json'), 'utf8')) as { ids: number[]; logits: number[][] };
-    const n = expected.ids.length;
-    const ids = tf.tensor2d([expected.ids], [1, n], 'int32');
-    const mask = tf.ones([1, n], 'int32') as tf.Tensor2D;
-    const pos = tf.tensor2d([expected.ids.map((_, i) => i)], [1, n], 'int32');
-    const logits = model.logits(ids, mask, pos).arraySync()[0];
-    let diff = 0;
-    for (let t = 0; t < n; t++)
-      for (let v = 0; v < expected.logits[t].length; v++) diff = Math.max(diff, Math.abs(logits[t][v] - expected.logits[t][v]));
-    tf.dispose([ids, mask, pos]);
-    model.dispose();
-    expect(diff).toBeLessThanOrEqual(1e-4);
+    expect(maxDiff(await rxrlLogits(TORCH_BF16, expected.ids), expected.logits)).toBeLessThanOrEqual(1e-4);
   });
 });
+
+/** rxrl's logits of one row of token ids under a model directory. */
+async function rxrlLogits(dir: string, tokens: readonly number[]): Promise<number[][]> {
+  const { model } = await loadModelDir(dir);
+  const n = tokens.length;
+  const ids = tf.tensor2d([[...tokens]], [1, n], 'int32');
+  const mask = tf.ones([1, n], 'int32') as tf.Tensor2D;
+  const pos = tf.tensor2d([tokens.map((_, i) => i)], [1, n], 'int32');
+  const logits = model.logits(ids, mask, pos);
+  const rows = (logits.arraySync() as number[][][])[0];
+  tf.dispose([ids, mask, pos, logits]);
+  model.dispose();
+  return rows;
+}
+
+function maxDiff(a: number[][], b: number[][]): number {
+  let diff = 0;
+  for (let t = 0; t < a.length; t++) for (let v = 0; v < a[t].length; v++) diff = Math.max(diff, Math.abs(a[t][v] - b[t][v]));
+  return diff;
+}
+
+/** Whether `python3` imports torch and transformers here. */
+function hasTransformers(): boolean {
+  return spawnSync('python3', ['-c', 'import torch, transformers'], { stdio: 'ignore' }).status === 0;
+}
 
 describe('checkpoint.dtype bfloat16', () => {
   const recipe = (dir: string, steps: number, dtype: string, resume?: string) =>
