@@ -133,12 +133,20 @@ async function trainOnce(
     setup.teacher?.dispose();
     throw error;
   });
+  // Each stall is a warning and a metrics line; under stop_on_error a long one ends the attempt, naming the module.
+  const watch = watchRun(config, setup.activity, {
+    logger: options.logger,
+    log: options.log,
+    onStall: (module, idle) =>
+      parts.ledger.writeMetrics(parts.trainer.step - 1, parts.trainer.step, { [`activity/stalled_s/${module}`]: idle }),
+  });
   let failed = true;
   try {
-    const summary = await trainLoop(config, options, setup, parts, reporter, memo);
+    const summary = await trainLoop(config, options, setup, parts, reporter, memo, watch);
     failed = false;
     return summary;
   } finally {
+    watch.stop();
     await closeWorker(setup.worker);
     setup.teacher?.dispose();
     await parts.dispose(failed);
@@ -389,32 +397,10 @@ async function checkpointWriter(
 
 /**
  * The loop: validates before, trains `run.steps` steps (the embedded pipeline, or the Kafka trainer), validates
- * every `validation.every` versions and after, and reports.
+ * every `validation.every` versions and after, and reports — under the stall watch, which ends it when a module
+ * stalls past `activity.stallFailSeconds`.
  */
 async function trainLoop(
-  config: RxrlConfig,
-  options: RunTrainingOptions,
-  setup: RunSetup,
-  parts: RunParts,
-  reporter: ErrorReporter,
-  memo: RunMemo,
-): Promise<RunSummary> {
-  const { trainer, ledger } = parts;
-  // Each stall is a warning and a metrics line; under stop_on_error a long one ends the attempt, naming the module.
-  const watch = watchRun(config, setup.activity, {
-    logger: options.logger,
-    log: options.log,
-    onStall: (module, idle) => ledger.writeMetrics(trainer.step - 1, trainer.step, { [`activity/stalled_s/${module}`]: idle }),
-  });
-  try {
-    return await trainWatched(config, options, setup, parts, reporter, memo, watch);
-  } finally {
-    watch.stop();
-  }
-}
-
-/** {@link trainLoop} under its stall watch. */
-async function trainWatched(
   config: RxrlConfig,
   options: RunTrainingOptions,
   setup: RunSetup,

@@ -20,9 +20,17 @@ import type { LoaderPosition } from '../data/loader.js';
 import { validateTask } from '../data/loader.js';
 import type { NamedWeights } from '../model/types.js';
 import { DecodeError, asStorageError } from '../core/errors.js';
-import { entryExists } from '../model/files.js';
+import { entryExists, readJsonObject } from '../model/files.js';
 import { PEFT_FILES, readPeftAdapterConfig, savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
-import { POLICY_VERSION_METADATA_KEY, readModelDir, saveModelDir, type SavedDtype, type SpecialTokenIds } from '../model/modelDir.js';
+import {
+  MODEL_FILES,
+  POLICY_VERSION_METADATA_KEY,
+  policyConfigFromHf,
+  readModelDir,
+  saveModelDir,
+  type SavedDtype,
+  type SpecialTokenIds,
+} from '../model/modelDir.js';
 import { loadSafetensors, saveSafetensors, syncDirectory, writeFileAtomic } from '../model/safetensors.js';
 import type { PolicyConfig, ResolvedPolicyConfig } from '../model/config.js';
 import type { PolicyVersion, Task } from '../core/types.js';
@@ -163,7 +171,7 @@ export async function saveCheckpoint(
         { config, weights },
         { ...(tokenizerFiles ? { tokenizerFiles } : {}), ...(special ? { special } : {}), metadata, dtype, maxShardBytes },
       );
-      if (dtype !== undefined && dtype !== 'float32') await saveSafetensors(join(tmp, MASTER_WEIGHTS_FILE), weights);
+      if (dtype !== undefined && dtype !== 'float32') await saveSafetensors(join(tmp, MASTER_WEIGHTS_FILE), weights, metadata);
     }
     if (contents.optimizer !== undefined) await saveSafetensors(join(tmp, 'optimizer.safetensors'), contents.optimizer);
     const buffered = contents.buffered ?? [];
@@ -397,12 +405,15 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     const adapter = await loadSafetensors(join(path, PEFT_FILES.weights));
     return { ...common, lora, weights: adapter.weights, metadata: adapter.metadata };
   }
+  // A checkpoint saved in bfloat16 or float16 resumes from its float32 master weights alone (the narrow ones are not read).
+  if (await entryExists(join(path, MASTER_WEIGHTS_FILE))) {
+    const configPath = join(path, MODEL_FILES.config);
+    const config = policyConfigFromHf(await readJsonObject(configPath), configPath);
+    const master = await loadSafetensors(join(path, MASTER_WEIGHTS_FILE));
+    return { ...common, config, weights: master.weights, metadata: master.metadata };
+  }
   const model = await readModelDir(path);
-  // A checkpoint saved in bfloat16 or float16 resumes from its float32 master weights.
-  const master = (await entryExists(join(path, MASTER_WEIGHTS_FILE)))
-    ? (await loadSafetensors(join(path, MASTER_WEIGHTS_FILE))).weights
-    : undefined;
-  return { ...common, config: model.config, weights: master ?? model.weights, metadata: model.metadata };
+  return { ...common, config: model.config, weights: model.weights, metadata: model.metadata };
 }
 
 async function readTinkerState(path: string): Promise<TinkerStateRef> {

@@ -7,7 +7,7 @@
  * @packageDocumentation
  */
 import { createReadStream } from 'node:fs';
-import { readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 
@@ -54,16 +54,6 @@ export async function* readLocatedTasks(path: string, signal?: AbortSignal): Asy
 
 /** Reads a whole task file (see {@link readLocatedTasks}). */
 export async function readTaskFile(path: string): Promise<Task[]> {
-  if (path.endsWith('.jsonl') || !(path.endsWith('.parquet') || (await isDirectory(path)))) {
-    const text = await readFile(path, 'utf8').catch((error: unknown) => {
-      throw new DecodeError(`cannot read ${path}: ${(error as Error).message}`, { cause: error, context: { file: path } });
-    });
-    const tasks: Task[] = [];
-    text.split('\n').forEach((row, i) => {
-      if (row.trim() !== '') tasks.push(parseTaskLine(row, { file: path, line: i + 1 }));
-    });
-    return tasks;
-  }
   const tasks: Task[] = [];
   for await (const { task } of readLocatedTasks(path)) tasks.push(task);
   return tasks;
@@ -132,10 +122,6 @@ function plain(value: unknown): unknown {
     return Object.fromEntries(Object.entries(value).flatMap(([key, v]) => (v === null || v === undefined ? [] : [[key, plain(v)]])));
   }
   return value;
-}
-
-async function isDirectory(path: string): Promise<boolean> {
-  return (await stat(path).catch(() => undefined))?.isDirectory() === true;
 }
 
 /** An error of the file system (`ENOENT`, `EISDIR`, `EACCES`…): it has a string `code`. */

@@ -110,7 +110,7 @@ export interface ResolveModelOptions {
  * @throws ConfigError when the id is not in the cache and the hub may not or cannot be reached.
  */
 export async function resolveModelDir(path: string, options: ResolveModelOptions = {}): Promise<string> {
-  const local = path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : resolve(options.baseDir ?? process.cwd(), path);
+  const local = resolve(options.baseDir ?? process.cwd(), expandHome(path));
   const id = parseModelId(path);
   if (existsSync(local) || id === undefined) return local;
   const env = options.env ?? process.env;

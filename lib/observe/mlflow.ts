@@ -68,23 +68,24 @@ export class MlflowTracker {
    */
   static async open(options: MlflowOptions): Promise<MlflowTracker> {
     const saved = options.stateFile !== undefined && existsSync(options.stateFile) ? readState(options.stateFile) : undefined;
+    const call = (route: string, body?: Record<string, unknown>): Promise<unknown> => mlflowCall(options.trackingUri, route, body);
+    const now = options.now ?? Date.now;
     try {
       if (saved) {
-        const tracker = new MlflowTracker(options, saved);
-        await tracker.call('runs/update', { run_id: saved.runId, status: 'RUNNING' });
-        return tracker;
+        await call('runs/update', { run_id: saved.runId, status: 'RUNNING' });
+        return new MlflowTracker(options, saved);
       }
-      const probe = new MlflowTracker(options, { runId: '', experimentId: '', lastVersion: -1 });
-      const experimentId = await probe.experimentId();
-      const created = (await probe.call('runs/create', {
+      const experimentId = await experimentIdOf(options.trackingUri, options.experiment);
+      const created = (await call('runs/create', {
         experiment_id: experimentId,
-        start_time: probe.now(),
+        start_time: now(),
         ...(options.runName ? { run_name: options.runName } : {}),
       })) as { run: { info: { run_id: string } } };
-      const tracker = new MlflowTracker(options, { runId: created.run.info.run_id, experimentId, lastVersion: -1 });
+      const runId = created.run.info.run_id;
       const params = Object.entries(options.params ?? {}).map(([key, value]) => ({ key, value: value.slice(0, 6000) }));
       for (let i = 0; i < params.length; i += MAX_PARAMS_PER_BATCH)
-        await tracker.call('runs/log-batch', { run_id: tracker.runId, params: params.slice(i, i + MAX_PARAMS_PER_BATCH) });
+        await call('runs/log-batch', { run_id: runId, params: params.slice(i, i + MAX_PARAMS_PER_BATCH) });
+      const tracker = new MlflowTracker(options, { runId, experimentId, lastVersion: -1 });
       tracker.save();
       return tracker;
     } catch (cause) {
@@ -117,8 +118,8 @@ export class MlflowTracker {
   async close(status: 'FINISHED' | 'FAILED' | 'KILLED' = 'FINISHED'): Promise<void> {
     await this.flushing;
     await this.flush();
-    await this.call('runs/update', { run_id: this.runId, status, end_time: this.now() }).catch((error: unknown) =>
-      this.options.onError?.(error as Error),
+    await mlflowCall(this.options.trackingUri, 'runs/update', { run_id: this.runId, status, end_time: this.now() }).catch(
+      (error: unknown) => this.options.onError?.(error as Error),
     );
   }
 
@@ -129,49 +130,16 @@ export class MlflowTracker {
     this.pending = [];
     try {
       for (let i = 0; i < batch.length; i += MAX_METRICS_PER_BATCH)
-        await this.call('runs/log-batch', { run_id: this.runId, metrics: batch.slice(i, i + MAX_METRICS_PER_BATCH) });
+        await mlflowCall(this.options.trackingUri, 'runs/log-batch', {
+          run_id: this.runId,
+          metrics: batch.slice(i, i + MAX_METRICS_PER_BATCH),
+        });
       this.state = { ...this.state, lastVersion: Math.max(this.state.lastVersion, version) };
       this.save();
     } catch (error) {
       this.pending = [...batch, ...this.pending];
       this.options.onError?.(error as Error);
     }
-  }
-
-  private async experimentId(): Promise<string> {
-    const name = this.options.experiment;
-    try {
-      const found = (await this.call(`experiments/get-by-name?experiment_name=${encodeURIComponent(name)}`)) as {
-        experiment: { experiment_id: string };
-      };
-      return found.experiment.experiment_id;
-    } catch (error) {
-      if (!(error instanceof EngineError && error.context.errorCode === 'RESOURCE_DOES_NOT_EXIST')) throw error;
-      return ((await this.call('experiments/create', { name })) as { experiment_id: string }).experiment_id;
-    }
-  }
-
-  /** One REST call: GET without a body, POST with one; an MLflow error is an EngineError with its `error_code`. */
-  private async call(route: string, body?: Record<string, unknown>): Promise<unknown> {
-    const url = `${this.options.trackingUri.replace(/\/$/, '')}/api/2.0/mlflow/${route}`;
-    const response = await fetch(url, {
-      method: body === undefined ? 'GET' : 'POST',
-      headers: { 'content-type': 'application/json' },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-      signal: AbortSignal.timeout(30_000),
-    });
-    const text = await response.text();
-    const answer = text === '' ? {} : (JSON.parse(text) as { error_code?: string; message?: string });
-    if (!response.ok) {
-      throw new EngineError(
-        `${route.split('?')[0]}: ${response.status} ${answer.error_code ?? ''} ${answer.message ?? text.slice(0, 200)}`.trim(),
-        {
-          retriable: response.status >= 500,
-          context: { route, status: response.status, errorCode: answer.error_code },
-        },
-      );
-    }
-    return answer;
   }
 
   private save(): void {
@@ -189,4 +157,40 @@ function readState(file: string): MlflowState {
     throw new ConfigError(`${file}: not an MLflow run record (runId, experimentId, lastVersion)`, { context: { file } });
   }
   return state as MlflowState;
+}
+
+/** The id of the experiment named `name`, created when missing. */
+async function experimentIdOf(trackingUri: string, name: string): Promise<string> {
+  try {
+    const found = (await mlflowCall(trackingUri, `experiments/get-by-name?experiment_name=${encodeURIComponent(name)}`)) as {
+      experiment: { experiment_id: string };
+    };
+    return found.experiment.experiment_id;
+  } catch (error) {
+    if (!(error instanceof EngineError && error.context.errorCode === 'RESOURCE_DOES_NOT_EXIST')) throw error;
+    return ((await mlflowCall(trackingUri, 'experiments/create', { name })) as { experiment_id: string }).experiment_id;
+  }
+}
+
+/** One REST call: GET without a body, POST with one; an MLflow error is an EngineError with its `error_code`. */
+async function mlflowCall(trackingUri: string, route: string, body?: Record<string, unknown>): Promise<unknown> {
+  const url = `${trackingUri.replace(/\/$/, '')}/api/2.0/mlflow/${route}`;
+  const response = await fetch(url, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { 'content-type': 'application/json' },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    signal: AbortSignal.timeout(30_000),
+  });
+  const text = await response.text();
+  const answer = text === '' ? {} : (JSON.parse(text) as { error_code?: string; message?: string });
+  if (!response.ok) {
+    throw new EngineError(
+      `${route.split('?')[0]}: ${response.status} ${answer.error_code ?? ''} ${answer.message ?? text.slice(0, 200)}`.trim(),
+      {
+        retriable: response.status >= 500,
+        context: { route, status: response.status, errorCode: answer.error_code },
+      },
+    );
+  }
+  return answer;
 }

@@ -10,7 +10,8 @@ import type { AddressInfo } from 'node:net';
 
 import { ConfigError, EngineError } from '../core/errors.js';
 import type { Metrics } from '../core/types.js';
-import type { ActivitySnapshot, ActivityTracker } from './activity.js';
+import type { ActivitySnapshot, ActivityTracker, ModuleActivity, WorkerActivity } from './activity.js';
+import { PrometheusText } from './prometheus.js';
 
 /** What a run says of itself beside its activity. */
 export interface RunInfo {
@@ -111,118 +112,59 @@ function answer(request: IncomingMessage, response: ServerResponse, status: () =
  * @returns the exposition text, ending in a newline.
  */
 export function prometheusText(status: RunStatus): string {
-  const lines: string[] = [];
-  const family = (name: string, type: 'gauge' | 'counter', help: string, samples: readonly [string, number][]): void => {
-    if (samples.length === 0) return;
-    lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-    for (const [labels, value] of samples) lines.push(`${name}${labels} ${number(value)}`);
-  };
+  const out = new PrometheusText();
   const modules = Object.entries(status.activity.modules);
-  const byModule = (value: (m: (typeof modules)[number][1]) => number | undefined): [string, number][] =>
-    modules.flatMap(([name, m]) => {
-      const v = value(m);
-      return v === undefined ? [] : [[labels({ module: name }), v] as [string, number]];
-    });
-  family(
-    'rxrl_module_in_flight',
-    'gauge',
-    'Units of work the module has in flight.',
-    byModule((m) => m.inFlight),
-  );
-  family(
-    'rxrl_module_held',
-    'gauge',
-    'Items the module holds while waiting for input.',
-    byModule((m) => m.held),
-  );
-  family(
-    'rxrl_module_started_total',
-    'counter',
-    'Units of work begun.',
-    byModule((m) => m.started),
-  );
-  family(
-    'rxrl_module_completed_total',
-    'counter',
-    'Units of work done.',
-    byModule((m) => m.completed),
-  );
-  family(
-    'rxrl_module_failed_total',
-    'counter',
-    'Units of work failed.',
-    byModule((m) => m.failed),
-  );
-  family(
-    'rxrl_module_idle_seconds',
-    'gauge',
-    'Seconds with work in flight and none of it ending.',
-    byModule((m) => m.idleSeconds),
-  );
-  family(
-    'rxrl_module_stalled',
-    'gauge',
-    '1 while the module is stalled.',
-    byModule((m) => (m.stalled ? 1 : 0)),
-  );
+  for (const [name, type, help, value] of MODULE_FAMILIES) {
+    out.family(
+      name,
+      type,
+      help,
+      modules.flatMap(([module, m]) => {
+        const v = value(m);
+        return v === undefined ? [] : [[{ module }, v] as const];
+      }),
+    );
+  }
   const workers = Object.entries(status.activity.workers);
-  const byWorker = (value: (w: (typeof workers)[number][1]) => number): [string, number][] =>
-    workers.map(([id, w]) => [labels({ worker: id, run: w.run }), value(w)]);
-  family(
-    'rxrl_worker_up',
-    'gauge',
-    '1 while the Kafka worker heartbeats.',
-    byWorker((w) => (w.state === 'up' ? 1 : 0)),
-  );
-  family(
-    'rxrl_worker_in_flight',
-    'gauge',
-    'Tasks the worker rolls out.',
-    byWorker((w) => w.inFlight),
-  );
-  family(
-    'rxrl_worker_done_total',
-    'counter',
-    'Tasks the worker finished.',
-    byWorker((w) => w.done),
-  );
-  family(
-    'rxrl_worker_failed_total',
-    'counter',
-    'Samples that failed on the worker.',
-    byWorker((w) => w.failed),
-  );
-  family(
-    'rxrl_worker_heartbeat_age_seconds',
-    'gauge',
-    'Seconds since the last heartbeat.',
-    byWorker((w) => w.beatAgeSeconds),
-  );
+  for (const [name, type, help, value] of WORKER_FAMILIES) {
+    out.family(
+      name,
+      type,
+      help,
+      workers.map(([worker, w]) => [{ worker, run: w.run }, value(w)] as const),
+    );
+  }
   const { run } = status;
-  family('rxrl_step', 'gauge', 'Train steps taken.', run.step === undefined ? [] : [['', run.step]]);
+  out.family('rxrl_step', 'gauge', 'Train steps taken.', run.step === undefined ? [] : [[{}, run.step]]);
   const metrics = Object.entries(run.metrics ?? {}).filter(([, value]) => Number.isFinite(value));
-  family(
+  out.family(
     'rxrl_metric',
     'gauge',
     'A metric of the last step.',
-    metrics.map(([name, value]) => [labels({ name }), value]),
+    metrics.map(([name, value]) => [{ name }, value] as const),
   );
-  return `${lines.join('\n')}\n`;
+  return out.toString();
 }
 
-function labels(values: Readonly<Record<string, string>>): string {
-  const escape = (v: string): string => v.replaceAll('\\', '\\\\').replaceAll('"', '\\"').replaceAll('\n', '\\n');
-  return `{${Object.entries(values)
-    .map(([key, value]) => `${key}="${escape(value)}"`)
-    .join(',')}}`;
-}
+type Family<T> = readonly [name: string, type: 'gauge' | 'counter', help: string, value: (item: T) => number | undefined];
 
-function number(value: number): string {
-  if (Number.isNaN(value)) return 'NaN';
-  if (value === Infinity) return '+Inf';
-  if (value === -Infinity) return '-Inf';
-  return String(value);
-}
+const MODULE_FAMILIES: readonly Family<ModuleActivity>[] = [
+  ['rxrl_module_in_flight', 'gauge', 'Units of work the module has in flight.', (m) => m.inFlight],
+  ['rxrl_module_held', 'gauge', 'Items the module holds while waiting for input.', (m) => m.held],
+  ['rxrl_module_started_total', 'counter', 'Units of work begun.', (m) => m.started],
+  ['rxrl_module_completed_total', 'counter', 'Units of work done.', (m) => m.completed],
+  ['rxrl_module_failed_total', 'counter', 'Units of work failed.', (m) => m.failed],
+  ['rxrl_module_idle_seconds', 'gauge', 'Seconds with work in flight and none of it ending.', (m) => m.idleSeconds],
+  ['rxrl_module_stalled', 'gauge', '1 while the module is stalled.', (m) => (m.stalled ? 1 : 0)],
+];
+
+const WORKER_FAMILIES: readonly (readonly [string, 'gauge' | 'counter', string, (w: WorkerActivity) => number])[] = [
+  ['rxrl_worker_up', 'gauge', '1 while the Kafka worker heartbeats.', (w) => (w.state === 'up' ? 1 : 0)],
+  ['rxrl_worker_in_flight', 'gauge', 'Tasks the worker rolls out.', (w) => w.inFlight],
+  ['rxrl_worker_done_total', 'counter', 'Tasks the worker finished.', (w) => w.done],
+  ['rxrl_worker_failed_total', 'counter', 'Samples that failed on the worker.', (w) => w.failed],
+  ['rxrl_worker_heartbeat_age_seconds', 'gauge', 'Seconds since the last heartbeat.', (w) => w.beatAgeSeconds],
+];
 
 /**
  * Reads a run's status from its server.

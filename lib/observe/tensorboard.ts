@@ -134,6 +134,8 @@ function eventBytes(event: {
   return out.bytes();
 }
 
+const UTF8 = new TextEncoder();
+
 /** The few protobuf wire types an `Event` needs. */
 class ProtoWriter {
   private readonly parts: Uint8Array[] = [];
@@ -158,7 +160,7 @@ class ProtoWriter {
   }
 
   string(field: number, value: string): void {
-    this.message(field, new TextEncoder().encode(value));
+    this.message(field, UTF8.encode(value));
   }
 
   message(field: number, bytes: Uint8Array): void {

@@ -5,6 +5,7 @@
  *
  * @packageDocumentation
  */
+import { PrometheusText } from '../observe/prometheus.js';
 
 /** vLLM's buckets of `vllm:time_to_first_token_seconds`. */
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560];
@@ -83,34 +84,20 @@ export class ServeMetrics {
 
   /** The Prometheus text of every metric. */
   text(): string {
-    const label = `model_name="${this.modelName.replaceAll('\\', '\\\\').replaceAll('"', '\\"')}"`;
-    const lines: string[] = [];
-    const family = (name: string, type: string, help: string, samples: string[]): void => {
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, ...samples);
-    };
-    family('vllm:num_requests_running', 'gauge', 'Requests being sampled.', [`vllm:num_requests_running{${label}} ${this.running}`]);
-    family('vllm:num_requests_waiting', 'gauge', 'Requests queued.', [`vllm:num_requests_waiting{${label}} ${this.waiting()}`]);
-    family('vllm:prompt_tokens_total', 'counter', 'Prompt tokens of finished requests.', [
-      `vllm:prompt_tokens_total{${label}} ${this.promptTokens}`,
-    ]);
-    family('vllm:generation_tokens_total', 'counter', 'Generated tokens of finished requests.', [
-      `vllm:generation_tokens_total{${label}} ${this.generationTokens}`,
-    ]);
-    family(
-      'vllm:request_success_total',
-      'counter',
-      'Finished requests by finish reason.',
-      [...this.finished].map(([reason, n]) => `vllm:request_success_total{${label},finished_reason="${reason}"} ${n}`),
-    );
-    const histogram = (name: string, help: string, h: Histogram): void =>
-      family(name, 'histogram', help, [
-        ...h.buckets.map((bound, i) => `${name}_bucket{${label},le="${bound}"} ${h.counts[i]}`),
-        `${name}_bucket{${label},le="+Inf"} ${h.count}`,
-        `${name}_sum{${label}} ${h.sum}`,
-        `${name}_count{${label}} ${h.count}`,
-      ]);
-    histogram('vllm:time_to_first_token_seconds', 'Seconds from a request to its first sampled token.', this.ttft);
-    histogram('vllm:e2e_request_latency_seconds', 'Seconds from a request to its last token.', this.e2e);
-    return `${lines.join('\n')}\n`;
+    const model = { model_name: this.modelName };
+    return new PrometheusText()
+      .family('vllm:num_requests_running', 'gauge', 'Requests being sampled.', [[model, this.running]])
+      .family('vllm:num_requests_waiting', 'gauge', 'Requests queued.', [[model, this.waiting()]])
+      .family('vllm:prompt_tokens_total', 'counter', 'Prompt tokens of finished requests.', [[model, this.promptTokens]])
+      .family('vllm:generation_tokens_total', 'counter', 'Generated tokens of finished requests.', [[model, this.generationTokens]])
+      .family(
+        'vllm:request_success_total',
+        'counter',
+        'Finished requests by finish reason.',
+        [...this.finished].map(([reason, n]) => [{ ...model, finished_reason: reason }, n] as const),
+      )
+      .histogram('vllm:time_to_first_token_seconds', 'Seconds from a request to its first sampled token.', model, this.ttft)
+      .histogram('vllm:e2e_request_latency_seconds', 'Seconds from a request to its last token.', model, this.e2e)
+      .toString();
   }
 }

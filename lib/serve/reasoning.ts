@@ -75,8 +75,8 @@ export class ReasoningStream {
         this.pending = '';
         break;
       }
-      const tag = this.state === 'before' && this.pending.length < OPEN.length && OPEN.startsWith(this.pending) ? OPEN : undefined;
-      if (tag !== undefined) break; // all of it may still be `<think>`
+      // All of it may still be `<think>`.
+      if (this.state === 'before' && this.pending.length < OPEN.length && OPEN.startsWith(this.pending)) break;
       if (this.state === 'before' && this.pending.startsWith(OPEN)) {
         this.pending = this.pending.slice(OPEN.length);
         this.state = 'thinking';
