@@ -10,8 +10,14 @@
  * weights, gradients and two moments of 135 M parameters (2.2 GB) do not fit in what the wasm backend can address
  * (~2 GB); it is rxrl's Adam (lib/train/adam.ts), the trainer's. The default backends are every installed one of tensorflow and wasm.
  *
+ * With `--lora R` both sides also time a LoRA step (`lora_train_tok_s`): a rank-R adapter (alpha 2R) on every
+ * attention and MLP projection, forward + backward + Adam over the adapter only (PyTorch: PEFT, AdamW), the shape of
+ * `recipes/smollm2-arithmetic.yaml`'s training. `--torch-device cuda` runs PyTorch's side on the GPU (as
+ * `npm run bench -- gpu` does).
+ *
  * Usage: `npm run bench -- hf [--backends tensorflow,wasm,cpu] [--reps 3] [--batch 1] [--seq 128] [--threads 2]
- * [--model-dir DIR] [--no-torch]`. Prints one JSON object per backend, one for PyTorch, and a summary with ratios.
+ * [--model-dir DIR] [--lora R] [--no-torch] [--torch-device cpu|cuda]`. Prints one JSON object per backend, one for
+ * PyTorch, and a summary with ratios.
  *
  * @packageDocumentation
  */
@@ -25,6 +31,8 @@ import { initBackend, nativeBackendInstalled, type BackendName } from '../lib/mo
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { PolicyModel, type PolicyConfig } from '../lib/model/transformer.js';
 import { Adam } from '../lib/train/adam.js';
+import { LORA_TARGETS } from '../lib/model/adapter.js';
+import { LoraAdapter } from '../lib/model/lora.js';
 import { ratio, runTorchHf } from './_torch.js';
 import { median } from './_stats.js';
 
@@ -45,6 +53,11 @@ export const SMOLLM2_135M: PolicyConfig = {
 
 const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
 
+/** SmolLM2-135M-Instruct's directory when `npm run model:smollm2` has built it (else the benches use random weights). */
+export function defaultModelDir(): string | undefined {
+  return existsSync(join(SMOLLM2_DIR, 'config.json')) ? SMOLLM2_DIR : undefined;
+}
+
 interface Options {
   readonly backends: readonly BackendName[];
   readonly reps: number;
@@ -53,6 +66,9 @@ interface Options {
   readonly threads: number;
   readonly modelDir: string | undefined;
   readonly torch: boolean;
+  readonly torchDevice: string;
+  /** LoRA rank of the adapter step (0: no LoRA step). */
+  readonly lora: number;
 }
 
 function parse(args: readonly string[]): Options {
@@ -65,7 +81,7 @@ function parse(args: readonly string[]): Options {
     if (!Number.isInteger(v) || v < 1) throw new Error(`--${name} must be an integer >= 1`);
     return v;
   };
-  const modelDir = value('model-dir') ?? (existsSync(join(SMOLLM2_DIR, 'config.json')) ? SMOLLM2_DIR : undefined);
+  const modelDir = value('model-dir') ?? defaultModelDir();
   return {
     backends: value('backends')
       ?.split(',')
@@ -76,6 +92,8 @@ function parse(args: readonly string[]): Options {
     threads: int('threads', 2),
     modelDir,
     torch: !args.includes('--no-torch'),
+    torchDevice: value('torch-device') ?? 'cpu',
+    lora: value('lora') === undefined ? 0 : int('lora', 16),
   };
 }
 
@@ -128,21 +146,16 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
       await value.data();
       tf.dispose([value, ...Object.values(grads)]);
     }, options.reps);
-    let train: number | null = null;
-    if (backend !== 'wasm') {
-      const variables = model.trainableVariables();
-      const optimizer = new Adam(variables, { learningRate: 1e-5 }); // the trainer's Adam
-      train = await timed(async () => {
-        const { value, grads } = tf.variableGrads(
-          () => tf.neg(tf.mean(model.tokenLogprobs(sequence, seqMask, seqPositions).logprobs)) as tf.Scalar,
-          variables,
-        );
-        const ordered = variables.map((v) => grads[v.name]);
-        optimizer.apply(ordered);
-        await value.data();
-        tf.dispose([value, ...ordered]);
-      }, options.reps);
-      optimizer.dispose();
+    const rows = { sequence, seqMask, seqPositions };
+    const train = backend === 'wasm' ? null : await adamStep(model, rows, options.reps);
+    let loraTrain: number | null = null;
+    if (options.lora > 0) {
+      const lora = { rank: options.lora, alpha: 2 * options.lora, targetModules: LORA_TARGETS };
+      const adapter = LoraAdapter.create(model.config, lora, 1);
+      const view = PolicyModel.withAdapter(model, adapter);
+      loraTrain = await adamStep(view, rows, options.reps);
+      view.dispose();
+      adapter.dispose();
     }
     return {
       bench: 'hf',
@@ -153,6 +166,9 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
       forward_tok_s: Number(((B * T) / forward).toFixed(1)),
       grad_tok_s: Number(((B * T) / grad).toFixed(1)),
       train_tok_s: train === null ? null : Number(((B * T) / train).toFixed(1)),
+      ...(options.lora > 0
+        ? { lora_rank: options.lora, lora_train_tok_s: loraTrain === null ? null : Number(((B * T) / loraTrain).toFixed(1)) }
+        : {}),
       forward_s: Number(forward.toFixed(3)),
       grad_s: Number(grad.toFixed(3)),
       reps: options.reps,
@@ -161,6 +177,30 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
   } finally {
     tf.dispose([inputs, mask, positions, sequence, seqMask, seqPositions]);
     model.dispose();
+  }
+}
+
+/** Median seconds of one training step of `model`'s trainable variables (all, or an adapter's) with the trainer's Adam. */
+async function adamStep(
+  model: PolicyModel,
+  rows: { sequence: tf.Tensor2D; seqMask: tf.Tensor2D; seqPositions: tf.Tensor2D },
+  reps: number,
+): Promise<number> {
+  const variables = model.trainableVariables();
+  const optimizer = new Adam(variables, { learningRate: 1e-5 });
+  try {
+    return await timed(async () => {
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(model.tokenLogprobs(rows.sequence, rows.seqMask, rows.seqPositions).logprobs)) as tf.Scalar,
+        variables,
+      );
+      const ordered = variables.map((v) => grads[v.name]);
+      optimizer.apply(ordered);
+      await value.data();
+      tf.dispose([value, ...ordered]);
+    }, reps);
+  } finally {
+    optimizer.dispose();
   }
 }
 
@@ -176,6 +216,8 @@ function benchTorch(options: Options): Record<string, unknown> {
     String(options.seq),
   ];
   if (options.modelDir) args.push('--model-dir', options.modelDir);
+  if (options.lora > 0) args.push('--lora', String(options.lora));
+  if (options.torchDevice !== 'cpu') args.push('--device', options.torchDevice);
   return runTorchHf(args);
 }
 
@@ -199,6 +241,7 @@ export async function main(args: readonly string[]): Promise<void> {
         forward: ratio(r.forward_tok_s, torch.forward_tok_s),
         grad: ratio(r.grad_tok_s, torch.grad_tok_s),
         train: ratio(r.train_tok_s, torch.train_tok_s),
+        ...(options.lora > 0 ? { lora_train: ratio(r.lora_train_tok_s, torch.lora_train_tok_s) } : {}),
       })),
     }),
   );

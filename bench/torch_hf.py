@@ -6,7 +6,11 @@ Measures, in float32 on CPU with ``torch.set_num_threads(N)``, for batch ``B`` x
 * ``forward_tok_s``: ``B*T`` / seconds of one no-grad forward pass (eager attention, no KV cache);
 * ``grad_tok_s``: ``B*T`` / seconds of forward, mean cross-entropy of each position's logits against the next
   token, and backward (every weight's gradient, no optimizer step);
-* ``train_tok_s``: the same plus an AdamW step (lr 1e-5).
+* ``train_tok_s``: the same plus an AdamW step (lr 1e-5);
+* with ``--lora R``, ``lora_train_tok_s``: the same step of a PEFT LoRA adapter (rank R, alpha 2R, every attention
+  and MLP projection) over the model, AdamW on the adapter only.
+
+``--device cuda`` runs it all on the GPU (float32; each timed run waits for the device).
 
 With ``--sample N`` it measures sampling instead: ``sample_tok_s``, new tokens per second of ``model.generate``
 (KV cache, temperature 1, no top-k/top-p, no stop token) drawing ``N`` tokens for each of ``B`` left-padded
@@ -19,6 +23,7 @@ local Hugging Face model directory (e.g. the one ``scripts/smollm2.py`` builds).
 Usage::
 
     python3 bench/torch_hf.py [--threads 2] [--reps 3] [--batch 1] [--seq 128] [--sample N] [--model-dir DIR]
+        [--device cpu|cuda] [--lora R]
 
 ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (set it to override): on a shared, busy 2-core machine the default
 spinning OpenMP workers made 2 threads several times slower than 1.
@@ -72,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--sample", type=int, default=0, help="measure sampling of this many new tokens per row instead")
     parser.add_argument("--model-dir", default=None, help="load this local HF model directory instead")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default cpu)")
+    parser.add_argument("--lora", type=int, default=0, help="also time a PEFT LoRA step of this rank (alpha 2r, every projection)")
     parser.add_argument(
         "--shape",
         default=None,
@@ -106,12 +113,19 @@ def build_model(args, torch):
     return LlamaForCausalLM(config).to(torch.float32)
 
 
-def timed(fn, reps: int) -> list[float]:
-    fn()  # warm-up
+def timed(fn, reps: int, device: str = "cpu", torch=None) -> list[float]:
+    """Seconds of ``reps`` runs of ``fn`` after one warm-up run (on CUDA, each waits for the device to finish)."""
+
+    def run() -> None:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    run()  # warm-up
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        fn()
+        run()
         times.append(time.perf_counter() - start)
     return times
 
@@ -127,6 +141,7 @@ def sample_throughput(args, model, torch) -> dict:
     for row, length in enumerate(lengths):
         input_ids[row, width - length :] = torch.randint(3, vocab, (length,), generator=generator)
         attention_mask[row, width - length :] = 1
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     model.eval()
     torch.manual_seed(args.seed)
 
@@ -147,7 +162,7 @@ def sample_throughput(args, model, torch) -> dict:
             )
         assert out.shape[1] == width + args.sample
 
-    sample_s = statistics.median(timed(sample, args.reps))
+    sample_s = statistics.median(timed(sample, args.reps, model.device.type, torch))
     import transformers
 
     return {
@@ -161,6 +176,65 @@ def sample_throughput(args, model, torch) -> dict:
         "transformers": transformers.__version__,
         "reps": args.reps,
     }
+
+
+def step_rates(args, model, torch, device: str) -> dict:
+    """Forward, gradient and AdamW-step seconds of the whole model on ``args.batch`` x ``args.seq`` random tokens."""
+    import torch.nn.functional as F
+
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=generator).to(device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def loss():
+        logits = model(input_ids=inputs, use_cache=False).logits
+        return F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1))
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(input_ids=inputs, use_cache=False)
+
+    def grad_step() -> None:
+        model.zero_grad(set_to_none=True)
+        loss().backward()
+
+    losses: list[float] = []
+
+    def adam_step(optimizer):
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            value = loss()
+            value.backward()
+            optimizer.step()
+            losses.append(value.item())
+
+        return step
+
+    model.eval()
+    times = {"forward": timed(forward, args.reps, device, torch)}
+    model.train()  # dropout is 0 in these configs; train mode only matters for models that have it
+    times["grad"] = timed(grad_step, args.reps, device, torch)
+    times["train"] = timed(adam_step(torch.optim.AdamW(model.parameters(), lr=args.lr)), args.reps, device, torch)
+    out = {name: statistics.median(values) for name, values in times.items()}
+    out["loss"] = losses[-1]
+    if args.lora > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except Exception:  # noqa: BLE001 - any import failure means "no peft here"
+            return {**out, "lora": None}
+        targets_ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lora = get_peft_model(model, LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules=targets_))
+        trainable = [p for p in lora.parameters() if p.requires_grad]
+        out["lora"] = statistics.median(timed(adam_step(torch.optim.AdamW(trainable, lr=args.lr)), args.reps, device, torch))
+    return out
+
+
+def device_of(args, torch) -> str | None:
+    """The device string for ``--device``, or None when torch cannot use it here."""
+    if args.device == "cuda":
+        return "cuda" if torch.cuda.is_available() else None
+    return "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,76 +252,47 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001
         emit({"bench": BENCH, "skipped": "transformers not importable"})
         return 0
-    import torch.nn.functional as F
+    device = device_of(args, torch)
+    if device is None:
+        emit({"bench": BENCH, "skipped": f"--device {args.device}: torch {torch.__version__} sees no CUDA device"})
+        return 0
 
     torch.set_num_threads(args.threads)
-    model = build_model(args, torch)
-    vocab = model.config.vocab_size
+    model = build_model(args, torch).to(device)
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
 
     if args.sample > 0:
         emit({**sample_throughput(args, model, torch), "params": params, "seconds": round(time.perf_counter() - started, 1)})
         return 0
 
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=generator)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
     n_tokens = args.batch * args.seq
-
-    # Forward, no grad.
-    model.eval()
-
-    def forward() -> None:
-        with torch.inference_mode():
-            model(input_ids=inputs, use_cache=False)
-
-    forward_times = timed(forward, args.reps)
-
-    # Gradients only: forward + next-token cross-entropy + backward.
-    model.train()  # dropout is 0 in this config; train mode only matters for models that have it
-
-    def grad_step() -> None:
-        model.zero_grad(set_to_none=True)
-        logits = model(input_ids=inputs, use_cache=False).logits
-        F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1)).backward()
-
-    grad_times = timed(grad_step, args.reps)
-
-    # Train step: forward + next-token cross-entropy + backward + AdamW.
-    model.train()  # dropout is 0 in this config; train mode only matters for models that have it
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses: list[float] = []
-
-    def train_step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(input_ids=inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-
-    train_times = timed(train_step, args.reps)
-
-    forward_s = statistics.median(forward_times)
-    train_s = statistics.median(train_times)
-    grad_s = statistics.median(grad_times)
+    rates = step_rates(args, model, torch, device)
+    lora = {}
+    if args.lora > 0:
+        lora = {"lora_rank": args.lora, "lora_train_tok_s": None if rates["lora"] is None else round(n_tokens / rates["lora"], 1)}
+        if rates["lora"] is None:
+            lora["lora_skipped"] = "peft not importable"
+        else:
+            lora["lora_train_step_s"] = round(rates["lora"], 4)
     emit(
         {
             "bench": BENCH,
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "threads": args.threads,
             "batch": args.batch,
             "seq": args.seq,
             "params": params,
-            "forward_tok_s": round(n_tokens / forward_s, 1),
-            "grad_tok_s": round(n_tokens / grad_s, 1),
-            "train_tok_s": round(n_tokens / train_s, 1),
+            "forward_tok_s": round(n_tokens / rates["forward"], 1),
+            "grad_tok_s": round(n_tokens / rates["grad"], 1),
+            "train_tok_s": round(n_tokens / rates["train"], 1),
+            **lora,
             "torch": torch.__version__.split("+")[0],
             "reps": args.reps,
             "model": args.model_dir or ("random:" + args.shape if args.shape else "random:SmolLM2-135M"),
-            "forward_s": round(forward_s, 4),
-            "grad_s": round(grad_s, 4),
-            "train_step_s": round(train_s, 4),
-            "loss": round(losses[-1], 4),
+            "forward_s": round(rates["forward"], 4),
+            "grad_s": round(rates["grad"], 4),
+            "train_step_s": round(rates["train"], 4),
+            "loss": round(rates["loss"], 4),
             "transformers": transformers.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "loadavg_1m_at_start": load,

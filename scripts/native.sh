@@ -53,12 +53,28 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
   echo "native: Maven Central has libtensorflow for linux-x86_64 only; this is $(uname -s)-$(uname -m)" >&2
   exit 1
 fi
-if $gpu; then
-  if ! ldconfig -p 2>/dev/null | grep -q 'libcudart.so.11'; then
-    echo "native: --gpu needs the CUDA 11 runtime (libcudart.so.11.0) and cuDNN 8 (libcudnn.so.8) on the loader path;" >&2
-    echo "        install CUDA 11.2+ and cuDNN 8.1+ (or add their lib directories to LD_LIBRARY_PATH) and run again" >&2
-    exit 1
+# CUDA 11 and cuDNN 8 for --gpu: the system's when the loader finds both (ldconfig or LD_LIBRARY_PATH), else
+# NVIDIA's PyPI wheels (scripts/requirements-cuda11.txt) in $cache/cuda11, linked into deps/lib in step 4, where
+# libtensorflow looks first (its RUNPATH is $ORIGIN/). Only the driver (libcuda.so.1) must come from the system.
+loader_has() {
+  ldconfig -p 2>/dev/null | grep -q "$1" && return 0
+  local d
+  for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }}; do [ -e "$d/$1" ] && return 0; done
+  return 1
+}
+cuda_libs=()
+if $gpu && ! { loader_has libcudart.so.11.0 && loader_has libcudnn.so.8; }; then
+  wheels="$cache/cuda11"
+  if ! cmp -s scripts/requirements-cuda11.txt "$wheels/.requirements"; then
+    echo "native: installing CUDA 11 / cuDNN 8 from PyPI into $wheels (about 2.5 GB)" >&2
+    rm -rf "$wheels"
+    python3 -m pip install --quiet --no-deps --only-binary=:all: --target "$wheels" -r scripts/requirements-cuda11.txt >&2
+    cp scripts/requirements-cuda11.txt "$wheels/.requirements"
   fi
+  cuda_libs=("$wheels"/nvidia/*/lib/lib*.so*)
+fi
+if $gpu && ! ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1'; then
+  echo "native: no NVIDIA driver (libcuda.so.1) on this machine: the GPU build installs, and computes on the CPU" >&2
 fi
 
 # 1. libtensorflow from Maven Central.
@@ -117,6 +133,7 @@ fi
 ln -sf libtensorflow_cc.so.2 "$dir/deps/lib/libtensorflow.so"
 ln -sf libtensorflow_cc.so.2 "$dir/deps/lib/libtensorflow.so.2"
 ln -sf libtensorflow_framework.so.2 "$dir/deps/lib/libtensorflow_framework.so"
+for lib in "${cuda_libs[@]}"; do ln -sf "$lib" "$dir/deps/lib/"; done
 
 # 5. Compile the addon. node-gyp needs Node's headers and would download them; use the ones installed beside
 #    node (Debian's nodejs ships /usr/include/node) unless npm's `nodedir` already names some.
