@@ -36,6 +36,7 @@ import { Adam, gradientSquares } from '../lib/train/adam.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Batch, Trajectory } from '../lib/core/types.js';
 import { median } from './_stats.js';
+import { benchArgs } from './_args.js';
 
 const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
 /** The bench recipe's trainer settings. */
@@ -48,12 +49,8 @@ interface Options {
 }
 
 function parse(args: readonly string[]): Options {
-  const value = (name: string): string | undefined => {
-    const i = args.indexOf(`--${name}`);
-    return i >= 0 ? args[i + 1] : undefined;
-  };
-  const reps = Number(value('reps') ?? 5);
-  if (!Number.isInteger(reps) || reps < 1) throw new Error('--reps must be an integer >= 1');
+  const { value, int } = benchArgs(args);
+  const reps = int('reps', 5);
   const modelDir = value('model-dir') ?? SMOLLM2_DIR;
   if (!existsSync(join(modelDir, 'config.json'))) throw new Error(`no model at ${modelDir} (npm run model:smollm2)`);
   return { sections: (value('sections') ?? 'adam,phases,step').split(','), reps, modelDir };

@@ -24,6 +24,7 @@ import { fileURLToPath } from 'node:url';
 
 import { defaultModelDir } from './hf.js';
 import { ratio, runTorchHf } from './_torch.js';
+import { benchArgs } from './_args.js';
 
 interface Options {
   readonly reps: number;
@@ -37,23 +38,15 @@ interface Options {
 }
 
 function parse(args: readonly string[]): Options {
-  const value = (name: string): string | undefined => {
-    const i = args.indexOf(`--${name}`);
-    return i >= 0 ? args[i + 1] : undefined;
-  };
-  const int = (name: string, fallback: number): number => {
-    const v = Number(value(name) ?? fallback);
-    if (!Number.isInteger(v) || v < 1) throw new Error(`--${name} must be an integer >= 1`);
-    return v;
-  };
+  const { value, int, flag } = benchArgs(args);
   return {
     reps: int('reps', 3),
     batch: int('batch', 16),
     seq: int('seq', 48),
     lora: int('lora', 16),
     modelDir: value('model-dir') ?? defaultModelDir(),
-    build: !args.includes('--no-build'),
-    allowCpu: args.includes('--allow-cpu'),
+    build: !flag('no-build'),
+    allowCpu: flag('allow-cpu'),
     rxrlBackend: value('rxrl-backend') ?? 'tensorflow',
   };
 }

@@ -35,6 +35,7 @@ import { LORA_TARGETS } from '../lib/model/adapter.js';
 import { LoraAdapter } from '../lib/model/lora.js';
 import { ratio, runTorchHf } from './_torch.js';
 import { median } from './_stats.js';
+import { benchArgs } from './_args.js';
 
 /** SmolLM2-135M's architecture (its config.json). */
 export const SMOLLM2_135M: PolicyConfig = {
@@ -72,15 +73,7 @@ interface Options {
 }
 
 function parse(args: readonly string[]): Options {
-  const value = (name: string): string | undefined => {
-    const i = args.indexOf(`--${name}`);
-    return i >= 0 ? args[i + 1] : undefined;
-  };
-  const int = (name: string, fallback: number): number => {
-    const v = Number(value(name) ?? fallback);
-    if (!Number.isInteger(v) || v < 1) throw new Error(`--${name} must be an integer >= 1`);
-    return v;
-  };
+  const { value, int, flag } = benchArgs(args);
   const modelDir = value('model-dir') ?? defaultModelDir();
   return {
     backends: value('backends')
@@ -91,7 +84,7 @@ function parse(args: readonly string[]): Options {
     seq: int('seq', 128),
     threads: int('threads', 2),
     modelDir,
-    torch: !args.includes('--no-torch'),
+    torch: !flag('no-torch'),
     torchDevice: value('torch-device') ?? 'cpu',
     lora: value('lora') === undefined ? 0 : int('lora', 16),
   };
