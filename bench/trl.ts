@@ -57,6 +57,7 @@ import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.j
 import { writeReport } from '../lib/observe/report.js';
 import type { Task } from '../lib/core/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
+import type { GenerationLine } from '../pipelines/parts/generations.js';
 import { modelSizes, stepBounds } from './_bounds.js';
 import { median } from './_stats.js';
 
@@ -114,6 +115,8 @@ export interface SideResult {
   readonly vals: readonly ValPoint[];
   readonly before: ValScores | null;
   readonly after: ValScores | null;
+  /** Held-out task ids the last validation answered wrong (`correct` 0), when the side reports them. */
+  readonly missed?: readonly string[];
   readonly extra: Readonly<Record<string, unknown>>;
 }
 
@@ -278,11 +281,13 @@ async function runRxrl(recipe: string, set: readonly string[], runDir: string): 
   // The validation before training ran before the first step's clock started; those between steps did not.
   const valSeconds = new Map(vals.filter((v) => v.step >= 0).map((v) => [v.step, v.metrics['timing/val_s'] ?? 0]));
   const steps = [...byStep.entries()].sort(([a], [b]) => a - b).map(([step, m]) => rxrlStep(step, m, valSeconds.get(step - 1) ?? 0));
+  const final = vals.at(-1);
   return {
     steps,
     vals: vals.map((v) => ({ step: v.step, reward: v.metrics['val/reward_mean'] })),
     before: vals.length > 0 ? rxrlScores(vals[0]) : null,
     after: vals.length > 1 ? rxrlScores(vals.at(-1)!) : null,
+    ...(final === undefined ? {} : { missed: await missedOf(join(runDir, 'validation', `${final.version}.jsonl`)) }),
     extra: { backend: last.backend, seconds: last.seconds },
   };
 }
@@ -373,8 +378,19 @@ async function runTrl(args: {
     vals: vals.map((e) => ({ step: Number(e.step), reward: Number(e.reward_mean) })),
     before: vals.length > 0 ? scores(first) : null,
     after: vals.length > 1 ? scores(vals.at(-1)!) : null,
+    ...(Array.isArray(vals.at(-1)?.missed) ? { missed: vals.at(-1)!.missed as string[] } : {}),
     extra: { trl: first.trl, torch: first.torch },
   };
+}
+
+/** Task ids of a `validation.generations` file whose sample was not correct (`correct` 0, else reward below 1). */
+async function missedOf(path: string): Promise<string[]> {
+  const lines = (await readFile(path, 'utf8')).split('\n').filter((l) => l.trim() !== '');
+  return lines
+    .map((l) => JSON.parse(l) as GenerationLine)
+    .filter((g) => (g.metrics?.correct ?? (g.reward !== undefined && g.reward >= 1 ? 1 : 0)) === 0)
+    .map((g) => g.taskId)
+    .sort();
 }
 
 function rxrlScores(record: MetricsRecord): ValScores {
@@ -606,6 +622,7 @@ export async function main(args: readonly string[]): Promise<void> {
     'validation.beforeTrain=true',
     'checkpoint.every=0',
     `algorithm.stdEpsilon=${TRL_STD_EPSILON}`,
+    'validation.generations=true',
   ];
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
@@ -648,5 +665,18 @@ export async function main(args: readonly string[]): Promise<void> {
   // Measured after both sides, never beside them.
   const rxrlRows = (config.sync.generationBatchSize ?? config.sync.batchSize) * config.rollout.groupSize;
   console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
+  const missed = missedLine(sides);
+  if (missed) console.log(JSON.stringify(missed));
   console.log(JSON.stringify({ ...summaryLine(steps, target, sides), rxrl_only: rxrlOnly(config) }));
+}
+
+/**
+ * The held-out questions each side's last validation got wrong, and those both did: where two runs with the same
+ * score differ. Undefined unless both sides report them.
+ */
+export function missedLine(sides: Readonly<Record<string, SideResult>>): Record<string, unknown> | undefined {
+  const { rxrl, trl } = sides;
+  if (rxrl?.missed === undefined || trl?.missed === undefined) return undefined;
+  const theirs = new Set(trl.missed);
+  return { bench: 'trl-missed', rxrl: rxrl.missed, trl: trl.missed, both: rxrl.missed.filter((id) => theirs.has(id)) };
 }

@@ -77,6 +77,7 @@ def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[
     model.eval()
     started = time.perf_counter()
     totals = {"reward": 0.0, "format": 0, "correct": 0}
+    missed = []
     tokenizer.padding_side = "left"
     with torch.no_grad():
         for start in range(0, len(rows), 64):
@@ -89,10 +90,12 @@ def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[
                 result = score(response, row["answer"], truncated=stop is None)
                 for key in totals:
                     totals[key] += result[key]
+                if not result["correct"]:
+                    missed.append(row["id"])
     if was_training:
         model.train()
     n = len(rows)
-    return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "seconds": time.perf_counter() - started}
+    return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "missed": sorted(missed), "seconds": time.perf_counter() - started}
 
 
 def timed(obj, name: str, timing: dict, key: str) -> None:

@@ -40,6 +40,7 @@ import { servedEngine } from './parts/served.js';
 import { activityTracker, watchRun, type RunWatch } from './parts/stalls.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight, tasksPerStep } from './parts/settings.js';
 import { validate } from './validate.js';
+import { generationLine, writeGenerations, type GenerationLine } from './parts/generations.js';
 
 export type { KafkaTransport } from './parts/settings.js';
 export { activityTracker } from './parts/stalls.js';
@@ -396,6 +397,33 @@ async function checkpointWriter(
 }
 
 /**
+ * The held-out scoring of a run. Each validation's scores carry its seconds (`timing/val_s`); one between steps also
+ * counts in the next step's `timing/wait_s` and `timing/total_s`, which it delays. With `validation.generations` its
+ * samples go to `<run-dir>/validation/<version>.jsonl`.
+ */
+function scorer(config: RxrlConfig, setup: RunSetup, parts: RunParts, signal: AbortSignal): () => Promise<Metrics> {
+  const { data, evaluator, activity } = setup;
+  const { engine, trainer } = parts;
+  return () =>
+    activity.track('validation', async () => {
+      const started = performance.now();
+      const version = trainer.step;
+      const lines: GenerationLine[] = [];
+      const keep = config.validation.generations ? setup.runDir : undefined;
+      const scores = await validate(engine, data.validation, evaluator, {
+        maxTokens: data.maxTokens,
+        temperature: config.validation.temperature,
+        seed: config.run.seed,
+        signal,
+        worker: setup.sampler ?? singleTurnWorker,
+        ...(keep === undefined ? {} : { onSample: (output) => lines.push(generationLine(output, setup.tokenizer)) }),
+      });
+      if (keep !== undefined) await writeGenerations(keep, version, lines);
+      return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
+    });
+}
+
+/**
  * The loop: validates before, trains `run.steps` steps (the embedded pipeline, or the Kafka trainer), validates
  * every `validation.every` versions and after, and reports — under the stall watch, which ends it when a module
  * stalls past `activity.stallFailSeconds`.
@@ -409,8 +437,8 @@ async function trainLoop(
   memo: RunMemo,
   watch: RunWatch,
 ): Promise<RunSummary> {
-  const { data, evaluator, activity } = setup;
-  const { engine, trainer, ledger } = parts;
+  const { data } = setup;
+  const { trainer, ledger } = parts;
   // The attempt ends when the reporter stops the run, when the trainer's service is lost (a Tinker-backed run), or
   // when a module stalls past activity.stallFailSeconds.
   const lostService = new AbortController();
@@ -422,22 +450,8 @@ async function trainLoop(
     lostService.abort(error);
     return true;
   };
-  const seed = config.run.seed;
   const baseWorker = setup.worker ?? singleTurnWorker;
-  // Each validation's scores carry its seconds (`timing/val_s`); one between steps also counts in the next step's
-  // `timing/wait_s` and `timing/total_s`, which it delays.
-  const score = (): Promise<Metrics> =>
-    activity.track('validation', async () => {
-      const started = performance.now();
-      const scores = await validate(engine, data.validation, evaluator, {
-        maxTokens: data.maxTokens,
-        temperature: config.validation.temperature,
-        seed,
-        signal,
-        worker: setup.sampler ?? singleTurnWorker,
-      });
-      return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
-    });
+  const score = scorer(config, setup, parts, signal);
   // A restarted attempt keeps the first attempt's validation before training.
   const before =
     memo.recoveries > 0 ? memo.before : config.validation.beforeTrain && data.validation.length > 0 ? await score() : undefined;

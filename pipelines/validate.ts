@@ -2,7 +2,7 @@ import { from, lastValueFrom, reduce, tap } from 'rxjs';
 import { episodeSlots, type AgentName, type AgentSpec, type MultiAgentEnvironment } from '../lib/agent/environment.js';
 import type { RolloutEngine } from '../lib/engine/types.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
-import { isSampleFailure, type Metrics, type ModelTag, type Task } from '../lib/core/types.js';
+import { isSampleFailure, type Metrics, type ModelTag, type RolloutOutput, type Task } from '../lib/core/types.js';
 import type { RolloutWorker } from '../lib/engine/worker.js';
 import { groupIdOf, rollout } from '../operators/rollout.js';
 import { agentMap, rolloutEpisodes } from '../operators/rolloutEpisodes.js';
@@ -23,6 +23,8 @@ export interface ValidateOptions {
   readonly signal?: AbortSignal;
   /** Produces each sample (a chat-formatted or multi-turn worker, as in training). Default: `singleTurnWorker`. */
   readonly worker?: RolloutWorker;
+  /** Receives every sample as it is scored, a failed one included (to keep the generations). */
+  readonly onSample?: (output: RolloutOutput) => void;
 }
 
 /**
@@ -54,6 +56,7 @@ export async function validate(
         signal: options.signal,
         ...(options.worker ? { worker: options.worker } : {}),
       }),
+      tap((output) => options.onSample?.(output)),
       reduce(
         (acc, output) => {
           if (isSampleFailure(output)) {

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { summaryLine, timeToTarget, type SideResult, type StepRow } from '../../bench/trl.js';
+import { missedLine, summaryLine, timeToTarget, type SideResult, type StepRow } from '../../bench/trl.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -105,6 +105,21 @@ describe('bench trl: time to the target', () => {
   });
 });
 
+describe('bench trl: the questions each side misses', () => {
+  it("lists both sides' misses and those they share, only when both reported them", () => {
+    const rxrl = { ...side([1], [[-1, 0.1]]), missed: ['q1', 'q4', 'q7'] };
+    const trl = { ...side([1], [[-1, 0.1]]), missed: ['q2', 'q4', 'q7', 'q9'] };
+    expect(missedLine({ rxrl, trl })).toEqual({
+      bench: 'trl-missed',
+      rxrl: ['q1', 'q4', 'q7'],
+      trl: ['q2', 'q4', 'q7', 'q9'],
+      both: ['q4', 'q7'],
+    });
+    expect(missedLine({ rxrl })).toBeUndefined();
+    expect(missedLine({ rxrl: side([1], []), trl })).toBeUndefined();
+  });
+});
+
 describe('npm run bench -- trl', () => {
   it("exports the recipe's task with rxrl's prompt ids, runs rxrl's side and writes the comparison and its report", async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-bench-trl-'));
@@ -181,6 +196,10 @@ describe('npm run bench -- trl', () => {
       time_to_target_ratio: null,
     });
     expect(typeof lines.at(-1)!.rxrl_gain).toBe('number');
+    // rxrl's held-out samples of its last validation are kept as text; without TRL's there is no comparison line.
+    const kept = (await readFile(join(out, 'rxrl', 'validation', '2.jsonl'), 'utf8')).trim().split('\n');
+    expect(kept).toHaveLength(64);
+    expect(lines.some((l) => l.bench === 'trl-missed')).toBe(false);
 
     // Each exported prompt is its rendered text and the ids rxrl sampled from: the tokenizer gives the one from the other.
     const tokenizer = await loadTokenizer(fixture);

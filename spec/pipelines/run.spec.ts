@@ -1,4 +1,4 @@
-import { readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -97,6 +97,36 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
       .trim()
       .split('\n');
     expect(trained).toHaveLength(3);
+    expect(existsSync(join(dir, 'run', 'validation'))).toBe(false);
+  });
+
+  it("keeps each validation's samples as text with validation.generations, one file per validated version", async () => {
+    const dir = await fixture();
+    const validation = { beforeTrain: true, every: 2, generations: true };
+    await runTraining(loadConfig({ values: base({ validation }), env: {} }), { baseDir: dir });
+    expect(readdirSync(join(dir, 'run', 'validation')).sort()).toEqual(['0.jsonl', '2.jsonl', '3.jsonl']);
+    const metrics = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>)
+      .filter((m) => 'val/reward_mean' in m);
+    for (const m of metrics) {
+      const lines = readFileSync(join(dir, 'run', 'validation', `${m.version}.jsonl`), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as { taskId: string; answer: string; response: string; reward: number; metrics: { custom: number } });
+      // The held-out tasks t4 and t5, with their answers, what the policy wrote and its scores, as metrics.jsonl averaged them.
+      expect(lines.map((l) => [l.taskId, l.answer])).toEqual([
+        ['t4', 'baa'],
+        ['t5', 'bba'],
+      ]);
+      for (const line of lines) {
+        expect(line.response).toBeTypeOf('string');
+        expect(line.reward).toBe(0.5);
+        expect(line.metrics.custom).toBe(line.response === line.answer ? 1 : 0);
+      }
+      expect(m['val/custom_mean']).toBe((lines[0].metrics.custom + lines[1].metrics.custom) / 2);
+    }
   });
 
   it('resumes from the newest checkpoint and trains only the remaining steps', async () => {
