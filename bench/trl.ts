@@ -29,7 +29,10 @@
  * 5. measures, in this process on rxrl's backend, an sgemm rate and a memory bandwidth, and prints the bounds they
  *    give one step of this model and shape with each side's measured medians over them
  *    (`{"bench":"trl-bounds",…}`, formulas in `bench/_bounds.ts`);
- * 6. writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`, held-out scores at each
+ * 6. prints `{"bench":"trl-missed","rxrl":[…],"trl":[…],"both":[…]}`: the held-out task ids each side's last
+ *    validation answered wrong (rxrl's from its `validation.generations` file, TRL's from its validation), and those
+ *    both did;
+ * 7. writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`, held-out scores at each
  *    validation) with their page `<out>/report.html` (as `rxrl report <out>` draws it), and ends with one line:
  *    `{"bench":"trl-summary","steps":N,"rxrl_gain":…,"trl_gain":…,"step_time_ratio":…,"target":…,
  *    "rxrl_time_to_target_s":…,"trl_time_to_target_s":…,"time_to_target_ratio":…}`: each side's held-out reward
