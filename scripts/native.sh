@@ -66,14 +66,14 @@ cuda_libs=()
 if $gpu && ! { loader_has libcudart.so.11.0 && loader_has libcudnn.so.8; }; then
   wheels="$cache/cuda11"
   if ! cmp -s scripts/requirements-cuda11.txt "$wheels/.requirements"; then
-    echo "native: installing CUDA 11 / cuDNN 8 from PyPI into $wheels (about 2.5 GB)" >&2
+    echo "native: installing CUDA 11 / cuDNN 8 from PyPI into $wheels (about 2.8 GB)" >&2
     rm -rf "$wheels"
     python3 -m pip install --quiet --no-deps --only-binary=:all: --target "$wheels" -r scripts/requirements-cuda11.txt >&2
     cp scripts/requirements-cuda11.txt "$wheels/.requirements"
   fi
   cuda_libs=("$wheels"/nvidia/*/lib/lib*.so*)
 fi
-if $gpu && ! ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1'; then
+if $gpu && ! loader_has libcuda.so.1; then
   echo "native: no NVIDIA driver (libcuda.so.1) on this machine: the GPU build installs, and computes on the CPU" >&2
 fi
 
