@@ -9,7 +9,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { asStorageError } from '../../lib/core/errors.js';
-import { isSampleFailure, type RolloutOutput } from '../../lib/core/types.js';
+import { isSampleFailure, type FinishReason, type RolloutOutput } from '../../lib/core/types.js';
 import type { Tokenizer } from '../../lib/model/types.js';
 
 /** One line of a generations file. */
@@ -19,7 +19,7 @@ export interface GenerationLine {
   /** The response's text (special tokens dropped); absent for a failed sample. */
   readonly response?: string;
   readonly reward?: number;
-  readonly finishReason?: string;
+  readonly finishReason?: FinishReason;
   /** The evaluator's metrics of the response. */
   readonly metrics?: Readonly<Record<string, number>>;
   /** Why the sample failed. */
@@ -45,7 +45,7 @@ export function generationLine(output: RolloutOutput, tokenizer: Pick<Tokenizer,
  *
  * @throws {@link StorageError} when the disk is full or read-only; other write errors as they are.
  */
-export async function writeGenerations(runDir: string, version: number, lines: readonly GenerationLine[]): Promise<string> {
+export async function writeGenerations(runDir: string, version: number, lines: readonly GenerationLine[]): Promise<void> {
   const dir = join(runDir, 'validation');
   const path = join(dir, `${version}.jsonl`);
   const sorted = [...lines].sort((a, b) => (a.taskId < b.taskId ? -1 : a.taskId > b.taskId ? 1 : 0));
@@ -55,5 +55,4 @@ export async function writeGenerations(runDir: string, version: number, lines: r
   } catch (error) {
     throw asStorageError(error, path);
   }
-  return path;
 }
