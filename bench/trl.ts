@@ -488,7 +488,7 @@ export function summaryLine(
 function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
   const lines: string[] = [];
   for (const [side, result] of Object.entries(sides)) {
-    // Each held-out score once per step (a run may score its last step twice: every N steps, then at the end).
+    // Each held-out score once per step.
     const vals = new Map(result.vals.map((v) => [v.step, v.reward]));
     for (const [step, reward] of vals)
       lines.push(JSON.stringify({ step, version: step + 1, time: 0, [`${side}/val/reward_mean`]: reward }));

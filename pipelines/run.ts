@@ -399,15 +399,19 @@ async function checkpointWriter(
 /**
  * The held-out scoring of a run. Each validation's scores carry its seconds (`timing/val_s`); one between steps also
  * counts in the next step's `timing/wait_s` and `timing/total_s`, which it delays. With `validation.generations` its
- * samples go to `<run-dir>/validation/<version>.jsonl`.
+ * samples go to `<run-dir>/validation/<version>.jsonl`. `current()` gives the last scores while the trainer and the
+ * engine are still at the version they were taken at (validation samples are seeded: scoring again would repeat them).
  */
-function scorer(config: RxrlConfig, setup: RunSetup, parts: RunParts, signal: AbortSignal): () => Promise<Metrics> {
+function scorer(config: RxrlConfig, setup: RunSetup, parts: RunParts, signal: AbortSignal): Scorer {
   const { data, evaluator, activity } = setup;
   const { engine, trainer } = parts;
-  return () =>
+  const at = (): string => `${trainer.step}@${engine.version}`;
+  let last: { at: string; scores: Metrics } | undefined;
+  const score = (): Promise<Metrics> =>
     activity.track('validation', async () => {
       const started = performance.now();
       const version = trainer.step;
+      const taken = at();
       const lines: GenerationLine[] = [];
       const keep = config.validation.generations ? setup.runDir : undefined;
       const scores = await validate(engine, data.validation, evaluator, {
@@ -419,8 +423,16 @@ function scorer(config: RxrlConfig, setup: RunSetup, parts: RunParts, signal: Ab
         ...(keep === undefined ? {} : { onSample: (output) => lines.push(generationLine(output, setup.tokenizer)) }),
       });
       if (keep !== undefined) await writeGenerations(keep, version, lines);
-      return { ...scores, 'timing/val_s': (performance.now() - started) / 1000 };
+      last = { at: taken, scores: { ...scores, 'timing/val_s': (performance.now() - started) / 1000 } };
+      return last.scores;
     });
+  return Object.assign(score, { current: () => (last?.at === at() ? last.scores : undefined) });
+}
+
+/** A run's validation: scores the policy now; `current()` is the last scores if the policy has not moved since. */
+interface Scorer {
+  (): Promise<Metrics>;
+  current(): Metrics | undefined;
 }
 
 /**
@@ -509,8 +521,10 @@ async function trainLoop(
   // early with checkpoint.onStop off.
   await ledger.finish(trainer.step, !signal.aborted || config.checkpoint.onStop);
   const seconds = (performance.now() - started) / 1000;
-  const after = data.validation.length > 0 && !signal.aborted ? await score() : undefined;
-  if (after) ledger.writeMetrics(trainer.step - 1, trainer.step, after);
+  // A run whose last step was validated already (validation.every divides it) reports those scores again.
+  const validated = score.current();
+  const after = data.validation.length > 0 && !signal.aborted ? (validated ?? (await score())) : undefined;
+  if (after && after !== validated) ledger.writeMetrics(trainer.step - 1, trainer.step, after);
   return summary(config, setup, { steps: trainer.step, seconds, before, after, last, reporter, resumedFrom: memo.resumedFrom });
 }
 

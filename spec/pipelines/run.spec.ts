@@ -129,6 +129,26 @@ describe.each(SPEC_BACKENDS)('runTraining (%s backend)', (name) => {
     }
   });
 
+  it('scores a last step that validation.every already validated once, and reports those scores as the final ones', async () => {
+    const dir = await fixture();
+    const validation = { beforeTrain: true, every: 2, generations: true };
+    const summary = await runTraining(
+      loadConfig({ values: base({ run: { dir: 'run', steps: 4, backend, seed: 2 }, validation }), env: {} }),
+      {
+        baseDir: dir,
+      },
+    );
+    const vals = readFileSync(join(dir, 'run', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>)
+      .filter((m) => 'val/reward_mean' in m);
+    // Before training, after step 2 and after step 4 — the end adds no fourth scoring of version 4.
+    expect(vals.map((m) => m.version)).toEqual([0, 2, 4]);
+    expect(readdirSync(join(dir, 'run', 'validation')).sort()).toEqual(['0.jsonl', '2.jsonl', '4.jsonl']);
+    expect(summary.valRewardFinal).toBe(vals[2]['val/reward_mean']);
+  });
+
   it('resumes from the newest checkpoint and trains only the remaining steps', async () => {
     const dir = await fixture();
     await runTraining(loadConfig({ values: base(), env: {} }), { baseDir: dir });
