@@ -13,7 +13,6 @@
  * @packageDocumentation
  */
 import { access } from 'node:fs/promises';
-import { homedir } from 'node:os';
 import { join } from 'node:path';
 
 import * as tf from '@tensorflow/tfjs-core';
@@ -24,7 +23,7 @@ import { LORA_TARGETS, LoraAdapter } from '../lib/model/lora.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
 import { samplingWeightBytes, type BlockWeights, type SamplingLease } from '../lib/model/samplingWeights.js';
 import { PolicyModel } from '../lib/model/transformer.js';
-import { SMOLLM2_135M } from './hf.js';
+import { SMOLLM2_135M, SMOLLM2_DIR } from './hf.js';
 
 function flag(args: readonly string[], name: string, fallback: string): string {
   const at = args.indexOf(name);
@@ -97,7 +96,7 @@ export async function main(args: readonly string[]): Promise<void> {
   const promptLength = Number(flag(args, '--prompt', '45'));
   const reps = Number(flag(args, '--reps', '10'));
   const newTokens = Number(flag(args, '--new', '16'));
-  const dir = flag(args, '--model-dir', join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct'));
+  const dir = flag(args, '--model-dir', SMOLLM2_DIR);
   const found = await access(join(dir, 'config.json')).then(
     () => true,
     () => false,

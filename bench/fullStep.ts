@@ -19,7 +19,7 @@
  * @packageDocumentation
  */
 import { existsSync } from 'node:fs';
-import { homedir, loadavg } from 'node:os';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 
 import * as tf from '@tensorflow/tfjs-core';
@@ -37,8 +37,8 @@ import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Batch, Trajectory } from '../lib/core/types.js';
 import { median } from './_stats.js';
 import { benchArgs } from './_args.js';
+import { SMOLLM2_DIR } from './hf.js';
 
-const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
 /** The bench recipe's trainer settings. */
 const RECIPE = { learningRate: 1e-5, microBatchSize: 8, maxGradNorm: 1, groups: 4, groupSize: 4, prompt: 45, response: 16 };
 

@@ -52,7 +52,8 @@ export const SMOLLM2_135M: PolicyConfig = {
   tieWordEmbeddings: true,
 };
 
-const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
+/** Where `npm run model:smollm2` builds SmolLM2-135M-Instruct (scripts/smollm2.py's default). */
+export const SMOLLM2_DIR = join(homedir(), '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct');
 
 /** SmolLM2-135M-Instruct's directory when `npm run model:smollm2` has built it (else the benches use random weights). */
 export function defaultModelDir(): string | undefined {
