@@ -572,7 +572,11 @@ export const SCHEMA = {
   },
   validation: {
     beforeTrain: { doc: 'Score the held-out split before training.', format: 'flag', default: true },
-    every: { doc: 'Score the held-out split every N versions (0 = only at the end).', format: 'non-negative-int', default: 0 },
+    every: {
+      doc: 'Score the held-out split every N versions (0 = only at the end; a last version already scored is not scored again).',
+      format: 'non-negative-int',
+      default: 0,
+    },
     temperature: { doc: 'Validation sampling temperature (0 = greedy).', format: 'non-negative-number', default: 0 },
     generations: {
       doc: "Write each validation's samples to <run-dir>/validation/<version>.jsonl: task id, answer, response, reward and the evaluator's metrics, one line per held-out task (verl's validation_data_dir; nothing without a run directory).",
