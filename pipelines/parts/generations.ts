@@ -41,7 +41,7 @@ export function generationLine(output: RolloutOutput, tokenizer: Pick<Tokenizer,
 
 /**
  * Writes one validation's lines, sorted by task id, to `<runDir>/validation/<version>.jsonl` (replacing a file of the
- * same version: a resumed run validating again, or the pass after training at the last periodic one's version).
+ * same version: a resumed run validating that version again).
  *
  * @throws {@link StorageError} when the disk is full or read-only; other write errors as they are.
  */
