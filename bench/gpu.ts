@@ -16,6 +16,9 @@
  * 5. prints `{"bench":"gpu-summary",…}`: the GPU, each side's device, and rxrl ÷ PyTorch tokens per second for each
  *    measurement (`train` is full fine-tuning, `lora_train` LoRA; above 1: rxrl is faster).
  *
+ * A GPU machine with no network, or with a CUDA other than 11, gets the backend from `scripts/gpu_offline.sh`
+ * (packed here, staged there) and runs this with `--no-build`, as the README's H100 table was measured.
+ *
  * @packageDocumentation
  */
 import { spawn, spawnSync } from 'node:child_process';
@@ -66,6 +69,18 @@ export function tensorflowDevice(log: string): string {
   return made ? `GPU:${made[1]} (${made[2].trim()})` : 'cpu';
 }
 
+/**
+ * Why a child bench failed, from its stderr: the last lines that are neither a stack frame nor TensorFlow's own
+ * timestamped log (a thrown error's name and message, e.g. `Error: Invalid TF_Status: 8` and `Message: OOM …`).
+ */
+export function failureReason(stderr: string, lines = 3): string {
+  const said = stderr.split('\n').filter((l) => l.trim() !== '' && !/^\s+at /.test(l) && !/^\d{4}-\d\d-\d\d \d/.test(l));
+  return said
+    .slice(-lines)
+    .map((l) => l.trim())
+    .join(' | ');
+}
+
 /** Builds the GPU backend (`scripts/native.sh --gpu`), everything it prints on stderr (stdout is the bench's JSON). */
 function build(): Promise<void> {
   const script = fileURLToPath(new URL('../../scripts/native.sh', import.meta.url));
@@ -96,7 +111,7 @@ async function rxrlSide(options: Options): Promise<Record<string, unknown>> {
     .map((l) => JSON.parse(l) as Record<string, unknown>)
     .find((r) => r.bench === 'hf');
   if (code !== 0 || row === undefined) {
-    return { bench: 'gpu-rxrl', failed: `bench hf exited with ${code}: ${stderr.trim().split('\n').at(-1) ?? ''}` };
+    return { bench: 'gpu-rxrl', failed: `bench hf exited with ${code}: ${failureReason(stderr)}` };
   }
   const gpuPackage = existsSync(fileURLToPath(new URL('../../node_modules/@tensorflow/tfjs-node-gpu/package.json', import.meta.url)));
   return { ...row, bench: 'gpu-rxrl', rxrl_device: tensorflowDevice(stderr), tfjs_node_gpu: gpuPackage };

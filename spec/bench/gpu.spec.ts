@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { nvidiaGpu, tensorflowDevice } from '../../bench/gpu.js';
+import { failureReason, nvidiaGpu, tensorflowDevice } from '../../bench/gpu.js';
 import { SPEC_BACKENDS } from '../helpers/backends.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -38,6 +38,19 @@ describe('bench gpu', () => {
     const cpuOnly =
       "W dso_loader.cc:64] Could not load dynamic library 'libcuda.so.1'; dlerror: libcuda.so.1: cannot open shared object file";
     expect(tensorflowDevice(cpuOnly)).toBe('cpu');
+  });
+
+  it("names a failed side's error, not the last line of its stack", () => {
+    const stderr = [
+      '2026-11-27 07:55:01.1: I tensorflow/core/common_runtime/gpu/gpu_device.cc:1616] Created device /job:localhost',
+      'Error: Invalid TF_Status: 8',
+      'Message: OOM when allocating tensor with shape[8192,49152]',
+      '    at NodeJSKernelBackend.executeSingleOutput (node_modules/@tensorflow/tfjs-node-gpu/dist/nodejs_kernel_backend.js:1:1)',
+      '    at Object.gradFunc (file:///repo/dist/lib/model/transformer.js:840:51)',
+      '',
+    ].join('\n');
+    expect(failureReason(stderr)).toBe('Error: Invalid TF_Status: 8 | Message: OOM when allocating tensor with shape[8192,49152]');
+    expect(failureReason('')).toBe('');
   });
 
   it('says plainly when there is no GPU, and runs nothing', async () => {
