@@ -133,7 +133,8 @@ async function trainAgents(
     const loraBase = runDir && built.some((b) => b.adapter) ? join(runDir, 'base') : undefined;
     const resumed = await resumePolicies(config, options, baseDir, runDir, built);
     const startStep = resumed?.state.step ?? 0;
-    if (runDir) await prepareRunDir(runDir, resumed ? startStep : -Infinity, loraBase, base, files);
+    // A LoRA base read from a model directory links that directory's weight files rather than writing them again.
+    if (runDir) await prepareRunDir(runDir, resumed ? startStep : -Infinity, loraBase, base, { ...files, sameWeightsAs: recipe.modelDir });
     const loader = loadTasks(recipe.task.train, {
       epochs: config.data.epochs === 0 ? Infinity : config.data.epochs,
       shuffle: config.data.shuffle,
@@ -282,7 +283,7 @@ async function prepareRunDir(
   fromStep: number,
   loraBase: string | undefined,
   base: PolicyModel,
-  files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special'>,
+  files: Pick<SaveModelDirOptions, 'tokenizerFiles' | 'special' | 'sameWeightsAs'>,
 ): Promise<void> {
   await mkdir(runDir, { recursive: true });
   // Lines of steps at or past the checkpoint (all of them on a fresh start) go.

@@ -214,7 +214,8 @@ async function setUp(
     throw error;
   });
   const activity = options.activity ?? activityTracker(config);
-  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, runDir, teacher, activity };
+  const initialDir = initial ? modelDir : undefined;
+  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, runDir, teacher, activity };
 }
 
 /**
@@ -280,7 +281,8 @@ async function buildParts(
     owned.push(trainer);
     if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
     const loraParts = models.adapter ? { adapter: models.adapter, base: initial } : undefined;
-    const save = await checkpointWriter(config, { runDir, policy, lora: loraParts, trainer, tokenizer, onSaved });
+    const base = loraParts && { ...loraParts, dir: setup.initialDir };
+    const save = await checkpointWriter(config, { runDir, policy, lora: base, trainer, tokenizer, onSaved });
     const ledger = await openLedger(config, { ...setup, warn: options.log }, save);
     const built = engine;
     return {
@@ -355,14 +357,15 @@ async function buildEngine(
 
 /**
  * Writes a checkpoint of the policy: a Hugging Face model directory, or for a LoRA policy a PEFT adapter whose
- * base is saved once under `<run-dir>/base/` (written here, before the first step).
+ * base is saved once under `<run-dir>/base/` (written here, before the first step; its weight files hard-linked
+ * from the directory the base was read from, `lora.dir`, where they can be).
  */
 async function checkpointWriter(
   config: RxrlConfig,
   parts: {
     runDir: string | undefined;
     policy: PolicyModel;
-    lora: RunParts['lora'];
+    lora: (NonNullable<RunParts['lora']> & { readonly dir: string | undefined }) | undefined;
     trainer: GrpoTrainer;
     tokenizer: Tokenizer;
     onSaved: SavedCheckpoint;
@@ -372,7 +375,7 @@ async function checkpointWriter(
   const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
   const baseDir = runDir && lora ? join(runDir, 'base') : undefined;
   if (baseDir && lora) {
-    await saveModelDir(baseDir, lora.base, files).catch((error: unknown) => {
+    await saveModelDir(baseDir, lora.base, { ...files, sameWeightsAs: lora.dir }).catch((error: unknown) => {
       throw asStorageError(error, baseDir);
     });
   }

@@ -10,7 +10,8 @@
  * @packageDocumentation
  */
 import { createHash } from 'node:crypto';
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import { link, mkdir, readdir, realpath, rename, rm, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 
 import type { NamedWeights, Tokenizer, WeightArray } from './types.js';
@@ -83,6 +84,13 @@ export interface SaveModelDirOptions {
    * `model.safetensors.index.json`, as `save_pretrained` does. Default {@link DEFAULT_MAX_SHARD_BYTES}.
    */
   readonly maxShardBytes?: number | undefined;
+  /**
+   * A local model directory holding exactly these weights (the one the model was loaded from, untrained since, as a
+   * LoRA run's frozen base): its weight files are hard-linked into `dir` instead of written, so the copy costs no
+   * disk, and `config.json` names their `torch_dtype`. Where no link can be made (another file system, no weights
+   * there) the weights are written as without it.
+   */
+  readonly sameWeightsAs?: string | undefined;
 }
 
 /** The element types a model directory is saved in. */
@@ -410,15 +418,12 @@ export async function saveModelDir(
   const config = source.config;
   const weights = source instanceof PolicyModel ? source.getWeights() : source.weights;
   const special = options.special ?? {};
-  const dtype = options.dtype ?? 'float32';
   await mkdir(dir, { recursive: true });
-  const saved = await writeWeights(
-    dir,
-    weights,
-    { format: 'pt', ...options.metadata },
-    dtype,
-    options.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES,
-  );
+  const linked = options.sameWeightsAs === undefined ? null : await linkWeights(options.sameWeightsAs, dir);
+  const dtype = linked?.dtype ?? options.dtype ?? 'float32';
+  const saved =
+    linked ??
+    (await writeWeights(dir, weights, { format: 'pt', ...options.metadata }, dtype, options.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES));
   for (const [name, text] of Object.entries(options.tokenizerFiles ?? {})) {
     await writeFileAtomic(join(dir, basename(name)), text);
   }
@@ -430,6 +435,56 @@ export async function saveModelDir(
   const hf = { ...policyConfigToHf(config, primary), torch_dtype: dtype };
   await writeFileAtomic(join(dir, MODEL_FILES.config), JSON.stringify(hf, null, 2) + '\n');
   return saved;
+}
+
+/**
+ * Hard-links `source`'s weight files (`model.safetensors`, or the index and the shards it names) into `dir`, each
+ * through a temporary name and a rename, and removes the other layout's files there. Returns what
+ * {@link writeWeights} returns and the source's `torch_dtype`, or null (nothing changed in `dir`) when `source` has
+ * no weights or a link cannot be made.
+ */
+async function linkWeights(
+  source: string,
+  dir: string,
+): Promise<{ readonly bytes: number; readonly sha256: string; readonly dtype: SavedDtype | undefined } | null> {
+  const single = await entryExists(join(source, MODEL_FILES.weights));
+  let files: string[];
+  if (single) files = [MODEL_FILES.weights];
+  else if (await entryExists(join(source, MODEL_FILES.index))) {
+    const index = await readJsonObject(join(source, MODEL_FILES.index));
+    const map = index.weight_map;
+    if (typeof map !== 'object' || map === null) return null;
+    files = [MODEL_FILES.index, ...new Set(Object.values(map as Record<string, unknown>).map(String))];
+  } else return null;
+  const targets: [from: string, to: string][] = [];
+  try {
+    for (const file of files) {
+      const from = await realpath(join(source, basename(file)));
+      const to = join(dir, basename(file));
+      if ((await realpath(to).catch(() => null)) === from) continue;
+      await rm(`${to}.link`, { force: true });
+      await link(from, `${to}.link`);
+      targets.push([from, to]);
+    }
+  } catch {
+    for (const [, to] of targets) await rm(`${to}.link`, { force: true });
+    return null;
+  }
+  for (const [, to] of targets) await rename(`${to}.link`, to);
+  const keep = new Set(files.map((file) => basename(file)));
+  const stale = (await readdir(dir)).filter(
+    (name) =>
+      !keep.has(name) && (name === MODEL_FILES.weights || name === MODEL_FILES.index || /^model-\d{5}-of-\d{5}\.safetensors$/.test(name)),
+  );
+  for (const name of stale) await rm(join(dir, name), { force: true });
+  let bytes = 0;
+  for (const file of keep) if (file !== MODEL_FILES.index) bytes += (await stat(join(dir, file))).size;
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(join(dir, files[0]))) hash.update(chunk as Buffer);
+  const config = await readJsonObject(join(source, MODEL_FILES.config)).catch(() => ({}) as Record<string, unknown>);
+  const named = config.torch_dtype ?? config.dtype;
+  const dtype = typeof named === 'string' && named in SAFETENSORS_DTYPES ? (named as SavedDtype) : undefined;
+  return { bytes, sha256: hash.digest('hex'), dtype };
 }
 
 /**

@@ -128,6 +128,8 @@ export interface RunSetup {
   readonly checkpoint: Checkpoint | undefined;
   /** The model the run starts from (owned by the parts built from it); none when it trains on a Tinker service. */
   readonly initial: PolicyModel | undefined;
+  /** The local model directory `initial` was read from (`model.path`), or none for a seeded model. */
+  readonly initialDir?: string | undefined;
   /** The run directory, resolved. */
   readonly runDir: string | undefined;
   /** The teacher of a distillation run (`trainer.algorithm: distill`), released with the setup. */

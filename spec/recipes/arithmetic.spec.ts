@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { cpSync, existsSync, statSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -63,11 +63,15 @@ describe('arithmetic task', () => {
   for (const name of ['smollm2-arithmetic.yaml', 'smollm2-arithmetic-full.yaml', 'smollm2-arithmetic-sft.yaml']) {
     it(`recipes/${name} trains two steps in the model's chat template and checkpoints`, async () => {
       const dir = await mkdtemp(join(tmpdir(), 'rxrl-arith-'));
+      const lora = name === 'smollm2-arithmetic.yaml';
+      // The LoRA run reads a copy beside its run directory, so its base/ can link the copy's weights (same file system).
+      const model = lora ? join(dir, 'model') : fixture;
+      if (lora) cpSync(fixture, model, { recursive: true });
       const config = loadConfig({
         env: {},
         file: join(recipes, name),
         set: [
-          `model.path=${fixture}`,
+          `model.path=${model}`,
           'run.steps=2',
           `run.dir=${join(dir, 'run')}`,
           'run.backend=wasm',
@@ -82,8 +86,9 @@ describe('arithmetic task', () => {
       expect(summary.steps).toBe(2);
       expect(summary.failedSamples).toBe(0);
       expect(summary.valRewardInitial).toBeGreaterThanOrEqual(0);
-      const lora = name === 'smollm2-arithmetic.yaml';
       expect(existsSync(join(dir, 'run', 'global_step_2', lora ? 'adapter_model.safetensors' : 'model.safetensors'))).toBe(true);
+      // The frozen base under base/ is the model directory's own weight file, hard-linked, not a second copy.
+      if (lora) expect(statSync(join(dir, 'run', 'base', 'model.safetensors')).ino).toBe(statSync(join(model, 'model.safetensors')).ino);
     });
   }
 
