@@ -447,15 +447,14 @@ async function linkWeights(
   source: string,
   dir: string,
 ): Promise<{ readonly bytes: number; readonly sha256: string; readonly dtype: SavedDtype | undefined } | null> {
-  const single = await entryExists(join(source, MODEL_FILES.weights));
+  // The layout readModelDir reads: the index and its shards when there is an index, else model.safetensors.
   let files: string[];
-  if (single) files = [MODEL_FILES.weights];
-  else if (await entryExists(join(source, MODEL_FILES.index))) {
-    const index = await readJsonObject(join(source, MODEL_FILES.index));
-    const map = index.weight_map;
+  if (await entryExists(join(source, MODEL_FILES.index))) {
+    const map = (await readJsonObject(join(source, MODEL_FILES.index))).weight_map;
     if (typeof map !== 'object' || map === null) return null;
     files = [MODEL_FILES.index, ...new Set(Object.values(map as Record<string, unknown>).map(String))];
-  } else return null;
+  } else if (await entryExists(join(source, MODEL_FILES.weights))) files = [MODEL_FILES.weights];
+  else return null;
   const targets: [from: string, to: string][] = [];
   try {
     for (const file of files) {
