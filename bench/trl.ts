@@ -1,6 +1,7 @@
 /**
- * `npm run bench -- trl [--steps 50] [--seed 1] [--recipe recipes/smollm2-arithmetic.yaml] [--out runs/bench-trl]
- * [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75] [--set key=value ...]`
+ * `npm run bench -- trl [--steps 50] [--seed 1 | --seeds 1,2,3] [--recipe recipes/smollm2-arithmetic.yaml]
+ * [--out runs/bench-trl] [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]
+ * [--set key=value ...]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
@@ -38,6 +39,11 @@
  *    "rxrl_time_to_target_s":…,"trl_time_to_target_s":…,"time_to_target_ratio":…}`: each side's held-out reward
  *    after minus before, TRL's median seconds per step over rxrl's, and TRL's seconds to the target over rxrl's
  *    (above 1: rxrl is faster; null where a side never reached the target, or rxrl needed no step).
+ *
+ * With `--seeds 1,2,3` it does all of that for each seed in turn (in `<out>/seed-<S>`, each summary naming its
+ * `seed`), then prints the table in one line: `{"bench":"trl-seeds","seeds":[{seed, rxrl_gain, trl_gain, diff,
+ * step_time_ratio, time_to_target_ratio}, …],"rxrl_gain_mean":…,"trl_gain_mean":…,"diff_mean":…,"diff_se":…,
+ * "rxrl_at_least_trl":"k/n","step_time_ratio_min":…}`.
  *
  * The two sides run one after the other, never at once, on the same machine.
  *
@@ -599,24 +605,52 @@ async function boundsLine(
   };
 }
 
+/** What one seed's comparison needs, read from the command line. */
+interface BenchOptions {
+  readonly steps: number;
+  readonly threads: number;
+  readonly target: number;
+  readonly valEvery: number;
+  readonly only: string;
+  readonly backend: BackendKind;
+  readonly recipe: string;
+  readonly overrides: readonly string[];
+}
+
 export async function main(args: readonly string[]): Promise<void> {
-  const steps = Number(option(args, 'steps', '50'));
-  const seed = Number(option(args, 'seed', '1'));
-  const threads = Number(option(args, 'threads', '2'));
-  const target = Number(option(args, 'target', '0.75'));
   const valEvery = Number(option(args, 'val-every', '10'));
   if (!(Number.isInteger(valEvery) && valEvery >= 1))
     throw new ConfigError(`bench trl: --val-every must be an integer >= 1, got ${option(args, 'val-every', '')}`);
-  const only = option(args, 'only', '');
-  const backend = option(args, 'backend', 'tensorflow') as BackendKind;
+  const seeds = option(args, 'seeds', option(args, 'seed', '1'))
+    .split(',')
+    .map(Number);
+  if (!seeds.every((seed) => Number.isInteger(seed) && seed >= 0))
+    throw new ConfigError(`bench trl: --seeds must list integers >= 0, got ${option(args, 'seeds', '')}`);
   const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
   const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
+  const options: BenchOptions = {
+    steps: Number(option(args, 'steps', '50')),
+    threads: Number(option(args, 'threads', '2')),
+    target: Number(option(args, 'target', '0.75')),
+    valEvery,
+    only: option(args, 'only', ''),
+    backend: option(args, 'backend', 'tensorflow') as BackendKind,
+    recipe,
+    // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
+    overrides: args.flatMap((a, i) => (a === '--set' && args[i + 1] !== undefined ? [args[i + 1]] : [])),
+  };
+  const summaries: Record<string, unknown>[] = [];
+  for (const seed of seeds) summaries.push(await benchSeed(options, seed, seeds.length === 1 ? out : join(out, `seed-${seed}`)));
+  if (seeds.length > 1) console.log(JSON.stringify(seedsLine(summaries)));
+}
+
+/** One seed's comparison in `out`: both sides, their bounds and misses; returns (and prints last) its summary line. */
+async function benchSeed(options: BenchOptions, seed: number, out: string): Promise<Record<string, unknown>> {
+  const { steps, threads, target, valEvery, only, backend, recipe } = options;
   // rxrl's run: validation before training and every --val-every steps, no checkpoint but the last.
   // TRL's advantage epsilon is a constant: rxrl's side takes it too.
-  // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
-  const overrides = args.flatMap((a, i) => (a === '--set' && args[i + 1] !== undefined ? [args[i + 1]] : []));
   const set = [
-    ...overrides,
+    ...options.overrides,
     `run.steps=${steps}`,
     `run.seed=${seed}`,
     `run.dir=${join(out, 'rxrl')}`,
@@ -632,21 +666,8 @@ export async function main(args: readonly string[]): Promise<void> {
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
   for (const dir of ['data', 'rxrl', 'trl']) await rm(join(out, dir), { recursive: true, force: true });
   const { modelDir, rows, promptTokens } = await exportData(config, recipeDir(recipe), join(out, 'data'));
-  console.log(
-    JSON.stringify({
-      bench: 'trl',
-      recipe,
-      steps,
-      seed,
-      threads,
-      target,
-      val_every: valEvery,
-      model: modelDir,
-      train_prompts: rows,
-      settings,
-      rxrl_only: rxrlOnly(config),
-    }),
-  );
+  const header = { bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows };
+  console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config) }));
 
   const sides: Record<string, SideResult> = {};
   if (only !== 'trl') {
@@ -670,7 +691,49 @@ export async function main(args: readonly string[]): Promise<void> {
   console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
   const missed = missedLine(sides);
   if (missed) console.log(JSON.stringify(missed));
-  console.log(JSON.stringify({ ...summaryLine(steps, target, sides), rxrl_only: rxrlOnly(config) }));
+  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config) };
+  console.log(JSON.stringify(summary));
+  return summary;
+}
+
+/**
+ * The seeds' table in one line (`--seeds`): each seed's gains, their difference and both ratios, then the mean gain
+ * of each side, the mean paired difference (rxrl − TRL, "paired" only by seed number) with its standard error, on
+ * how many seeds rxrl gained at least as much, and the smallest step-time ratio.
+ */
+export function seedsLine(summaries: readonly Record<string, unknown>[]): Record<string, unknown> {
+  const num = (x: unknown): number | null => (typeof x === 'number' && Number.isFinite(x) ? x : null);
+  const rows = summaries.map((s) => {
+    const [rxrl, trl] = [num(s.rxrl_gain), num(s.trl_gain)];
+    const diff = rxrl !== null && trl !== null ? round(rxrl - trl) : null;
+    return {
+      seed: s.seed,
+      rxrl_gain: rxrl,
+      trl_gain: trl,
+      diff,
+      step_time_ratio: num(s.step_time_ratio),
+      time_to_target_ratio: num(s.time_to_target_ratio),
+    };
+  });
+  const present = (values: (number | null)[]): number[] => values.filter((v): v is number => v !== null);
+  const mean = (values: number[]): number | null => (values.length === 0 ? null : round(values.reduce((a, b) => a + b, 0) / values.length));
+  const diffs = present(rows.map((r) => r.diff));
+  const diffMean = mean(diffs);
+  const se =
+    diffs.length < 2 || diffMean === null
+      ? null
+      : round(Math.sqrt(diffs.reduce((sum, d) => sum + (d - diffMean) ** 2, 0) / (diffs.length - 1) / diffs.length));
+  const ratios = present(rows.map((r) => r.step_time_ratio));
+  return {
+    bench: 'trl-seeds',
+    seeds: rows,
+    rxrl_gain_mean: mean(present(rows.map((r) => r.rxrl_gain))),
+    trl_gain_mean: mean(present(rows.map((r) => r.trl_gain))),
+    diff_mean: diffMean,
+    diff_se: se,
+    rxrl_at_least_trl: `${diffs.filter((d) => d >= 0).length}/${diffs.length}`,
+    step_time_ratio_min: ratios.length === 0 ? null : Math.min(...ratios),
+  };
 }
 
 /**

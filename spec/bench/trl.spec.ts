@@ -1,10 +1,10 @@
 import { spawn } from 'node:child_process';
-import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { missedLine, summaryLine, timeToTarget, type SideResult, type StepRow } from '../../bench/trl.js';
+import { missedLine, seedsLine, summaryLine, timeToTarget, type SideResult, type StepRow } from '../../bench/trl.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -120,6 +120,42 @@ describe('bench trl: the questions each side misses', () => {
   });
 });
 
+describe('the seeds line', () => {
+  it('tabulates each seed, the mean gains, the mean paired difference with its standard error, and the slowest ratio', () => {
+    const line = seedsLine([
+      { seed: 1, rxrl_gain: 0.8, trl_gain: 0.85, step_time_ratio: 3.4, time_to_target_ratio: 4.6 },
+      { seed: 2, rxrl_gain: 0.9, trl_gain: 0.85, step_time_ratio: 3.1, time_to_target_ratio: null },
+      { seed: 3, rxrl_gain: 0.7, trl_gain: 0.6, step_time_ratio: 3.3, time_to_target_ratio: 2 },
+    ]);
+    expect(line).toMatchObject({
+      bench: 'trl-seeds',
+      rxrl_gain_mean: 0.8,
+      trl_gain_mean: 0.767,
+      diff_mean: 0.033,
+      rxrl_at_least_trl: '2/3',
+      step_time_ratio_min: 3.1,
+    });
+    // Differences -0.05, 0.05, 0.1: sample SD 0.0764, over √3.
+    expect(line.diff_se).toBeCloseTo(0.044, 3);
+    expect((line.seeds as Record<string, unknown>[])[1]).toEqual({
+      seed: 2,
+      rxrl_gain: 0.9,
+      trl_gain: 0.85,
+      diff: 0.05,
+      step_time_ratio: 3.1,
+      time_to_target_ratio: null,
+    });
+  });
+
+  it('leaves out what a side did not measure (TRL not run), and has no error for one difference', () => {
+    const line = seedsLine([
+      { seed: 1, rxrl_gain: 0.5, trl_gain: null, step_time_ratio: null },
+      { seed: 2, rxrl_gain: 0.7, trl_gain: 0.6, step_time_ratio: 2 },
+    ]);
+    expect(line).toMatchObject({ rxrl_gain_mean: 0.6, trl_gain_mean: 0.6, diff_mean: 0.1, diff_se: null, rxrl_at_least_trl: '1/1' });
+  });
+});
+
 describe('npm run bench -- trl', () => {
   it("exports the recipe's task with rxrl's prompt ids, runs rxrl's side and writes the comparison and its report", async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-bench-trl-'));
@@ -232,5 +268,14 @@ describe('npm run bench -- trl', () => {
     expect(own.lines[0].rxrl_only).toEqual({ 'algorithm.filterZeroVariance': true, 'sync.generationBatchSize': 8 });
     expect(own.lines.at(-1)!.rxrl_only).toEqual(own.lines[0].rxrl_only);
     expect(own.lines.find((l) => l.side === 'rxrl' && l.step === 0)).toMatchObject({ reward_mean: 0 });
-  }, 120_000);
+
+    // --seeds: each seed's comparison in its own directory, each summary naming its seed, then the table.
+    const seeds = await rxrlSide(1, join(dir, 'seeds'), [...plain, '--seeds', '1,2']);
+    expect(seeds.code, seeds.stderr).toBe(0);
+    expect(seeds.lines.filter((l) => l.bench === 'trl-summary').map((l) => l.seed)).toEqual([1, 2]);
+    expect((await readdir(join(dir, 'seeds'))).sort()).toEqual(['seed-1', 'seed-2']);
+    const table = seeds.lines.at(-1)!;
+    expect(table).toMatchObject({ bench: 'trl-seeds', trl_gain_mean: null, diff_mean: null, rxrl_at_least_trl: '0/0' });
+    expect((table.seeds as { seed: number }[]).map((r) => r.seed)).toEqual([1, 2]);
+  }, 180_000);
 });
