@@ -281,8 +281,15 @@ async function buildParts(
     owned.push(trainer);
     if (checkpoint) await trainer.restore({ step: checkpoint.state.step, optimizer: checkpoint.optimizer });
     const loraParts = models.adapter ? { adapter: models.adapter, base: initial } : undefined;
-    const base = loraParts && { ...loraParts, dir: setup.initialDir };
-    const save = await checkpointWriter(config, { runDir, policy, lora: base, trainer, tokenizer, onSaved });
+    const save = await checkpointWriter(config, {
+      runDir,
+      policy,
+      lora: loraParts,
+      baseFrom: setup.initialDir,
+      trainer,
+      tokenizer,
+      onSaved,
+    });
     const ledger = await openLedger(config, { ...setup, warn: options.log }, save);
     const built = engine;
     return {
@@ -358,14 +365,16 @@ async function buildEngine(
 /**
  * Writes a checkpoint of the policy: a Hugging Face model directory, or for a LoRA policy a PEFT adapter whose
  * base is saved once under `<run-dir>/base/` (written here, before the first step; its weight files hard-linked
- * from the directory the base was read from, `lora.dir`, where they can be).
+ * from the directory the base was read from, `baseFrom`, where they can be).
  */
 async function checkpointWriter(
   config: RxrlConfig,
   parts: {
     runDir: string | undefined;
     policy: PolicyModel;
-    lora: (NonNullable<RunParts['lora']> & { readonly dir: string | undefined }) | undefined;
+    lora: RunParts['lora'];
+    /** The model directory a LoRA policy's base was read from (its weight files are linked into base/). */
+    baseFrom: string | undefined;
     trainer: GrpoTrainer;
     tokenizer: Tokenizer;
     onSaved: SavedCheckpoint;
@@ -375,7 +384,7 @@ async function checkpointWriter(
   const files = { tokenizerFiles: tokenizer.files(), special: specialIdsOf(tokenizer) };
   const baseDir = runDir && lora ? join(runDir, 'base') : undefined;
   if (baseDir && lora) {
-    await saveModelDir(baseDir, lora.base, { ...files, sameWeightsAs: lora.dir }).catch((error: unknown) => {
+    await saveModelDir(baseDir, lora.base, { ...files, sameWeightsAs: parts.baseFrom }).catch((error: unknown) => {
       throw asStorageError(error, baseDir);
     });
   }
