@@ -60,13 +60,14 @@ import { ConfigError } from '../lib/core/errors.js';
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { JinjaChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../lib/config/schema.js';
-import { initBackend, type BackendKind } from '../lib/model/backend.js';
+import { BACKEND_KINDS, initBackend, type BackendKind } from '../lib/model/backend.js';
 import { policyConfigFromHf } from '../lib/model/modelDir.js';
 import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.js';
 import { writeReport } from '../lib/observe/report.js';
 import type { Task } from '../lib/core/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
 import type { GenerationLine } from '../pipelines/parts/generations.js';
+import { benchArgs } from './_args.js';
 import { modelSizes, stepBounds } from './_bounds.js';
 import { median } from './_stats.js';
 
@@ -127,11 +128,6 @@ export interface SideResult {
   /** Held-out task ids the last validation answered wrong (`correct` 0), when the side reports them. */
   readonly missed?: readonly string[];
   readonly extra: Readonly<Record<string, unknown>>;
-}
-
-function option(args: readonly string[], name: string, fallback: string): string {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : fallback;
 }
 
 const round = (x: number, digits = 3): number => Number(x.toFixed(digits));
@@ -617,28 +613,48 @@ interface BenchOptions {
   readonly overrides: readonly string[];
 }
 
-export async function main(args: readonly string[]): Promise<void> {
-  const valEvery = Number(option(args, 'val-every', '10'));
-  if (!(Number.isInteger(valEvery) && valEvery >= 1))
-    throw new ConfigError(`bench trl: --val-every must be an integer >= 1, got ${option(args, 'val-every', '')}`);
-  const seeds = option(args, 'seeds', option(args, 'seed', '1'))
-    .split(',')
-    .map(Number);
+/**
+ * The bench's flags, checked: a malformed number, seed list, side or backend is a {@link ConfigError} naming the
+ * flag, before anything runs.
+ */
+export function trlBenchOptions(argv: readonly string[]): BenchOptions & { readonly seeds: readonly number[]; readonly out: string } {
+  const args = benchArgs(argv);
+  const int = (name: string, fallback: number): number => {
+    const text = args.value(name) ?? String(fallback);
+    const v = Number(text);
+    if (!(Number.isInteger(v) && v >= 1)) throw new ConfigError(`bench trl: --${name} must be an integer >= 1, got ${text}`);
+    return v;
+  };
+  const seedsText = args.value('seeds') ?? args.value('seed') ?? '1';
+  const seeds = seedsText.split(',').map((s) => (s.trim() === '' ? Number.NaN : Number(s)));
   if (!seeds.every((seed) => Number.isInteger(seed) && seed >= 0))
-    throw new ConfigError(`bench trl: --seeds must list integers >= 0, got ${option(args, 'seeds', '')}`);
-  const recipe = resolve(option(args, 'recipe', 'recipes/smollm2-arithmetic.yaml'));
-  const out = resolve(option(args, 'out', join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)));
-  const options: BenchOptions = {
-    steps: Number(option(args, 'steps', '50')),
-    threads: Number(option(args, 'threads', '2')),
-    target: Number(option(args, 'target', '0.75')),
-    valEvery,
-    only: option(args, 'only', ''),
-    backend: option(args, 'backend', 'tensorflow') as BackendKind,
+    throw new ConfigError(`bench trl: --seeds must list integers >= 0, got ${seedsText}`);
+  const target = Number(args.value('target') ?? '0.75');
+  if (!(Number.isFinite(target) && target > 0 && target <= 1))
+    throw new ConfigError(`bench trl: --target must be a held-out reward in (0, 1], got ${args.value('target')}`);
+  const only = args.value('only') ?? '';
+  if (!['', 'rxrl', 'trl'].includes(only)) throw new ConfigError(`bench trl: --only must be rxrl or trl, got ${only}`);
+  const backend = args.value('backend') ?? 'tensorflow';
+  if (!BACKEND_KINDS.includes(backend as BackendKind))
+    throw new ConfigError(`bench trl: --backend must be one of ${BACKEND_KINDS.join(', ')}, got ${backend}`);
+  const recipe = resolve(args.value('recipe') ?? 'recipes/smollm2-arithmetic.yaml');
+  return {
+    steps: int('steps', 50),
+    threads: int('threads', 2),
+    target,
+    valEvery: int('val-every', 10),
+    only,
+    backend: backend as BackendKind,
     recipe,
     // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
-    overrides: args.flatMap((a, i) => (a === '--set' && args[i + 1] !== undefined ? [args[i + 1]] : [])),
+    overrides: argv.flatMap((a, i) => (a === '--set' && argv[i + 1] !== undefined ? [argv[i + 1]] : [])),
+    seeds,
+    out: resolve(args.value('out') ?? join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)),
   };
+}
+
+export async function main(args: readonly string[]): Promise<void> {
+  const { seeds, out, ...options } = trlBenchOptions(args);
   const summaries: Record<string, unknown>[] = [];
   for (const seed of seeds) summaries.push(await benchSeed(options, seed, seeds.length === 1 ? out : join(out, `seed-${seed}`)));
   if (seeds.length > 1) console.log(JSON.stringify(seedsLine(summaries)));

@@ -4,7 +4,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { missedLine, seedsLine, summaryLine, timeToTarget, type SideResult, type StepRow } from '../../bench/trl.js';
+import { missedLine, seedsLine, summaryLine, timeToTarget, trlBenchOptions, type SideResult, type StepRow } from '../../bench/trl.js';
+import { ConfigError } from '../../lib/core/errors.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -153,6 +154,58 @@ describe('the seeds line', () => {
       { seed: 2, rxrl_gain: 0.7, trl_gain: 0.6, step_time_ratio: 2 },
     ]);
     expect(line).toMatchObject({ rxrl_gain_mean: 0.6, trl_gain_mean: 0.6, diff_mean: 0.1, diff_se: null, rxrl_at_least_trl: '1/1' });
+  });
+});
+
+describe("bench trl's flags", () => {
+  it('defaults to 50 steps of the LoRA recipe on seed 1, and reads a seed list, the side, the backend and --set', () => {
+    const defaults = trlBenchOptions([]);
+    expect(defaults).toMatchObject({
+      steps: 50,
+      threads: 2,
+      target: 0.75,
+      valEvery: 10,
+      only: '',
+      backend: 'tensorflow',
+      seeds: [1],
+      overrides: [],
+    });
+    expect(defaults.recipe).toBe(resolve('recipes/smollm2-arithmetic.yaml'));
+    expect(defaults.out).toBe(resolve('runs/bench-trl-smollm2-arithmetic'));
+    const set = trlBenchOptions([
+      '--seeds',
+      '1,2,3',
+      '--only',
+      'rxrl',
+      '--backend',
+      'wasm',
+      '--steps',
+      '4',
+      '--set',
+      'a=1',
+      '--set',
+      'b=2',
+    ]);
+    expect(set).toMatchObject({ seeds: [1, 2, 3], only: 'rxrl', backend: 'wasm', steps: 4, overrides: ['a=1', 'b=2'] });
+    expect(trlBenchOptions(['--seed', '0']).seeds).toEqual([0]);
+  });
+
+  it('refuses a malformed flag with a ConfigError naming it, before anything runs', () => {
+    const cases: [string[], RegExp][] = [
+      [['--steps', 'ten'], /--steps must be an integer >= 1, got ten/],
+      [['--steps', '0'], /--steps must be an integer >= 1/],
+      [['--threads', '1.5'], /--threads must be an integer >= 1/],
+      [['--val-every', '-1'], /--val-every must be an integer >= 1/],
+      [['--seeds', '1,,3'], /--seeds must list integers >= 0, got 1,,3/],
+      [['--seed', 'x'], /--seeds must list integers >= 0/],
+      [['--target', '2'], /--target must be a held-out reward in \(0, 1\], got 2/],
+      [['--only', 'both'], /--only must be rxrl or trl, got both/],
+      [['--backend', 'webgpu'], /--backend must be one of auto, tensorflow, wasm, cpu, got webgpu/],
+    ];
+    for (const [args, message] of cases) {
+      expect(() => trlBenchOptions(args), args.join(' ')).toThrow(ConfigError);
+      expect(() => trlBenchOptions(args), args.join(' ')).toThrow(message);
+    }
   });
 });
 
