@@ -29,7 +29,8 @@ import { kafkaTrainer } from './kafkaTrainer.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
 import { loadAgentsRecipe, type AgentsRecipe } from './parts/agentsRecipe.js';
 import { loggingTrainer } from './parts/ledger.js';
-import { initialModel, policyModels } from '../lib/model/policies.js';
+import { initialModel, policyModels, readStartingAdapter } from '../lib/model/policies.js';
+import type { NamedWeights } from '../lib/model/types.js';
 import type { BuiltPolicy } from './parts/policy.js';
 import { damagedCheckpointWarning, dropStepsFrom, resumeOf, runDirWarnings, savePolicies } from './parts/runDir.js';
 import { grpoTrainerOptions, kafkaSettings, klInRewardOf, loopSettings, samplesInFlight } from './parts/settings.js';
@@ -127,7 +128,10 @@ async function trainAgents(
   let trackers: MetricsSink[] = [];
   let failed = true;
   try {
-    buildPolicies(config, recipe, base, built, owned);
+    const starting = await Promise.all(
+      config.policies.map((p, i) => readStartingAdapter(p, base.config, { key: `policies[${i}].adapterPath`, baseDir })),
+    );
+    buildPolicies(config, recipe, base, { built, owned, starting });
     const files = { tokenizerFiles: recipe.tokenizer.files(), special: specialIdsOf(recipe.tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
     const loraBase = runDir && built.some((b) => b.adapter) ? join(runDir, 'base') : undefined;
@@ -213,15 +217,20 @@ function buildPolicies(
   config: RxrlConfig,
   recipe: AgentsRecipe,
   base: PolicyModel,
-  built: BuiltPolicy[],
-  owned: { dispose(): unknown }[],
+  into: {
+    readonly built: BuiltPolicy[];
+    readonly owned: { dispose(): unknown }[];
+    /** Per policy, the weights its adapter starts from (`adapterPath`), if any. */
+    readonly starting: readonly (NamedWeights | undefined)[];
+  },
 ): void {
+  const { built, owned } = into;
   const sampleBase = config.policies.some((p) => p.specialization === 'lora')
     ? PolicyModel.fromWeights(base.config, base.getWeights())
     : undefined;
   if (sampleBase) owned.push(sampleBase);
   for (const [i, entry] of config.policies.entries()) {
-    const models = policyModels(entry, i, base, sampleBase, config.run.seed);
+    const models = policyModels(entry, i, base, sampleBase, config.run.seed, { adapterWeights: into.starting[i] });
     const engine = new LocalEngine(models.sample, {
       tokenizer: recipe.tokenizer,
       modelTag: entry.name,

@@ -31,7 +31,8 @@ import { loadAgentsRecipe } from './parts/agentsRecipe.js';
 import { loadRollout } from './parts/data.js';
 import { StepOutcomes } from './parts/failedSteps.js';
 import { openLedger, type SaveCheckpoint } from './parts/ledger.js';
-import { initialModel, policyModels, remoteContextLength } from '../lib/model/policies.js';
+import { initialModel, policyModels, readStartingAdapter, remoteContextLength } from '../lib/model/policies.js';
+import type { NamedWeights } from '../lib/model/types.js';
 import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
 import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
@@ -187,12 +188,16 @@ async function setUp(
       ? { model: undefined, contextLength: await remoteContextLength(config.model, modelDir, tokenizer.vocabSize) }
       : await initialModel(config.model, modelDir, tokenizer.vocabSize, config.run.seed);
   let trainTasks: number | undefined;
+  let startingAdapter: NamedWeights | undefined;
   try {
     if (initial && tokenizer.vocabSize > initial.config.vocabSize) {
       throw new ConfigError(
         `model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`,
       );
     }
+    // A resumed run's checkpoint replaces the starting adapter; it is read (and checked) all the same.
+    const entry = config.policies[0] ?? SINGLE_POLICY;
+    if (initial) startingAdapter = await readStartingAdapter(entry, initial.config, { key: 'policies[0].adapterPath', baseDir });
     // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
     // custom worker builds its own prompts, so it is trusted with them).
     if (!sampler) {
@@ -215,7 +220,10 @@ async function setUp(
   });
   const activity = options.activity ?? activityTracker(config);
   const initialDir = initial ? modelDir : undefined;
-  return { backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, runDir, teacher, activity };
+  return {
+    ...{ backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, startingAdapter },
+    ...{ runDir, teacher, activity },
+  };
 }
 
 /**
@@ -267,7 +275,11 @@ async function buildParts(
     const sampled = inProcess && !(config.sync.mode === 'sync' && !options.kafka);
     const sampleBase = lora && sampled ? PolicyModel.fromWeights(initial.config, initial.getWeights()) : undefined;
     if (sampleBase) owned.push(sampleBase);
-    const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, { copyTrain: false, sampled });
+    const models = policyModels(entry, 0, initial, sampleBase, config.run.seed, {
+      copyTrain: false,
+      sampled,
+      adapterWeights: setup.startingAdapter,
+    });
     owned.push(...models.adapters, models.sample, models.train);
     if (checkpoint) {
       models.train.setWeights(checkpoint.weights);

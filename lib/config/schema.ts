@@ -40,6 +40,11 @@ export interface PolicyEntryConfig {
   specialization: Specialization;
   /** `lora` only: the adapter. Default rank 8, alpha 16, every target module. */
   lora?: LoraConfig;
+  /**
+   * `lora` only: a PEFT adapter directory (relative to the recipe) the adapter starts from instead of a fresh one,
+   * e.g. an SFT run's checkpoint; it must be the adapter `lora` describes.
+   */
+  adapterPath?: string;
 }
 
 const KL_ESTIMATORS = ['k1', 'abs', 'mse', 'k3', 'low_var_kl'] as const;
@@ -131,7 +136,12 @@ const FORMATS = {
   },
   'policy-entries': {
     validate: (v: unknown) =>
-      checkEntries(v, ['name', 'specialization'], ['lora'], { name: 'string', specialization: SPECIALIZATIONS, lora: 'object' }),
+      checkEntries(v, ['name', 'specialization'], ['lora', 'adapterPath'], {
+        name: 'string',
+        specialization: SPECIALIZATIONS,
+        lora: 'object',
+        adapterPath: 'string',
+      }),
   },
 } satisfies { readonly [F in FormatName]: convict.Format };
 
@@ -637,7 +647,7 @@ export const SCHEMA = {
     },
   },
   policies: {
-    doc: 'The policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}}: one per agents.roles policy, or (single-agent) at most one, e.g. a LoRA adapter on the model.',
+    doc: 'The policies as {name, specialization: prompt | lora | full, lora?: {rank, alpha, targetModules}, adapterPath?: a PEFT adapter directory a lora policy starts from}: one per agents.roles policy, or (single-agent) at most one, e.g. a LoRA adapter on the model.',
     format: 'policy-entries',
     default: [],
   },
@@ -863,6 +873,8 @@ function agentProblems(c: RxrlConfig): string[] {
 /** One policy's own checks: an adapter only for `lora`, and a valid one. */
 function policyProblems(policy: PolicyEntryConfig, i: number): string[] {
   if (policy.lora !== undefined && policy.specialization !== 'lora') return [`policies[${i}].lora: only for specialization 'lora'`];
+  if (policy.adapterPath !== undefined && policy.specialization !== 'lora')
+    return [`policies[${i}].adapterPath: only for specialization 'lora'`];
   if (policy.specialization !== 'lora') return [];
   try {
     validateLoraConfig(resolvedLora(policy), `policies[${i}].lora`);

@@ -6,11 +6,14 @@
  *
  * @packageDocumentation
  */
-import { join } from 'node:path';
+import { homedir } from 'node:os';
+import { join, resolve } from 'node:path';
 
 import { checkModelFits } from './capacity.js';
 import { readJsonObject } from './files.js';
-import { DEFAULT_POLICY_LORA, LoraAdapter, validateLoraConfig, type LoraConfig } from './lora.js';
+import { ConfigError } from '../core/errors.js';
+import { DEFAULT_POLICY_LORA, LoraAdapter, readPeftAdapterConfig, readPeftWeights, validateLoraConfig, type LoraConfig } from './lora.js';
+import type { NamedWeights } from './types.js';
 import { MODEL_FILES, loadModelDir, policyConfigFromHf } from './modelDir.js';
 import type { ModelType } from './config.js';
 import { PolicyModel, validatePolicyConfig, type PolicyConfig } from './transformer.js';
@@ -36,6 +39,8 @@ export interface PolicySpec {
   readonly specialization: string;
   /** `lora` only: the adapter (unset keys take {@link DEFAULT_POLICY_LORA}'s). */
   readonly lora?: LoraConfig | undefined;
+  /** `lora` only: a PEFT adapter directory the adapter starts from (see {@link readStartingAdapter}). */
+  readonly adapterPath?: string | undefined;
 }
 
 /** The models of one policy: what its trainer updates, what its engine samples from, and the adapters to free. */
@@ -121,7 +126,7 @@ export function policyModels(
   base: PolicyModel,
   sampleBase: PolicyModel | undefined,
   seed: number,
-  how: { readonly copyTrain?: boolean; readonly sampled?: boolean } = {},
+  how: { readonly copyTrain?: boolean; readonly sampled?: boolean; readonly adapterWeights?: NamedWeights | undefined } = {},
 ): PolicyModels {
   if (entry.specialization !== 'lora') {
     const train = how.copyTrain === false ? base : PolicyModel.fromWeights(base.config, base.getWeights());
@@ -129,7 +134,10 @@ export function policyModels(
     return { train, sample, adapter: undefined, adapters: [] };
   }
   const lora = validateLoraConfig({ ...DEFAULT_POLICY_LORA, ...entry.lora }, `policies[${index}].lora`);
-  const adapter = LoraAdapter.create(base.config, lora, seed + 1 + index);
+  const adapter =
+    how.adapterWeights === undefined
+      ? LoraAdapter.create(base.config, lora, seed + 1 + index)
+      : LoraAdapter.fromWeights(base.config, lora, how.adapterWeights);
   if (how.sampled === false) {
     const train = PolicyModel.withAdapter(base, adapter);
     return { train, sample: train, adapter, adapters: [adapter] };
@@ -143,4 +151,40 @@ export function policyModels(
     // Views do not free their adapters.
     adapters: [adapter, copy],
   };
+}
+
+/**
+ * The weights a `lora` policy's adapter starts from when the policy names a PEFT directory (`adapterPath`: an SFT
+ * run's checkpoint, an adapter trained elsewhere) instead of PEFT's fresh initialization. The directory's
+ * `adapter_config.json` must describe the policy's own adapter (rank, alpha, rsLoRA, target modules), so the run's
+ * checkpoints stay that adapter. A relative path is relative to `baseDir`; `~/` is the home directory. The KL
+ * reference of a LoRA policy stays its frozen base, as in TRL with a starting `PeftModel`.
+ *
+ * @param entry - the policy (`policies[index]`).
+ * @param config - the base model's architecture.
+ * @param options - `key`: the setting, for messages (`policies[0].adapterPath`); `baseDir`: the recipe's directory.
+ * @returns the adapter's tensors under rxrl's names, or undefined when the policy names none.
+ * @throws {@link ConfigError} for an adapter path on a policy that is not `lora`, or an adapter that is not the
+ *   policy's; as {@link readPeftAdapterConfig} and {@link readPeftWeights} for missing or malformed files.
+ */
+export async function readStartingAdapter(
+  entry: PolicySpec,
+  config: PolicyConfig,
+  options: { readonly key: string; readonly baseDir?: string | undefined },
+): Promise<NamedWeights | undefined> {
+  if (entry.adapterPath === undefined) return undefined;
+  const { key } = options;
+  if (entry.specialization !== 'lora') throw new ConfigError(`${key}: only a 'lora' policy starts from an adapter`, { context: { key } });
+  const path = entry.adapterPath;
+  const dir = resolve(options.baseDir ?? process.cwd(), path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : path);
+  const own = validateLoraConfig({ ...DEFAULT_POLICY_LORA, ...entry.lora }, key.replace(/adapterPath$/, 'lora'));
+  const { lora } = await readPeftAdapterConfig(dir);
+  const describe = (l: typeof own): string =>
+    `rank ${l.rank}, alpha ${l.alpha}${l.rsLora ? ', rsLoRA' : ''}, targets ${[...l.targetModules].sort().join(', ')}`;
+  if (describe(lora) !== describe(own)) {
+    throw new ConfigError(`${key}: the adapter in ${dir} has ${describe(lora)}; the policy's lora has ${describe(own)}`, {
+      context: { key, path: dir },
+    });
+  }
+  return readPeftWeights(dir, config, lora);
 }

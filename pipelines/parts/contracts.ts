@@ -10,7 +10,7 @@ import type { AgentSpec, MultiAgentEnvironment, TrajectoryGranularity } from '..
 import type { Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { RolloutEngine } from '../../lib/engine/types.js';
-import type { Tokenizer } from '../../lib/model/types.js';
+import type { NamedWeights, Tokenizer } from '../../lib/model/types.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import type { BackendName } from '../../lib/model/backend.js';
 import type { LoraAdapter } from '../../lib/model/lora.js';
@@ -130,6 +130,8 @@ export interface RunSetup {
   readonly initial: PolicyModel | undefined;
   /** The local model directory `initial` was read from (`model.path`), or none for a seeded model. */
   readonly initialDir?: string | undefined;
+  /** The weights a LoRA policy's adapter starts from (`policies[0].adapterPath`), or none for a fresh adapter. */
+  readonly startingAdapter?: NamedWeights | undefined;
   /** The run directory, resolved. */
   readonly runDir: string | undefined;
   /** The teacher of a distillation run (`trainer.algorithm: distill`), released with the setup. */

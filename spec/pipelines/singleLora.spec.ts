@@ -120,4 +120,48 @@ describe('a single-agent recipe with a LoRA policy', () => {
     await expect(runTraining(recipe(dir, 4))).rejects.toThrow(ConfigError);
     await expect(runTraining(recipe(dir, 4))).rejects.toThrow(/holds a full model, but policies\[0\] is a 'lora' policy/);
   });
+
+  it('starts from a PEFT adapter directory (adapterPath, relative to the recipe), and refuses one of another shape', async () => {
+    const first = await mkdtemp(join(tmpdir(), 'rxrl-single-lora-'));
+    await runTraining(recipe(first, 2));
+    const trained = join(first, 'run', 'global_step_2');
+    const { model: base } = await loadModelDir(join(first, 'run', 'base'));
+    const { adapter: start } = await loadPeftAdapter(trained, base.config);
+    const lora = { rank: 4, alpha: 8, targetModules: ['q_proj', 'v_proj'] };
+    // A step at a learning rate of 1e-30 leaves every weight where it started: the checkpoint is the starting adapter.
+    const second = await mkdtemp(join(tmpdir(), 'rxrl-single-lora-'));
+    const starting = (adapterPath: string, rank = 4): ReturnType<typeof loadConfig> =>
+      recipe(second, 1, {
+        trainer: { learningRate: 1e-30 },
+        checkpoint: { every: 1, keepLast: 1 },
+        policies: [{ name: 'reverser', specialization: 'lora', lora: { ...lora, rank }, adapterPath }],
+      });
+    await runTraining(starting('run/global_step_2'), { baseDir: first });
+    const { adapter: after } = await loadPeftAdapter(join(second, 'run', 'global_step_1'), base.config);
+    const weights = after.getWeights();
+    let maxDiff = 0;
+    for (const [name, w] of start.getWeights()) {
+      const got = weights.get(name)?.data ?? new Float32Array(0);
+      expect(got.length, name).toBe(w.data.length);
+      w.data.forEach((x, i) => (maxDiff = Math.max(maxDiff, Math.abs(x - (got[i] ?? Number.NaN)))));
+    }
+    expect(maxDiff).toBeLessThan(1e-12);
+    // Not a fresh adapter: a fresh one's B is zero, the trained one's is not.
+    expect([...weights].some(([name, w]) => name.includes('lora_B') && w.data.some((x) => x !== 0))).toBe(true);
+
+    await expect(
+      runTraining(
+        recipe(await mkdtemp(join(tmpdir(), 'rxrl-single-lora-')), 1, {
+          policies: [{ name: 'reverser', specialization: 'lora', lora: { ...lora, rank: 8 }, adapterPath: trained }],
+        }),
+      ),
+    ).rejects.toThrow(
+      /policies\[0\]\.adapterPath: the adapter in .*global_step_2 has rank 4, alpha 8, targets q_proj, v_proj; the policy's lora has rank 8/,
+    );
+    await expect(runTraining(starting(join(first, 'missing')))).rejects.toThrow(/adapter_config\.json/);
+    expect(() => recipe(second, 1, { policies: [{ name: 'p', specialization: 'full', adapterPath: trained }] })).toThrow(
+      /policies\[0\]\.adapterPath: only for specialization 'lora'/,
+    );
+    for (const m of [base, start, after]) m.dispose();
+  });
 });
