@@ -84,6 +84,45 @@ describe('runAgents (multi-agent recipes: L1 prompt, L2 LoRA, L3 full)', () => {
     base.dispose();
   }, 120_000);
 
+  it('L2: a policy starts from its adapterPath (a PEFT directory), the other from a fresh adapter', async () => {
+    const lora = { rank: 4, alpha: 8, targetModules: ['q_proj', 'v_proj'] };
+    const l2 = (dir: string, steps: number, writer: Record<string, unknown>, more: Record<string, unknown> = {}) =>
+      config({
+        run: { dir, seed: 1, steps, backend: 'auto' },
+        agents: { environment: 'writer-editor', roles },
+        policies: [
+          { name: 'writer', specialization: 'lora', lora, ...writer },
+          { name: 'editor', specialization: 'lora', lora },
+        ],
+        ...more,
+      });
+    const first = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    await runAgents(l2(first, 2, {}));
+    const start = join(first, 'policies', 'writer');
+    // One step at a learning rate of 1e-30 moves nothing: the saved writer is its starting adapter.
+    const second = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
+    const summary = await runAgents(l2(second, 1, { adapterPath: start }, { trainer: { learningRate: 1e-30 } }));
+    const { model: base } = await loadModelDir(join(second, 'base'));
+    const read = async (dir: string) => (await loadPeftAdapter(dir, base.config)).adapter;
+    const [before, writer, editor] = [
+      await read(start),
+      await read(summary.policies[0].savedTo as string),
+      await read(summary.policies[1].savedTo as string),
+    ];
+    const after = writer.getWeights();
+    for (const [name, w] of before.getWeights()) {
+      const got = after.get(name)?.data ?? new Float32Array(0);
+      expect(Math.max(...w.data.map((x, i) => Math.abs(x - (got[i] ?? Number.NaN)))), name).toBeLessThan(1e-12);
+    }
+    // The editor had no adapterPath: its B is still (about) PEFT's zero.
+    const editorB = [...editor.getWeights()].filter(([name]) => name.includes('lora_B')).flatMap(([, w]) => [...w.data]);
+    expect(Math.max(...editorB.map(Math.abs))).toBeLessThan(1e-20);
+    await expect(runAgents(l2(second, 1, { adapterPath: start, lora: { ...lora, alpha: 4 } }))).rejects.toThrow(
+      /policies\[0\]\.adapterPath: the adapter in .*writer has rank 4, alpha 8, targets q_proj, v_proj; the policy's lora has rank 4, alpha 4/,
+    );
+    for (const m of [base, before, writer, editor]) m.dispose();
+  });
+
   it('L1 and L3: one shared full policy, or one full model per agent; each saved as a model directory', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-agents-'));
     const shared = await runAgents(
