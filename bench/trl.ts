@@ -1,7 +1,7 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1 | --seeds 1,2,3] [--recipe recipes/smollm2-arithmetic.yaml]
  * [--out runs/bench-trl] [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]
- * [--set key=value ...]`
+ * [--paired] [--set key=value ...]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
@@ -39,6 +39,11 @@
  *    "rxrl_time_to_target_s":…,"trl_time_to_target_s":…,"time_to_target_ratio":…}`: each side's held-out reward
  *    after minus before, TRL's median seconds per step over rxrl's, and TRL's seconds to the target over rxrl's
  *    (above 1: rxrl is faster; null where a side never reached the target, or rxrl needed no step).
+ *
+ * With `--paired` rxrl's side starts from what TRL's run starts from: TRL's trainer, built as its run builds it,
+ * gives the order its sampler visits the prompts in and (LoRA) the adapter as PEFT initialized it; rxrl reads the
+ * tasks in that order and starts from that adapter (`policies[0].adapterPath`), so a seed's two runs differ by their
+ * algorithms and their sampling draws only (arithmetic recipes; needs TRL installed).
  *
  * With `--seeds 1,2,3` it does all of that for each seed in turn (in `<out>/seed-<S>`, each summary naming its
  * `seed`), then prints the table in one line: `{"bench":"trl-seeds","seeds":[{seed, rxrl_gain, trl_gain, diff,
@@ -157,7 +162,14 @@ async function exportData(
   config: RxrlConfig,
   baseDir: string,
   out: string,
-): Promise<{ modelDir: string; rows: number; promptTokens: number }> {
+): Promise<{
+  modelDir: string;
+  rows: number;
+  promptTokens: number;
+  train: readonly Task[];
+  validation: readonly Task[];
+  maxTokens: number;
+}> {
   const { data, modelDir, tokenizer } = await loadRollout(config, baseDir);
   if (modelDir === undefined || !Array.isArray(data.train)) {
     throw new ConfigError('bench trl needs a recipe with model.path and generated data (data.source arithmetic or task)');
@@ -182,8 +194,68 @@ async function exportData(
   const train = data.train as readonly Task[];
   await writeFile(join(out, 'train.jsonl'), `${train.map(line).join('\n')}\n`);
   const meanPromptTokens = promptTokens / Math.max(1, train.length);
-  await writeFile(join(out, 'validation.jsonl'), `${data.validation.map(line).join('\n')}\n`);
-  return { modelDir, rows: train.length, promptTokens: meanPromptTokens };
+  const validation = data.validation as readonly Task[];
+  await writeFile(join(out, 'validation.jsonl'), `${validation.map(line).join('\n')}\n`);
+  return { modelDir, rows: train.length, promptTokens: meanPromptTokens, train, validation, maxTokens: data.maxTokens };
+}
+
+/**
+ * `--paired`: what TRL's run starts from, given to rxrl's side too, so that a seed's two runs differ by their
+ * algorithms and their sampling draws only. TRL's side (`bench/trl_grpo.py --prepare`) builds its trainer as its run
+ * will and writes the order its sampler visits the prompts in (one epoch) and, for a LoRA recipe, the adapter as PEFT
+ * initialized it; rxrl's side then reads the tasks in that order from a JSONL file (passing over it again in the same
+ * order, where TRL's next epoch would reshuffle; 50 steps of the LoRA recipe take TRL through 200 of its 224) and
+ * starts from that adapter (`policies[0].adapterPath`).
+ *
+ * @returns the `--set` assignments of rxrl's side.
+ * @throws {@link ConfigError} when TRL is not installed, or the recipe's data is not the arithmetic task (its
+ *   evaluator is the one rxrl's side must name).
+ */
+async function pairedSet(
+  config: RxrlConfig,
+  exported: {
+    readonly modelDir: string;
+    readonly data: string;
+    readonly train: readonly Task[];
+    readonly validation: readonly Task[];
+    readonly maxTokens: number;
+  },
+  trl: { readonly settings: Record<string, unknown>; readonly out: string; readonly seed: number; readonly threads: number },
+): Promise<string[]> {
+  if (config.data.source !== 'arithmetic') throw new ConfigError('bench trl --paired: the recipe must use data.source arithmetic');
+  const { train, validation } = exported;
+  const argv = ['--model', exported.modelDir, '--data', exported.data, '--settings', JSON.stringify(trl.settings), '--out', trl.out];
+  const events = await trlScript([
+    ...argv,
+    '--seed',
+    String(trl.seed),
+    '--threads',
+    String(trl.threads),
+    '--prepare',
+    String(train.length),
+  ]);
+  const skipped = events.find((e) => e.event === 'skipped');
+  if (skipped) throw new ConfigError(`bench trl --paired needs TRL's side: ${String(skipped.reason)}`);
+  const order = JSON.parse(await readFile(join(trl.out, 'order.json'), 'utf8')) as string[];
+  const byId = new Map(train.map((t) => [t.id, t]));
+  const row = (task: Task): string => JSON.stringify({ id: task.id, prompt: task.prompt, answer: task.answer });
+  await writeFile(join(trl.out, 'train.jsonl'), `${order.map((id) => row(byId.get(id) as Task)).join('\n')}\n`);
+  await writeFile(join(trl.out, 'validation.jsonl'), `${validation.map(row).join('\n')}\n`);
+  const set = [
+    'data.source=jsonl',
+    `data.trainFile=${join(trl.out, 'train.jsonl')}`,
+    `data.validationFile=${join(trl.out, 'validation.jsonl')}`,
+    'data.shuffle=false',
+    'data.epochs=0',
+    'rollout.evaluator.module=rxrl/recipes',
+    'rollout.evaluator.export=equationEvaluator',
+    `rollout.maxTokens=${exported.maxTokens}`,
+  ];
+  const policy = config.policies[0];
+  if (policy?.specialization === 'lora') {
+    set.push(`policies=${JSON.stringify([{ ...policy, adapterPath: join(trl.out, 'initial-adapter') }])}`);
+  }
+  return set;
 }
 
 /**
@@ -328,6 +400,14 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
 }
 
 /** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
+/** Runs `bench/trl_grpo.py` with these arguments; its JSON lines, in order. */
+async function trlScript(argv: readonly string[]): Promise<Record<string, unknown>[]> {
+  const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
+  const events: Record<string, unknown>[] = [];
+  await runProcess('python3', [script, ...argv], (line) => events.push(JSON.parse(line) as Record<string, unknown>));
+  return events;
+}
+
 async function runTrl(args: {
   modelDir: string;
   data: string;
@@ -338,9 +418,7 @@ async function runTrl(args: {
   threads: number;
   valEvery: number;
 }): Promise<SideResult | { skipped: string }> {
-  const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
-  const events: Record<string, unknown>[] = [];
-  const argv = [script, '--model', args.modelDir, '--data', args.data, '--settings', JSON.stringify(args.settings), '--out', args.out];
+  const argv = ['--model', args.modelDir, '--data', args.data, '--settings', JSON.stringify(args.settings), '--out', args.out];
   argv.push(
     '--steps',
     String(args.steps),
@@ -351,7 +429,7 @@ async function runTrl(args: {
     '--val-every',
     String(args.valEvery),
   );
-  await runProcess('python3', argv, (line) => events.push(JSON.parse(line) as Record<string, unknown>));
+  const events = await trlScript(argv);
   const skipped = events.find((e) => e.event === 'skipped');
   if (skipped) return { skipped: String(skipped.reason) };
   const vals = events.filter((e) => e.event === 'val');
@@ -611,6 +689,8 @@ interface BenchOptions {
   readonly backend: BackendKind;
   readonly recipe: string;
   readonly overrides: readonly string[];
+  /** `--paired`: rxrl's side starts from what TRL's does (its prompt order and initial adapter; see `pairedSet`). */
+  readonly paired: boolean;
 }
 
 /**
@@ -630,8 +710,7 @@ export function trlBenchOptions(argv: readonly string[]): BenchOptions & { reado
   if (!seeds.every((seed) => Number.isInteger(seed) && seed >= 0))
     throw new ConfigError(`bench trl: --seeds must list integers >= 0, got ${seedsText}`);
   const target = Number(args.value('target') ?? '0.75');
-  if (!(Number.isFinite(target) && target > 0 && target <= 1))
-    throw new ConfigError(`bench trl: --target must be a held-out reward in (0, 1], got ${args.value('target')}`);
+  if (!Number.isFinite(target)) throw new ConfigError(`bench trl: --target must be a held-out reward, got ${args.value('target')}`);
   const only = args.value('only') ?? '';
   if (!['', 'rxrl', 'trl'].includes(only)) throw new ConfigError(`bench trl: --only must be rxrl or trl, got ${only}`);
   const backend = args.value('backend') ?? 'tensorflow';
@@ -648,6 +727,7 @@ export function trlBenchOptions(argv: readonly string[]): BenchOptions & { reado
     recipe,
     // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
     overrides: argv.flatMap((a, i) => (a === '--set' && argv[i + 1] !== undefined ? [argv[i + 1]] : [])),
+    paired: args.flag('paired'),
     seeds,
     out: resolve(args.value('out') ?? join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)),
   };
@@ -680,14 +760,19 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   const config = loadConfig({ file: recipe, set });
   const settings = trlSettings(config);
   // The bench's own subdirectories start empty (a left-over rxrl run would be resumed).
-  for (const dir of ['data', 'rxrl', 'trl']) await rm(join(out, dir), { recursive: true, force: true });
-  const { modelDir, rows, promptTokens } = await exportData(config, recipeDir(recipe), join(out, 'data'));
+  for (const dir of ['data', 'rxrl', 'trl', 'paired']) await rm(join(out, dir), { recursive: true, force: true });
+  const exported = await exportData(config, recipeDir(recipe), join(out, 'data'));
+  const { modelDir, rows, promptTokens } = exported;
   const header = { bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows };
-  console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config) }));
+  const paired = options.paired && only !== 'trl';
+  console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config), ...(paired ? { paired: true } : {}) }));
 
   const sides: Record<string, SideResult> = {};
   if (only !== 'trl') {
-    sides.rxrl = await runRxrl(recipe, set, join(out, 'rxrl'));
+    const own = paired
+      ? await pairedSet(config, { ...exported, data: join(out, 'data') }, { settings, out: join(out, 'paired'), seed, threads })
+      : [];
+    sides.rxrl = await runRxrl(recipe, [...set, ...own], join(out, 'rxrl'));
     for (const s of sides.rxrl.steps) console.log(JSON.stringify({ bench: 'trl', side: 'rxrl', ...s }));
     console.log(JSON.stringify(sideSummary('rxrl', sides.rxrl, target)));
   }
@@ -707,7 +792,7 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
   const missed = missedLine(sides);
   if (missed) console.log(JSON.stringify(missed));
-  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config) };
+  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config), ...(paired ? { paired: true } : {}) };
   console.log(JSON.stringify(summary));
   return summary;
 }

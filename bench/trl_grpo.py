@@ -19,7 +19,12 @@ model is a local directory.
 Usage::
 
     python3 bench/trl_grpo.py --model DIR --data DIR --settings JSON --out DIR [--steps 50] [--seed 1] [--threads 2]
-        [--val-every 10]
+        [--val-every 10] [--prepare N]
+
+With ``--prepare N`` it trains nothing: it builds the same trainer and writes to ``--out`` what the run would start
+from, for ``bench trl --paired`` to give rxrl's side the same: ``order.json`` (the ids of the first ``N`` prompts in
+the order the trainer's sampler visits them, epoch after epoch) and, with a LoRA adapter, ``initial-adapter/`` (the
+adapter as PEFT initialized it, saved before any step).
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--val-every", type=int, default=10, help="score the held-out prompts every N steps")
+    parser.add_argument("--prepare", type=int, default=0, metavar="N", help="write the first N prompts' order and the initial adapter, train nothing")
     return parser.parse_args()
 
 
@@ -96,6 +102,26 @@ def evaluate(model, tokenizer, rows: list[dict], max_tokens: int, eos_ids: list[
         model.train()
     n = len(rows)
     return {"event": "val", "step": step, "reward_mean": totals["reward"] / n, "format_mean": totals["format"] / n, "correct_mean": totals["correct"] / n, "samples": n, "missed": sorted(missed), "seconds": time.perf_counter() - started}
+
+
+def prepare(trainer, train_rows: list[dict], count: int, out: str) -> None:
+    """The first ``count`` prompt ids in the order the trainer's sampler visits them, and the initial adapter."""
+    sampler = trainer._get_train_sampler(trainer.train_dataset)
+    # Each chunk of `batch_size` prompts comes `repeat_count` times, each prompt `mini_repeat_count` times in a row;
+    # every new pass over the sampler is the next epoch (its generator goes on).
+    per_chunk = sampler.batch_size * sampler.mini_repeat_count * sampler.repeat_count
+    order: list[str] = []
+    while len(order) < count:
+        stream = list(iter(sampler))
+        for start in range(0, len(stream), per_chunk):
+            chunk = stream[start : start + sampler.batch_size * sampler.mini_repeat_count : sampler.mini_repeat_count]
+            order.extend(train_rows[i]["id"] for i in chunk)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "order.json"), "w", encoding="utf-8") as f:
+        json.dump(order[:count], f)
+    if hasattr(trainer.model, "peft_config"):
+        trainer.model.save_pretrained(os.path.join(out, "initial-adapter"))
+    emit({"event": "prepared", "prompts": count, "adapter": hasattr(trainer.model, "peft_config")})
 
 
 def timed(obj, name: str, timing: dict, key: str) -> None:
@@ -203,6 +229,9 @@ def main() -> None:
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     eos_ids.extend(trainer.eos_token_ids if isinstance(trainer.eos_token_ids, list) else [trainer.eos_token_ids])
+    if args.prepare > 0:
+        prepare(trainer, train_rows, args.prepare, args.out)
+        return
 
     # Generation and scoring are timed inside each step (and, within them, the generate calls and the rewards); the
     # rest of the step's wall time is training.

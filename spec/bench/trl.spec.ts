@@ -198,7 +198,7 @@ describe("bench trl's flags", () => {
       [['--val-every', '-1'], /--val-every must be an integer >= 1/],
       [['--seeds', '1,,3'], /--seeds must list integers >= 0, got 1,,3/],
       [['--seed', 'x'], /--seeds must list integers >= 0/],
-      [['--target', '2'], /--target must be a held-out reward in \(0, 1\], got 2/],
+      [['--target', 'high'], /--target must be a held-out reward, got high/],
       [['--only', 'both'], /--only must be rxrl or trl, got both/],
       [['--backend', 'webgpu'], /--backend must be one of auto, tensorflow, wasm, cpu, got webgpu/],
     ];
@@ -330,5 +330,12 @@ describe('npm run bench -- trl', () => {
     const table = seeds.lines.at(-1)!;
     expect(table).toMatchObject({ bench: 'trl-seeds', trl_gain_mean: null, diff_mean: null, rxrl_at_least_trl: '0/0' });
     expect((table.seeds as { seed: number }[]).map((r) => r.seed)).toEqual([1, 2]);
+
+    // --paired hands rxrl TRL's prompt order as arithmetic tasks in a JSONL file: other data is refused before either
+    // side runs (the order and the adapter themselves come from TRL's own trainer, which tests do not install).
+    const bundled = await rxrlSide(1, join(dir, 'paired'), [...plain, '--paired', '--set', 'data.source=bundled']);
+    expect(bundled.code).not.toBe(0);
+    expect(bundled.stderr).toContain('bench trl --paired: the recipe must use data.source arithmetic');
+    expect(bundled.lines.some((l) => l.side === 'rxrl')).toBe(false);
   }, 180_000);
 });
