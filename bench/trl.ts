@@ -799,8 +799,9 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
 
 /**
  * The seeds' table in one line (`--seeds`): each seed's gains, their difference and both ratios, then the mean gain
- * of each side, the mean paired difference (rxrl − TRL, "paired" only by seed number) with its standard error, on
- * how many seeds rxrl gained at least as much, and the smallest step-time ratio.
+ * of each side, the mean paired difference (rxrl − TRL, paired by seed number; with `--paired` also by prompt order
+ * and initial adapter) with its standard error, on how many seeds rxrl gained at least as much, and the smallest
+ * step-time ratio.
  */
 export function seedsLine(summaries: readonly Record<string, unknown>[]): Record<string, unknown> {
   const num = (x: unknown): number | null => (typeof x === 'number' && Number.isFinite(x) ? x : null);

@@ -186,7 +186,8 @@ function isOn(value: string | undefined): boolean {
   return value !== undefined && ['1', 'true', 'yes', 'on'].includes(value.toLowerCase());
 }
 
-function expandHome(path: string): string {
+/** `path` with a leading `~` (alone or before `/`) replaced by the home directory. */
+export function expandHome(path: string): string {
   return path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : path;
 }
 

@@ -6,11 +6,11 @@
  *
  * @packageDocumentation
  */
-import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 import { checkModelFits } from './capacity.js';
 import { readJsonObject } from './files.js';
+import { expandHome } from './hubCache.js';
 import { ConfigError } from '../core/errors.js';
 import { DEFAULT_POLICY_LORA, LoraAdapter, readPeftAdapterConfig, readPeftWeights, validateLoraConfig, type LoraConfig } from './lora.js';
 import type { NamedWeights } from './types.js';
@@ -175,8 +175,7 @@ export async function readStartingAdapter(
   if (entry.adapterPath === undefined) return undefined;
   const { key } = options;
   if (entry.specialization !== 'lora') throw new ConfigError(`${key}: only a 'lora' policy starts from an adapter`, { context: { key } });
-  const path = entry.adapterPath;
-  const dir = resolve(options.baseDir ?? process.cwd(), path === '~' || path.startsWith('~/') ? join(homedir(), path.slice(1)) : path);
+  const dir = resolve(options.baseDir ?? process.cwd(), expandHome(entry.adapterPath));
   const own = validateLoraConfig({ ...DEFAULT_POLICY_LORA, ...entry.lora }, key.replace(/adapterPath$/, 'lora'));
   const { lora } = await readPeftAdapterConfig(dir);
   const describe = (l: typeof own): string =>
