@@ -4,11 +4,13 @@
  * @packageDocumentation
  */
 
+import { ConfigError } from '../lib/core/errors.js';
+
 /** Readers over one argument list. */
 export interface BenchArgs {
   /** The value after `--name`, or undefined when absent. */
   value(name: string): string | undefined;
-  /** `--name` as an integer ≥ 1, else `fallback`; throws naming the flag when it is not one. */
+  /** `--name` as an integer ≥ 1, else `fallback`; a {@link ConfigError} naming the flag and its value when it is not one. */
   int(name: string, fallback: number): number;
   /** Whether the bare `--name` is present. */
   flag(name: string): boolean;
@@ -22,8 +24,10 @@ export function benchArgs(args: readonly string[]): BenchArgs {
   return {
     value,
     int: (name, fallback) => {
-      const v = Number(value(name) ?? fallback);
-      if (!Number.isInteger(v) || v < 1) throw new Error(`--${name} must be an integer >= 1`);
+      const text = value(name) ?? String(fallback);
+      const v = Number(text);
+      if (!Number.isInteger(v) || v < 1)
+        throw new ConfigError(`--${name} must be an integer >= 1, got ${text}`, { context: { key: name } });
       return v;
     },
     flag: (name) => args.includes(`--${name}`),

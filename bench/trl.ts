@@ -399,7 +399,6 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
   };
 }
 
-/** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
 /** Runs `bench/trl_grpo.py` with these arguments; its JSON lines, in order. */
 async function trlScript(argv: readonly string[]): Promise<Record<string, unknown>[]> {
   const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
@@ -408,6 +407,7 @@ async function trlScript(argv: readonly string[]): Promise<Record<string, unknow
   return events;
 }
 
+/** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
 async function runTrl(args: {
   modelDir: string;
   data: string;
@@ -699,12 +699,7 @@ interface BenchOptions {
  */
 export function trlBenchOptions(argv: readonly string[]): BenchOptions & { readonly seeds: readonly number[]; readonly out: string } {
   const args = benchArgs(argv);
-  const int = (name: string, fallback: number): number => {
-    const text = args.value(name) ?? String(fallback);
-    const v = Number(text);
-    if (!(Number.isInteger(v) && v >= 1)) throw new ConfigError(`bench trl: --${name} must be an integer >= 1, got ${text}`);
-    return v;
-  };
+  const { int } = args;
   const seedsText = args.value('seeds') ?? args.value('seed') ?? '1';
   const seeds = seedsText.split(',').map((s) => (s.trim() === '' ? Number.NaN : Number(s)));
   if (!seeds.every((seed) => Number.isInteger(seed) && seed >= 0))
