@@ -128,14 +128,23 @@ async function trainAgents(
   let trackers: MetricsSink[] = [];
   let failed = true;
   try {
+    const resumed = await resumeCheckpoint(
+      resumeOf(config, baseDir),
+      runDir,
+      loadPoliciesCheckpoint,
+      damagedCheckpointWarning(runDirWarnings(options)),
+    );
+    // A resumed run starts from its checkpoint: the starting adapters (adapterPath) are read for a new run only.
     const starting = await Promise.all(
-      config.policies.map((p, i) => readStartingAdapter(p, base.config, { key: `policies[${i}].adapterPath`, baseDir })),
+      config.policies.map((p, i) =>
+        resumed ? undefined : readStartingAdapter(p, base.config, { key: `policies[${i}].adapterPath`, baseDir }),
+      ),
     );
     buildPolicies(config, recipe, base, { built, owned, starting });
     const files = { tokenizerFiles: recipe.tokenizer.files(), special: specialIdsOf(recipe.tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
     const loraBase = runDir && built.some((b) => b.adapter) ? join(runDir, 'base') : undefined;
-    const resumed = await resumePolicies(config, options, baseDir, runDir, built);
+    if (resumed) await restorePolicies(resumed, built, options);
     const startStep = resumed?.state.step ?? 0;
     // A LoRA base read from a model directory links that directory's weight files rather than writing them again.
     if (runDir) await prepareRunDir(runDir, resumed ? startStep : -Infinity, loraBase, base, { ...files, sameWeightsAs: recipe.modelDir });
@@ -252,21 +261,8 @@ function buildPolicies(
   }
 }
 
-/** Resumes every policy (weights, engine, optimizer) from the run's checkpoint, if there is one. */
-async function resumePolicies(
-  config: RxrlConfig,
-  options: AgentsRunOptions,
-  baseDir: string,
-  runDir: string | undefined,
-  built: readonly BuiltPolicy[],
-): Promise<PoliciesCheckpoint | undefined> {
-  const resumed = await resumeCheckpoint(
-    resumeOf(config, baseDir),
-    runDir,
-    loadPoliciesCheckpoint,
-    damagedCheckpointWarning(runDirWarnings(options)),
-  );
-  if (!resumed) return undefined;
+/** Puts every policy (weights, engine, optimizer) back as the checkpoint `resumed` holds it. */
+async function restorePolicies(resumed: PoliciesCheckpoint, built: readonly BuiltPolicy[], options: AgentsRunOptions): Promise<void> {
   const step = resumed.state.step;
   for (const b of built) {
     const saved = resumed.policies.get(b.entry.name);
@@ -283,7 +279,6 @@ async function resumePolicies(
     await b.trainer.restore({ step, optimizer: saved.optimizer });
   }
   options.log?.(`resuming from ${resumed.path} (step ${step})`);
-  return resumed;
 }
 
 /** The run directory before the first step: each step appears once, and a LoRA run's base is written. */

@@ -195,9 +195,11 @@ async function setUp(
         `model.path: the tokenizer has ${tokenizer.vocabSize} token ids but the model's vocabulary has ${initial.config.vocabSize}`,
       );
     }
-    // A resumed run's checkpoint replaces the starting adapter; it is read (and checked) all the same.
+    // A resumed run starts from its checkpoint: the starting adapter (adapterPath) is read for a new run only.
     const entry = config.policies[0] ?? SINGLE_POLICY;
-    if (initial) startingAdapter = await readStartingAdapter(entry, initial.config, { key: 'policies[0].adapterPath', baseDir });
+    if (initial && !checkpoint) {
+      startingAdapter = await readStartingAdapter(entry, initial.config, { key: 'policies[0].adapterPath', baseDir });
+    }
     // Prompts that do not encode, or leave no room for the response, are refused now, naming file and line (a
     // custom worker builds its own prompts, so it is trusted with them).
     if (!sampler) {

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -130,13 +130,13 @@ describe('a single-agent recipe with a LoRA policy', () => {
     const lora = { rank: 4, alpha: 8, targetModules: ['q_proj', 'v_proj'] };
     // A step at a learning rate of 1e-30 leaves every weight where it started: the checkpoint is the starting adapter.
     const second = await mkdtemp(join(tmpdir(), 'rxrl-single-lora-'));
-    const starting = (adapterPath: string, rank = 4): ReturnType<typeof loadConfig> =>
-      recipe(second, 1, {
+    const starting = (dir: string, adapterPath: string, steps = 1): ReturnType<typeof loadConfig> =>
+      recipe(dir, steps, {
         trainer: { learningRate: 1e-30 },
         checkpoint: { every: 1, keepLast: 1 },
-        policies: [{ name: 'reverser', specialization: 'lora', lora: { ...lora, rank }, adapterPath }],
+        policies: [{ name: 'reverser', specialization: 'lora', lora, adapterPath }],
       });
-    await runTraining(starting('run/global_step_2'), { baseDir: first });
+    await runTraining(starting(second, 'run/global_step_2'), { baseDir: first });
     const { adapter: after } = await loadPeftAdapter(join(second, 'run', 'global_step_1'), base.config);
     const weights = after.getWeights();
     let maxDiff = 0;
@@ -158,10 +158,16 @@ describe('a single-agent recipe with a LoRA policy', () => {
     ).rejects.toThrow(
       /policies\[0\]\.adapterPath: the adapter in .*global_step_2 has rank 4, alpha 8, targets q_proj, v_proj; the policy's lora has rank 8/,
     );
-    await expect(runTraining(starting(join(first, 'missing')))).rejects.toThrow(/adapter_config\.json/);
+    const fresh = await mkdtemp(join(tmpdir(), 'rxrl-single-lora-'));
+    await expect(runTraining(starting(fresh, join(first, 'missing')))).rejects.toThrow(/adapter_config\.json/);
     expect(() => recipe(second, 1, { policies: [{ name: 'p', specialization: 'full', adapterPath: trained }] })).toThrow(
       /policies\[0\]\.adapterPath: only for specialization 'lora'/,
     );
+    // A resumed run starts from its checkpoint, not from the adapter: it resumes with that directory gone.
+    await rm(trained, { recursive: true });
+    const resumed = await runTraining(starting(second, 'run/global_step_2', 2), { baseDir: first });
+    expect(resumed.resumedFrom).toBe(join(second, 'run', 'global_step_1'));
+    expect(resumed.steps).toBe(2);
     for (const m of [base, start, after]) m.dispose();
   });
 });
