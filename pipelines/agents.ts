@@ -128,23 +128,10 @@ async function trainAgents(
   let trackers: MetricsSink[] = [];
   let failed = true;
   try {
-    const resumed = await resumeCheckpoint(
-      resumeOf(config, baseDir),
-      runDir,
-      loadPoliciesCheckpoint,
-      damagedCheckpointWarning(runDirWarnings(options)),
-    );
-    // A resumed run starts from its checkpoint: the starting adapters (adapterPath) are read for a new run only.
-    const starting = await Promise.all(
-      config.policies.map((p, i) =>
-        resumed ? undefined : readStartingAdapter(p, base.config, { key: `policies[${i}].adapterPath`, baseDir }),
-      ),
-    );
-    buildPolicies(config, recipe, base, { built, owned, starting });
+    const resumed = await buildResumed(config, { recipe, base, built, owned }, options, { baseDir, runDir });
     const files = { tokenizerFiles: recipe.tokenizer.files(), special: specialIdsOf(recipe.tokenizer) };
     // PEFT directories (checkpoints, final weights) name the base they adapt: written once per run directory.
     const loraBase = runDir && built.some((b) => b.adapter) ? join(runDir, 'base') : undefined;
-    if (resumed) await restorePolicies(resumed, built, options);
     const startStep = resumed?.state.step ?? 0;
     // A LoRA base read from a model directory links that directory's weight files rather than writing them again.
     if (runDir) await prepareRunDir(runDir, resumed ? startStep : -Infinity, loraBase, base, { ...files, sameWeightsAs: recipe.modelDir });
@@ -259,6 +246,34 @@ function buildPolicies(
     const trainableParameters = models.train.trainableVariables().reduce((n, v) => n + v.size, 0);
     built.push({ entry, ...models, engine, trainer, syncBytes, trainableParameters });
   }
+}
+
+/**
+ * Builds the policies (into `parts.built`) as the run's checkpoint left them, or, for a new run, from their starting
+ * adapters (`adapterPath`) or fresh ones; returns the checkpoint resumed, if any.
+ */
+async function buildResumed(
+  config: RxrlConfig,
+  parts: { recipe: AgentsRecipe; base: PolicyModel; built: BuiltPolicy[]; owned: { dispose(): unknown }[] },
+  options: AgentsRunOptions,
+  dirs: { baseDir: string; runDir: string | undefined },
+): Promise<PoliciesCheckpoint | undefined> {
+  const { recipe, base, built, owned } = parts;
+  const resumed = await resumeCheckpoint(
+    resumeOf(config, dirs.baseDir),
+    dirs.runDir,
+    loadPoliciesCheckpoint,
+    damagedCheckpointWarning(runDirWarnings(options)),
+  );
+  // A resumed run starts from its checkpoint: the starting adapters are read for a new run only.
+  const starting = await Promise.all(
+    config.policies.map((p, i) =>
+      resumed ? undefined : readStartingAdapter(p, base.config, { key: `policies[${i}].adapterPath`, baseDir: dirs.baseDir }),
+    ),
+  );
+  buildPolicies(config, recipe, base, { built, owned, starting });
+  if (resumed) await restorePolicies(resumed, built, options);
+  return resumed;
 }
 
 /** Puts every policy (weights, engine, optimizer) back as the checkpoint `resumed` holds it. */
