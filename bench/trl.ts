@@ -1,7 +1,7 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1 | --seeds 1,2,3] [--recipe recipes/smollm2-arithmetic.yaml]
  * [--out runs/bench-trl] [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]
- * [--paired] [--set key=value ...]`
+ * [--paired [--sampling-seed N]] [--set key=value ...]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
@@ -43,7 +43,11 @@
  * With `--paired` rxrl's side starts from what TRL's run starts from: TRL's trainer, built as its run builds it,
  * gives the order its sampler visits the prompts in and (LoRA) the adapter as PEFT initialized it; rxrl reads the
  * tasks in that order and starts from that adapter (`policies[0].adapterPath`), so a seed's two runs differ by their
- * algorithms and their sampling draws only (arithmetic recipes; needs TRL installed).
+ * algorithms and their sampling draws only (arithmetic recipes; needs TRL installed). `--sampling-seed N` then
+ * changes those draws alone, on both sides: each run keeps the seed's prompt order, initial adapter and held-out
+ * questions, and seeds its sampling with `N` (TRL's side reseeds its RNGs once its trainer is built; rxrl's side,
+ * whose order and adapter then come from files, runs with `run.seed` N). It measures how far one seed's result
+ * moves with its sampling draws only, on either side.
  *
  * With `--seeds 1,2,3` it does all of that for each seed in turn (in `<out>/seed-<S>`, each summary naming its
  * `seed`), then prints the table in one line: `{"bench":"trl-seeds","seeds":[{seed, rxrl_gain, trl_gain, diff,
@@ -415,6 +419,8 @@ async function runTrl(args: {
   out: string;
   steps: number;
   seed: number;
+  /** Reseeds TRL's RNGs once its trainer is built (its prompt order and adapter stay the seed's). */
+  samplingSeed: number | undefined;
   threads: number;
   valEvery: number;
 }): Promise<SideResult | { skipped: string }> {
@@ -428,6 +434,7 @@ async function runTrl(args: {
     String(args.threads),
     '--val-every',
     String(args.valEvery),
+    ...(args.samplingSeed === undefined ? [] : ['--sampling-seed', String(args.samplingSeed)]),
   );
   const events = await trlScript(argv);
   const skipped = events.find((e) => e.event === 'skipped');
@@ -691,6 +698,8 @@ interface BenchOptions {
   readonly overrides: readonly string[];
   /** `--paired`: rxrl's side starts from what TRL's does (its prompt order and initial adapter; see `pairedSet`). */
   readonly paired: boolean;
+  /** `--sampling-seed`: both sides' sampling draws seeded with it, all else the seed's (needs `--paired`). */
+  readonly samplingSeed?: number | undefined;
 }
 
 /**
@@ -712,6 +721,13 @@ export function trlBenchOptions(argv: readonly string[]): BenchOptions & { reado
   if (!BACKEND_KINDS.includes(backend as BackendKind))
     throw new ConfigError(`bench trl: --backend must be one of ${BACKEND_KINDS.join(', ')}, got ${backend}`);
   const recipe = resolve(args.value('recipe') ?? 'recipes/smollm2-arithmetic.yaml');
+  const samplingText = args.value('sampling-seed');
+  const samplingSeed = samplingText === undefined ? undefined : Number(samplingText);
+  if (samplingSeed !== undefined && !(Number.isInteger(samplingSeed) && samplingSeed >= 0))
+    throw new ConfigError(`bench trl: --sampling-seed must be an integer >= 0, got ${samplingText}`);
+  // Without --paired rxrl's run.seed also draws its prompt order, adapter and held-out questions.
+  if (samplingSeed !== undefined && !args.flag('paired'))
+    throw new ConfigError('bench trl: --sampling-seed needs --paired (it changes the sampling draws alone)');
   return {
     steps: int('steps', 50),
     threads: int('threads', 2),
@@ -723,6 +739,7 @@ export function trlBenchOptions(argv: readonly string[]): BenchOptions & { reado
     // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
     overrides: argv.flatMap((a, i) => (a === '--set' && argv[i + 1] !== undefined ? [argv[i + 1]] : [])),
     paired: args.flag('paired'),
+    ...(samplingSeed === undefined ? {} : { samplingSeed }),
     seeds,
     out: resolve(args.value('out') ?? join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)),
   };
@@ -758,21 +775,35 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   for (const dir of ['data', 'rxrl', 'trl', 'paired']) await rm(join(out, dir), { recursive: true, force: true });
   const exported = await exportData(config, recipeDir(recipe), join(out, 'data'));
   const { modelDir, rows, promptTokens } = exported;
+  const { samplingSeed } = options;
   const header = { bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows };
   const paired = options.paired && only !== 'trl';
-  console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config), ...(paired ? { paired: true } : {}) }));
+  const marks = { ...(paired ? { paired: true } : {}), ...(samplingSeed === undefined ? {} : { sampling_seed: samplingSeed }) };
+  console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config), ...marks }));
 
   const sides: Record<string, SideResult> = {};
   if (only !== 'trl') {
     const own = paired
       ? await pairedSet(config, { ...exported, data: join(out, 'data') }, { settings, out: join(out, 'paired'), seed, threads })
       : [];
-    sides.rxrl = await runRxrl(recipe, [...set, ...own], join(out, 'rxrl'));
+    // Order, adapter and held-out questions now come from files: the run's seed draws its samples only.
+    const sampling = samplingSeed === undefined ? [] : [`run.seed=${samplingSeed}`];
+    sides.rxrl = await runRxrl(recipe, [...set, ...own, ...sampling], join(out, 'rxrl'));
     for (const s of sides.rxrl.steps) console.log(JSON.stringify({ bench: 'trl', side: 'rxrl', ...s }));
     console.log(JSON.stringify(sideSummary('rxrl', sides.rxrl, target)));
   }
   if (only !== 'rxrl') {
-    const trl = await runTrl({ modelDir, data: join(out, 'data'), settings, out: join(out, 'trl'), steps, seed, threads, valEvery });
+    const trl = await runTrl({
+      modelDir,
+      data: join(out, 'data'),
+      settings,
+      out: join(out, 'trl'),
+      steps,
+      seed,
+      samplingSeed,
+      threads,
+      valEvery,
+    });
     if ('skipped' in trl) console.log(JSON.stringify({ bench: 'trl', side: 'trl', skipped: trl.skipped }));
     else {
       sides.trl = trl;
@@ -787,7 +818,7 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
   const missed = missedLine(sides);
   if (missed) console.log(JSON.stringify(missed));
-  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config), ...(paired ? { paired: true } : {}) };
+  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config), ...marks };
   console.log(JSON.stringify(summary));
   return summary;
 }

@@ -19,12 +19,13 @@ model is a local directory.
 Usage::
 
     python3 bench/trl_grpo.py --model DIR --data DIR --settings JSON --out DIR [--steps 50] [--seed 1] [--threads 2]
-        [--val-every 10] [--prepare N]
+        [--val-every 10] [--prepare N] [--sampling-seed S]
 
 With ``--prepare N`` it trains nothing: it builds the same trainer and writes to ``--out`` what the run would start
 from, for ``bench trl --paired`` to give rxrl's side the same: ``order.json`` (the ids of the first ``N`` prompts in
 the order the trainer's sampler visits them, epoch after epoch) and, with a LoRA adapter, ``initial-adapter/`` (the
-adapter as PEFT initialized it, saved before any step).
+adapter as PEFT initialized it, saved before any step). ``--sampling-seed S`` reseeds the RNGs once the trainer is
+built, so a run keeps its seed's prompt order and initial adapter and draws other completions.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--val-every", type=int, default=10, help="score the held-out prompts every N steps")
     parser.add_argument("--prepare", type=int, default=0, metavar="N", help="write the first N prompts' order and the initial adapter, train nothing")
+    parser.add_argument(
+        "--sampling-seed",
+        type=int,
+        default=None,
+        help="reseed the RNGs once the trainer is built: other sampling draws, the same prompt order and initial adapter",
+    )
     return parser.parse_args()
 
 
@@ -201,7 +208,7 @@ def main() -> None:
         import torch
         from datasets import Dataset
         import peft  # noqa: F401  (lora_config's)
-        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
         import trl
         from trl import GRPOTrainer
     except ImportError as error:
@@ -232,6 +239,10 @@ def main() -> None:
     if args.prepare > 0:
         prepare(trainer, train_rows, args.prepare, args.out)
         return
+    if args.sampling_seed is not None:
+        # The sampler's order has its own generator (seeded with --seed) and PEFT drew the adapter already: what the
+        # global RNGs draw from here on is the completions.
+        set_seed(args.sampling_seed)
 
     # Generation and scoring are timed inside each step (and, within them, the generate calls and the rewards); the
     # rest of the step's wall time is training.

@@ -188,6 +188,8 @@ describe("bench trl's flags", () => {
     ]);
     expect(set).toMatchObject({ seeds: [1, 2, 3], only: 'rxrl', backend: 'wasm', steps: 4, overrides: ['a=1', 'b=2'] });
     expect(trlBenchOptions(['--seed', '0']).seeds).toEqual([0]);
+    expect(trlBenchOptions(['--paired', '--sampling-seed', '0'])).toMatchObject({ paired: true, samplingSeed: 0 });
+    expect(defaults.samplingSeed).toBeUndefined();
   });
 
   it('refuses a malformed flag with a ConfigError naming it, before anything runs', () => {
@@ -201,6 +203,9 @@ describe("bench trl's flags", () => {
       [['--target', 'high'], /--target must be a held-out reward, got high/],
       [['--only', 'both'], /--only must be rxrl or trl, got both/],
       [['--backend', 'webgpu'], /--backend must be one of auto, tensorflow, wasm, cpu, got webgpu/],
+      [['--paired', '--sampling-seed', '1.5'], /--sampling-seed must be an integer >= 0, got 1.5/],
+      // Without --paired rxrl's run.seed draws its prompt order, adapter and held-out questions too.
+      [['--sampling-seed', '7'], /--sampling-seed needs --paired/],
     ];
     for (const [args, message] of cases) {
       expect(() => trlBenchOptions(args), args.join(' ')).toThrow(ConfigError);
