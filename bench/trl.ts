@@ -162,7 +162,7 @@ function runProcess(command: string, args: readonly string[], onLine: (line: str
 }
 
 /** The recipe's task as JSONL, each prompt as the model's chat template renders it and its token ids. */
-async function exportData(
+export async function exportData(
   config: RxrlConfig,
   baseDir: string,
   out: string,
@@ -404,7 +404,7 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
 }
 
 /** Runs `bench/trl_grpo.py` with these arguments; its JSON lines, in order. */
-async function trlScript(argv: readonly string[]): Promise<Record<string, unknown>[]> {
+export async function trlScript(argv: readonly string[]): Promise<Record<string, unknown>[]> {
   const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
   const events: Record<string, unknown>[] = [];
   await runProcess('python3', [script, ...argv], (line) => events.push(JSON.parse(line) as Record<string, unknown>));
@@ -412,7 +412,7 @@ async function trlScript(argv: readonly string[]): Promise<Record<string, unknow
 }
 
 /** TRL's side: `bench/trl_grpo.py`, read from its JSON lines. */
-async function runTrl(args: {
+export async function runTrl(args: {
   modelDir: string;
   data: string;
   settings: Record<string, unknown>;
@@ -423,6 +423,8 @@ async function runTrl(args: {
   samplingSeed: number | undefined;
   threads: number;
   valEvery: number;
+  /** `bench/trl_grpo.py --record`: writes `<out>/record` (the adapter before and after, every step's rollouts). */
+  record: boolean;
 }): Promise<SideResult | { skipped: string }> {
   const argv = ['--model', args.modelDir, '--data', args.data, '--settings', JSON.stringify(args.settings), '--out', args.out];
   argv.push(
@@ -435,6 +437,7 @@ async function runTrl(args: {
     '--val-every',
     String(args.valEvery),
     ...(args.samplingSeed === undefined ? [] : ['--sampling-seed', String(args.samplingSeed)]),
+    ...(args.record ? ['--record'] : []),
   );
   const events = await trlScript(argv);
   const skipped = events.find((e) => e.event === 'skipped');
@@ -803,6 +806,7 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
       samplingSeed,
       threads,
       valEvery,
+      record: false,
     });
     if ('skipped' in trl) console.log(JSON.stringify({ bench: 'trl', side: 'trl', skipped: trl.skipped }));
     else {

@@ -19,13 +19,19 @@ model is a local directory.
 Usage::
 
     python3 bench/trl_grpo.py --model DIR --data DIR --settings JSON --out DIR [--steps 50] [--seed 1] [--threads 2]
-        [--val-every 10] [--prepare N] [--sampling-seed S]
+        [--val-every 10] [--prepare N] [--sampling-seed S] [--record] [--score-adapter DIR]
 
 With ``--prepare N`` it trains nothing: it builds the same trainer and writes to ``--out`` what the run would start
 from, for ``bench trl --paired`` to give rxrl's side the same: ``order.json`` (the ids of the first ``N`` prompts in
 the order the trainer's sampler visits them, epoch after epoch) and, with a LoRA adapter, ``initial-adapter/`` (the
 adapter as PEFT initialized it, saved before any step). ``--sampling-seed S`` reseeds the RNGs once the trainer is
 built, so a run keeps its seed's prompt order and initial adapter and draws other completions.
+
+``--record`` (for ``npm run bench -- trlReplay``) also writes ``OUT/record``: ``initial-adapter/`` and
+``final-adapter/`` (LoRA), ``rollouts.jsonl`` (each step's rows as TRL trains them: prompt and completion token ids,
+rewards, advantages) and ``steps.jsonl`` (each step's gradient norm before clipping, and loss). ``--score-adapter DIR``
+trains nothing: it builds the same trainer, puts the adapter in ``DIR`` in place of its own and scores the held-out
+prompts as the run's last validation would.
 """
 from __future__ import annotations
 
@@ -70,6 +76,12 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=None,
         help="reseed the RNGs once the trainer is built: other sampling draws, the same prompt order and initial adapter",
+    )
+    parser.add_argument("--score-adapter", metavar="DIR", help="score the held-out prompts with this adapter (the run's shape) after --steps steps, train nothing")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write OUT/record: the adapter before and after training and every step's rollouts (rollouts.jsonl)",
     )
     return parser.parse_args()
 
@@ -129,6 +141,34 @@ def prepare(trainer, train_rows: list[dict], count: int, out: str) -> None:
     if hasattr(trainer.model, "peft_config"):
         trainer.model.save_pretrained(os.path.join(out, "initial-adapter"))
     emit({"event": "prepared", "prompts": count, "adapter": hasattr(trainer.model, "peft_config")})
+
+
+def record_rollouts(trainer, path: str) -> None:
+    """Appends each generation batch to ``path`` as one JSON line: the rows' prompt and completion token ids (without
+    padding; a completion keeps its EOS), rewards and advantages, in the order TRL trains them."""
+    import torch
+
+    generate = trainer._generate_and_score_completions
+    calculate = trainer._calculate_rewards
+    last: dict = {}
+
+    def calculate_and_keep(*a, **k):
+        rewards = calculate(*a, **k)
+        last["rewards"] = rewards
+        return rewards
+
+    def generate_and_record(inputs):
+        output = generate(inputs)
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
+        completions = [ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"], strict=True)]
+        weights = torch.as_tensor(trainer.reward_weights, dtype=last["rewards"].dtype, device=last["rewards"].device)
+        rewards = (last["rewards"] * weights.unsqueeze(0)).nansum(dim=1)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"prompt_ids": prompts, "completion_ids": completions, "rewards": rewards.tolist(), "advantages": output["advantages"].tolist()}) + "\n")
+        return output
+
+    trainer._calculate_rewards = calculate_and_keep
+    trainer._generate_and_score_completions = generate_and_record
 
 
 def timed(obj, name: str, timing: dict, key: str) -> None:
@@ -201,30 +241,21 @@ def lora_config(lora: dict | None):
     return LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=list(lora["targetModules"]), task_type="CAUSAL_LM")
 
 
-def main() -> None:
-    args = parse_args()
-    settings = json.loads(args.settings)
-    try:
-        import torch
-        from datasets import Dataset
-        import peft  # noqa: F401  (lora_config's)
-        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
-        import trl
-        from trl import GRPOTrainer
-    except ImportError as error:
-        emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
-        return
+def build(args: argparse.Namespace, settings: dict):
+    """The trainer as the run builds it; returns it with the tokenizer, the held-out rows and the stop ids."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-
     train_rows = read_jsonl(os.path.join(args.data, "train.jsonl"))
     val_rows = read_jsonl(os.path.join(args.data, "validation.jsonl"))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     check_tokens(tokenizer, train_rows + val_rows)
     # rxrl trains in float32; transformers would otherwise keep the directory's dtype.
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-
-    rows = settings["rows"]
     config = grpo_config(settings, args.out, args.steps, args.seed)
     eos_ids: list[int] = []
 
@@ -232,17 +263,64 @@ def main() -> None:
         return equation_reward(completions, answer, completion_ids, eos_ids)
 
     reward.__name__ = "equation_reward"
-    peft_config = lora_config(settings.get("lora"))
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora_config(settings.get("lora")))
     eos_ids.extend(trainer.eos_token_ids if isinstance(trainer.eos_token_ids, list) else [trainer.eos_token_ids])
+    return trainer, tokenizer, train_rows, val_rows, eos_ids
+
+
+def score_adapter(trainer, tokenizer, val_rows: list[dict], max_tokens: int, eos_ids: list[int], adapter: str, step: int) -> None:
+    """Scores the held-out prompts as the run's last validation does, with the adapter in ``adapter`` (a PEFT
+    directory of the run's shape) in place of the trainer's."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(trainer.model, load_file(os.path.join(adapter, "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise SystemExit(f"trl_grpo: {adapter} is not this run's adapter (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})")
+    emit({**evaluate(trainer.model, tokenizer, val_rows, max_tokens, eos_ids, step), "adapter": adapter})
+
+
+def main() -> None:
+    args = parse_args()
+    settings = json.loads(args.settings)
+    try:
+        import torch
+        import peft  # noqa: F401  (lora_config's)
+        from transformers import set_seed
+        import trl
+    except ImportError as error:
+        emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
+        return
+    trainer, tokenizer, train_rows, val_rows, eos_ids = build(args, settings)
     if args.prepare > 0:
         prepare(trainer, train_rows, args.prepare, args.out)
+        return
+    if args.score_adapter is not None:
+        score_adapter(trainer, tokenizer, val_rows, settings["maxTokens"], eos_ids, args.score_adapter, args.steps - 1)
         return
     if args.sampling_seed is not None:
         # The sampler's order has its own generator (seeded with --seed) and PEFT drew the adapter already: what the
         # global RNGs draw from here on is the completions.
         set_seed(args.sampling_seed)
+    record = os.path.join(args.out, "record") if args.record else None
+    if record is not None:
+        os.makedirs(record, exist_ok=True)
+        if hasattr(trainer.model, "peft_config"):
+            trainer.model.save_pretrained(os.path.join(record, "initial-adapter"))
+        record_rollouts(trainer, os.path.join(record, "rollouts.jsonl"))
+    train(trainer, args, lambda step: evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, step), settings["rows"], record)
+    if record is not None and hasattr(trainer.model, "peft_config"):
+        trainer.model.save_pretrained(os.path.join(record, "final-adapter"))
+
+
+def train(trainer, args: argparse.Namespace, evaluate_at, rows: int, record: str | None) -> None:
+    """Trains ``--steps`` steps, emitting each step's timing and the validations (before, every ``--val-every``
+    steps, after the last); with ``record``, each step's grad norm and loss go to ``record/steps.jsonl``."""
+    import torch
+    from transformers import TrainerCallback
+    import trl
 
     # Generation and scoring are timed inside each step (and, within them, the generate calls and the rewards); the
     # rest of the step's wall time is training.
@@ -254,9 +332,8 @@ def main() -> None:
     scored: dict = {"step": None}
 
     def validate(step: int) -> dict:
-        result = evaluate(trainer.model, tokenizer, val_rows, settings["maxTokens"], eos_ids, step)
         scored["step"] = step
-        return result
+        return evaluate_at(step)
 
     class Steps(TrainerCallback):
         def on_train_begin(self, _args, state, control, **kwargs):
@@ -273,6 +350,9 @@ def main() -> None:
                 timing["last"] = time.perf_counter()
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
+            if record is not None and logs is not None and "grad_norm" in logs:
+                with open(os.path.join(record, "steps.jsonl"), "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"step": state.global_step - 1, "grad_norm": float(logs["grad_norm"]), "loss": float(logs["loss"])}) + "\n")
             if pending and logs is not None and "reward" in logs:
                 emit({**pending, "reward_mean": logs["reward"], "mean_length": logs.get("completions/mean_length"), "clipped_ratio": logs.get("completions/clipped_ratio"), "entropy": logs.get("entropy"), "pg_loss": logs.get("loss"), "clipfrac": logs.get("clip_ratio/region_mean"), "samples": rows})
                 pending.clear()

@@ -46,6 +46,12 @@ Three details of TRL are pinned down rather than left to chance:
   per-token log-probs before the step; the spec uses them as the rollout log-probs (what a sampler with the same
   weights reports), and also checks that rxrl's own log-probs agree with them.
 
+A fourth record, ``steps``, is the ``lora`` case over three optimizer steps, written as ``bench/trl_grpo.py --record``
+writes a run (its ``record_rollouts``: each step's rows, rewards and advantages) with each step's gradient norm and
+the adapter's update over the three steps; its step 1 has no variance in any group, so that TRL's AdamW steps on
+momentum alone there. ``spec/train/trlParity.spec.ts`` replays it with ``bench/trlReplay.ts``, as
+``npm run bench -- trlReplay`` replays a whole run.
+
 Storage (``spec/fixtures/trl/tiny-qwen2-grpo.json``): float32 arrays as base64 of little-endian bytes
 (``{"shape", "f32": "<base64>"}``). LoRA cases store every gradient and update in full. The full fine-tuning
 case (93 k weights) stores, per tensor, the L2 norm of the gradient, its dot product with a fixed ±1 vector
@@ -128,6 +134,8 @@ LORA_SEED = 1234
 KL_BETA = 0.04
 SEED = 7
 SAMPLES = 256
+STEPS = 3  # the ``steps`` case: optimizer steps recorded
+FLAT_REWARD = 0.5  # every row's reward at its step 1
 
 
 def f32(array) -> dict:
@@ -255,6 +263,72 @@ def run_case(case: str, shuffle: bool, bias_corrected_kl: bool = False) -> dict:
     return {"order": order, "settings": s, "lora_init": lora_init, "update": update, **record}
 
 
+def run_steps() -> dict:
+    """The ``lora`` case for ``STEPS`` optimizer steps, recorded as ``bench/trl_grpo.py --record`` records a run: the
+    prompts come back in the order TRL's sampler draws them each epoch, with the fixed completions; the rewards are
+    the table's at step 0, ``FLAT_REWARD`` for every row at step 1 (no group has any variance: the loss and every
+    gradient are 0, yet AdamW steps, moving the weights by their momentum), and the table's negated at step 2."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+    from trl_grpo import grpo_config, lora_config, record_rollouts
+
+    torch.manual_seed(SEED)
+    s = settings(0.0)
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
+    order: list = []
+    calls = {"n": 0}
+    fixed = fixed_rollout(order)
+
+    def rollout(prompts, trainer):
+        calls["n"] += 1
+        return fixed(prompts, trainer)
+
+    def stepped_reward(completions, completion_ids, **kwargs):
+        step = calls["n"] - 1
+        table = reward(completions, completion_ids)
+        if step == 2:  # each row takes the reward of the next completion of its prompt
+            table = [dict(rotated)[tuple(ids)] for ids in completion_ids]
+        return [FLAT_REWARD if step == 1 else r for r in table]
+
+    rotated = [(tuple(c), row["completions"][(k + 1) % GROUP][1]) for row in ROWS.values() for k, (c, _) in enumerate(row["completions"])]
+    norms: list = []
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=stepped_reward,
+            args=grpo_config(s, out, STEPS, SEED),
+            train_dataset=Dataset.from_list([{"prompt": p} for p in ROWS]),
+            processing_class=tokenizer,
+            peft_config=lora_config(LORA),
+            rollout_func=rollout,
+        )
+        lora_init = set_lora_weights(trainer.model)
+        before = {n: p.detach().numpy().copy() for n, p in trained_parameters(trainer.model).items()}
+        record_rollouts(trainer, os.path.join(out, "rollouts.jsonl"))
+        clip = trainer._clip_grad_norm
+
+        def clip_and_record(model):
+            norm = clip(model)
+            norms.append(float(norm))
+            return norm
+
+        trainer._clip_grad_norm = clip_and_record
+        trainer.train()
+        rollouts = [json.loads(line) for line in Path(out, "rollouts.jsonl").read_text().splitlines()]
+        update = {n: p.detach().numpy() - before[n] for n, p in trained_parameters(trainer.model).items()}
+    if len(rollouts) != STEPS or len(norms) != STEPS or norms[1] != 0.0:
+        raise SystemExit(f"trl_parity: steps: {len(rollouts)} batches, grad norms {norms}")
+    return {
+        "settings": s,
+        "rollouts": rollouts,
+        "gradNorms": norms,
+        "loraInit": lora_init,
+        "update": {name: f32(u) for name, u in sorted(update.items())},
+    }
+
+
 def instrument(trainer) -> dict:
     """Wraps the trainer's stages to record what they compute (they still run unchanged)."""
     record: dict = {"micro_losses": [], "micro_rows": []}
@@ -359,6 +433,7 @@ def main() -> None:
         "lora": LORA,
         "klBeta": KL_BETA,
         "cases": cases,
+        "steps": run_steps(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(fixture, indent=1) + "\n")

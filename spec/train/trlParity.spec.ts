@@ -9,6 +9,8 @@
  * loss, the base model as reference, as `pipelines/agents.ts` builds it) computes the gradients and takes the step.
  */
 import { readFileSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import * as tf from '@tensorflow/tfjs-core';
@@ -16,11 +18,12 @@ import { firstValueFrom, of } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { TRL_STD_EPSILON, rxrlOnly, trlSettings } from '../../bench/trl.js';
+import { replayRollouts } from '../../bench/trlReplay.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { NamedWeights } from '../../lib/model/types.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { LoraAdapter } from '../../lib/model/lora.js';
+import { LoraAdapter, readPeftWeights, savePeftWeights, validateLoraConfig, type LoraConfig } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
@@ -38,6 +41,12 @@ const ADVANTAGE_TOLERANCE = 1e-6;
 const ADAM_EPSILON = 1e-8;
 /** Updates are compared where the clipped gradient is at least this many ε (see `worstUpdate`). */
 const WELL_CONDITIONED = 100;
+/**
+ * Largest relative error of one tensor's update after several Adam steps. Where a weight's gradients stay within a
+ * few ε, Adam's division by √v̂ magnifies float32 rounding (see `worstUpdate`); with no gradient to single those
+ * weights out, a tensor holding some is allowed 1e-3, the whole adapter {@link REL_TOLERANCE}.
+ */
+const TENSOR_UPDATE_TOLERANCE = 1e-3;
 /** Largest |log-prob − TRL's log-prob| of a response token (the forward passes agree to float32 rounding). */
 const LOGPROB_TOLERANCE = 1e-5;
 
@@ -76,6 +85,13 @@ interface Fixture {
   readonly lora: { rank: number; alpha: number; targetModules: string[] };
   readonly klBeta: number;
   readonly cases: Record<CaseName, Case>;
+  /** The `lora` case over three steps, as `bench/trl_grpo.py --record` records a run (see `run_steps`). */
+  readonly steps: {
+    readonly rollouts: { prompt_ids: number[][]; completion_ids: number[][]; rewards: number[]; advantages: number[] }[];
+    readonly gradNorms: number[];
+    readonly loraInit: Record<string, F32>;
+    readonly update: Record<string, F32>;
+  };
 }
 type CaseName = 'full' | 'lora' | 'lora_kl';
 
@@ -275,6 +291,39 @@ describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on one batch (
     const shift = Math.abs(result.gradNorm - theirs.gradNorm) / theirs.gradNorm;
     expect(shift).toBeGreaterThan(2e-4);
     expect(shift).toBeLessThan(4e-4);
+  });
+
+  it("replays TRL's three recorded steps as bench trlReplay does: each step's grad norm, then every weight", async () => {
+    const { rollouts, gradNorms, loraInit, update } = fixture.steps;
+    const dir = await mkdtemp(join(tmpdir(), 'rxrl-trl-replay-'));
+    try {
+      const record = join(dir, 'record');
+      const lora = validateLoraConfig(fixture.lora as LoraConfig);
+      const init = new Map(Object.entries(loraInit).map(([name, w]) => [name, { shape: w.shape, data: decode(w) }]));
+      await savePeftWeights(join(record, 'initial-adapter'), lora, init);
+      await writeFile(join(record, 'rollouts.jsonl'), rollouts.map((r) => JSON.stringify(r)).join('\n'));
+      await writeFile(join(record, 'steps.jsonl'), gradNorms.map((g, step) => JSON.stringify({ step, grad_norm: g })).join('\n'));
+      const adapterOut = join(dir, 'final-adapter');
+      const { rows } = await replayRollouts({ config: recipe('lora'), modelDir: MODEL, record, adapterOut, backend });
+      // Step 1 has no variance in any group: no gradient, yet both Adams step (on momentum alone).
+      expect(rows.map((r) => r.trl_grad_norm)).toEqual(gradNorms);
+      expect(rows[1].rxrl_grad_norm).toBe(0);
+      rows.forEach((r, k) => expect(Math.abs(r.rxrl_grad_norm - gradNorms[k])).toBeLessThanOrEqual(REL_TOLERANCE * gradNorms[k]));
+      expect(Math.max(...rows.map((r) => r.advantage_error))).toBeLessThanOrEqual(ADVANTAGE_TOLERANCE);
+      const after = await readPeftWeights(adapterOut, base.config, lora);
+      expect([...after.keys()].sort()).toEqual(Object.keys(update).sort());
+      const ours: number[] = [];
+      const theirs: number[] = [];
+      for (const [name, w] of after) {
+        const moved = w.data.map((x, i) => x - init.get(name)!.data[i]);
+        expect(relError(moved, decode(update[name])), name).toBeLessThanOrEqual(TENSOR_UPDATE_TOLERANCE);
+        ours.push(...moved);
+        theirs.push(...decode(update[name]));
+      }
+      expect(relError(ours, theirs)).toBeLessThanOrEqual(REL_TOLERANCE);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   describe.each(['full', 'lora', 'lora_kl'] as const)('%s', (name) => {
