@@ -7,6 +7,10 @@
  * TRL's own log-probs before the step, what a sampler with the same weights reports), `grpoPrepare` with the
  * pipeline's options turns the groups into a batch, and a `GrpoTrainer` with the recipe's options (and, with a KL
  * loss, the base model as reference, as `pipelines/agents.ts` builds it) computes the gradients and takes the step.
+ *
+ * The fixture's `steps` record is TRL's LoRA run over three steps, as `bench/trl_grpo.py --record` records one:
+ * `bench/trlReplay.ts`'s `replayRollouts` trains rxrl on it, as `npm run bench -- trlReplay` does on a real run, so
+ * that what one step cannot show (Adam's moments and step count, a step with no gradient) is compared too.
  */
 import { readFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -270,7 +274,7 @@ describe('the bench maps a recipe onto TRL only where TRL can run it the same wa
   });
 });
 
-describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on one batch (%s backend)', (backend) => {
+describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on recorded batches (%s backend)', (backend) => {
   let base: PolicyModel;
   beforeAll(async () => {
     await initBackend(backend, { logger: { info: () => undefined } });
