@@ -840,6 +840,8 @@ export function seedsLine(summaries: readonly Record<string, unknown>[]): Record
     const diff = rxrl !== null && trl !== null ? round(rxrl - trl) : null;
     return {
       seed: s.seed,
+      // `--sampling-seed`: the draws the seed's runs sampled with.
+      ...(s.sampling_seed === undefined ? {} : { sampling_seed: s.sampling_seed }),
       rxrl_gain: rxrl,
       trl_gain: trl,
       diff,

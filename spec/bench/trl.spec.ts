@@ -155,6 +155,11 @@ describe('the seeds line', () => {
     ]);
     expect(line).toMatchObject({ rxrl_gain_mean: 0.6, trl_gain_mean: 0.6, diff_mean: 0.1, diff_se: null, rxrl_at_least_trl: '1/1' });
   });
+
+  it('names the sampling seed of each seed that had one (--sampling-seed)', () => {
+    const line = seedsLine([{ seed: 3, sampling_seed: 101, rxrl_gain: 0.6, trl_gain: 0.75 }]);
+    expect((line.seeds as Record<string, unknown>[])[0]).toMatchObject({ seed: 3, sampling_seed: 101, diff: -0.15 });
+  });
 });
 
 describe("bench trl's flags", () => {
