@@ -214,20 +214,9 @@ async function replaySeed(options: ReturnType<typeof trlBenchOptions>, seed: num
   const adapterOut = join(out, 'rxrl', 'final-adapter');
   const { rows, policy } = await replayRollouts({ config, modelDir, record, adapterOut, backend });
   for (const row of rows) console.log(JSON.stringify({ bench: 'trlReplay', ...row }));
-  const [scored] = (
-    await trlScript(
-      ['--model', modelDir, '--data', run.data, '--settings', JSON.stringify(settings), '--out', join(out, 'score')].concat([
-        '--steps',
-        String(steps),
-        '--seed',
-        String(seed),
-        '--threads',
-        String(threads),
-        '--score-adapter',
-        adapterOut,
-      ]),
-    )
-  ).filter((e) => e.event === 'val');
+  const scoring = ['--model', modelDir, '--data', run.data, '--settings', JSON.stringify(settings), '--out', join(out, 'score')];
+  scoring.push('--steps', String(steps), '--seed', String(seed), '--threads', String(threads), '--score-adapter', adapterOut);
+  const [scored] = (await trlScript(scoring)).filter((e) => e.event === 'val');
   const diffs = rows
     .filter((r) => r.trl_grad_norm !== null && r.trl_grad_norm > 0)
     .map((r) => Math.abs(r.rxrl_grad_norm / r.trl_grad_norm! - 1));
