@@ -285,11 +285,12 @@ def score_adapter(trainer, tokenizer, val_rows: list[dict], max_tokens: int, eos
 def main() -> None:
     args = parse_args()
     settings = json.loads(args.settings)
-    try:
-        import torch
-        import peft  # noqa: F401  (lora_config's)
+    try:  # everything the run imports, so that a missing package is a "skipped" event, not a traceback
+        import datasets  # noqa: F401
+        import peft  # noqa: F401
+        import torch  # noqa: F401
         from transformers import set_seed
-        import trl
+        import trl  # noqa: F401
     except ImportError as error:
         emit({"event": "skipped", "reason": f"{error} (pip install -r bench/requirements-trl.txt)"})
         return
