@@ -37,6 +37,111 @@ function mean(xs: readonly number[]): number {
 
 const round3 = (x: number): number => Number(x.toFixed(3));
 
+/** The three ways one chat call can go, each timed by {@link Paths.chat}, over one running server. */
+interface Paths {
+  /** One chat of TURNS calls through `call`; returns each call's milliseconds. */
+  chat(chatId: number, call: Call): Promise<number[]>;
+  /** The template and the server's engine, in process. */
+  readonly viaEngine: Call;
+  /** `POST url` with the chat, the reply's text. */
+  viaUrl(url: string): Call;
+  /** One chat through a session, then its export and `DELETE`: the calls' milliseconds, then the export's. */
+  viaSession(chatId: number, tag: string): Promise<number[]>;
+  /** Calls whose recorded tokens drifted from their re-encoded text, over every session so far. */
+  drifted(): number;
+}
+
+type Call = (messages: ChatMessage[], seed: number) => Promise<string>;
+type Server = Awaited<ReturnType<typeof serve>>;
+
+function paths(server: Server, tokenizer: CharTokenizer): Paths {
+  const template = createChatTemplate(tokenizer);
+  const post = async (url: string, body: unknown): Promise<{ choices: { message: { content: string } }[] }> => {
+    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`);
+    return (await response.json()) as { choices: { message: { content: string } }[] };
+  };
+  const chat = async (chatId: number, call: Call): Promise<number[]> => {
+    const messages: ChatMessage[] = [{ role: 'user', content: `what is ${chatId % 10}+${(chatId * 7) % 10}?` }];
+    const times: number[] = [];
+    for (let turn = 0; turn < TURNS; turn++) {
+      const started = performance.now();
+      const reply = await call(messages, chatId * 100 + turn);
+      times.push(performance.now() - started);
+      messages.push({ role: 'assistant', content: reply }, { role: 'user', content: 'and once more?' });
+    }
+    return times;
+  };
+  const viaEngine: Call = async (messages, seed) => {
+    const promptTokens = template.render(messages, [], { addGenerationPrompt: true });
+    const [response] = await server.engine.generate([
+      { promptTokens, maxTokens: MAX_TOKENS, temperature: 1, seed, stopTokens: tokenizer.stopIds },
+    ]);
+    return tokenizer.decode(response.tokens);
+  };
+  const viaUrl =
+    (url: string): Call =>
+    async (messages, seed) =>
+      (await post(url, { model: server.modelName, messages, max_tokens: MAX_TOKENS, temperature: 1, seed })).choices[0].message.content;
+  let drifted = 0;
+  const viaSession = async (chatId: number, tag: string): Promise<number[]> => {
+    const base = `${server.url}/sessions/${tag}-${chatId}`;
+    const times = await chat(chatId, viaUrl(`${base}/v1/chat/completions`));
+    const started = performance.now();
+    const exported = (await (await fetch(base)).json()) as { trajectories: unknown[]; drift: number };
+    await fetch(base, { method: 'DELETE' });
+    if (exported.trajectories.length !== 1)
+      throw new Error(`session ${tag}-${chatId}: ${exported.trajectories.length} trajectories, not one`);
+    drifted += exported.drift; // a reply with special tokens decodes to text that re-encodes otherwise
+    return [...times, performance.now() - started];
+  };
+  return { chat, viaEngine, viaUrl, viaSession, drifted: () => drifted };
+}
+
+/** Each call's milliseconds on every path, `chats` chats each, interleaved chat by chat after a warm-up. */
+async function callTimes(p: Paths, v1: string, chats: number): Promise<Record<'engine' | 'v1' | 'session' | 'export', number[]>> {
+  // Warm up every path (first calls compile kernels), then interleave.
+  for (let i = 0; i < 3; i++) {
+    await p.chat(i, p.viaEngine);
+    await p.chat(i, p.viaUrl(v1));
+    await p.viaSession(i, 'warm');
+  }
+  const times = { engine: [] as number[], v1: [] as number[], session: [] as number[], export: [] as number[] };
+  for (let c = 0; c < chats; c++) {
+    times.engine.push(...(await p.chat(c, p.viaEngine)));
+    times.v1.push(...(await p.chat(c, p.viaUrl(v1))));
+    const s = await p.viaSession(c, 'call');
+    times.session.push(...s.slice(0, TURNS));
+    times.export.push(s[TURNS]);
+  }
+  for (const [path, xs] of Object.entries(times)) {
+    console.log(
+      JSON.stringify({ bench: 'gateway', measure: 'call', path, calls: xs.length, p50_ms: round3(median(xs)), mean_ms: round3(mean(xs)) }),
+    );
+  }
+  return times;
+}
+
+/** Chats per second: `agents` concurrent clients, each running chats back to back for `seconds`. */
+async function throughput(label: string, agents: number, seconds: number, one: (chatId: number) => Promise<unknown>): Promise<number> {
+  const deadline = performance.now() + seconds * 1000;
+  let done = 0;
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: agents }, async () => {
+      while (performance.now() < deadline) {
+        await one(next++);
+        done++;
+      }
+    }),
+  );
+  const rate = done / seconds;
+  console.log(
+    JSON.stringify({ bench: 'gateway', measure: 'throughput', path: label, agents, seconds, chats: done, chats_per_s: round3(rate) }),
+  );
+  return rate;
+}
+
 /** Runs the benchmark. */
 export async function main(args: readonly string[]): Promise<void> {
   const chats = Number(flag(args, 'chats', '40'));
@@ -48,111 +153,27 @@ export async function main(args: readonly string[]): Promise<void> {
   const model = PolicyModel.create(config, 1);
   const server = await serve({ model, tokenizer, maxWaitMs: 0 });
   try {
-    const template = createChatTemplate(tokenizer);
-    const post = async (url: string, body: unknown): Promise<{ choices: { message: { content: string } }[] }> => {
-      const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-      if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`);
-      return (await response.json()) as { choices: { message: { content: string } }[] };
-    };
-    /** One chat of TURNS calls through `call`; returns each call's milliseconds. */
-    const chat = async (chatId: number, call: (messages: ChatMessage[], seed: number) => Promise<string>): Promise<number[]> => {
-      const messages: ChatMessage[] = [{ role: 'user', content: `what is ${chatId % 10}+${(chatId * 7) % 10}?` }];
-      const times: number[] = [];
-      for (let turn = 0; turn < TURNS; turn++) {
-        const started = performance.now();
-        const reply = await call(messages, chatId * 100 + turn);
-        times.push(performance.now() - started);
-        messages.push({ role: 'assistant', content: reply }, { role: 'user', content: 'and once more?' });
-      }
-      return times;
-    };
-    const viaEngine = async (messages: ChatMessage[], seed: number): Promise<string> => {
-      const promptTokens = template.render(messages, [], { addGenerationPrompt: true });
-      const [response] = await server.engine.generate([
-        { promptTokens, maxTokens: MAX_TOKENS, temperature: 1, seed, stopTokens: tokenizer.stopIds },
-      ]);
-      return tokenizer.decode(response.tokens);
-    };
-    const viaUrl =
-      (url: string) =>
-      async (messages: ChatMessage[], seed: number): Promise<string> =>
-        (await post(url, { model: server.modelName, messages, max_tokens: MAX_TOKENS, temperature: 1, seed })).choices[0].message.content;
-    let drifted = 0;
-    const viaSession = async (chatId: number, tag: string): Promise<number[]> => {
-      const base = `${server.url}/sessions/${tag}-${chatId}`;
-      const times = await chat(chatId, viaUrl(`${base}/v1/chat/completions`));
-      const started = performance.now();
-      const exported = (await (await fetch(base)).json()) as { trajectories: unknown[]; drift: number };
-      await fetch(base, { method: 'DELETE' });
-      if (exported.trajectories.length !== 1)
-        throw new Error(`session ${tag}-${chatId}: ${exported.trajectories.length} trajectories, not one`);
-      drifted += exported.drift; // a reply with special tokens decodes to text that re-encodes otherwise
-      return [...times, performance.now() - started];
-    };
-
-    // Warm up every path (first calls compile kernels), then interleave.
-    for (let i = 0; i < 3; i++) {
-      await chat(i, viaEngine);
-      await chat(i, viaUrl(`${server.baseURL}/chat/completions`));
-      await viaSession(i, 'warm');
-    }
-    const times = { engine: [] as number[], v1: [] as number[], session: [] as number[], export: [] as number[] };
-    for (let c = 0; c < chats; c++) {
-      times.engine.push(...(await chat(c, viaEngine)));
-      times.v1.push(...(await chat(c, viaUrl(`${server.baseURL}/chat/completions`))));
-      const s = await viaSession(c, 'call');
-      times.session.push(...s.slice(0, TURNS));
-      times.export.push(s[TURNS]);
-    }
-    for (const [path, xs] of Object.entries(times)) {
-      console.log(
-        JSON.stringify({
-          bench: 'gateway',
-          measure: 'call',
-          path,
-          calls: xs.length,
-          p50_ms: round3(median(xs)),
-          mean_ms: round3(mean(xs)),
-        }),
-      );
-    }
-
-    // Throughput: `agents` concurrent clients, each running chats back to back for `seconds`.
-    const throughput = async (label: string, one: (chatId: number) => Promise<unknown>): Promise<number> => {
-      const deadline = performance.now() + seconds * 1000;
-      let done = 0;
-      let next = 0;
-      await Promise.all(
-        Array.from({ length: agents }, async () => {
-          while (performance.now() < deadline) {
-            await one(next++);
-            done++;
-          }
-        }),
-      );
-      const rate = done / seconds;
-      console.log(
-        JSON.stringify({ bench: 'gateway', measure: 'throughput', path: label, agents, seconds, chats: done, chats_per_s: round3(rate) }),
-      );
-      return rate;
-    };
-    const sessionsPerS = await throughput('session', (i) => viaSession(i, 'rate'));
-    const v1PerS = await throughput('v1', (i) => chat(i, viaUrl(`${server.baseURL}/chat/completions`)));
+    const p = paths(server, tokenizer);
+    const v1 = `${server.baseURL}/chat/completions`;
+    const times = await callTimes(p, v1, chats);
+    const sessionsPerS = await throughput('session', agents, seconds, (i) => p.viaSession(i, 'rate'));
+    const v1PerS = await throughput('v1', agents, seconds, (i) => p.chat(i, p.viaUrl(v1)));
+    const [session, viaV1, engine] = [median(times.session), median(times.v1), median(times.engine)];
     console.log(
       JSON.stringify({
         bench: 'gateway-summary',
         backend,
         turns_per_chat: TURNS,
         max_tokens: MAX_TOKENS,
-        session_call_p50_ms: round3(median(times.session)),
-        v1_call_p50_ms: round3(median(times.v1)),
-        engine_call_p50_ms: round3(median(times.engine)),
-        session_overhead_vs_v1_ms: round3(median(times.session) - median(times.v1)),
-        session_over_v1: round3(median(times.session) / median(times.v1)),
-        session_overhead_vs_engine_ms: round3(median(times.session) - median(times.engine)),
-        session_over_engine: round3(median(times.session) / median(times.engine)),
+        session_call_p50_ms: round3(session),
+        v1_call_p50_ms: round3(viaV1),
+        engine_call_p50_ms: round3(engine),
+        session_overhead_vs_v1_ms: round3(session - viaV1),
+        session_over_v1: round3(session / viaV1),
+        session_overhead_vs_engine_ms: round3(session - engine),
+        session_over_engine: round3(session / engine),
         export_p50_ms: round3(median(times.export)),
-        calls_with_drift: drifted,
+        calls_with_drift: p.drifted(),
         sessions_per_s: round3(sessionsPerS),
         v1_chats_per_s: round3(v1PerS),
         sessions_over_v1_chats: round3(sessionsPerS / v1PerS),
