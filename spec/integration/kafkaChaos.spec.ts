@@ -54,6 +54,11 @@ async function kill(proc: Proc): Promise<void> {
   await proc.exited;
 }
 
+/** The trainer's and each worker's stderr (their last 4,000 characters), for a failure's message. */
+function stderrs(trainer: Proc, workers: readonly Proc[]): string {
+  return [`trainer: ${trainer.stderr}`, ...workers.map((w, i) => `worker ${i}: ${w.stderr}`)].join('\n');
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** The groups the loader hands out for a run of STEPS steps: what must be trained, each exactly once. */
@@ -113,7 +118,7 @@ async function chaosRun(mode: StalenessMode, guarantee: Guarantee): Promise<Chao
     for (let i = 0; i < killAt.length; i++) {
       const deadline = performance.now() + 120_000;
       while (jsonLines<TrainedLine>(trainedFile).length < killAt[i]) {
-        if (performance.now() > deadline) throw new Error(`${mode}: step ${killAt[i]} not reached\n${trainer.stderr}`);
+        if (performance.now() > deadline) throw new Error(`${mode}: step ${killAt[i]} not reached\n${stderrs(trainer, workers)}`);
         await sleep(100);
       }
       if (i % 2 === 0) {
