@@ -54,6 +54,7 @@ interface Paths {
 type Call = (messages: ChatMessage[], seed: number) => Promise<string>;
 type Server = Awaited<ReturnType<typeof serve>>;
 
+/** The three paths over `server`; every session's drift is counted as its chat ends. */
 function paths(server: Server, tokenizer: CharTokenizer): Paths {
   const template = createChatTemplate(tokenizer);
   const post = async (url: string, body: unknown): Promise<{ choices: { message: { content: string } }[] }> => {
