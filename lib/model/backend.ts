@@ -12,8 +12,8 @@
  *   and transposes explicitly instead of using the `transposeA`/`transposeB` flags (on wasm a flagged 2-D
  *   product is many times slower than a transpose followed by a plain one), and that sums over broadcast
  *   batch dimensions;
- * - an `UnsortedSegmentSum` kernel is registered for wasm (the wasm backend has none, so the gradient of
- *   `tf.gather` fails there). The policy model itself never gathers.
+ * - wasm kernels written in JS ({@link installWasmKernels}): `UnsortedSegmentSum`, which the wasm backend lacks
+ *   (the gradient of `tf.gather` needs it), and `GatherV2` and `Tile`, which it computes element by element.
  *
  * @packageDocumentation
  */
@@ -24,6 +24,7 @@ import '@tensorflow/tfjs-backend-cpu';
 
 import { BackendUnavailableError, ConfigError, assertNever } from '../core/errors.js';
 import { registerCoreGradients } from './gradients.js';
+import { installWasmKernels } from './wasmKernels.js';
 
 /** Backend choice: `auto`, or one backend forced by name. */
 export type BackendKind = 'auto' | 'tensorflow' | 'wasm' | 'cpu';
@@ -240,16 +241,15 @@ let fixesInstalled = false;
 export function installBackendFixes(): void {
   // Importing a full TF.js bundle (tfjs-node imports @tensorflow/tfjs) registers the stock gradients of every
   // kernel again, replacing ours: the BatchMatMul override is checked and re-applied on every call, and
-  // initBackend calls this after loading a backend's package.
+  // initBackend calls this after loading a backend's package. Importing the wasm package likewise registers its own
+  // kernels over rxrl's, so those are checked on every call too.
   if (tf.getGradient(tf.BatchMatMul) !== batchMatMulGradConfig) tf.registerGradient(batchMatMulGradConfig);
+  installWasmKernels();
   if (fixesInstalled) {
     return;
   }
   fixesInstalled = true;
   registerCoreGradients();
-  if (tf.getKernel(tf.UnsortedSegmentSum, 'wasm') === undefined) {
-    tf.registerKernel(wasmUnsortedSegmentSumConfig);
-  }
 }
 
 /**
@@ -390,45 +390,3 @@ function flaggedGrads(g: tf.Tensor, a: tf.Tensor, b: tf.Tensor, tA: boolean, tB:
     b: () => reduceToShape(tB ? tf.matMul(g, a, true, tA) : tf.matMul(a, g, !tA, false), b.shape),
   };
 }
-
-/** The slice of the wasm backend this module touches (it is not exported as a type for Node). */
-interface WasmBackendLike {
-  readSync(dataId: tf.DataId): tf.backend_util.BackendValues;
-  makeOutput(shape: number[], dtype: tf.DataType): tf.TensorInfo;
-  typedArrayFromHeap(info: tf.TensorInfo): tf.backend_util.TypedArray;
-}
-
-/**
- * `UnsortedSegmentSum` for wasm, computed in JS: `out[s, ...] = Σ_{i: ids[i] = s} x[i, ...]` for
- * `x [...S, ...inner]`, `segmentIds [...S]` int32, `out [numSegments, ...inner]`; ids outside
- * `[0, numSegments)` are dropped, as in TensorFlow.
- */
-const wasmUnsortedSegmentSumConfig: tf.KernelConfig = {
-  kernelName: tf.UnsortedSegmentSum,
-  backendName: 'wasm',
-  kernelFunc: ({ inputs, attrs, backend }) => {
-    const wasm = backend as unknown as WasmBackendLike;
-    const x = inputs['x'] as tf.TensorInfo;
-    const segmentIds = inputs['segmentIds'] as tf.TensorInfo;
-    const numSegments = attrs?.['numSegments'] as number;
-    const inner = x.shape.slice(segmentIds.shape.length);
-    const innerSize = inner.reduce((p, d) => p * d, 1);
-    const xValues = wasm.readSync(x.dataId) as tf.backend_util.TypedArray;
-    const ids = wasm.readSync(segmentIds.dataId) as tf.backend_util.TypedArray;
-    const out = wasm.makeOutput([numSegments, ...inner], x.dtype);
-    const outValues = wasm.typedArrayFromHeap(out);
-    outValues.fill(0);
-    for (let i = 0; i < ids.length; i++) {
-      const s = ids[i];
-      if (s < 0 || s >= numSegments) {
-        continue;
-      }
-      const src = i * innerSize;
-      const dst = s * innerSize;
-      for (let j = 0; j < innerSize; j++) {
-        outValues[dst + j] += xValues[src + j];
-      }
-    }
-    return out;
-  },
-};

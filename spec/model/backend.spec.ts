@@ -197,4 +197,51 @@ describe('wasm fixes agree with cpu', () => {
     cpu.forEach((v, k) => expectClose(v, wasm[k]));
     expect(Array.from(cpu[1].subarray(4, 8))).toEqual(Array.from(wasm[1].subarray(4, 8)));
   });
+
+  it('GatherV2 and Tile on wasm (rxrl JS kernels) equal cpu exactly: every axis, batchDims, int32 and bool', async () => {
+    const run = (): tf.Tensor[] => {
+      const x = randn([3, 4, 5, 2], 8);
+      const ints = tf.tensor3d(Array.from({ length: 24 }, (_, i) => i * 7 - 30), [2, 3, 4], 'int32');
+      const rows = tf.tensor1d([2, 0, 2, 1], 'int32');
+      return [
+        tf.gather(x, rows, 0),
+        tf.gather(x, tf.tensor1d([3, 3, 0], 'int32'), 1),
+        tf.gather(x, tf.tensor2d([4, 1, 0, 2], [2, 2], 'int32'), 2),
+        tf.gather(x, tf.tensor1d([1], 'int32'), -1),
+        tf.gather(x, tf.tensor2d([1, 0, 2, 3, 3, 0], [3, 2], 'int32'), 1, 1), // batchDims 1
+        tf.gather(ints, tf.tensor1d([1, 1], 'int32'), 0),
+        tf.cast(tf.gather(tf.greater(x, 0), rows, 0), 'float32'),
+        tf.gather(randn([10, 64], 9), tf.tensor1d([9, 0, 4], 'int32'), 0), // rows long enough for a block copy
+        tf.tile(x, [2, 1, 3, 2]),
+        tf.tile(randn([2, 1, 40], 10), [1, 3, 1]),
+        tf.tile(tf.tensor1d([1, 2, 3]), [3]),
+        tf.tile(ints, [1, 2, 1]),
+        tf.cast(tf.tile(tf.greater(x, 0), [1, 2, 1, 1]), 'float32'),
+        tf.tile(tf.zeros([0, 2]), [3, 1]),
+      ];
+    };
+    const cpu = await on('cpu', run);
+    const wasm = await on('wasm', run);
+    // rxrl's kernels are the ones registered (the stock ones come with a setup function that binds their C++)
+    expect([tf.GatherV2, tf.Tile].map((k) => tf.getKernel(k, 'wasm')?.setupFunc)).toEqual([undefined, undefined]);
+    expect(wasm.map((v) => Array.from(v))).toEqual(cpu.map((v) => Array.from(v)));
+    const shapes = (): number[][] => {
+      const outs = run();
+      const s = outs.map((t) => t.shape);
+      tf.dispose(outs);
+      return s;
+    };
+    await initBackend('cpu', { logger: quiet });
+    const cpuShapes = shapes();
+    await initBackend('wasm', { logger: quiet });
+    expect(shapes()).toEqual(cpuShapes);
+  });
+
+  it('GatherV2 on wasm refuses an index out of range, as the stock kernel does', async () => {
+    await initBackend('wasm', { logger: quiet });
+    const x = randn([3, 2], 11);
+    expect(() => tf.gather(x, tf.tensor1d([0, 3], 'int32'), 0)).toThrow('GatherV2: the index value 3 is not in [0, 2]');
+    expect(() => tf.gather(x, tf.tensor1d([-1], 'int32'), 1)).toThrow('is not in [0, 1]');
+    x.dispose();
+  });
 });
