@@ -388,8 +388,11 @@ export class GrpoTrainer implements Trainer {
   /**
    * Gradients of the loss of the rows `mini` (indices into the batch), summed over their micro-batches: each
    * micro-batch's loss is weighted by its share of the mini-batch's loss weight ({@link GrpoTrainer.lossWeight}), so
-   * the sum is the mini-batch's loss. Returns the gradients by variable name (the caller disposes them), whether
-   * every micro-batch loss was finite, and those weighted losses.
+   * the sum is the mini-batch's loss. A micro-batch none of whose rows can move the weights
+   * ({@link GrpoTrainer.inertRows}) is scored forward only (its loss and metrics count; its gradient, exactly 0, adds
+   * nothing); when no micro-batch can, every gradient is an exact 0, as differentiating them would give. Returns the
+   * gradients by variable name (the caller disposes them), whether every micro-batch loss was finite, and those
+   * weighted losses.
    */
   private async accumulate(
     batch: Batch,
@@ -402,22 +405,18 @@ export class GrpoTrainer implements Trainer {
     const grads = new Map<string, tf.Tensor>();
     const losses: number[] = [];
     const miniWeight = this.lossWeight(batch, mini);
+    const inert = this.inertRows(batch);
+    let differentiated = false;
     try {
       for (let u = 0; u < mini.length; u += microBatchSize) {
         throwIfAborted(signal);
         const micro = mini.slice(u, u + microBatchSize);
         const share = miniWeight > 0 ? this.lossWeight(batch, micro) / miniWeight : 0;
-        const part = pickRows(inputs, micro);
-        let kept: ScalarMetrics = {};
-        const { value, grads: g } = tf.variableGrads(() => {
-          const out = this.loss(part, part.isWeights, batch);
-          kept = keepMetrics(out.metrics);
-          return tf.mul(out.loss, share) as tf.Scalar;
-        }, [...this.trainedVariables]);
-        tf.dispose(Object.values(part));
-        losses.push(value.dataSync()[0]);
-        value.dispose();
-        record(readMetricsSync(kept), micro.length);
+        const differentiate = micro.some((b) => !inert[b]);
+        differentiated ||= differentiate;
+        const { value, grads: g, metrics } = this.microBatch(pickRows(inputs, micro), share, batch, differentiate);
+        losses.push(value);
+        record(metrics, micro.length);
         for (const [name, grad] of Object.entries(g)) {
           const prev = grads.get(name);
           grads.set(name, prev ? tf.add(prev, grad) : grad);
@@ -425,11 +424,50 @@ export class GrpoTrainer implements Trainer {
         }
         await Promise.resolve();
       }
+      if (!differentiated && mini.length > 0) for (const v of this.trainedVariables) grads.set(v.name, tf.zerosLike(v));
     } catch (error) {
       tf.dispose([...grads.values()]);
       throw error;
     }
     return { grads, finite: losses.every((l) => Number.isFinite(l)), losses };
+  }
+
+  /** One micro-batch's weighted loss and metrics, and its gradients when `differentiate`; disposes `part`. */
+  private microBatch(
+    part: RowTensors & { isWeights?: tf.Tensor2D },
+    share: number,
+    batch: Batch,
+    differentiate: boolean,
+  ): { value: number; grads: tf.NamedTensorMap; metrics: Metrics } {
+    let kept: ScalarMetrics = {};
+    const f = (): tf.Scalar => {
+      const out = this.loss(part, part.isWeights, batch);
+      kept = keepMetrics(out.metrics);
+      return tf.mul(out.loss, share) as tf.Scalar;
+    };
+    try {
+      const { value, grads } = differentiate ? tf.variableGrads(f, [...this.trainedVariables]) : { value: tf.tidy(f), grads: {} };
+      const loss = value.dataSync()[0];
+      value.dispose();
+      return { value: loss, grads, metrics: readMetricsSync(kept) };
+    } finally {
+      tf.dispose(Object.values(part));
+    }
+  }
+
+  /**
+   * Per row of `batch`, whether its loss term has an exactly zero gradient whatever the weights: a policy-gradient
+   * loss with no entropy bonus and no KL term, and an advantage of 0 at every token the loss mask keeps (GRPO's
+   * groups whose rewards are all equal, rows masked out). All false for any other loss.
+   */
+  private inertRows(batch: Batch): boolean[] {
+    const R = batch.responseLength;
+    const rows = [...Array<boolean>(batch.size)].fill(false);
+    if (this.options.loss === 'cross-entropy' || this.options.entropyCoef !== 0 || this.options.klLoss) return rows;
+    return rows.map((_, b) => {
+      for (let i = b * R; i < (b + 1) * R; i++) if (batch.lossMask[i] !== 0 && batch.advantages[i] !== 0) return false;
+      return true;
+    });
   }
 
   /** Weight of a set of rows in the aggregated loss: tokens for `token-mean`, non-empty rows otherwise. */

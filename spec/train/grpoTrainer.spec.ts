@@ -179,6 +179,46 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     b.dispose();
   });
 
+  it('scores a micro-batch of zero-advantage rows forward only: same gradients, losses and metrics', async () => {
+    // A zero advantage at every token gives an exactly zero gradient; 1e-30 is differentiated and adds ~1e-30.
+    const model = PolicyModel.create(config, 11);
+    const trainer = new GrpoTrainer(model, { microBatchSize: 2 });
+    const inert = await trainer.computeGradients(batchOf(model, [1, -1, 0, 0]));
+    const tiny = await trainer.computeGradients(batchOf(model, [1, -1, 1e-30, -1e-30]));
+    expect(inert.microBatchLosses).toHaveLength(2);
+    expect(inert.microBatchLosses[1]).toBe(0);
+    expect(inert.gradNorm).toBeGreaterThan(0);
+    expect(inert.gradNorm).toBeCloseTo(tiny.gradNorm, 6);
+    for (const [name, g] of inert.gradients) g.data.forEach((x, i) => expect(x).toBeCloseTo(tiny.gradients.get(name)!.data[i], 6));
+    // ...and costs no backward pass: fewer kernels than the same batch differentiated whole
+    const kernels = async (advantages: number[]): Promise<number> =>
+      (
+        await tf.profile(async () => {
+          await trainer.computeGradients(batchOf(model, advantages));
+          return [];
+        })
+      ).kernels.length;
+    expect(await kernels([1, -1, 0, 0])).toBeLessThan(await kernels([1, -1, 1e-30, -1e-30]));
+    const none = await trainer.computeGradients(batchOf(model, [0, 0, 0, 0]));
+    expect([...none.gradients.keys()]).toEqual([...model.getWeights().keys()]);
+    for (const g of none.gradients.values()) expect(g.data.every((x) => x === 0)).toBe(true);
+    expect(none.microBatchLosses).toEqual([0, 0]);
+    const bonus = new GrpoTrainer(model, { microBatchSize: 2, entropyCoef: 0.01 }); // the bonus moves every row
+    expect((await bonus.computeGradients(batchOf(model, [0, 0, 0, 0]))).gradNorm).toBeGreaterThan(0);
+    const metrics = async (advantages: number[]): Promise<number> => {
+      const twin = PolicyModel.create(config, 11);
+      const t = new GrpoTrainer(twin, { microBatchSize: 2 });
+      const entropy = (await t.trainStep(batchOf(twin, advantages))).metrics['actor/entropy'];
+      t.dispose();
+      twin.dispose();
+      return entropy;
+    };
+    expect(await metrics([1, -1, 0, 0])).toBeCloseTo(await metrics([1, -1, 1e-30, -1e-30]), 6);
+    bonus.dispose();
+    trainer.dispose();
+    model.dispose();
+  });
+
   it('skips the update on a NaN loss and reports it, leaving weights unchanged', async () => {
     const model = PolicyModel.create(config, 7);
     const trainer = new GrpoTrainer(model);
