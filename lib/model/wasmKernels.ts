@@ -71,12 +71,13 @@ function gatherV2({ inputs, attrs, backend }: Parameters<tf.KernelFunc>[0]): tf.
     (attrs?.['batchDims'] as number | undefined) ?? 0,
   );
   const { batchSize, outerSize, dimSize, sliceSize } = info;
+  const indexValues = (backend as WasmBackendLike).typedArrayFromHeap(indices); // checked before anything is allocated
+  for (const index of indexValues) {
+    if (!(index >= 0 && index < dimSize)) throw new Error(`GatherV2: the index value ${index} is not in [0, ${dimSize - 1}]`);
+  }
   const { out, dst, src } = heapViews(backend, [x, indices], info.outputShape, x.dtype);
   const [xValues, ids] = src;
   const n = ids.length / batchSize;
-  for (let i = 0; i < ids.length; i++) {
-    if (!(ids[i] >= 0 && ids[i] < dimSize)) throw new Error(`GatherV2: the index value ${ids[i]} is not in [0, ${dimSize - 1}]`);
-  }
   if (tf.util.sizeFromShape(x.shape) === 0) return out;
   let to = 0;
   for (let b = 0; b < batchSize; b++) {

@@ -201,7 +201,11 @@ describe('wasm fixes agree with cpu', () => {
   it('GatherV2 and Tile on wasm (rxrl JS kernels) equal cpu exactly: every axis, batchDims, int32 and bool', async () => {
     const run = (): tf.Tensor[] => {
       const x = randn([3, 4, 5, 2], 8);
-      const ints = tf.tensor3d(Array.from({ length: 24 }, (_, i) => i * 7 - 30), [2, 3, 4], 'int32');
+      const ints = tf.tensor3d(
+        Array.from({ length: 24 }, (_, i) => i * 7 - 30),
+        [2, 3, 4],
+        'int32',
+      );
       const rows = tf.tensor1d([2, 0, 2, 1], 'int32');
       return [
         tf.gather(x, rows, 0),
@@ -240,8 +244,11 @@ describe('wasm fixes agree with cpu', () => {
   it('GatherV2 on wasm refuses an index out of range, as the stock kernel does', async () => {
     await initBackend('wasm', { logger: quiet });
     const x = randn([3, 2], 11);
-    expect(() => tf.gather(x, tf.tensor1d([0, 3], 'int32'), 0)).toThrow('GatherV2: the index value 3 is not in [0, 2]');
+    const index = tf.tensor1d([0, 3], 'int32');
+    const buffers = tf.backend().numDataIds();
+    expect(() => tf.gather(x, index, 0)).toThrow('GatherV2: the index value 3 is not in [0, 2]');
+    expect(tf.backend().numDataIds()).toBe(buffers); // nothing allocated on the heap and left there
     expect(() => tf.gather(x, tf.tensor1d([-1], 'int32'), 1)).toThrow('is not in [0, 1]');
-    x.dispose();
+    tf.dispose([x, index]);
   });
 });
