@@ -200,6 +200,11 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
       ).kernels.length;
     expect(await kernels([1, -1, 0, 0])).toBeLessThan(await kernels([1, -1, 1e-30, -1e-30]));
     const none = await trainer.computeGradients(batchOf(model, [0, 0, 0, 0]));
+    await trainer.trainStep(batchOf(model, [1, -1, 0, 0])); // creates Adam's moments
+    const tensors = tf.memory().numTensors;
+    await trainer.trainStep(batchOf(model, [1, -1, 0, 0]));
+    await trainer.trainStep(batchOf(model, [0, 0, 0, 0]));
+    expect(tf.memory().numTensors).toBe(tensors); // the forward-only path leaks nothing either
     expect([...none.gradients.keys()]).toEqual([...model.getWeights().keys()]);
     for (const g of none.gradients.values()) expect(g.data.every((x) => x === 0)).toBe(true);
     expect(none.microBatchLosses).toEqual([0, 0]);
