@@ -92,7 +92,7 @@ function parse(args: readonly string[]): Options {
 }
 
 /** Median seconds of `reps` runs after one warm-up run. */
-async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
+export async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
   await fn();
   const times: number[] = [];
   for (let i = 0; i < reps; i++) {
@@ -103,11 +103,11 @@ async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
   return median(times);
 }
 
-async function benchBackend(backend: BackendName, options: Options): Promise<Record<string, unknown>> {
-  await initBackend(backend, { logger: { info: () => undefined } });
-  const model = options.modelDir ? (await loadModelDir(options.modelDir)).model : PolicyModel.create(SMOLLM2_135M, 1);
-  const { batch: B, seq: T } = options;
-  const V = model.config.vocabSize;
+/**
+ * The bench's token rows for a `B × T` forward (`inputs`, `mask`, `positions`) and a `B × (T + 1)` scoring pass
+ * (`sequence`, `seqMask`, `seqPositions`): the same deterministic ids, every position attended.
+ */
+export function benchRows(B: number, T: number, V: number): BenchRows {
   const ids = Int32Array.from({ length: B * (T + 1) }, (_, i) => (i * 7919 + 13) % V);
   const inputs = tf.tensor2d(
     ids.filter((_, i) => i % (T + 1) !== T),
@@ -127,6 +127,25 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
     [B, T + 1],
     'int32',
   );
+  return { inputs, mask, positions, sequence, seqMask, seqPositions };
+}
+
+/** What {@link benchRows} makes. */
+export interface BenchRows {
+  readonly inputs: tf.Tensor2D;
+  readonly mask: tf.Tensor2D;
+  readonly positions: tf.Tensor2D;
+  readonly sequence: tf.Tensor2D;
+  readonly seqMask: tf.Tensor2D;
+  readonly seqPositions: tf.Tensor2D;
+}
+
+async function benchBackend(backend: BackendName, options: Options): Promise<Record<string, unknown>> {
+  await initBackend(backend, { logger: { info: () => undefined } });
+  const model = options.modelDir ? (await loadModelDir(options.modelDir)).model : PolicyModel.create(SMOLLM2_135M, 1);
+  const { batch: B, seq: T } = options;
+  const rows = benchRows(B, T, model.config.vocabSize);
+  const { inputs, mask, positions, sequence, seqMask, seqPositions } = rows;
   try {
     // Waits for the logits by reading one of them: reading all B·T·V back (805 MB at 32 × 128) would time a copy that
     // PyTorch's side does not make.
@@ -142,7 +161,6 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
       await value.data();
       tf.dispose([value, ...Object.values(grads)]);
     }, options.reps);
-    const rows = { sequence, seqMask, seqPositions };
     const train = backend === 'wasm' ? null : await adamStep(model, rows, options.reps);
     let loraTrain: number | null = null;
     if (options.lora > 0) {
@@ -177,27 +195,33 @@ async function benchBackend(backend: BackendName, options: Options): Promise<Rec
 }
 
 /** Median seconds of one training step of `model`'s trainable variables (all, or an adapter's) with the trainer's Adam. */
-async function adamStep(
-  model: PolicyModel,
-  rows: { sequence: tf.Tensor2D; seqMask: tf.Tensor2D; seqPositions: tf.Tensor2D },
-  reps: number,
-): Promise<number> {
+export async function adamStep(model: PolicyModel, rows: BenchRows, reps: number): Promise<number> {
+  const { step, dispose } = adamStepper(model, rows);
+  try {
+    return await timed(step, reps);
+  } finally {
+    dispose();
+  }
+}
+
+/**
+ * One training step of `model`'s trainable variables with the trainer's Adam, to run as often as wanted: the mean
+ * next-token NLL of `rows`' sequences, its gradient, Adam's update, then a wait for the loss.
+ */
+export function adamStepper(model: PolicyModel, rows: BenchRows): { step: () => Promise<void>; dispose: () => void } {
   const variables = model.trainableVariables();
   const optimizer = new Adam(variables, { learningRate: 1e-5 });
-  try {
-    return await timed(async () => {
-      const { value, grads } = tf.variableGrads(
-        () => tf.neg(tf.mean(model.tokenLogprobs(rows.sequence, rows.seqMask, rows.seqPositions).logprobs)) as tf.Scalar,
-        variables,
-      );
-      const ordered = variables.map((v) => grads[v.name]);
-      optimizer.apply(ordered);
-      await value.data();
-      tf.dispose([value, ...ordered]);
-    }, reps);
-  } finally {
-    optimizer.dispose();
-  }
+  const step = async (): Promise<void> => {
+    const { value, grads } = tf.variableGrads(
+      () => tf.neg(tf.mean(model.tokenLogprobs(rows.sequence, rows.seqMask, rows.seqPositions).logprobs)) as tf.Scalar,
+      variables,
+    );
+    const ordered = variables.map((v) => grads[v.name]);
+    optimizer.apply(ordered);
+    await value.data();
+    tf.dispose([value, ...ordered]);
+  };
+  return { step, dispose: () => optimizer.dispose() };
 }
 
 function benchTorch(options: Options): Record<string, unknown> {
