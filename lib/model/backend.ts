@@ -23,7 +23,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs-backend-cpu';
 
 import { BackendUnavailableError, ConfigError, assertNever } from '../core/errors.js';
-import { registerCoreGradients } from './gradients.js';
+import { REPLACED_GRADIENTS, registerCoreGradients } from './gradients.js';
 import { installWasmKernels } from './wasmKernels.js';
 
 /** Backend choice: `auto`, or one backend forced by name. */
@@ -240,10 +240,12 @@ let fixesInstalled = false;
  */
 export function installBackendFixes(): void {
   // Importing a full TF.js bundle (tfjs-node imports @tensorflow/tfjs) registers the stock gradients of every
-  // kernel again, replacing ours: the BatchMatMul override is checked and re-applied on every call, and
+  // kernel again, replacing ours: the BatchMatMul, Sum and Mean overrides are checked and re-applied on every call, and
   // initBackend calls this after loading a backend's package. Importing the wasm package likewise registers its own
   // kernels over rxrl's, so those are checked on every call too.
-  if (tf.getGradient(tf.BatchMatMul) !== batchMatMulGradConfig) tf.registerGradient(batchMatMulGradConfig);
+  for (const config of [batchMatMulGradConfig, ...REPLACED_GRADIENTS]) {
+    if (tf.getGradient(config.kernelName) !== config) tf.registerGradient(config);
+  }
   installWasmKernels();
   if (fixesInstalled) {
     return;

@@ -43,7 +43,7 @@ function f32(x: tf.Tensor): tf.Tensor {
 }
 
 function zerosOf(x: tf.Tensor): InputGrad {
-  return () => tf.zeros(x.shape, 'float32');
+  return () => tf.fill(x.shape, 0, 'float32');
 }
 
 function single(dy: tf.Tensor | tf.Tensor[]): tf.Tensor {
@@ -98,7 +98,8 @@ function binary(
   };
 }
 
-function reductionGrad(kernelName: string, scale: (x: tf.Tensor, kept: number[]) => number): tf.GradConfig {
+/** The gradient of a reduction: `dy` divided by `divisor` (1 for a sum, the reduced count for a mean), spread over the reduced axes. */
+function reductionGrad(kernelName: string, divisor: (x: tf.Tensor, kept: number[]) => number): tf.GradConfig {
   return {
     kernelName,
     inputsToSave: ['x'],
@@ -107,9 +108,11 @@ function reductionGrad(kernelName: string, scale: (x: tf.Tensor, kept: number[])
       return {
         x: () => {
           const kept = keptShape(x.shape, attrs['axis']);
-          const spread = tf.mul(tf.reshape(single(dy), kept), tf.ones(x.shape, 'float32')); // x.shape
-          const s = scale(x, kept);
-          return s === 1 ? spread : tf.mul(spread, s);
+          // Divided, then copied out to x's shape on the device (tfjs-core's own gradient multiplies by a tensor of
+          // ones built in JavaScript, a host array of x's size uploaded on every backward pass); the same values.
+          const n = divisor(x, kept);
+          const g = tf.reshape(single(dy), kept);
+          return tf.broadcastTo(n === 1 ? g : tf.div(g, n), x.shape);
         },
       };
     },
@@ -257,9 +260,7 @@ const GRADIENTS: readonly tf.GradConfig[] = [
   ),
   zeroGrad(tf.OneHot, ['indices']),
 
-  // ── reductions ──
-  reductionGrad(tf.Sum, () => 1),
-  reductionGrad(tf.Mean, (x, kept) => kept.reduce((p, d) => p * d, 1) / Math.max(x.size, 1)),
+  // ── reductions (Sum and Mean: REPLACED_GRADIENTS) ──
   extremumGrad(tf.Max),
   extremumGrad(tf.Min),
 
@@ -412,6 +413,26 @@ const GRADIENTS: readonly tf.GradConfig[] = [
       return { logits: () => tf.sub(g, tf.mul(tf.exp(y), tf.sum(g, axis, true))) };
     },
   },
+];
+
+/**
+ * Gradients that replace tfjs-core's own wherever they are found (`installBackendFixes` re-applies them after a
+ * backend's package registers the stock ones): `Sum` and `Mean`, whose stock gradients build a tensor of ones of
+ * the input's size in JavaScript and upload it (for the log-prob pick over the vocabulary, `[rows·tokens, V]`: 151 MB
+ * at 16 × 48 tokens of SmolLM2, about 0.2 s of every backward pass on a GPU). Ours broadcast `dy` on the device, with
+ * the same values.
+ */
+export const REPLACED_GRADIENTS: readonly tf.GradConfig[] = [
+  reductionGrad(tf.Sum, () => 1),
+  reductionGrad(
+    tf.Mean,
+    (x, kept) =>
+      x.size /
+      Math.max(
+        kept.reduce((p, d) => p * d, 1),
+        1,
+      ),
+  ),
 ];
 
 /**

@@ -106,7 +106,12 @@ function tile({ inputs, attrs, backend }: Parameters<tf.KernelFunc>[0]): tf.Tens
   for (let row = 0, to = 0; row < rows; row++) {
     let from = 0;
     for (let d = 0; d < at.length; d++) from += (at[d] % x.shape[d]) * strides[d];
-    for (let r = 0; r < rowReps; r++, to += width) copyRun(xValues, from, dst, to, width);
+    if (width === 1) {
+      // A column spread across the last axis (a reduction's gradient): one native fill per row.
+      dst.fill(xValues[from], to, (to += rowReps));
+    } else {
+      for (let r = 0; r < rowReps; r++, to += width) copyRun(xValues, from, dst, to, width);
+    }
     for (let d = at.length - 1; d >= 0 && ++at[d] === shape[d]; d--) at[d] = 0;
   }
   return out;

@@ -222,6 +222,9 @@ describe('wasm fixes agree with cpu', () => {
         tf.tile(ints, [1, 2, 1]),
         tf.cast(tf.tile(tf.greater(x, 0), [1, 2, 1, 1]), 'float32'),
         tf.tile(tf.zeros([0, 2]), [3, 1]),
+        tf.tile(randn([3, 1], 11), [1, 7]), // a column spread across the last axis (a reduction's gradient)
+        tf.tile(randn([2, 1, 1], 12), [2, 3, 5]),
+        tf.tile(tf.reshape(ints, [24, 1]), [1, 3]),
       ];
     };
     const cpu = await on('cpu', run);

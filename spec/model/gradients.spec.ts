@@ -3,6 +3,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { initBackend } from '../../lib/model/backend.js';
 import { createRng, normalArray } from '../../lib/core/random.js';
+import { ALL_BACKENDS } from '../helpers/backends.js';
 
 /** Central finite difference step and tolerance (float32 arithmetic). */
 const STEP = 1e-2;
@@ -103,4 +104,56 @@ describe('core gradients (tfjs-core alone registers none in Node)', () => {
       x.dispose();
     });
   }
+});
+
+describe.each(ALL_BACKENDS)('Sum and Mean gradients (%s backend)', (backend) => {
+  beforeAll(async () => {
+    await initBackend(backend, { logger: { info: () => undefined } });
+  });
+
+  /** Sizes of every tensor made from JavaScript values while `f` runs. */
+  function hostTensorSizes(f: () => void): number[] {
+    const engine = tf.engine() as unknown as { makeTensor: (values: ArrayLike<unknown>, ...rest: unknown[]) => tf.Tensor };
+    const makeTensor = engine.makeTensor;
+    const sizes: number[] = [];
+    engine.makeTensor = (values, ...rest) => {
+      sizes.push(values.length);
+      return makeTensor.call(engine, values, ...rest);
+    };
+    try {
+      f();
+    } finally {
+      engine.makeTensor = makeTensor;
+    }
+    return sizes;
+  }
+
+  it("equal dy spread over the reduced axes (÷ their size for Mean), built on the device, not from a host array of x's size", () => {
+    const x = randn([6, 50], 40);
+    const w = randn([6], 41);
+    const w3 = randn([2, 1, 5], 42);
+    const x3 = randn([2, 3, 5], 43);
+    const cases: [string, () => tf.Tensor, tf.Tensor][] = [
+      [
+        'sum, last axis',
+        () => tf.grad((t: tf.Tensor) => tf.sum(tf.mul(tf.sum(t, -1), w)))(x),
+        tf.mul(tf.reshape(w, [6, 1]), tf.onesLike(x)),
+      ],
+      [
+        'mean, last axis',
+        () => tf.grad((t: tf.Tensor) => tf.sum(tf.mul(tf.mean(t, -1), w)))(x),
+        tf.div(tf.mul(tf.reshape(w, [6, 1]), tf.onesLike(x)), 50),
+      ],
+      ['sum, middle axis kept', () => tf.grad((t: tf.Tensor) => tf.sum(tf.mul(tf.sum(t, 1, true), w3)))(x3), tf.mul(w3, tf.onesLike(x3))],
+      ['mean, every axis', () => tf.grad((t: tf.Tensor) => tf.mul(tf.mean(t), 3))(x3), tf.div(tf.mul(tf.onesLike(x3), 3), 30)],
+    ];
+    for (const [name, grad, expected] of cases) {
+      let g: tf.Tensor | undefined;
+      const sizes = hostTensorSizes(() => (g = grad()));
+      expect(Array.from(g!.dataSync()), name).toEqual(Array.from(expected.dataSync()));
+      expect(Math.max(0, ...sizes), `${name}: largest host tensor`).toBeLessThan(x3.size);
+      tf.dispose([g!, expected]);
+    }
+    tf.dispose([x, w, w3, x3]);
+  });
 });
