@@ -192,7 +192,8 @@ export class Adam {
   }
 
   /**
-   * Replaces the state (a checkpoint's). Moments are checked against the variables' sizes before anything changes.
+   * Replaces the state with `state` (as {@link Adam.state} returns it: moments in the variables' shapes, one per
+   * variable, or none for zeros). Moments are checked against the variables' sizes before anything changes.
    *
    * @throws {@link ConfigError} when the moments do not match the variables or the step is not an integer ≥ 0.
    */
