@@ -424,15 +424,7 @@ const GRADIENTS: readonly tf.GradConfig[] = [
  */
 export const REPLACED_GRADIENTS: readonly tf.GradConfig[] = [
   reductionGrad(tf.Sum, () => 1),
-  reductionGrad(
-    tf.Mean,
-    (x, kept) =>
-      x.size /
-      Math.max(
-        kept.reduce((p, d) => p * d, 1),
-        1,
-      ),
-  ),
+  reductionGrad(tf.Mean, (x, kept) => x.size / Math.max(tf.util.sizeFromShape(kept), 1)),
 ];
 
 /**
