@@ -56,7 +56,8 @@ class KernelClock {
   readonly byPhase: Record<Phase, Map<string, Tally>> = { forward: new Map(), backward: new Map(), optimizer: new Map() };
   readonly byGradient = new Map<string, Tally & { kernels: number }>();
   zeroDy = { count: 0, bytes: 0 };
-  private kernelsInGradient = 0;
+  /** Top-level kernels dispatched so far (a gradient function is charged the difference across its call). */
+  private kernelCount = 0;
   private restore: (() => void) | undefined;
 
   install(): void {
@@ -72,7 +73,7 @@ class KernelClock {
         params.kernelName ?? `customGrad:${engine.state.scopeStack.at(-1)?.name ?? ''}`,
         performance.now() - start,
       );
-      this.kernelsInGradient++;
+      this.kernelCount++;
       return out;
     };
     engine.addTapeNode = (kernelName, ...rest) => {
@@ -103,12 +104,12 @@ class KernelClock {
 
   /** Runs `fn`, adding its milliseconds and top-level kernels to `tally`. */
   private charged(tally: Tally & { kernels: number }, fn: () => unknown): unknown {
-    const [kernels, start] = [this.kernelsInGradient, performance.now()];
+    const [kernels, start] = [this.kernelCount, performance.now()];
     try {
       return fn();
     } finally {
       tally.ms += performance.now() - start;
-      tally.kernels += this.kernelsInGradient - kernels;
+      tally.kernels += this.kernelCount - kernels;
     }
   }
 
