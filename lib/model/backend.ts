@@ -13,7 +13,9 @@
  *   product is many times slower than a transpose followed by a plain one), and that sums over broadcast
  *   batch dimensions;
  * - wasm kernels written in JS ({@link installWasmKernels}): `UnsortedSegmentSum`, which the wasm backend lacks
- *   (the gradient of `tf.gather` needs it), and `GatherV2` and `Tile`, which it computes element by element.
+ *   (the gradient of `tf.gather` needs it), and `GatherV2` and `Tile`, which it computes element by element;
+ * - kernels that do nothing when nothing changes ({@link installIdentityKernels}): a `Reshape` to the tensor's own
+ *   shape and a `Cast` to its own dtype share the input's data, where tensorflow dispatches an op and wasm copies.
  *
  * @packageDocumentation
  */
@@ -24,6 +26,7 @@ import '@tensorflow/tfjs-backend-cpu';
 
 import { BackendUnavailableError, ConfigError, assertNever } from '../core/errors.js';
 import { REPLACED_GRADIENTS, registerCoreGradients } from './gradients.js';
+import { installIdentityKernels } from './identityKernels.js';
 import { installWasmKernels } from './wasmKernels.js';
 
 /** Backend choice: `auto`, or one backend forced by name. */
@@ -242,11 +245,12 @@ export function installBackendFixes(): void {
   // Importing a full TF.js bundle (tfjs-node imports @tensorflow/tfjs) registers the stock gradients of every
   // kernel again, replacing ours: the BatchMatMul, Sum and Mean overrides are checked and re-applied on every call, and
   // initBackend calls this after loading a backend's package. Importing the wasm package likewise registers its own
-  // kernels over rxrl's, so those are checked on every call too.
+  // kernels over rxrl's, and tfjs-node registers kernels rxrl wraps, so those are checked on every call too.
   for (const config of [batchMatMulGradConfig, ...REPLACED_GRADIENTS]) {
     if (tf.getGradient(config.kernelName) !== config) tf.registerGradient(config);
   }
   installWasmKernels();
+  installIdentityKernels();
   if (fixesInstalled) {
     return;
   }

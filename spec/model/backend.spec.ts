@@ -6,6 +6,8 @@ import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { BackendUnavailableError, ConfigError } from '../../lib/core/errors.js';
 import { initBackend, installBackendFixes, type BackendKind } from '../../lib/model/backend.js';
 import { createRng, normalArray } from '../../lib/core/random.js';
+import { identityKernelsInstalled } from '../../lib/model/identityKernels.js';
+import { ALL_BACKENDS } from '../helpers/backends.js';
 
 const TOLERANCE = 1e-4;
 
@@ -254,4 +256,52 @@ describe('wasm fixes agree with cpu', () => {
     expect(() => tf.gather(x, tf.tensor1d([-1], 'int32'), 1)).toThrow('is not in [0, 1]');
     tf.dispose([x, index]);
   });
+});
+
+describe('a reshape to the same shape and a cast to the same dtype', () => {
+  for (const backend of ALL_BACKENDS) {
+    it(`share the input's data on ${backend}; other reshapes and casts compute as before`, async () => {
+      await initBackend(backend, { logger: quiet });
+      const before = tf.memory();
+      const x = randn([2, 3], 13);
+      const ints = tf.tensor1d([1, -2, 3], 'int32');
+      const same = [tf.reshape(x, [2, 3]), tf.reshape(x, [-1, 3]), tf.reshape(x, [2, -1]), tf.cast(x, 'float32')];
+      const intsSame = tf.cast(ints, 'int32');
+      // The same data, nothing computed (on tensorflow each was a TensorFlow op of its own; on wasm the cast a copy).
+      expect(same.map((t) => t.dataId === x.dataId)).toEqual([true, true, true, true]);
+      expect(intsSame.dataId).toBe(ints.dataId);
+      const values = Array.from(x.dataSync());
+      const changed = [tf.reshape(x, [3, 2]), tf.reshape(x, [-1]), tf.cast(x, 'int32'), tf.cast(ints, 'float32')];
+      expect(changed.map((t) => t.shape)).toEqual([[3, 2], [6], [2, 3], [3]]);
+      expect(Array.from(changed[0].dataSync())).toEqual(values);
+      expect(Array.from(changed[2].dataSync())).toEqual(values.map((v) => Math.trunc(v) + 0)); // + 0: no -0 in int32
+      expect(Array.from(changed[3].dataSync())).toEqual([1, -2, 3]);
+      // The input disposed, the shared tensors still hold its values; once all are disposed nothing is left.
+      tf.dispose([x, ints]);
+      expect(same.map((t) => Array.from(t.dataSync()))).toEqual([values, values, values, values]);
+      expect(Array.from(intsSame.dataSync())).toEqual([1, -2, 3]);
+      tf.dispose([...same, intsSame, ...changed]);
+      expect(tf.memory().numTensors).toBe(before.numTensors);
+      expect(tf.memory().numDataBuffers).toBe(before.numDataBuffers);
+      // Gradients pass through them unchanged: d/dx Σ reshape(x)·cast(x) = 2x.
+      const y = randn([2, 3], 14);
+      const dy = tf.grad((v: tf.Tensor) => tf.sum(tf.mul(tf.reshape(v, [-1, 3]), tf.cast(v, 'float32'))))(y);
+      expect(Array.from(dy.dataSync())).toEqual(Array.from(tf.mul(y, 2).dataSync()));
+      tf.dispose([y, dy]);
+      if (backend !== 'cpu') {
+        expect(identityKernelsInstalled(backend)).toBe(true);
+        // The backend's package registering its own Cast again (a second copy of it): the next fix-up wraps it again.
+        const stock = { ...tf.getKernel(tf.Cast, backend)! };
+        tf.unregisterKernel(tf.Cast, backend);
+        tf.registerKernel({ ...stock, kernelFunc: (args) => (stock.kernelFunc as tf.KernelFunc)(args) });
+        expect(identityKernelsInstalled(backend)).toBe(false);
+        installBackendFixes();
+        expect(identityKernelsInstalled(backend)).toBe(true);
+        const z = randn([4], 15);
+        const r = tf.cast(z, 'float32');
+        expect(r.dataId).toBe(z.dataId);
+        tf.dispose([z, r]);
+      }
+    });
+  }
 });
