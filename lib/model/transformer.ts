@@ -162,16 +162,24 @@ type LayerCache = {
 type Attention = (q: tf.Tensor2D, k: tf.Tensor2D, v: tf.Tensor2D) => tf.Tensor2D;
 
 interface Rotary {
-  readonly cos: tf.Tensor3D;
-  readonly sin: tf.Tensor3D;
-  /** `cos` and `sin` times the attention scale `1/√dh`, for the queries (so scores need no scaling pass). */
-  readonly qCos: tf.Tensor3D;
-  readonly qSin: tf.Tensor3D;
   /**
-   * Tables for a fused `[q | k | v]` row, `[N, (H + 2·Hkv)·dh]`: `qCos`/`qSin` over the query heads, `cos`/`sin`
-   * over the key heads, 1 and 0 over the value heads (which RoPE leaves as they are, exactly). Made on first use.
+   * Tables for the query row, `[N, H·dh]`: the cosines and sines of every head, times the attention scale `1/√dh`
+   * (so scores need no scaling pass). Made on first use, as are the others.
    */
-  readonly qkv: () => { readonly cos: tf.Tensor2D; readonly sin: tf.Tensor2D };
+  readonly q: () => RotaryTables;
+  /** Tables for the key row, `[N, Hkv·dh]`. */
+  readonly k: () => RotaryTables;
+  /**
+   * Tables for a fused `[q | k | v]` row, `[N, (H + 2·Hkv)·dh]`: the query tables over the query heads, the key
+   * tables over the key heads, 1 and 0 over the value heads (which RoPE leaves as they are, exactly).
+   */
+  readonly qkv: () => RotaryTables;
+}
+
+/** The cosines and sines RoPE multiplies a row of heads by, `[N, heads·dh]`. */
+interface RotaryTables {
+  readonly cos: tf.Tensor2D;
+  readonly sin: tf.Tensor2D;
 }
 
 /**
@@ -654,9 +662,11 @@ export class PolicyModel {
   }
 
   /**
-   * Cosines and sines of `positions · invFreq`, duplicated over the two halves of a head: `[N, 1, dh]`; the
-   * queries' copies also carry the attention scale `1/√dh` (RoPE is linear, so scaling the tables scales the
-   * queries, once per forward instead of once per layer).
+   * Cosines and sines of `positions · invFreq`, duplicated over the two halves of a head and repeated for every
+   * head of a row (see {@link Rotary}); the queries' copies also carry the attention scale `1/√dh` (RoPE is linear,
+   * so scaling the tables scales the queries, once per forward instead of once per layer). Whole rows of tables
+   * keep RoPE's products two-dimensional: a layer then reshapes its queries and keys twice, not four times (each a
+   * TensorFlow op on the native backend, forward and backward).
    */
   private rotary(positions: tf.Tensor): Rotary {
     const N = positions.size;
@@ -668,24 +678,41 @@ export class PolicyModel {
     const scale = 1 / Math.sqrt(dh);
     const qCos: tf.Tensor3D = tf.mul(cos, scale);
     const qSin: tf.Tensor3D = tf.mul(sin, scale);
-    let qkv: { cos: tf.Tensor2D; sin: tf.Tensor2D } | undefined;
     const { nHeads: H, nKvHeads: Hkv } = this.config;
-    const row = (q: tf.Tensor3D, k: tf.Tensor3D, v: number): tf.Tensor2D =>
-      tf.reshape(tf.concat([tf.tile(q, [1, H, 1]), tf.tile(k, [1, Hkv, 1]), tf.fill([N, Hkv, dh], v)], 1), [N, (H + 2 * Hkv) * dh]);
-    return { cos, sin, qCos, qSin, qkv: () => (qkv ??= { cos: row(qCos, cos, 1), sin: row(qSin, sin, 0) }) };
+    // [N, 1, dh] tables (and a constant for the value heads) side by side as one row of heads, [N, heads·dh].
+    const row = (parts: readonly (readonly [tf.Tensor3D | number, number])[]): tf.Tensor2D => {
+      const tiles = parts.map(([t, heads]) => (typeof t === 'number' ? tf.fill([N, heads, dh], t) : tf.tile(t, [1, heads, 1])));
+      const width = parts.reduce((w, [, heads]) => w + heads * dh, 0);
+      return tf.reshape(tiles.length === 1 ? tiles[0] : tf.concat(tiles, 1), [N, width]);
+    };
+    const once = (make: () => RotaryTables): (() => RotaryTables) => {
+      let tables: RotaryTables | undefined;
+      return () => (tables ??= make());
+    };
+    return {
+      q: once(() => ({ cos: row([[qCos, H]]), sin: row([[qSin, H]]) })),
+      k: once(() => ({ cos: row([[cos, Hkv]]), sin: row([[sin, Hkv]]) })),
+      qkv: once(() => ({
+        cos: row([
+          [qCos, H],
+          [cos, Hkv],
+          [1, Hkv],
+        ]),
+        sin: row([
+          [qSin, H],
+          [sin, Hkv],
+          [0, Hkv],
+        ]),
+      })),
+    };
   }
 
-  /**
-   * RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`, with tables `[N, 1, dh]` (the
-   * same for every head) or `[N, heads·dh]` (one per head, {@link Rotary.qkv}).
-   */
-  private rope(x: tf.Tensor2D, heads: number, cos: tf.Tensor3D | tf.Tensor2D, sin: tf.Tensor3D | tf.Tensor2D): tf.Tensor2D {
+  /** RoPE of `x [N, heads·dh]`: `x·cos + rotateHalf(x)·sin` per head, `[N, heads·dh]`, with tables of its width. */
+  private rope(x: tf.Tensor2D, heads: number, { cos, sin }: RotaryTables): tf.Tensor2D {
     const N = x.shape[0];
     const dh = this.config.headDim;
     const turned = tf.matMul(tf.reshape(x, [N * heads, dh]), this.rotateHalf); // [N·heads, dh]
-    if (cos.rank === 2) return tf.add(tf.mul(x, cos), tf.mul(tf.reshape(turned, [N, heads * dh]), sin));
-    const x3 = tf.reshape(x, [N, heads, dh]); // [N, heads, dh]
-    return tf.reshape(tf.add(tf.mul(x3, cos), tf.mul(tf.reshape(turned, [N, heads, dh]), sin)), [N, heads * dh]);
+    return tf.add(tf.mul(x, cos), tf.mul(tf.reshape(turned, [N, heads * dh]), sin));
   }
 
   /** Queries (scaled by `1/√dh`), keys and values of the normed stream `h [N, d]` after biases, q/k norms and RoPE. */
@@ -696,8 +723,7 @@ export class PolicyModel {
     const widths = [H * dh, Hkv * dh, Hkv * dh];
     if (parts.length === 1 && block.qNorm === null) {
       // Fused and no q/k norm: one RoPE pass over the whole [q | k | v] row.
-      const { cos, sin } = rot.qkv();
-      return tf.split(this.rope(parts[0], H + 2 * Hkv, cos, sin), widths, 1) as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D];
+      return tf.split(this.rope(parts[0], H + 2 * Hkv, rot.qkv()), widths, 1) as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D];
     }
     const [q0, k0, v] = parts.length === 3 ? parts : (tf.split(parts[0], widths, 1) as tf.Tensor2D[]);
     let q = q0;
@@ -706,7 +732,7 @@ export class PolicyModel {
       q = tf.reshape(rmsNorm(tf.reshape(q, [N * H, dh]), block.qNorm, eps), [N, H * dh]);
       k = tf.reshape(rmsNorm(tf.reshape(k, [N * Hkv, dh]), block.kNorm, eps), [N, Hkv * dh]);
     }
-    return [this.rope(q, H, rot.qCos, rot.qSin), this.rope(k, Hkv, rot.cos, rot.sin), v];
+    return [this.rope(q, H, rot.q()), this.rope(k, Hkv, rot.k()), v];
   }
 
   /** `[b*T, heads·dh] → [b, heads, T, dh]` (a free reshape for one position, as in a decode step). */
