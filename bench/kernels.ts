@@ -8,9 +8,10 @@
  * every kernel dispatch timed by wrapping TF.js's engine:
  *
  * - `kernels`: the step's seconds with and without the timing, its kernels in each phase (`forward`: under the
- *   gradient tape; `backward`: inside the tape's backward pass; `optimizer`: the rest) and their summed
- *   milliseconds; what the phases' kernels do not account for is TF.js's own work between kernels (tape, scopes,
- *   gradient accumulation) and the binding's;
+ *   gradient tape; `backward`: inside the tape's backward pass; `optimizer`: the rest), their summed
+ *   milliseconds, and how many of them returned their input's data (`shared`: a reshape to the same shape or a
+ *   cast to the same dtype, which run no TensorFlow op and copy nothing); what the phases' kernels do not account
+ *   for is TF.js's own work between kernels (tape, scopes, gradient accumulation) and the binding's;
  * - `kernels-top`, one per phase: the `--top` kernels by milliseconds (`count`, `ms`, `share` of the phase);
  * - `kernels-grad`: the backward by the forward op whose gradient it is (inclusive milliseconds and kernels of each
  *   gradient function, the `--top` largest), and how many output gradients TF.js filled with zeros made in
@@ -38,11 +39,13 @@ type Phase = 'forward' | 'backward' | 'optimizer';
 interface Tally {
   count: number;
   ms: number;
+  /** Of `count`, the kernels whose output is one of their inputs' data. */
+  shared: number;
 }
 
 /** The part of TF.js's engine the timing wraps (private in its typings, stable across 4.x). */
 interface EngineInternals {
-  runKernelFunc(params: { kernelName?: string }): unknown;
+  runKernelFunc(params: { kernelName?: string; inputs?: Record<string, tf.Tensor | undefined> }): unknown;
   addTapeNode(kernelName: string, ...rest: unknown[]): void;
   state: {
     kernelDepth: number;
@@ -72,6 +75,7 @@ class KernelClock {
         this.byPhase[phaseOf(engine)],
         params.kernelName ?? `customGrad:${engine.state.scopeStack.at(-1)?.name ?? ''}`,
         performance.now() - start,
+        sharesInput(params.inputs, out),
       );
       this.kernelCount++;
       return out;
@@ -88,7 +92,7 @@ class KernelClock {
           this.zeroDy.count++;
           this.zeroDy.bytes += (outputs[i]?.size ?? 0) * 4;
         });
-        const tally = this.byGradient.get(kernelName) ?? { count: 0, ms: 0, kernels: 0 };
+        const tally = this.byGradient.get(kernelName) ?? { count: 0, ms: 0, shared: 0, kernels: 0 };
         this.byGradient.set(kernelName, tally);
         tally.count++;
         // A gradient function returns one thunk per input; the kernels run when the backward pass calls them.
@@ -117,12 +121,19 @@ class KernelClock {
     this.restore?.();
   }
 
-  private add(into: Map<string, Tally>, name: string, ms: number): void {
-    const tally = into.get(name) ?? { count: 0, ms: 0 };
+  private add(into: Map<string, Tally>, name: string, ms: number, shared: boolean): void {
+    const tally = into.get(name) ?? { count: 0, ms: 0, shared: 0 };
     tally.count++;
     tally.ms += ms;
+    if (shared) tally.shared++;
     into.set(name, tally);
   }
+}
+
+/** Whether a kernel's output is the data of one of its inputs (it computed and copied nothing). */
+function sharesInput(inputs: Record<string, tf.Tensor | undefined> | undefined, out: unknown): boolean {
+  const ids = new Set(Object.values(inputs ?? {}).map((t) => t?.dataId));
+  return (Array.isArray(out) ? out : [out]).some((t) => t instanceof tf.Tensor && ids.has(t.dataId));
 }
 
 /** The phase a kernel runs in, from the engine's scope names (`tf.variableGrads` runs `forward`, then `backward`). */
@@ -134,17 +145,21 @@ function phaseOf(engine: EngineInternals): Phase {
 
 const round = (x: number, digits = 1): number => Number(x.toFixed(digits));
 
-function top(tallies: Map<string, Tally>, n: number): { name: string; count: number; ms: number; share: number }[] {
+function top(tallies: Map<string, Tally>, n: number): { name: string; count: number; shared: number; ms: number; share: number }[] {
   const total = [...tallies.values()].reduce((s, t) => s + t.ms, 0);
   return [...tallies.entries()]
     .sort((a, b) => b[1].ms - a[1].ms)
     .slice(0, n)
-    .map(([name, t]) => ({ name, count: t.count, ms: round(t.ms), share: round(t.ms / Math.max(total, 1e-9), 3) }));
+    .map(([name, t]) => ({ name, count: t.count, shared: t.shared, ms: round(t.ms), share: round(t.ms / Math.max(total, 1e-9), 3) }));
 }
 
 function phaseTotals(clock: KernelClock): Record<Phase, Tally> {
   const sum = (m: Map<string, Tally>): Tally =>
-    [...m.values()].reduce((s, t) => ({ count: s.count + t.count, ms: round(s.ms + t.ms) }), { count: 0, ms: 0 });
+    [...m.values()].reduce((s, t) => ({ count: s.count + t.count, ms: round(s.ms + t.ms), shared: s.shared + t.shared }), {
+      count: 0,
+      ms: 0,
+      shared: 0,
+    });
   return { forward: sum(clock.byPhase.forward), backward: sum(clock.byPhase.backward), optimizer: sum(clock.byPhase.optimizer) };
 }
 
