@@ -117,7 +117,7 @@ describe('the BatchMatMul gradient override', () => {
   });
 });
 
-describe('wasm fixes agree with cpu', () => {
+describe('wasm BatchMatMul gradients agree with cpu', () => {
   beforeAll(() => {
     installBackendFixes();
   });
@@ -178,6 +178,12 @@ describe('wasm fixes agree with cpu', () => {
       const fm = f(tf.tensor(minus, a.shape), b).dataSync()[0];
       expect(analytic[idx]).toBeCloseTo((fp - fm) / (2 * h), 2);
     }
+  });
+});
+
+describe('wasm kernels written in JS agree with cpu', () => {
+  beforeAll(() => {
+    installBackendFixes();
   });
 
   it('UnsortedSegmentSum on wasm matches cpu, and so does the gradient of gather', async () => {
