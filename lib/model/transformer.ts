@@ -497,10 +497,9 @@ export class PolicyModel {
       const biasP = this.groupBias(attentionBias(promptMask, P)); // [u, 1, g·P, P]
       const keyMask = tf.concat([tf.gather(promptMask, group), tf.cast(response(attentionMask), 'float32')], 1); // [B, P+R]
       const biasR = this.groupBias(attentionBias(keyMask, R, P)); // [B, 1, g·R, P+R]
-      const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => [
-        tf.slice(t, [0, 0], [u * P, -1]),
-        tf.slice(t, [u * P, 0], [B * R, -1]),
-      ];
+      // One split, not two slices: its gradient is one concatenation, where two slices' are two zero-padded
+      // copies of the whole stream and their sum.
+      const split = (t: tf.Tensor2D): [tf.Tensor2D, tf.Tensor2D] => tf.split(t, [u * P, B * R], 0) as [tf.Tensor2D, tf.Tensor2D];
       let x = this.embed(ids); // [u·P + B·R, d]
       for (const block of this.blocks) {
         let prompt: LayerCache | undefined;
