@@ -5,9 +5,9 @@
  * uploads its shape as a tensor of its own), and the wasm backend copies the tensor for such a cast. TF.js emits
  * them by the hundred in a backward pass: its `Add` and `Multiply` gradients reshape each input's gradient to the
  * input's shape and cast the other operand to float32, and the `BatchMatMul` gradient flattens operands that are
- * already flat. In one SmolLM2 training step on tensorflow that is a quarter of the TensorFlow ops (5,455 → 4,062
- * for full fine-tuning, 9,179 → 5,915 for LoRA), each a dispatch of ~50 µs on a GPU. Any other reshape or cast goes
- * to the backend's own kernel; the values are the same either way.
+ * already flat. In one SmolLM2 training step on tensorflow that is a quarter to a third of the TensorFlow ops
+ * (5,455 → 4,062 for full fine-tuning, 9,179 → 5,915 for LoRA), each a dispatch of ~50 µs on a GPU. Any other
+ * reshape or cast goes to the backend's own kernel; the values are the same either way.
  *
  * @packageDocumentation
  */
