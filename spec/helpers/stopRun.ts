@@ -72,10 +72,7 @@ export async function stopWhenBlocked(options: StopWhenBlockedOptions): Promise<
     }
   };
   try {
-    const early = await Promise.race([
-      options.blocked(child, () => stderr).then(() => undefined),
-      exited.then((end) => end),
-    ]);
+    const early = await Promise.race([options.blocked(child, () => stderr).then(() => undefined), exited.then((end) => end)]);
     if (early !== undefined) {
       throw new Error(`rxrl exited (code ${early.code}, signal ${early.signal}) before it was blocked; stderr:\n${stderr}`);
     }
