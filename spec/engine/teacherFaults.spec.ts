@@ -4,7 +4,7 @@
  * loopback, spoken to by the real teacher client (`openaiScorer`) and by real distillation runs.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,6 +20,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import type { Tokenizer } from '../../lib/model/types.js';
 import { runTraining } from '../../pipelines/run.js';
 import { traj } from '../helpers/fixtures.js';
+import { intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const qwen = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2');
@@ -175,4 +176,33 @@ describe('a teacher that answers what no model would', () => {
     expect((error as RetriesExhaustedError).cause).toBeInstanceOf(EngineError);
     expect(server.requests()).toBe(1);
   });
+
+  it("SIGTERM while the teacher never answers (the second step): rxrl run exits, keeping the first step's checkpoint", async () => {
+    // The first scoring is answered (the first step trains and is checkpointed); the second is held.
+    let onHeld: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => (onHeld = resolve));
+    const server = await teacherServer((request) => {
+      if (request === 0) return '-1';
+      onHeld();
+      return undefined;
+    });
+    const work = await mkdtemp(join(tmpdir(), 'rxrl-teacher-hold-'));
+    const file = join(work, 'recipe.json');
+    const config = distillRun(work, server.baseUrl, ['run.steps=5', 'checkpoint.every=1', 'checkpoint.keepLast=0']);
+    // The teacher's own deadline is long (300 s): only the signal can end the wait.
+    await writeFile(
+      file,
+      JSON.stringify({ ...config, distill: { ...config.distill, teacher: { ...config.distill.teacher, timeoutMs: 300_000 } } }),
+    );
+    const stopped = await stopWhenBlocked({
+      args: ['run', file],
+      env: { RXRL_LOG_LEVEL: 'silent' },
+      blocked: () => held,
+      exitBoundMs: 60_000,
+    });
+    console.log(`teacher held: rxrl run exited ${stopped.secondsToExit.toFixed(2)} s after SIGTERM (code ${stopped.code})`);
+    expect(stopped.signal).toBeNull();
+    expect(stopped.stderr).not.toMatch(/\n\s+at /);
+    expect(await intactCheckpoint(join(work, 'run'))).toMatch(/global_step_1$/);
+  }, 180_000);
 });
