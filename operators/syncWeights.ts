@@ -11,6 +11,8 @@ export interface SyncWeightsOptions {
   readonly onPublished?: (version: number) => void;
   /** Runs each publication as a unit of work of the run's activity tracker (`tracker.tracking('sync')`). */
   readonly track?: TrackWork | undefined;
+  /** Stops a publication in progress (the engines' loads reject with an `AbortError`). */
+  readonly signal?: AbortSignal | undefined;
 }
 
 /**
@@ -40,7 +42,7 @@ export interface SyncWeightsOptions {
  * batches$.pipe(train(trainer), syncWeights([engine], { onPublished: (v) => gate.publish(v) }));
  * ```
  * @param engines - every engine that samples for this trainer.
- * @param options - a hook called after each publication.
+ * @param options - a hook called after each publication, activity tracking and a stop signal.
  * @returns an operator that re-emits each step result after its weights are published.
  * @see train
  */
@@ -53,7 +55,8 @@ export function syncWeights(engines: readonly RolloutEngine[], options: SyncWeig
           const started = performance.now();
           // An engine sampling from the trainer's own model reads no copy: none is made when every engine does.
           const weights = engines.some((engine) => engine.sharesTrainerWeights !== true) ? result.weights() : NO_WEIGHTS;
-          const load = (): Promise<unknown> => Promise.all(engines.map((engine) => engine.loadWeights(result.version, weights)));
+          const load = (): Promise<unknown> =>
+            Promise.all(engines.map((engine) => engine.loadWeights(result.version, weights, options.signal)));
           return from(options.track ? options.track(load) : load()).pipe(
             map(() => {
               const now = performance.now();

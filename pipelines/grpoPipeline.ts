@@ -368,7 +368,7 @@ function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, s
   const track = config.activity?.tracking(moduleName('sync'));
   const sink =
     'engines' in lane
-      ? engineSink(lane, track)
+      ? engineSink(lane, track, config.signal)
       : { startVersion: lane.startVersion, padId: lane.padId, publish: publishWith(lane.publish, config.signal, track) };
   const gate = new AdmissionGate({
     mode: config.mode ?? 'sync',
@@ -389,6 +389,7 @@ function loopLane(lane: PolicyLane | PublishingLane, config: PolicyLoopConfig, s
 function engineSink(
   lane: PolicyLane,
   track: TrackWork | undefined,
+  signal: AbortSignal | undefined,
 ): { startVersion: PolicyVersion; padId: number; publish: OperatorFunction<StepResult, StepResult> } {
   const { modelTag } = lane.trainer;
   const [engine] = lane.engines;
@@ -396,7 +397,7 @@ function engineSink(
   return {
     startVersion: lane.startVersion ?? engine.version,
     padId: engine.tokenizer.padId,
-    publish: syncWeights(lane.engines, { track }),
+    publish: syncWeights(lane.engines, { track, signal }),
   };
 }
 

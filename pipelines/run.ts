@@ -30,6 +30,7 @@ import { kafkaTrainer } from './kafkaTrainer.js';
 import { loadAgentsRecipe } from './parts/agentsRecipe.js';
 import { loadRollout } from './parts/data.js';
 import { StepOutcomes } from './parts/failedSteps.js';
+import { SkippedSteps } from './parts/skippedSteps.js';
 import { openLedger, type SaveCheckpoint } from './parts/ledger.js';
 import { initialModel, policyModels, readStartingAdapter, remoteContextLength } from '../lib/model/policies.js';
 import type { NamedWeights } from '../lib/model/types.js';
@@ -365,6 +366,7 @@ async function buildEngine(
       backend: setup.backend,
       samplesPerStep: tasksPerStep(config) * config.rollout.groupSize,
       lora: models.lora,
+      signal: options.signal,
     });
   }
   return new LocalEngine(sample, {
@@ -502,6 +504,8 @@ async function trainLoop(
   // sample failed fails the run.
   const outcomes = new StepOutcomes(tasksPerStep(config), config.rollout.groupSize);
   const failed: { step?: StepFailedError | undefined } = {};
+  // Under stop_on_error a step of no rows fails the run, and so does a run whose every update was skipped.
+  const skipped = new SkippedSteps(reporter.policy === 'stop_on_error');
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
@@ -516,6 +520,7 @@ async function trainLoop(
       noticeLost,
       outcomes,
       failed,
+      skipped,
     });
     try {
       await lastValueFrom(
@@ -543,6 +548,8 @@ async function trainLoop(
   await throwIfStalled(config, parts, watch);
   // A step of nothing but failures is no result: the run fails, without a checkpoint of its end.
   if (failed.step !== undefined) throw failed.step;
+  const nothingTrained = skipped.verdict();
+  if (nothingTrained !== undefined) throw nothingTrained;
   // Every run ends with a checkpoint of its last step (a run shorter than checkpoint.every too), unless stopped
   // early with checkpoint.onStop off.
   await ledger.finish(trainer.step, !signal.aborted || config.checkpoint.onStop);
@@ -581,6 +588,8 @@ function stepsOf(
     outcomes: StepOutcomes;
     /** Set when a step whose every sample failed stopped the run. */
     failed: { step?: StepFailedError | undefined };
+    /** Counts the steps that trained nothing (and refuses a step of no rows under stop_on_error). */
+    skipped: SkippedSteps;
   },
 ): Observable<StepResult> {
   const { trainer, ledger, policy, reference } = parts;
@@ -588,7 +597,7 @@ function stepsOf(
   const common = {
     ...loopSettings(config),
     tasks: ledger.tasks(),
-    trainer: ledger.checkpointing(trainer),
+    trainer: loop.skipped.counting(ledger.checkpointing(trainer)),
     maxTokens: setup.data.maxTokens,
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),

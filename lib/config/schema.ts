@@ -449,6 +449,11 @@ export const SCHEMA = {
       },
       model: { doc: 'distill.teacher.baseUrl: the model the server serves.', format: 'optional-string', default: null },
       apiKey: { doc: 'distill.teacher.baseUrl: its API key.', format: 'optional-string', default: null, sensitive: true },
+      timeoutMs: {
+        doc: "distill.teacher.baseUrl: a scoring request unanswered after this long fails (it is retried, within the same deadline counted from its first attempt); a stopped run's request ends at once.",
+        format: 'positive-int',
+        default: 120_000,
+      },
     },
     rewardCoef: {
       doc: "trainer.algorithm 'distill': weight of the task reward added to every token's advantage (0 = distillation alone).",
@@ -503,6 +508,11 @@ export const SCHEMA = {
     },
     apiKey: { doc: 'API key of the server.', format: String, default: 'EMPTY', env: 'OPENAI_API_KEY', sensitive: true },
     model: { doc: 'Model name on the server.', format: 'non-empty-string', default: 'rxrl-policy' },
+    weightSyncTimeoutMs: {
+      doc: "openai.baseUrl: a weight update (the weight-update endpoint, or a LoRA policy's load_lora_adapter and its check in /v1/models) unanswered after this long fails, its retries included; a stopped run's update ends at once.",
+      format: 'positive-int',
+      default: 300_000,
+    },
   },
   tinker: {
     baseUrl: {

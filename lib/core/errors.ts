@@ -52,7 +52,9 @@ export class ContextLengthError extends RxrlError {
 
 /**
  * Every sample of a training step failed under the `stop_on_error` policy: the run fails instead of stopping
- * gracefully. `cause` is the failure that stopped it; `context.batch` the step's admission batch. Never retriable.
+ * gracefully. `cause` is the failure that stopped it; `context.batch` the step's admission batch. Also, under
+ * `stop_on_error`, a step given no rows (`context.step`, `context.rows` 0) and a run whose every update was skipped
+ * (`context.steps`). Never retriable.
  */
 export class StepFailedError extends RxrlError {
   override readonly name = 'StepFailedError';

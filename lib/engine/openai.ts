@@ -30,17 +30,21 @@ import type { Completion, CompletionCreateParamsNonStreaming } from 'openai/reso
 
 import type { ChatTemplate } from '../chat/template.js';
 import type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatTool, ToolCall } from '../chat/types.js';
-import { AbortError, ConfigError, DecodeError, EngineError, isAbortError } from '../core/errors.js';
+import { AbortError, ConfigError, DecodeError, EngineError, isAbortError, throwIfAborted } from '../core/errors.js';
 import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTokenIds } from '../model/modelDir.js';
 import { savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import type { PolicyConfig } from '../model/config.js';
 import { retry, type RetryOptions } from '../core/retry.js';
+import { boundedFetch } from './boundedFetch.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 import type { RolloutEngine } from './types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 
 /** Prefix of a log-prob token spelled as its id (vLLM's `return_tokens_as_token_ids`). */
 export const TOKEN_ID_PREFIX = 'token_id:';
+
+/** Default bound of one answer's body (a completion, a chat turn, the model list), in bytes: 64 MiB. */
+export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 
 /** Default path of the weight-update endpoint (SGLang's API). */
 export const DEFAULT_WEIGHT_UPDATE_ENDPOINT = '/update_weights_from_disk';
@@ -66,7 +70,10 @@ export interface OpenAIWeightSyncOptions {
   readonly keep?: number;
   /** Body of the update request. Default `{ model_path, weight_version: String(version) }`. */
   readonly body?: (modelPath: string, version: PolicyVersion) => Record<string, unknown>;
-  /** Deadline of one update call, in ms. Default 300 000. */
+  /**
+   * Deadline of one update, in ms: of each attempt, and of the whole update with its retries (a LoRA load's check in
+   * `/v1/models` included). Default 300 000.
+   */
   readonly timeoutMs?: number;
   /**
    * A LoRA policy (vLLM's `--enable-lora`, `rxrl serve`): each version is written as a PEFT adapter directory
@@ -74,7 +81,8 @@ export interface OpenAIWeightSyncOptions {
    * `<name>-v<version>` (`load_inplace`, so a resumed run may load a version again), which later requests name;
    * the versions beyond the last `keep` are unloaded (`POST /v1/unload_lora_adapter`) and deleted, and the first
    * load unloads every other `<name>-v*` the server lists (what a killed run left): the name belongs to one run.
-   * The server serves the base model the adapters adapt.
+   * After each load the adapter must be listed in `GET /v1/models` (a server that answered the load without loading
+   * it is an {@link EngineError}). The server serves the base model the adapters adapt.
    */
   readonly lora?: { readonly config: ResolvedLoraConfig; readonly name: string; readonly baseModel?: string | null };
 }
@@ -105,6 +113,8 @@ export interface OpenAIEngineOptions {
   readonly weightSync?: OpenAIWeightSyncOptions;
   /** Extra fields merged into every completion and chat request body (server-specific extensions). */
   readonly extraBody?: Readonly<Record<string, unknown>>;
+  /** Largest answer body read, in bytes (a larger one is a {@link DecodeError}). Default {@link DEFAULT_MAX_RESPONSE_BYTES}. */
+  readonly maxResponseBytes?: number;
 }
 
 /** Counters of an {@link OpenAIEngine}. */
@@ -202,6 +212,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       apiKey: options.apiKey ?? process.env.OPENAI_API_KEY ?? 'EMPTY',
       maxRetries: 0,
       timeout: this.timeoutMs,
+      fetch: boundedFetch(options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES),
     });
   }
 
@@ -274,23 +285,27 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
 
   /**
    * Publishes weights: writes a safetensors checkpoint under `weightSync.directory` and calls the server's
-   * update endpoint; later generations are tagged with `version`. Loads run one at a time, in call order.
+   * update endpoint; later generations are tagged with `version`. Loads run one at a time, in call order. Each
+   * update ends at `weightSync.timeoutMs`, its retries included, and at once when `signal` fires.
    *
    * @throws {@link ConfigError} when the engine has no `weightSync`.
-   * @throws {@link EngineError} when the server refuses the update (`success: false` or an error status).
+   * @throws {@link EngineError} when the server refuses the update (`success: false` or an error status), or a LoRA
+   *   adapter it answered for is not listed in `/v1/models`.
+   * @throws {@link AbortError} when `signal` fires.
    */
-  loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void> {
+  loadWeights(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<void> {
     const sync = this.options.weightSync;
     if (sync === undefined) {
       return Promise.reject(new ConfigError('OpenAIEngine.loadWeights needs the weightSync option (a directory the server can read)'));
     }
-    const load = this.lastLoad.then(() => this.publish(sync, version, weights));
+    const load = this.lastLoad.then(() => this.publish(sync, version, weights, signal));
     this.lastLoad = load.catch(() => undefined);
     return load;
   }
 
-  private async publish(sync: OpenAIWeightSyncOptions, version: PolicyVersion, weights: NamedWeights): Promise<void> {
-    if (sync.lora) return this.publishAdapter(sync, sync.lora, version, weights);
+  private async publish(sync: OpenAIWeightSyncOptions, version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<void> {
+    throwIfAborted(signal);
+    if (sync.lora) return this.publishAdapter(sync, sync.lora, version, weights, signal);
     const modelPath = join(sync.directory, `v${version}`);
     await saveModelDir(
       modelPath,
@@ -302,67 +317,85 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       },
     );
     const body = sync.body ? sync.body(modelPath, version) : { model_path: modelPath, weight_version: String(version) };
-    await this.updateCall(sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT, body, version, sync.timeoutMs);
+    const update = new WeightUpdate(sync.timeoutMs ?? DEFAULT_WEIGHT_UPDATE_TIMEOUT_MS, signal);
+    await this.updateCall(sync.endpoint ?? DEFAULT_WEIGHT_UPDATE_ENDPOINT, body, version, update);
     this.current = version;
     this.counters.weightLoads++;
-    await this.retire(sync, { path: modelPath }, version);
+    await this.retire(sync, { path: modelPath }, version, update);
   }
 
-  /** A LoRA version: its PEFT directory, `load_lora_adapter` as `<name>-v<version>`, then the old ones unloaded. */
+  /**
+   * A LoRA version: its PEFT directory, `load_lora_adapter` as `<name>-v<version>`, checked listed in `/v1/models`,
+   * then the old ones unloaded.
+   */
   private async publishAdapter(
     sync: OpenAIWeightSyncOptions,
     lora: NonNullable<OpenAIWeightSyncOptions['lora']>,
     version: PolicyVersion,
     weights: NamedWeights,
+    signal: AbortSignal | undefined,
   ): Promise<void> {
     const path = join(sync.directory, `v${version}`);
     const name = `${lora.name}-v${version}`;
     await savePeftWeights(path, lora.config, weights, lora.baseModel ?? null, { [POLICY_VERSION_METADATA_KEY]: String(version) });
+    const update = new WeightUpdate(sync.timeoutMs ?? DEFAULT_WEIGHT_UPDATE_TIMEOUT_MS, signal);
     // In place: a resumed run publishes again a version the server may still hold from before.
-    await this.updateCall('/v1/load_lora_adapter', { lora_name: name, lora_path: path, load_inplace: true }, version, sync.timeoutMs);
+    await this.updateCall('/v1/load_lora_adapter', { lora_name: name, lora_path: path, load_inplace: true }, version, update);
+    // A server may answer the load without loading (then every request naming the adapter fails): it must list it.
+    const listed = await this.call(
+      'models',
+      (options) => this.client.models.list(options),
+      (page) => modelIds(page),
+      signal,
+      update.limits(),
+    );
+    if (!listed.includes(name)) {
+      throw new EngineError(
+        `/v1/load_lora_adapter for version ${version} was answered, but the server does not list ${name} in /v1/models: the adapter is not loaded`,
+        { context: { version, route: '/v1/load_lora_adapter', adapter: name, kind: 'not-listed' } },
+      );
+    }
     this.current = version;
     this.served = name;
     this.counters.weightLoads++;
     // A run that was killed left its versions loaded: the first load of this process unloads them.
     if (!this.swept) {
       this.swept = true;
-      const listed = await this.call(
-        'models',
-        (options) => this.client.models.list(options),
-        (page) => page.data.map((m) => m.id),
-        undefined,
-      );
       const own = new RegExp(`^${lora.name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}-v\\d+$`);
       for (const id of listed) {
-        if (id !== name && own.test(id)) await this.updateCall('/v1/unload_lora_adapter', { lora_name: id }, version, sync.timeoutMs, true);
+        if (id !== name && own.test(id)) await this.updateCall('/v1/unload_lora_adapter', { lora_name: id }, version, update, true);
       }
     }
-    await this.retire(sync, { path, adapter: name }, version);
+    await this.retire(sync, { path, adapter: name }, version, update);
   }
 
   /**
    * Records a published version, then drops the oldest beyond `keep`: a LoRA version is unloaded from the server first
    * (requests already running on it finish there, in vLLM and rxrl serve), and its files are deleted.
    */
-  private async retire(sync: OpenAIWeightSyncOptions, latest: (typeof this.published)[number], version: PolicyVersion): Promise<void> {
+  private async retire(
+    sync: OpenAIWeightSyncOptions,
+    latest: (typeof this.published)[number],
+    version: PolicyVersion,
+    update: WeightUpdate,
+  ): Promise<void> {
     this.published = [...this.published.filter((p) => p.path !== latest.path), latest];
     while (this.published.length > (sync.keep ?? 2)) {
       const old = this.published.shift()!;
-      if (old.adapter !== undefined)
-        await this.updateCall('/v1/unload_lora_adapter', { lora_name: old.adapter }, version, sync.timeoutMs, true);
+      if (old.adapter !== undefined) await this.updateCall('/v1/unload_lora_adapter', { lora_name: old.adapter }, version, update, true);
       await rm(old.path, { recursive: true, force: true });
     }
   }
 
   /**
-   * `POST` of a weight route (a path on the server's origin, or a URL): `success: false` is refused, and so is an
-   * error status — but a 404 when `gone` (what to unload is not there).
+   * `POST` of a weight route (a path on the server's origin, or a URL) within the update's deadline and signal:
+   * `success: false` is refused, and so is an error status — but a 404 when `gone` (what to unload is not there).
    */
   private async updateCall(
     route: string,
     body: Record<string, unknown>,
     version: PolicyVersion,
-    timeoutMs?: number,
+    update: WeightUpdate,
     gone = false,
   ): Promise<void> {
     const url = resolveEndpoint(this.options.baseURL, route);
@@ -376,8 +409,8 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
             throw new EngineError(`${route} for version ${version} refused: ${message}`, { context: { version, route } });
           }
         },
-        undefined,
-        timeoutMs ?? 300_000,
+        update.signal,
+        update.limits(),
       );
     } catch (error) {
       if (gone && error instanceof EngineError && error.context.status === 404) return;
@@ -419,7 +452,8 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
   }
 
   /**
-   * One logical call: bounded concurrency, a deadline per attempt, retries through the retry helper, errors
+   * One logical call: bounded concurrency, a deadline per attempt (and, when `limits.deadlineMs` is given, one for
+   * the attempts and their waits together), retries through the retry helper, errors
    * classified into typed errors, the answer parsed (an unusable answer is not retried), and the counters.
    */
   private async call<R, T>(
@@ -427,8 +461,9 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     send: (options: { signal: AbortSignal; timeout: number; maxRetries: number }) => PromiseLike<R>,
     parse: (answer: R) => T,
     signal: AbortSignal | undefined,
-    timeoutMs = this.timeoutMs,
+    limits: CallLimits = {},
   ): Promise<T> {
+    const timeoutMs = limits.timeoutMs ?? this.timeoutMs;
     this.counters.calls++;
     try {
       const answer = await this.limiter.run(signal, () =>
@@ -448,7 +483,7 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
               clearTimeout(timer);
             }
           },
-          { ...this.options.retry, signal, onRetry: () => void this.counters.retries++ },
+          { ...this.options.retry, deadlineMs: limits.deadlineMs, signal, onRetry: () => void this.counters.retries++ },
         ),
       );
       return parse(answer);
@@ -512,6 +547,44 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       policyVersion: versionOf(extensions, startVersion),
     };
   }
+}
+
+/** Default deadline of one weight update, in ms. */
+export const DEFAULT_WEIGHT_UPDATE_TIMEOUT_MS = 300_000;
+
+/** The deadlines of one {@link OpenAIEngine} call: of each attempt, and of all its attempts together. */
+interface CallLimits {
+  readonly timeoutMs?: number | undefined;
+  readonly deadlineMs?: number | undefined;
+}
+
+/**
+ * One weight update's deadline, shared by its calls (the load, its check, the unloads): each call gets what is
+ * left of it, and the caller's signal.
+ */
+class WeightUpdate {
+  private readonly end: number;
+
+  constructor(
+    timeoutMs: number,
+    readonly signal: AbortSignal | undefined,
+  ) {
+    this.end = performance.now() + timeoutMs;
+  }
+
+  /** What is left of the deadline (at least 1 ms), for an attempt and for the call's retries. */
+  limits(): CallLimits {
+    const left = Math.max(1, Math.ceil(this.end - performance.now()));
+    return { timeoutMs: left, deadlineMs: left };
+  }
+}
+
+/** The ids of a `/v1/models` answer (refused when it has no list of models). */
+function modelIds(page: { data?: unknown }): string[] {
+  if (!Array.isArray(page?.data)) throw malformed('/v1/models has no data list');
+  return page.data.flatMap((m: unknown) =>
+    typeof m === 'object' && m !== null && typeof (m as { id?: unknown }).id === 'string' ? [(m as { id: string }).id] : [],
+  );
 }
 
 /** The server origin's URL for an endpoint path (the base URL without a trailing `/v1`), or the URL itself. */

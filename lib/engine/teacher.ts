@@ -50,7 +50,10 @@ export interface OpenAIScorerOptions {
   readonly apiKey?: string | undefined;
   /** The student's tokenizer: the server must decode the batch's tokens as it does. */
   readonly tokenizer: Tokenizer;
-  /** A request unanswered after this long fails (and is retried). Default 120 000 ms. */
+  /**
+   * A scoring call unanswered after this long fails: one attempt's deadline, and the whole call's (its retries are
+   * made within it). Default 120 000 ms.
+   */
   readonly timeoutMs?: number;
   /** Attempts after the first, for connection errors, timeouts, 429 and 5xx. Default 3. */
   readonly retries?: number;
@@ -64,7 +67,9 @@ type PromptLogprobs = (Record<string, { logprob: number; decoded_token?: string 
  * token ids, with `prompt_logprobs: 0` and `max_tokens: 1`; each response token's log-prob is the server's for that
  * token given what precedes it. The first batch checks that the server decodes the tokens as the student's tokenizer
  * does (a {@link ConfigError} naming the first token that differs otherwise). Failures after the retries are
- * {@link EngineError}s; an answer without the log-probs is a {@link DecodeError}.
+ * {@link EngineError}s; an answer without the log-probs is a {@link DecodeError}; a log-prob above 0 (past
+ * {@link TEACHER_LOGPROB_TOLERANCE}) or beyond float32 is an {@link EngineError} naming the token and the value. The
+ * call ends at `timeoutMs`, retries included, and at once when `signal` fires.
  *
  * @param options - The server, its model and the student's tokenizer.
  * @returns The scorer.
@@ -77,12 +82,13 @@ export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
       const rows = rowsOf(batch);
       if (rows.length === 0) return new Float32Array(0);
       const body = { model: options.model, prompt: rows.map((r) => r.ids), max_tokens: 1, temperature: 0, prompt_logprobs: 0 };
+      const timeoutMs = options.timeoutMs ?? 120_000;
       const answer = await retry(
         async () => {
           try {
             return await client.completions.create(body as OpenAI.CompletionCreateParamsNonStreaming, {
               signal,
-              timeout: options.timeoutMs ?? 120_000,
+              timeout: timeoutMs,
             });
           } catch (cause) {
             const status = (cause as { status?: number }).status;
@@ -90,7 +96,13 @@ export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
             throw new EngineError(`teacher ${options.model} at ${options.baseUrl}: ${(cause as Error).message}`, { cause, retriable });
           }
         },
-        { retries: options.retries ?? 3, initialDelayMs: 200, isRetriable: (e) => e instanceof EngineError && e.retriable, signal },
+        {
+          retries: options.retries ?? 3,
+          deadlineMs: timeoutMs,
+          initialDelayMs: 200,
+          isRetriable: (e) => e instanceof EngineError && e.retriable,
+          signal,
+        },
       );
       const choices = [...(answer.choices ?? [])].sort((a, b) => a.index - b.index);
       const R = batch.responseLength;
@@ -103,15 +115,40 @@ export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
         for (let i = 0; i < row.response; i++) {
           const position = row.ids.length - row.response + i;
           const entry = scored[position]?.[String(row.ids[position])];
-          if (entry === undefined || !Number.isFinite(entry.logprob))
+          if (entry === undefined || typeof entry.logprob !== 'number')
             throw new DecodeError(`teacher ${options.model}: no log-prob for token ${position} of answer ${b}`);
-          out[b * R + i] = entry.logprob;
+          out[b * R + i] = checkedLogprob(entry.logprob, { model: options.model, answer: b, position });
         }
       });
       checked = true;
       return out;
     },
   };
+}
+
+/**
+ * How far above 0 a teacher's log-prob may lie and still be read as 0: a server's float32 `log_softmax` can round
+ * the log-prob of a near-certain token to a tiny positive number (a few ulps of 1, about 1e-7), which is not a
+ * probability above 1. Anything larger is a broken or hostile answer.
+ */
+export const TEACHER_LOGPROB_TOLERANCE = 1e-6;
+
+/** The largest finite float32 (the batch's log-probs are float32: anything beyond becomes ±Infinity). */
+const FLOAT32_MAX = 3.4028234663852886e38;
+
+/**
+ * A teacher's log-prob as trained on: at most 0 (within {@link TEACHER_LOGPROB_TOLERANCE}, clamped to 0) and finite
+ * in float32. Else an {@link EngineError} (not retriable) naming the answer, the token position and the value: a
+ * positive log-prob would be trained on as a huge advantage, and one beyond float32 makes every update non-finite.
+ */
+function checkedLogprob(logprob: number, at: { model: string; answer: number; position: number }): number {
+  if (logprob <= 0 && logprob >= -FLOAT32_MAX) return logprob;
+  if (logprob > 0 && logprob <= TEACHER_LOGPROB_TOLERANCE) return 0;
+  const why = Number.isNaN(logprob) || Math.abs(logprob) > FLOAT32_MAX ? 'is not a finite float32' : 'is above 0';
+  throw new EngineError(`teacher ${at.model}: the log-prob of token ${at.position} of answer ${at.answer} is ${logprob}, which ${why}`, {
+    retriable: false,
+    context: { model: at.model, answer: at.answer, position: at.position, logprob },
+  });
 }
 
 /** Each row's tokens without padding, and how many of them are the response. */

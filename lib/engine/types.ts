@@ -19,8 +19,11 @@ export interface RolloutEngine {
    * before any work started; requests cancelled mid-generation resolve with `finishReason: 'abort'`.
    */
   generate(requests: readonly GenerateRequest[], signal?: AbortSignal): Promise<GenerateResponse[]>;
-  /** Replaces the weights; later generations are tagged with `version`. */
-  loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void>;
+  /**
+   * Replaces the weights; later generations are tagged with `version`. An engine that waits on something (a server's
+   * weight update) stops waiting when `signal` fires, rejecting with an `AbortError`.
+   */
+  loadWeights(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<void>;
   /**
    * True when the engine samples from the trainer's own model (sync mode in one process): a load only moves its
    * version, and the weights it is given are not read, so a publisher need not copy them for it.

@@ -83,6 +83,8 @@ export interface EngineContext {
    * adapter's alone, in PEFT's names; the engine serves them over the base (e.g. vLLM's `load_lora_adapter`).
    */
   readonly lora?: { readonly config: ResolvedLoraConfig; readonly name: string } | undefined;
+  /** The run's stop signal: a wait of the engine's setup (publishing the starting weights) ends when it fires. */
+  readonly signal?: AbortSignal | undefined;
 }
 
 /** What {@link runTraining} reports. */

@@ -23,7 +23,7 @@ export function servedEngine(
   config: Pick<RxrlConfig, 'openai' | 'rollout' | 'run' | 'sync'>,
   runDir: string | undefined,
 ): (context: EngineContext) => Promise<RolloutEngine> {
-  return async ({ policy, tokenizer, version, lora }) => {
+  return async ({ policy, tokenizer, version, lora, signal }) => {
     const engine = new OpenAIEngine({
       baseURL: config.openai.baseUrl as string,
       model: config.openai.model,
@@ -32,6 +32,7 @@ export function servedEngine(
       version,
       concurrency: samplesInFlight(config),
       weightSync: {
+        timeoutMs: config.openai.weightSyncTimeoutMs,
         directory: join(runDir ?? join(process.cwd(), 'runs', 'served'), 'served'),
         config: policy.config,
         ...(lora
@@ -46,7 +47,7 @@ export function servedEngine(
             }),
       },
     });
-    await engine.loadWeights(version, policy.getWeights());
+    await engine.loadWeights(version, policy.getWeights(), signal);
     return engine;
   };
 }

@@ -30,9 +30,10 @@ export async function loadTeacher(
   tokenizer: Tokenizer,
 ): Promise<RunTeacher | undefined> {
   if (config.trainer.algorithm !== 'distill') return undefined;
-  const { path, baseUrl, model, apiKey } = config.distill.teacher;
+  const { path, baseUrl, model, apiKey, timeoutMs } = config.distill.teacher;
   if (baseUrl !== null) {
-    return { scorer: openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer }), dispose: () => undefined };
+    const scorer = openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer, timeoutMs });
+    return { scorer, dispose: () => undefined };
   }
   const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path' });
   checkSameTokenizer(tokenizer, await loadTokenizer(dir), dir);
