@@ -121,6 +121,7 @@ export async function serveStatus(options: ServeStatusOptions): Promise<StatusSe
   };
 }
 
+/** The answer to one request, built whole before anything is sent (so a failure can still be a 500). */
 function answer(request: IncomingMessage, response: ServerResponse, status: () => RunStatus, maxBytes: number): void {
   const path = (request.url ?? '/').split('?')[0];
   if (request.method !== 'GET' && request.method !== 'HEAD') {
@@ -128,11 +129,13 @@ function answer(request: IncomingMessage, response: ServerResponse, status: () =
     return;
   }
   if (path === '/status') {
-    response.writeHead(200, { 'content-type': 'application/json' }).end(`${JSON.stringify(status())}\n`);
+    const body = `${JSON.stringify(status())}\n`;
+    response.writeHead(200, { 'content-type': 'application/json' }).end(body);
     return;
   }
   if (path === '/metrics') {
-    response.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }).end(prometheusText(status(), maxBytes));
+    const body = prometheusText(status(), maxBytes);
+    response.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }).end(body);
     return;
   }
   response.writeHead(404, { 'content-type': 'text/plain' }).end('not found: try /status or /metrics\n');
