@@ -80,7 +80,7 @@ export interface StatusServer {
  *
  * @param options - tracker, run info, host and port.
  * @returns the server once it listens.
- * @throws ConfigError when the port cannot be listened on (in use, not allowed).
+ * @throws ConfigError when the port cannot be listened on (in use, not allowed), or for a `maxBytes` under 4096.
  */
 export async function serveStatus(options: ServeStatusOptions): Promise<StatusServer> {
   const host = options.host ?? '127.0.0.1';
