@@ -5,10 +5,13 @@
  */
 import { describe, expect, it } from 'vitest';
 
-import { DecodeError } from '../../lib/core/errors.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { ConfigError, DecodeError } from '../../lib/core/errors.js';
+import { createKafka } from '../../lib/kafka/client.js';
 import { decodeHeartbeatMessage, encodeHeartbeatMessage } from '../../lib/kafka/codec.js';
-import type { HeartbeatMessage } from '../../lib/kafka/types.js';
+import { kafkaTopics, type HeartbeatMessage } from '../../lib/kafka/types.js';
 import { WORKER_ID_MAX_LENGTH } from '../../lib/kafka/workerId.js';
+import { kafkaRolloutWorker } from '../../pipelines/kafkaRolloutWorker.js';
 import {
   ActivityTracker,
   DEFAULT_STATUS_MAX_BYTES,
@@ -81,6 +84,20 @@ describe('hostile heartbeats and the status server (issue 53 row 1)', () => {
       `cannot decode worker: string of ${WORKER_ID_MAX_LENGTH + 1} bytes exceeds ${WORKER_ID_MAX_LENGTH}`,
     ]);
     expect(Object.keys(tracker.snapshot().workers)).toEqual([`host-1.example:42@x_y-${'z'.repeat(WORKER_ID_MAX_LENGTH - 22)}`]);
+  });
+
+  it('a worker configured with an id that breaks the bound is a ConfigError before it connects', () => {
+    const worker = (workerId: string): unknown =>
+      kafkaRolloutWorker({
+        kafka: createKafka('127.0.0.1:1'),
+        topics: kafkaTopics('never-used'),
+        tokenizer: new CharTokenizer('ab'),
+        evaluator: { evaluate: () => ({ reward: 0 }) },
+        workerId,
+      });
+    expect(() => worker('w 1')).toThrow(ConfigError);
+    expect(() => worker('w'.repeat(WORKER_ID_MAX_LENGTH + 1))).toThrow(ConfigError);
+    expect(worker('host-1.lan:9@pod_7')).toBeDefined();
   });
 
   it('ignores heartbeats of another run, keeps those of a worker following none yet', () => {
