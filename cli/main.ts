@@ -237,11 +237,16 @@ async function statusServer(
   return serveStatus({ tracker, info, port, host: text(args, 'status-host') });
 }
 
-/** `rxrl status <url> [--json]`: a running training's status, as tables (or the JSON document). */
+/**
+ * `rxrl status <url> [--json] [--timeout-ms N]`: a running training's status, as tables (or the JSON document), read
+ * within a deadline and a size bound; SIGINT/SIGTERM end the wait. What is printed holds no escape sequence.
+ */
 async function statusCommand(args: ParsedCommand): Promise<number> {
   const { fetchStatus, formatStatus } = await import('../lib/observe/status.js');
-  const status = await fetchStatus(args.positionals[0]);
-  process.stdout.write(args.values.json === true ? `${JSON.stringify(status)}\n` : formatStatus(status));
+  const { printable } = await import('../lib/observe/terminal.js');
+  const timeoutMs = integer(text(args, 'timeout-ms'), 'timeout-ms');
+  const status = await fetchStatus(args.positionals[0], { signal: stopOnSignals().signal, timeoutMs });
+  process.stdout.write(printable(args.values.json === true ? `${JSON.stringify(status)}\n` : formatStatus(status)));
   return 0;
 }
 

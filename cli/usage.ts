@@ -146,12 +146,13 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
   },
   status: {
     name: 'rxrl status',
-    flags: { json: { type: 'boolean' } },
+    flags: { json: { type: 'boolean' }, 'timeout-ms': value },
     positionals: ['<url>'],
-    usage: `  rxrl status <url> [--json]
+    usage: `  rxrl status <url> [--json] [--timeout-ms N]
                     print a running training's status (rxrl run|trainer --status-port): one row per module
                     (in flight, held, done, failed, oldest, idle, stalled, last error) and one per Kafka worker
-                    (last heartbeat, up/left/gone); --json prints the document as served`,
+                    (last heartbeat, up/left/gone); --json prints the document as served; gives up after
+                    --timeout-ms (default 10000) or an answer over 8 MiB; control characters are not printed`,
   },
 };
 

@@ -234,6 +234,7 @@ export { BrokerStartError, EncodeError, KafkaBridgeError, isKafkaBridgeError } f
 export { OffsetTracker } from './kafka/offsets.js';
 export type { CommitOffset } from './kafka/offsets.js';
 export { kafkaTopics } from './kafka/types.js';
+export { WORKER_ID_MAX_LENGTH, workerIdOf, workerIdProblem } from './kafka/workerId.js';
 export type {
   HeartbeatMessage,
   KafkaEvent,
@@ -342,8 +343,10 @@ export {
   createLogger,
   describeError,
   escapeHtml,
+  boundedStatus,
   fetchStatus,
   formatStatus,
+  printable,
   prometheusText,
   serveStatus,
   watchStalls,
@@ -365,10 +368,12 @@ export type {
   ActivityTrackerOptions,
   MlflowOptions,
   TensorBoardOptions,
+  FetchStatusOptions,
   RunInfo,
   RunStatus,
   ServeStatusOptions,
   StallWatchOptions,
+  StatusOmitted,
   StatusServer,
   WorkerActivity,
   WorkerBeat,

@@ -31,6 +31,7 @@ import { ConfigError } from '../lib/core/errors.js';
 import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTaskMessage, decodeWeightsMessage, encodeHeartbeatMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
+import { workerIdOf, workerIdProblem } from '../lib/kafka/workerId.js';
 import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
 import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/core/types.js';
@@ -62,7 +63,10 @@ export interface KafkaRolloutWorkerConfig {
   readonly sampleTimeoutMs?: number;
   /** Consumer group shared by the workers (they split the tasks). Default `<tasks topic>.workers`. */
   readonly groupId?: string;
-  /** Name of this worker (its weights consumer group derives from it). Default `<host>-<pid>-<random>`. */
+  /**
+   * Name of this worker (its weights consumer group derives from it): 1–255 characters of `A-Z a-z 0-9 . _ : @ -`
+   * (`workerIdProblem`), else a ConfigError. Default `<host>-<pid>-<random>`.
+   */
   readonly workerId?: string;
   /** Tasks rolled out at once (each with all its samples; the engine batches them together). Default 8. */
   readonly concurrency?: number;
@@ -160,7 +164,12 @@ export function kafkaRolloutWorker(config: KafkaRolloutWorkerConfig): Observable
       context: { key: 'evaluator' },
     });
   }
-  const workerId = config.workerId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  // The host name may hold what an id may not (or be long): made into one, leaving room for the pid and the random part.
+  const workerId = config.workerId ?? `${workerIdOf(hostname(), 200)}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  const problem = workerIdProblem(workerId);
+  if (problem !== undefined) {
+    throw new ConfigError(`workerId: ${problem}`, { context: { key: 'workerId', problem } });
+  }
   return new Observable<WorkerTaskResult>((subscriber) =>
     new WorkerRun(config, { concurrency, rolloutDelayMs, workerId }, subscriber).begin(),
   );

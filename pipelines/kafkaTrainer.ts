@@ -252,8 +252,8 @@ function heartbeats(config: KafkaTrainerConfig, activity: ActivityTracker, run: 
     next: (record) => {
       record.ack();
       const { timestamp: _sent, ...beat } = record.value;
-      activity.heartbeat(beat);
-      emit('trainer.heartbeat', { ...beat });
+      // A beat of another run (a worker still following an older trainer, a stray client) is not this run's.
+      if (activity.heartbeat(beat, run)) emit('trainer.heartbeat', { ...beat });
     },
     // Heartbeats only inform the status: a failed consumer leaves the workers' rows ageing into 'gone'.
     error: () => undefined,

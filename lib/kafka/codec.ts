@@ -27,6 +27,7 @@ import type { FinishReason, SampleFailure, Task, Trajectory } from '../core/type
 import { isSampleFailure } from '../core/types.js';
 import { EncodeError } from './errors.js';
 import type { HeartbeatMessage, TaskMessage, TrajectoryMessage, WeightsMessage } from './types.js';
+import { WORKER_ID_MAX_LENGTH, workerIdProblem } from './workerId.js';
 
 /**
  * Version of the wire format written by this module (the third header byte). 2: a task carries its reference output
@@ -270,11 +271,17 @@ export function encodeHeartbeatMessage(message: HeartbeatMessage): Uint8Array {
   });
 }
 
-/** Decodes a worker's heartbeat. @throws {@link DecodeError} naming the failing field. */
+/**
+ * Decodes a worker's heartbeat. The worker id must be a valid one (`workerIdProblem`): an id over its bound is refused
+ * from its length prefix, before it is read.
+ *
+ * @throws {@link DecodeError} naming the failing field.
+ */
 export function decodeHeartbeatMessage(bytes: Uint8Array): HeartbeatMessage {
   const r = new Reader(bytes, ['heartbeat']);
-  const worker = r.str('worker');
-  if (worker.length === 0) throw r.fail('worker', 'empty worker id');
+  const worker = r.str('worker', WORKER_ID_MAX_LENGTH);
+  const problem = workerIdProblem(worker);
+  if (problem !== undefined) throw r.fail('worker', problem);
   const run = r.str('run');
   const inFlight = r.u32('inFlight');
   const done = r.safeInteger('done');
@@ -627,9 +634,10 @@ class Reader {
     return n;
   }
 
-  str(field: string): string {
+  /** A string of at most `maxBytes` bytes (checked on its length prefix, before it is read). */
+  str(field: string, maxBytes = CODEC_MAX_STRING_BYTES): string {
     const n = this.u32(field);
-    if (n > CODEC_MAX_STRING_BYTES) throw this.fail(field, `string of ${n} bytes exceeds ${CODEC_MAX_STRING_BYTES}`);
+    if (n > maxBytes) throw this.fail(field, `string of ${n} bytes exceeds ${maxBytes}`);
     this.need(n, field);
     const bytes = this.bytes;
     const start = this.at;

@@ -14,6 +14,7 @@
  * @packageDocumentation
  */
 import { AbortError, ConfigError } from '../core/errors.js';
+import { workerIdProblem } from '../kafka/workerId.js';
 import { ActivityOverflowError, StalledError } from './errors.js';
 
 /** Default {@link ActivityTrackerOptions.capacity}. */
@@ -21,7 +22,9 @@ export const DEFAULT_ACTIVITY_CAPACITY = 100_000;
 /** Default {@link ActivityTrackerOptions.workerGoneMs}. */
 export const DEFAULT_WORKER_GONE_MS = 15_000;
 /** Most Kafka workers a tracker remembers; beyond it the one heard from longest ago is forgotten. */
-const MAX_WORKERS = 1024;
+export const MAX_TRACKED_WORKERS = 1024;
+/** Most characters of a module's last error message kept (an error may carry a remote peer's text). */
+export const MAX_ERROR_MESSAGE_LENGTH = 1000;
 
 /** Options of {@link ActivityTracker}. */
 export interface ActivityTrackerOptions {
@@ -270,14 +273,22 @@ export class ActivityTracker {
   }
 
   /**
-   * Records a Kafka worker's heartbeat (at the tracker's clock, not the worker's).
+   * Records a Kafka worker's heartbeat (at the tracker's clock, not the worker's). A beat whose worker id is not a
+   * valid one (`workerIdProblem`), or that names a run other than `run`, is ignored. At most
+   * {@link MAX_TRACKED_WORKERS} workers are remembered: past that, the one heard from longest ago is forgotten.
    *
    * @param beat - what the worker said.
+   * @param run - the run this tracker follows, when it follows one: beats of any other run are ignored (a worker
+   *   that follows no run yet, `run: ''`, is kept).
+   * @returns whether the beat was recorded.
    */
-  heartbeat(beat: WorkerBeat): void {
+  heartbeat(beat: WorkerBeat, run?: string): boolean {
+    if (workerIdProblem(beat.worker) !== undefined) return false;
+    if (run !== undefined && beat.run !== '' && beat.run !== run) return false;
     this.workers.delete(beat.worker);
     this.workers.set(beat.worker, { ...beat, lastBeatAt: this.now() });
-    if (this.workers.size > MAX_WORKERS) this.workers.delete(this.workers.keys().next().value as string);
+    if (this.workers.size > MAX_TRACKED_WORKERS) this.workers.delete(this.workers.keys().next().value as string);
+    return true;
   }
 
   /** Counters per module, the Kafka workers, and the stalled modules, as a plain object. */
@@ -413,7 +424,9 @@ export function watchStalls(tracker: ActivityTracker, options: StallWatchOptions
   return () => clearInterval(timer);
 }
 
-/** An {@link ActivityError} of anything thrown. */
+/** An {@link ActivityError} of anything thrown, its name and message cut to {@link MAX_ERROR_MESSAGE_LENGTH}. */
 function errorOf(error: unknown, at: number): ActivityError {
-  return error instanceof Error ? { name: error.name, message: error.message, at } : { name: 'NonError', message: String(error), at };
+  const [name, message] = error instanceof Error ? [String(error.name), String(error.message)] : ['NonError', String(error)];
+  const cut = (text: string): string => (text.length > MAX_ERROR_MESSAGE_LENGTH ? `${text.slice(0, MAX_ERROR_MESSAGE_LENGTH)}…` : text);
+  return { name: cut(name), message: cut(message), at };
 }

@@ -21,7 +21,14 @@ export type {
 } from './events.js';
 
 // ── activity and errors ────────────────────────────────────────────────────────
-export { ActivityTracker, DEFAULT_ACTIVITY_CAPACITY, DEFAULT_WORKER_GONE_MS, watchStalls } from './activity.js';
+export {
+  ActivityTracker,
+  DEFAULT_ACTIVITY_CAPACITY,
+  DEFAULT_WORKER_GONE_MS,
+  MAX_ERROR_MESSAGE_LENGTH,
+  MAX_TRACKED_WORKERS,
+  watchStalls,
+} from './activity.js';
 export type {
   Activity,
   ActivityError,
@@ -32,8 +39,18 @@ export type {
   WorkerActivity,
   WorkerBeat,
 } from './activity.js';
-export { fetchStatus, formatStatus, prometheusText, serveStatus } from './status.js';
-export type { RunInfo, RunStatus, ServeStatusOptions, StatusServer } from './status.js';
+export {
+  DEFAULT_STATUS_MAX_BYTES,
+  DEFAULT_STATUS_READ_BYTES,
+  DEFAULT_STATUS_TIMEOUT_MS,
+  boundedStatus,
+  fetchStatus,
+  formatStatus,
+  prometheusText,
+  serveStatus,
+} from './status.js';
+export type { FetchStatusOptions, RunInfo, RunStatus, ServeStatusOptions, StatusOmitted, StatusServer } from './status.js';
+export { printable } from './terminal.js';
 export { ERROR_POLICIES, ErrorReporter, REPORTER_MESSAGE_CAPACITY, describeError, parseErrorPolicy } from './errorReporter.js';
 export type { ErrorAction, ErrorContext, ErrorPolicy, ErrorReporterOptions } from './errorReporter.js';
 export { ActivityOverflowError, RunDirError, StalledError } from './errors.js';

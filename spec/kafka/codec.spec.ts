@@ -14,6 +14,7 @@ import {
   messageKindOf,
 } from '../../lib/kafka/codec.js';
 import { EncodeError } from '../../lib/kafka/errors.js';
+import { WORKER_ID_MAX_LENGTH, workerIdOf, workerIdProblem } from '../../lib/kafka/workerId.js';
 import type { TaskMessage, WeightsMessage } from '../../lib/kafka/types.js';
 import { isSampleFailure, type SampleFailure, type Trajectory } from '../../lib/core/types.js';
 import { failure, traj } from '../helpers/fixtures.js';
@@ -238,6 +239,34 @@ describe('codec: heartbeats', () => {
     const bytes = encodeHeartbeatMessage(beat);
     expect(() => decodeHeartbeatMessage(bytes.subarray(0, bytes.length - 3))).toThrow(DecodeError);
     expect(() => decodeHeartbeatMessage(encodeWeightsMessage({ kind: 'end', run: 'r', version: 1, timestamp: 0 }))).toThrow(/kind runEnd/);
+  });
+
+  it('bounds the worker id: over WORKER_ID_MAX_LENGTH bytes or outside [A-Za-z0-9._:@-] is a DecodeError with the exact reason', () => {
+    const longest = 'w'.repeat(WORKER_ID_MAX_LENGTH);
+    expect(decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker: longest })).worker).toBe(longest);
+    const huge = decodeError(() => decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker: 'w'.repeat(540 * 1024) })));
+    expect(huge.message).toBe(`cannot decode worker: string of ${540 * 1024} bytes exceeds ${WORKER_ID_MAX_LENGTH}`);
+    expect(huge.context).toMatchObject({ field: 'worker' });
+    const over = decodeError(() => decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker: `${longest}w` })));
+    expect(over.message).toBe(`cannot decode worker: string of ${WORKER_ID_MAX_LENGTH + 1} bytes exceeds ${WORKER_ID_MAX_LENGTH}`);
+    for (const [worker, reason] of [
+      ['w-1\u001b]0;owned\u0007', 'U+001B at index 3'],
+      ['w 1', 'U+0020 at index 1'],
+      ['wé', 'U+00E9 at index 1'],
+      ['w\n', 'U+000A at index 1'],
+    ] as const) {
+      const error = decodeError(() => decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker })));
+      expect(error.message).toBe(`cannot decode worker: worker id has ${reason}, outside [A-Za-z0-9._:@-]`);
+    }
+    expect(decodeHeartbeatMessage(encodeHeartbeatMessage({ ...beat, worker: 'host-1.lan:9@pod_7' })).worker).toBe('host-1.lan:9@pod_7');
+  });
+});
+
+describe('workerIdOf', () => {
+  it('makes a host name into a valid worker id', () => {
+    expect(workerIdOf('my host\u001b[2J.local')).toBe('my-host--2J.local');
+    expect(workerIdProblem(workerIdOf('x'.repeat(1000)))).toBeUndefined();
+    expect(workerIdOf('', 10)).toBe('worker');
   });
 });
 
