@@ -168,7 +168,7 @@ async function setUp(
 ): Promise<RunSetup> {
   const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir, log);
+  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir, log, signal);
   const checkpoint = await resumeCheckpoint(
     resumeOf(config, baseDir),
     runDir,
@@ -727,7 +727,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir);
   const { evaluator, worker, tokenizer } = agents
     ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer }
-    : await loadRollout(config, baseDir);
+    : await loadRollout(config, baseDir, undefined, options.signal);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
   try {

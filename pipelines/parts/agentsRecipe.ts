@@ -57,7 +57,7 @@ export async function loadAgentsRecipe(
     throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", {
       context: { key: 'agents.environment' },
     });
-  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir });
+  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir, timeoutMs: config.model.hubTimeoutMs });
   let task: AgentsTask;
   let characters: string;
   let maxTokens: number;

@@ -25,7 +25,7 @@ export interface RunTeacher {
  * @throws {@link ConfigError} naming `distill.teacher` when its tokenizer is not the student's.
  */
 export async function loadTeacher(
-  config: Pick<RxrlConfig, 'distill' | 'trainer'>,
+  config: Pick<RxrlConfig, 'distill' | 'model' | 'trainer'>,
   baseDir: string,
   tokenizer: Tokenizer,
 ): Promise<RunTeacher | undefined> {
@@ -34,7 +34,7 @@ export async function loadTeacher(
   if (baseUrl !== null) {
     return { scorer: openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer }), dispose: () => undefined };
   }
-  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path' });
+  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path', timeoutMs: config.model.hubTimeoutMs });
   checkSameTokenizer(tokenizer, await loadTokenizer(dir), dir);
   const { model: teacher } = await loadModelDir(dir);
   return { scorer: modelScorer(teacher), dispose: () => teacher.dispose() };
