@@ -35,7 +35,7 @@ import { initialModel, policyModels, readStartingAdapter, remoteContextLength } 
 import type { NamedWeights } from '../lib/model/types.js';
 import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
-import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
+import { damagedCheckpointWarning, resumeOf, runDirWarnings, warnIfNarrow } from './parts/runDir.js';
 import { loadTeacher } from './parts/teacher.js';
 import { servedEngine } from './parts/served.js';
 import { activityTracker, watchRun, type RunWatch } from './parts/stalls.js';
@@ -175,6 +175,7 @@ async function setUp(
     loadCheckpoint,
     damagedCheckpointWarning(runDirWarnings(options)),
   );
+  warnIfNarrow(checkpoint, runDirWarnings(options));
   if (checkpoint) {
     moduleLogger(options.logger ?? silentLogger, 'checkpoint').info(
       { path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length },
@@ -674,6 +675,7 @@ function summary(
     seed: config.run.seed,
     ...(runDir ? { runDir } : {}),
     ...(run.resumedFrom ? { resumedFrom: run.resumedFrom } : {}),
+    ...(setup.checkpoint?.narrowDtype ? { resumedPrecision: setup.checkpoint.narrowDtype } : {}),
     ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
     ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
     valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,
