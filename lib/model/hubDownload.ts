@@ -142,7 +142,14 @@ export async function fetchListing(
   } catch (cause) {
     throw new DecodeError(`${url}: answer is not JSON`, { cause, context: { url } });
   }
-  return checkListing(json, url);
+  const listing = checkListing(json, url);
+  // Asked for a commit, the listing must be of that commit (its snapshot is where the cache looks for it).
+  if (COMMIT.test(id.revision) && listing.commit !== id.revision) {
+    throw new DecodeError(`${url}: answered commit ${listing.commit} for commit ${id.revision}`, {
+      context: { url, commit: listing.commit },
+    });
+  }
+  return listing;
 }
 
 /**
@@ -151,7 +158,7 @@ export async function fetchListing(
  *
  * @returns the snapshot directory (`<repoDir>/snapshots/<commit>`) and the files it holds.
  * @throws {@link DecodeError} for a malformed answer, or a download whose size or hash differs from its listing;
- *   {@link ForbiddenPathError} when the snapshot leads outside the cache; {@link AbortError} when `signal` fires;
+ *   `ForbiddenPathError` when the snapshot leads outside the cache (a link there planted); {@link AbortError} when `signal` fires;
  *   {@link ConfigError} for no answer in time or an HTTP error.
  */
 export async function downloadSnapshot(
@@ -166,7 +173,8 @@ export async function downloadSnapshot(
     const pointer = join(snapshot, file.path);
     if (await exists(pointer)) continue;
     const blob = join(options.repoDir, 'blobs', file.blob);
-    if (!(await exists(blob))) await downloadBlob(`${endpointOf(options)}/${id.repo}/resolve/${commit}/${file.path}`, file, blob, options);
+    const url = `${endpointOf(options)}/${id.repo}/resolve/${commit}/${file.path.split('/').map(encodeURIComponent).join('/')}`;
+    if (!(await exists(blob))) await downloadBlob(url, file, blob, options);
     await mkdir(dirname(pointer), { recursive: true });
     await rm(pointer, { force: true });
     await symlink(relative(dirname(pointer), blob), pointer);

@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { RUN_LOCK_FILE } from '../../lib/checkpoint/runLock.js';
-import { ConfigError, DecodeError, isAbortError } from '../../lib/core/errors.js';
+import { ConfigError, DecodeError, ForbiddenPathError, isAbortError } from '../../lib/core/errors.js';
 import { cachedSnapshot, hubCacheDir, modelNameOf, parseModelId, resolveModelDir } from '../../lib/model/hubCache.js';
 import { spawnServe } from '../../lib/serve/spawn.js';
 import { stopWhenBlocked } from '../helpers/stopRun.js';
@@ -331,6 +331,23 @@ describe('downloading a model id from HF_ENDPOINT', () => {
       }
     },
   );
+
+  it('a snapshot that would lead outside the cache once links are followed: a ForbiddenPathError', async () => {
+    const hub = await hubServer(hubAnswers(fixture()));
+    const outer = mkdtempSync(join(tmpdir(), 'rxrl-hub-planted-'));
+    const cacheDir = join(outer, 'cache');
+    const blobs = join(cacheDir, 'models--org--tiny', 'blobs');
+    mkdirSync(blobs, { recursive: true });
+    writeFileSync(join(outer, 'elsewhere.json'), '{}');
+    // A blob already "in the cache" is a link to a file outside it.
+    symlinkSync(join(outer, 'elsewhere.json'), join(blobs, gitSha1(fixture()['config.json'])));
+    try {
+      const error = await resolveModelDir('org/tiny', { env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ForbiddenPathError);
+    } finally {
+      await hub.close();
+    }
+  });
 
   it('a hub sending other bytes than it listed: a DecodeError, and no blob or partial file is kept', async () => {
     const hub = await hubServer(
