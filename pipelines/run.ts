@@ -217,7 +217,7 @@ async function setUp(
     moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  const teacher = await loadTeacher(config, baseDir, tokenizer).catch((error: unknown) => {
+  const teacher = await loadTeacher(config, baseDir, tokenizer, signal).catch((error: unknown) => {
     initial?.dispose();
     throw error;
   });
@@ -726,7 +726,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
   // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
-  const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir);
+  const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir, options.signal);
   const { evaluator, worker, tokenizer } = agents
     ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer }
     : await loadRollout(config, baseDir, undefined, options.signal);

@@ -28,13 +28,14 @@ export async function loadTeacher(
   config: Pick<RxrlConfig, 'distill' | 'model' | 'trainer'>,
   baseDir: string,
   tokenizer: Tokenizer,
+  signal?: AbortSignal,
 ): Promise<RunTeacher | undefined> {
   if (config.trainer.algorithm !== 'distill') return undefined;
   const { path, baseUrl, model, apiKey } = config.distill.teacher;
   if (baseUrl !== null) {
     return { scorer: openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer }), dispose: () => undefined };
   }
-  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path', timeoutMs: config.model.hubTimeoutMs });
+  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path', timeoutMs: config.model.hubTimeoutMs, signal });
   checkSameTokenizer(tokenizer, await loadTokenizer(dir), dir);
   const { model: teacher } = await loadModelDir(dir);
   return { scorer: modelScorer(teacher), dispose: () => teacher.dispose() };
