@@ -136,8 +136,7 @@ export async function resolveModelDir(path: string, options: ResolveModelOptions
       context: { key, model: named, cacheDir },
     });
   }
-  const timeoutMs = options.timeoutMs;
-  return downloadModel(id, { cacheDir, env, key, log: options.log, timeoutMs, signal: options.signal });
+  return downloadModel(id, { cacheDir, env, key, log: options.log, timeoutMs: options.timeoutMs, signal: options.signal });
 }
 
 const NOT_A_MODEL = 'the repository has no config.json: not a model';
