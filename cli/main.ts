@@ -6,7 +6,7 @@
  */
 import { parseCommand, type ParsedCommand } from './args.js';
 import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './usage.js';
-import { ConfigError, isRxrlError, isUsageError, UsageError } from '../lib/core/errors.js';
+import { ConfigError, isAbortError, isRxrlError, isUsageError, UsageError } from '../lib/core/errors.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {
@@ -250,10 +250,16 @@ async function statusCommand(args: ParsedCommand): Promise<number> {
   return 0;
 }
 
+/** The signal that asked for a graceful stop, once one did. */
+let stoppedBy: 'SIGINT' | 'SIGTERM' | undefined;
+
 /** An abort controller that SIGINT or SIGTERM fires: a graceful stop. */
 function stopOnSignals(): AbortController {
   const controller = new AbortController();
-  const stop = (): void => controller.abort();
+  const stop = (signal: 'SIGINT' | 'SIGTERM'): void => {
+    stoppedBy = signal;
+    controller.abort();
+  };
   process.once('SIGINT', stop);
   process.once('SIGTERM', stop);
   return controller;
@@ -356,6 +362,12 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (error: unknown) => {
+    // Stopped by a signal before the run could end gracefully (still setting up): the shell's code for that signal.
+    if (stoppedBy !== undefined && isAbortError(error)) {
+      process.stderr.write(`rxrl: stopped by ${stoppedBy}\n`);
+      process.exitCode = stoppedBy === 'SIGINT' ? 130 : 143;
+      return;
+    }
     const text = isRxrlError(error)
       ? `${error.name}: ${error.message}`
       : error instanceof Error

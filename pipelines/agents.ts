@@ -118,7 +118,7 @@ async function trainAgents(
   runDir: string | undefined,
 ): Promise<AgentsRunSummary> {
   const log = (line: string): void => options.log?.(line);
-  const recipe = await loadAgentsRecipe(config, baseDir);
+  const recipe = await loadAgentsRecipe(config, baseDir, options.signal);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
   const base = (await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed)).model;
   // Everything built from here on is released in `finally`, whatever fails.

@@ -36,7 +36,7 @@ import { initialModel, policyModels, readStartingAdapter, remoteContextLength } 
 import type { NamedWeights } from '../lib/model/types.js';
 import { SINGLE_POLICY } from './parts/policy.js';
 import { tinkerParts, waitForTinker } from './parts/tinker.js';
-import { damagedCheckpointWarning, resumeOf, runDirWarnings } from './parts/runDir.js';
+import { damagedCheckpointWarning, resumeOf, runDirWarnings, warnIfNarrow } from './parts/runDir.js';
 import { loadTeacher } from './parts/teacher.js';
 import { servedEngine } from './parts/served.js';
 import { activityTracker, watchRun, type RunWatch } from './parts/stalls.js';
@@ -169,13 +169,14 @@ async function setUp(
 ): Promise<RunSetup> {
   const log = (line: string): void => options.log?.(line);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir, log);
+  const { data, evaluator, worker, sampler, modelDir, tokenizer } = await loadRollout(config, baseDir, log, signal);
   const checkpoint = await resumeCheckpoint(
     resumeOf(config, baseDir),
     runDir,
     loadCheckpoint,
     damagedCheckpointWarning(runDirWarnings(options)),
   );
+  warnIfNarrow(checkpoint, runDirWarnings(options));
   if (checkpoint) {
     moduleLogger(options.logger ?? silentLogger, 'checkpoint').info(
       { path: checkpoint.path, step: checkpoint.state.step, pending: checkpoint.state.pendingTasks.length },
@@ -217,7 +218,7 @@ async function setUp(
     moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  const teacher = await loadTeacher(config, baseDir, tokenizer).catch((error: unknown) => {
+  const teacher = await loadTeacher(config, baseDir, tokenizer, signal).catch((error: unknown) => {
     initial?.dispose();
     throw error;
   });
@@ -683,6 +684,7 @@ function summary(
     seed: config.run.seed,
     ...(runDir ? { runDir } : {}),
     ...(run.resumedFrom ? { resumedFrom: run.resumedFrom } : {}),
+    ...(setup.checkpoint?.narrowDtype ? { resumedPrecision: setup.checkpoint.narrowDtype } : {}),
     ...(data.randomPolicyReward === undefined ? {} : { randomPolicyReward: round(data.randomPolicyReward, 4) }),
     ...(before ? { valRewardInitial: round(before['val/reward_mean'] ?? 0, 4) } : {}),
     valRewardFinal: after ? round(after['val/reward_mean'] ?? 0, 4) : null,
@@ -733,10 +735,10 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
   const baseDir = options.baseDir ?? process.cwd();
   await initBackend(config.run.backend, { logger: { info: () => undefined } });
   // A multi-agent recipe plays episodes of its environment (which scores them) with one engine per policy.
-  const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir);
+  const agents = config.agents.environment === 'none' ? undefined : await loadAgentsRecipe(config, baseDir, options.signal);
   const { evaluator, worker, tokenizer } = agents
     ? { evaluator: undefined, worker: undefined, tokenizer: agents.tokenizer }
-    : await loadRollout(config, baseDir);
+    : await loadRollout(config, baseDir, undefined, options.signal);
   const started = performance.now();
   const counts = { tasks: 0, trajectories: 0, failures: 0, skipped: 0 };
   try {

@@ -28,6 +28,7 @@ import {
   policyConfigFromHf,
   readModelDir,
   saveModelDir,
+  savedDtypeOf,
   type SavedDtype,
   type SpecialTokenIds,
 } from '../model/modelDir.js';
@@ -85,6 +86,12 @@ export interface Checkpoint {
   readonly weights: NamedWeights;
   readonly optimizer: NamedWeights;
   readonly metadata: Readonly<Record<string, string>>;
+  /**
+   * Set when the policy's weights were saved in a narrower type (`checkpoint.dtype`) and the float32 master weights
+   * (`master.safetensors`) are missing: `weights` are then the narrow ones, widened, and training goes on from
+   * weights rounded to this type. The caller warns.
+   */
+  readonly narrowDtype?: Exclude<SavedDtype, 'float32'>;
 }
 
 /** Where a Tinker-API service keeps a run's state (`save_state`), recorded in the checkpoint's `tinker.json`. */
@@ -413,7 +420,9 @@ export async function loadCheckpoint(path: string): Promise<Checkpoint> {
     return { ...common, config, weights: master.weights, metadata: master.metadata };
   }
   const model = await readModelDir(path);
-  return { ...common, config: model.config, weights: model.weights, metadata: model.metadata };
+  const dtype = savedDtypeOf(model.rawConfig);
+  const narrow = dtype === undefined || dtype === 'float32' ? {} : { narrowDtype: dtype };
+  return { ...common, config: model.config, weights: model.weights, metadata: model.metadata, ...narrow };
 }
 
 async function readTinkerState(path: string): Promise<TinkerStateRef> {

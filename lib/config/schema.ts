@@ -264,6 +264,13 @@ export const SCHEMA = {
       format: 'optional-string',
       default: null,
     },
+    hubTimeoutMs: {
+      doc:
+        'model.path (and distill.teacher.path) as a model id: deadline of each request to the Hugging Face hub (HF_ENDPOINT) ' +
+        'while downloading it; no answer, or no byte of a file, for this long fails the run.',
+      format: 'positive-int',
+      default: 60_000,
+    },
     maxModelLen: {
       doc:
         "Longest context used (as vLLM's --max-model-len): caps model.path's max_position_embeddings and the tiny model's maxSeqLen, " +

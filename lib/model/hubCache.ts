@@ -19,7 +19,8 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { basename, join, resolve, sep } from 'node:path';
 
-import { ConfigError } from '../core/errors.js';
+import { ConfigError, DecodeError, ForbiddenPathError, isAbortError, isRetriable } from '../core/errors.js';
+import { downloadSnapshot } from './hubDownload.js';
 
 /** A model id and the revision asked for. */
 export interface ModelId {
@@ -73,7 +74,7 @@ export function hubCacheDir(env: NodeJS.ProcessEnv = process.env): string {
  * @param cacheDir - the hub cache. Default {@link hubCacheDir}.
  */
 export function cachedSnapshot(id: ModelId, cacheDir: string = hubCacheDir()): string | undefined {
-  const repoDir = join(cacheDir, `models--${id.repo.replace('/', '--')}`);
+  const repoDir = repoDirOf(id, cacheDir);
   const snapshot = (commit: string): string | undefined => {
     const dir = join(repoDir, 'snapshots', commit);
     return COMMIT.test(commit) && isDirectory(dir) ? dir : undefined;
@@ -96,6 +97,13 @@ export interface ResolveModelOptions {
   readonly log?: ((line: string) => void) | undefined;
   /** Which setting named the model, for messages. Default `model.path`. */
   readonly key?: string | undefined;
+  /**
+   * Deadline of each request to the hub (`model.hubTimeoutMs`): no answer, or no byte of a download, for this long
+   * fails the download. Default 60 s.
+   */
+  readonly timeoutMs?: number | undefined;
+  /** Stops a download (the run's stop signal): an `AbortError`, and no partial file is left. */
+  readonly signal?: AbortSignal | undefined;
 }
 
 /**
@@ -107,7 +115,11 @@ export interface ResolveModelOptions {
  * @param path - `model.path`, `--model`, a teacher's path.
  * @param options - base directory, environment, progress lines.
  * @returns the model directory.
- * @throws ConfigError when the id is not in the cache and the hub may not or cannot be reached.
+ * @throws ConfigError when the id is not in the cache and the hub may not or cannot be reached, or does not answer
+ *   within `timeoutMs`.
+ * @throws DecodeError when the hub answers names that are not a commit, a blob id or a relative file path, or a
+ *   file whose size or hash is not what it listed; ForbiddenPathError when the snapshot leads outside the cache.
+ * @throws AbortError when `signal` fires.
  */
 export async function resolveModelDir(path: string, options: ResolveModelOptions = {}): Promise<string> {
   const local = resolve(options.baseDir ?? process.cwd(), expandHome(path));
@@ -124,46 +136,62 @@ export async function resolveModelDir(path: string, options: ResolveModelOptions
       context: { key, model: named, cacheDir },
     });
   }
-  return downloadModel(id, { cacheDir, env, key, log: options.log });
+  return downloadModel(id, { cacheDir, env, key, log: options.log, timeoutMs: options.timeoutMs, signal: options.signal });
 }
 
+const NOT_A_MODEL = 'the repository has no config.json: not a model';
+
 /** Downloads the files of a model directory into the cache, with a line per file; returns the snapshot directory. */
-async function downloadModel(
-  id: ModelId,
-  options: { cacheDir: string; env: NodeJS.ProcessEnv; key: string; log: ((line: string) => void) | undefined },
-): Promise<string> {
-  const { listFiles, downloadFileToCacheDir } = await import('@huggingface/hub');
-  const hub = {
-    repo: { type: 'model' as const, name: id.repo },
-    revision: id.revision,
-    ...(options.env.HF_ENDPOINT ? { hubUrl: options.env.HF_ENDPOINT } : {}),
-    ...(options.env.HF_TOKEN ? { accessToken: options.env.HF_TOKEN } : {}),
-  };
+async function downloadModel(id: ModelId, options: DownloadModelOptions): Promise<string> {
   const named = `${id.repo}@${id.revision}`;
+  const { cacheDir, env, key } = options;
   try {
-    const files: { path: string; size: number }[] = [];
-    for await (const entry of listFiles(hub)) if (entry.type === 'file' && MODEL_FILES.test(entry.path)) files.push(entry);
-    if (!files.some((file) => file.path === 'config.json')) throw new Error('the repository has no config.json: not a model');
-    const total = files.reduce((sum, file) => sum + file.size, 0);
+    let total = 0;
     let done = 0;
-    let snapshotFile = '';
-    for (const [i, file] of files.entries()) {
-      options.log?.(`downloading ${named}: ${file.path} (${i + 1}/${files.length}, ${megabytes(done)} of ${megabytes(total)} MB)`);
-      snapshotFile = await downloadFileToCacheDir({ ...hub, path: file.path, cacheDir: options.cacheDir });
-      done += file.size;
-    }
-    options.log?.(`downloaded ${named} into ${options.cacheDir} (${megabytes(total)} MB)`);
-    const snapshot = cachedSnapshot(id, options.cacheDir);
-    return snapshot ?? resolve(snapshotFile, '..');
-  } catch (cause) {
-    throw new ConfigError(
-      `${options.key}: ${named} is not in the Hugging Face cache ${options.cacheDir} and downloading it failed: ${String(cause)}`,
-      {
-        cause,
-        context: { key: options.key, model: named, cacheDir: options.cacheDir },
+    const { snapshot, files } = await downloadSnapshot(id, {
+      cacheDir,
+      repoDir: repoDirOf(id, cacheDir),
+      wanted: (path) => MODEL_FILES.test(path),
+      endpoint: env.HF_ENDPOINT || undefined,
+      token: env.HF_TOKEN || undefined,
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      onFile: (file, i, all) => {
+        if (i === 0) {
+          if (!all.some((f) => f.path === 'config.json')) throw new Error(NOT_A_MODEL);
+          total = all.reduce((sum, f) => sum + f.size, 0);
+        }
+        options.log?.(`downloading ${named}: ${file.path} (${i + 1}/${all.length}, ${megabytes(done)} of ${megabytes(total)} MB)`);
+        done += file.size;
       },
-    );
+    });
+    if (!files.some((file) => file.path === 'config.json')) throw new Error(NOT_A_MODEL);
+    options.log?.(`downloaded ${named} into ${cacheDir} (${megabytes(total)} MB)`);
+    return snapshot;
+  } catch (cause) {
+    // What the server sent that cannot be trusted, a snapshot leading outside the cache and a stop are what they are.
+    if (cause instanceof DecodeError || cause instanceof ForbiddenPathError || isAbortError(cause)) throw cause;
+    throw new ConfigError(`${key}: ${named} is not in the Hugging Face cache ${cacheDir} and downloading it failed: ${String(cause)}`, {
+      cause,
+      retriable: isRetriable(cause),
+      context: { key, model: named, cacheDir },
+    });
   }
+}
+
+/** What {@link downloadModel} needs besides the id. */
+interface DownloadModelOptions {
+  readonly cacheDir: string;
+  readonly env: NodeJS.ProcessEnv;
+  readonly key: string;
+  readonly log: ((line: string) => void) | undefined;
+  readonly timeoutMs: number | undefined;
+  readonly signal: AbortSignal | undefined;
+}
+
+/** The folder of a repository in the cache: `models--org--name`. */
+function repoDirOf(id: ModelId, cacheDir: string): string {
+  return join(cacheDir, `models--${id.repo.replace('/', '--')}`);
 }
 
 /**

@@ -481,9 +481,18 @@ async function linkWeights(
   const hash = createHash('sha256');
   for await (const chunk of createReadStream(join(dir, files[0]))) hash.update(chunk as Buffer);
   const config = await readJsonObject(join(source, MODEL_FILES.config)).catch(() => ({}) as Record<string, unknown>);
+  return { bytes, sha256: hash.digest('hex'), dtype: savedDtypeOf(config) };
+}
+
+/**
+ * The element type a `config.json` says its weights are saved in (`torch_dtype`, or transformers 5's `dtype`), when
+ * it is one rxrl writes; `undefined` otherwise.
+ *
+ * @param config - a parsed `config.json`.
+ */
+export function savedDtypeOf(config: Readonly<Record<string, unknown>>): SavedDtype | undefined {
   const named = config.torch_dtype ?? config.dtype;
-  const dtype = typeof named === 'string' && named in SAFETENSORS_DTYPES ? (named as SavedDtype) : undefined;
-  return { bytes, sha256: hash.digest('hex'), dtype };
+  return typeof named === 'string' && named in SAFETENSORS_DTYPES ? (named as SavedDtype) : undefined;
 }
 
 /**

@@ -164,7 +164,7 @@ export async function runServeCommand(options: ServeCommandOptions): Promise<num
 /** The absolute path of the `--model` directory, or a {@link ConfigError} naming the flag and the path. */
 async function checkedModelDir(model: string, options: ServeCommandOptions): Promise<string> {
   const key = options.modelFlag ?? 'model';
-  const dir = await resolveModelDir(model, { key: `--${key}`, log: (line) => options.err(`rxrl: ${line}`) });
+  const dir = await resolveModelDir(model, { key: `--${key}`, log: (line) => options.err(`rxrl: ${line}`), signal: options.signal });
   if (!(await isModelDir(dir))) {
     const why = (await isDirectory(dir)) ? 'no config.json' : 'no such directory';
     throw new ConfigError(`--${key} ${model}: not a model directory (${why})`, { context: { key, path: dir } });

@@ -46,7 +46,11 @@ export async function runTinkerCommand(options: TinkerCommandOptions): Promise<n
   // Checked before anything loads: an empty key would otherwise serve every request without one.
   if (options.apiKey !== undefined && options.apiKey.trim() === '')
     throw new ConfigError('--api-key must not be empty', { context: { key: 'api-key' } });
-  const dir = await resolveModelDir(options.model, { key: '--model', log: (line) => process.stderr.write(`rxrl: ${line}\n`) });
+  const dir = await resolveModelDir(options.model, {
+    key: '--model',
+    log: (line) => process.stderr.write(`rxrl: ${line}\n`),
+    signal: options.signal,
+  });
   if (!(await isModelDir(dir)))
     throw new ConfigError(`--model ${options.model}: not a model directory`, { context: { key: 'model', path: dir } });
   const backend = await initBackend(options.backend ?? 'auto', { logger: { info: () => undefined } });

@@ -47,17 +47,22 @@ export interface AgentsRecipe {
  *
  * @param config - a configuration whose `agents.environment` is not `none`.
  * @param baseDir - what `model.path` is relative to.
+ * @param signal - stops a download of `model.path` named by a model id.
  * @returns the recipe's task, tokenizer, agents and episode spec.
  */
 export async function loadAgentsRecipe(
   config: Pick<RxrlConfig, 'agents' | 'data' | 'model' | 'rollout' | 'run'>,
   baseDir: string,
+  signal?: AbortSignal,
 ): Promise<AgentsRecipe> {
   if (config.agents.environment === 'none')
     throw new ConfigError("agents.environment: a multi-agent run needs an environment, got 'none'", {
       context: { key: 'agents.environment' },
     });
-  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir });
+  const modelDir =
+    config.model.path === null
+      ? undefined
+      : await resolveModelDir(config.model.path, { baseDir, timeoutMs: config.model.hubTimeoutMs, signal });
   let task: AgentsTask;
   let characters: string;
   let maxTokens: number;

@@ -100,6 +100,11 @@ export interface RunSummary {
   readonly runDir?: string;
   /** The checkpoint this run resumed from. */
   readonly resumedFrom?: string;
+  /**
+   * Set when that checkpoint had lost its float32 master weights: the policy went on from its weights rounded to this
+   * type (a warning said so).
+   */
+  readonly resumedPrecision?: 'bfloat16' | 'float16';
   /** Expected reward of a uniform policy on the bundled task. */
   readonly randomPolicyReward?: number;
   readonly valRewardInitial?: number;

@@ -46,6 +46,7 @@ export async function loadRollout(
   config: Pick<RxrlConfig, 'data' | 'model' | 'rollout' | 'run' | 'sft' | 'trainer'>,
   baseDir: string,
   log?: (line: string) => void,
+  signal?: AbortSignal,
 ): Promise<{
   data: Data;
   evaluator: Evaluator;
@@ -61,7 +62,10 @@ export async function loadRollout(
     : references && config.data.source === 'jsonl'
       ? UNSCORED
       : data.evaluator;
-  const modelDir = config.model.path === null ? undefined : await resolveModelDir(config.model.path, { baseDir, log });
+  const modelDir =
+    config.model.path === null
+      ? undefined
+      : await resolveModelDir(config.model.path, { baseDir, log, timeoutMs: config.model.hubTimeoutMs, signal });
   const tokenizer: Tokenizer = modelDir ? await loadTokenizer(modelDir) : new CharTokenizer(data.characters);
   const agent = config.rollout.agent;
   const template = config.rollout.chatTemplate === 'model' && modelDir !== undefined ? await modelTemplate(modelDir, tokenizer) : undefined;

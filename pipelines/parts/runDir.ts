@@ -7,6 +7,7 @@
 import { mkdir, readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 
+import { MASTER_WEIGHTS_FILE, type Checkpoint } from '../../lib/checkpoint/checkpoint.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { asStorageError } from '../../lib/core/errors.js';
 import { savePeftAdapter, type LoraAdapter } from '../../lib/model/lora.js';
@@ -51,6 +52,25 @@ export function damagedCheckpointWarning(
 ): (path: string, error: Error) => void {
   return (path, error) =>
     warn(`checkpoint ${path} is damaged, falling back to the previous one: ${error.message}`, { path, reason: error.message });
+}
+
+/**
+ * Warns when a resumed checkpoint's policy goes on from narrow weights ({@link Checkpoint.narrowDtype}): its float32
+ * master weights are missing, so what was trained since the previous checkpoint is kept only as rounded weights.
+ *
+ * @internal
+ */
+export function warnIfNarrow(
+  checkpoint: Pick<Checkpoint, 'path' | 'narrowDtype'> | undefined,
+  warn: (message: string, context: Readonly<Record<string, unknown>>) => void,
+): void {
+  if (checkpoint?.narrowDtype === undefined) return;
+  const dtype = checkpoint.narrowDtype;
+  warn(
+    `checkpoint ${checkpoint.path} has no float32 master weights (${MASTER_WEIGHTS_FILE}): resuming from its ${dtype} weights, ` +
+      `rounded to ${dtype} (precision lost); training goes on from the rounded weights`,
+    { path: checkpoint.path, dtype, missing: MASTER_WEIGHTS_FILE },
+  );
 }
 
 /**

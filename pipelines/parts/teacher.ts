@@ -25,9 +25,10 @@ export interface RunTeacher {
  * @throws {@link ConfigError} naming `distill.teacher` when its tokenizer is not the student's.
  */
 export async function loadTeacher(
-  config: Pick<RxrlConfig, 'distill' | 'trainer'>,
+  config: Pick<RxrlConfig, 'distill' | 'model' | 'trainer'>,
   baseDir: string,
   tokenizer: Tokenizer,
+  signal?: AbortSignal,
 ): Promise<RunTeacher | undefined> {
   if (config.trainer.algorithm !== 'distill') return undefined;
   const { path, baseUrl, model, apiKey, timeoutMs } = config.distill.teacher;
@@ -35,7 +36,7 @@ export async function loadTeacher(
     const scorer = openaiScorer({ baseUrl, model: model as string, apiKey: apiKey ?? undefined, tokenizer, timeoutMs });
     return { scorer, dispose: () => undefined };
   }
-  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path' });
+  const dir = await resolveModelDir(path as string, { baseDir, key: 'distill.teacher.path', timeoutMs: config.model.hubTimeoutMs, signal });
   checkSameTokenizer(tokenizer, await loadTokenizer(dir), dir);
   const { model: teacher } = await loadModelDir(dir);
   return { scorer: modelScorer(teacher), dispose: () => teacher.dispose() };

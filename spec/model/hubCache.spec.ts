@@ -1,21 +1,26 @@
 /**
  * Models named by id, resolved in a Hugging Face cache laid out here from the tiny fixture exactly as
  * `huggingface_hub` lays one out (refs, snapshots linking into blobs); `huggingface_hub`'s own readers
- * (`scan_cache_dir`, `try_to_load_from_cache`) check the layout and agree with rxrl on every revision. Nothing is
- * downloaded: the runs are offline (`HF_HUB_OFFLINE=1`).
+ * (`scan_cache_dir`, `try_to_load_from_cache`) check the layout and agree with rxrl on every revision. The runs
+ * here are offline (`HF_HUB_OFFLINE=1`); downloads are from hub servers on 127.0.0.1 written below: an honest one,
+ * hostile ones that answer `../` names or bytes that are not what they listed, and one that never answers.
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { homedir, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 
-import { ConfigError } from '../../lib/core/errors.js';
+import { RUN_LOCK_FILE } from '../../lib/checkpoint/runLock.js';
+import { ConfigError, DecodeError, ForbiddenPathError, isAbortError } from '../../lib/core/errors.js';
 import { cachedSnapshot, hubCacheDir, modelNameOf, parseModelId, resolveModelDir } from '../../lib/model/hubCache.js';
 import { spawnServe } from '../../lib/serve/spawn.js';
+import { stopWhenBlocked } from '../helpers/stopRun.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const cli = join(root, 'dist', 'cli', 'main.js');
@@ -160,3 +165,258 @@ describe('a model id on the command line (built CLI, offline)', () => {
     }
   }, 120_000);
 });
+
+/** A hub on 127.0.0.1: `answer` handles each request; `requests` lists them (`METHOD path`). */
+async function hubServer(answer: (req: IncomingMessage, res: ServerResponse) => void): Promise<{
+  url: string;
+  requests: string[];
+  received: Promise<void>;
+  close: () => Promise<void>;
+}> {
+  const requests: string[] = [];
+  let seen: () => void = () => undefined;
+  const received = new Promise<void>((resolve) => (seen = resolve));
+  const server = createServer((req, res) => {
+    requests.push(`${req.method} ${req.url}`);
+    seen();
+    req.resume();
+    req.on('end', () => answer(req, res));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    requests,
+    received,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+const sha256 = (bytes: Buffer): string => createHash('sha256').update(bytes).digest('hex');
+const gitSha1 = (bytes: Buffer): string => createHash('sha1').update(`blob ${bytes.length}\0`).update(bytes).digest('hex');
+
+/** The fixture's files as the hub lists them (`GET /api/models/{repo}/revision/{rev}?blobs=true`): safetensors in LFS. */
+function siblingsOf(files: Record<string, Buffer>): object[] {
+  return Object.entries(files).map(([rfilename, bytes]) =>
+    rfilename.endsWith('.safetensors')
+      ? { rfilename, size: bytes.length, blobId: gitSha1(Buffer.from('pointer')), lfs: { sha256: sha256(bytes), size: bytes.length } }
+      : { rfilename, size: bytes.length, blobId: gitSha1(bytes) },
+  );
+}
+
+/**
+ * A hub serving `files` at `commit` to every client: the revision listing rxrl reads, and the tree, paths-info and
+ * resolve routes `@huggingface/hub` reads; `change` alters the answers (a hostile server).
+ */
+function hubAnswers(
+  files: Record<string, Buffer>,
+  change: { listing?: (listing: { sha: string; siblings: object[] }) => object; pathsInfo?: object; body?: (bytes: Buffer) => Buffer } = {},
+): (req: IncomingMessage, res: ServerResponse) => void {
+  const commit = 'c'.repeat(40);
+  return (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://hub');
+    const json = (value: unknown): void => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(value));
+    };
+    if (url.pathname.startsWith('/api/models/org/tiny/revision/')) {
+      const listing = { sha: commit, siblings: siblingsOf(files) };
+      return json(change.listing ? change.listing(listing) : listing);
+    }
+    if (url.pathname.startsWith('/api/models/org/tiny/tree/'))
+      return json(Object.entries(files).map(([path, bytes]) => ({ type: 'file', path, size: bytes.length, oid: gitSha1(bytes) })));
+    if (url.pathname.startsWith('/api/models/org/tiny/paths-info/')) return json(change.pathsInfo ?? []);
+    const file = /^\/org\/tiny\/resolve\/[^/]+\/(.+)$/.exec(url.pathname)?.[1];
+    const bytes = file === undefined ? undefined : files[file];
+    if (bytes === undefined) {
+      res.writeHead(404);
+      return res.end();
+    }
+    const body = change.body ? change.body(bytes) : bytes;
+    res.writeHead(200, {
+      etag: `"${gitSha1(bytes)}"`,
+      'content-range': `bytes 0-${body.length - 1}/${body.length}`,
+      'content-length': body.length,
+    });
+    res.end(body);
+  };
+}
+
+/** Every path under `dir` (files and links, not following them), relative to it. */
+function everything(dir: string): string[] {
+  return readdirSync(dir, { recursive: true, encoding: 'utf8' }).sort();
+}
+
+describe('downloading a model id from HF_ENDPOINT', () => {
+  const fixture = (): Record<string, Buffer> => Object.fromEntries(readdirSync(FIXTURE).map((f) => [f, readFileSync(join(FIXTURE, f))]));
+
+  it('an honest hub: the files land in the cache as huggingface_hub lays them out, and its reader finds them', async () => {
+    const hub = await hubServer(hubAnswers(fixture()));
+    const cacheDir = mkdtempSync(join(tmpdir(), 'rxrl-hub-dl-'));
+    try {
+      const dir = await resolveModelDir('org/tiny', { env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } });
+      const repo = join(cacheDir, 'models--org--tiny');
+      expect(dir).toBe(join(repo, 'snapshots', 'c'.repeat(40)));
+      expect(readFileSync(join(repo, 'refs', 'main'), 'utf8')).toBe('c'.repeat(40));
+      for (const [file, bytes] of Object.entries(fixture())) expect(readFileSync(join(dir, file)).equals(bytes), file).toBe(true);
+      expect(readdirSync(join(repo, 'blobs')).sort()).toEqual(Object.values(siblingsOf(fixture())).map(blobOf).sort());
+      const python = spawnSync(
+        'python3',
+        [
+          '-c',
+          "import sys; from huggingface_hub import try_to_load_from_cache as t; print(t('org/tiny', 'model.safetensors', cache_dir=sys.argv[1]))",
+          cacheDir,
+        ],
+        { encoding: 'utf8' },
+      );
+      expect(python.status, python.stderr).toBe(0);
+      expect(python.stdout.trim()).toBe(join(dir, 'model.safetensors'));
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it.each([
+    {
+      what: 'a commit of ../ names',
+      listing: (l: { sha: string; siblings: object[] }) => ({ ...l, sha: '../../../planted' }),
+      sent: '"../../../planted"',
+    },
+    {
+      what: 'a blob id of ../ names',
+      listing: (l: { sha: string; siblings: object[] }) => ({
+        ...l,
+        siblings: l.siblings.map((s) => ({ ...s, blobId: '../../../planted' })),
+      }),
+      sent: '"../../../planted"',
+    },
+    {
+      what: 'an LFS sha256 of ../ names',
+      listing: (l: { sha: string; siblings: object[] }) => ({
+        ...l,
+        siblings: l.siblings.map((s) => ('lfs' in s ? { ...s, lfs: { sha256: '../../../planted', size: 1 } } : s)),
+      }),
+      sent: '"../../../planted"',
+    },
+    {
+      what: 'a file name that climbs out',
+      listing: (l: { sha: string; siblings: object[] }) => ({
+        ...l,
+        siblings: [...l.siblings, { rfilename: '../../planted.json', size: 2, blobId: 'a'.repeat(40) }],
+      }),
+      sent: '"../../planted.json"',
+    },
+  ])(
+    'a hostile hub answering $what: a DecodeError naming it, no file requested, nothing written outside the cache',
+    async ({ listing, sent }) => {
+      const outer = mkdtempSync(join(tmpdir(), 'rxrl-hub-hostile-'));
+      const cacheDir = join(outer, 'cache');
+      mkdirSync(cacheDir);
+      const lastCommit = { id: '../../../planted-commit', title: 'x', date: new Date(0).toISOString() };
+      const pathsInfo = [{ path: 'config.json', type: 'file', size: 2, oid: '../../../planted-oid', lastCommit }];
+      const hub = await hubServer(hubAnswers(fixture(), { listing, pathsInfo, body: () => Buffer.from('{}') }));
+      try {
+        const error = await resolveModelDir('org/tiny', { env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } }).catch((e: unknown) => e);
+        expect(everything(outer).filter((path) => !path.startsWith('cache'))).toEqual([]);
+        expect(error).toBeInstanceOf(DecodeError);
+        expect((error as DecodeError).message).toContain(sent);
+        expect(hub.requests.filter((r) => r.includes('/resolve/'))).toEqual([]);
+        expect(everything(cacheDir)).toEqual([]);
+      } finally {
+        await hub.close();
+      }
+    },
+  );
+
+  it('a snapshot that would lead outside the cache once links are followed: a ForbiddenPathError', async () => {
+    const hub = await hubServer(hubAnswers(fixture()));
+    const outer = mkdtempSync(join(tmpdir(), 'rxrl-hub-planted-'));
+    const cacheDir = join(outer, 'cache');
+    const blobs = join(cacheDir, 'models--org--tiny', 'blobs');
+    mkdirSync(blobs, { recursive: true });
+    writeFileSync(join(outer, 'elsewhere.json'), '{}');
+    // A blob already "in the cache" is a link to a file outside it.
+    symlinkSync(join(outer, 'elsewhere.json'), join(blobs, gitSha1(fixture()['config.json'])));
+    try {
+      const error = await resolveModelDir('org/tiny', { env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ForbiddenPathError);
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it('a hub sending other bytes than it listed: a DecodeError, and no blob or partial file is kept', async () => {
+    const hub = await hubServer(
+      hubAnswers(fixture(), { body: (bytes) => Buffer.concat([bytes.subarray(0, bytes.length - 1), Buffer.from('x')]) }),
+    );
+    const cacheDir = mkdtempSync(join(tmpdir(), 'rxrl-hub-dl-'));
+    try {
+      const error = await resolveModelDir('org/tiny', { env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(DecodeError);
+      expect(everything(join(cacheDir, 'models--org--tiny', 'blobs'))).toEqual([]);
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it('a hub that never answers: a retriable ConfigError at the deadline; the stop signal ends the wait with an AbortError', async () => {
+    const hub = await hubServer(() => undefined);
+    const cacheDir = mkdtempSync(join(tmpdir(), 'rxrl-hub-dl-'));
+    const env = { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url };
+    try {
+      const late = await resolveModelDir('org/tiny', { env, timeoutMs: 200 }).catch((e: unknown) => e);
+      expect(late).toBeInstanceOf(ConfigError);
+      expect(late).toMatchObject({ retriable: true, context: { key: 'model.path', model: 'org/tiny@main' } });
+      expect((late as ConfigError).cause).toMatchObject({ context: { timeoutMs: 200 } });
+      const stop = new AbortController();
+      const stopped = resolveModelDir('org/tiny', { env, timeoutMs: 300_000, signal: stop.signal }).catch((e: unknown) => e);
+      await vi.waitFor(() => expect(hub.requests.length).toBe(2));
+      stop.abort();
+      expect(isAbortError(await stopped)).toBe(true);
+      expect(everything(cacheDir)).toEqual([]);
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it('SIGTERM to rxrl run blocked on a hub that never answers: it exits as stopped, lock released, nothing partial', async () => {
+    const hub = await hubServer(() => undefined);
+    const work = mkdtempSync(join(tmpdir(), 'rxrl-hub-stop-'));
+    const cacheDir = join(work, 'cache');
+    const recipe = join(work, 'recipe.json');
+    writeFileSync(
+      recipe,
+      JSON.stringify({
+        model: { path: 'org/tiny', hubTimeoutMs: 300_000 },
+        run: { dir: 'run', seed: 2, steps: 1, backend: 'cpu' },
+        data: { source: 'bundled', task: { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 2 } },
+        rollout: { groupSize: 2 },
+        sync: { batchSize: 2 },
+      }),
+    );
+    try {
+      const run = await stopWhenBlocked({
+        args: ['run', recipe],
+        env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url, RXRL_LOG_LEVEL: 'silent' },
+        blocked: () => hub.received,
+      });
+      console.log(`hub that never answers: rxrl run exited ${run.secondsToExit.toFixed(2)} s after SIGTERM`);
+      expect(run.code, run.stderr).toBe(143);
+      expect(run.stderr).toContain('rxrl: stopped by SIGTERM');
+      expect(run.stderr).not.toMatch(/\n\s+at /);
+      expect(existsSync(join(work, 'run', RUN_LOCK_FILE))).toBe(false);
+      expect(existsSync(cacheDir) ? everything(cacheDir).filter((p) => p.endsWith('.incomplete')) : []).toEqual([]);
+    } finally {
+      await hub.close();
+    }
+  }, 120_000);
+});
+
+function blobOf(sibling: object): string {
+  const s = sibling as { blobId: string; lfs?: { sha256: string } };
+  return s.lfs?.sha256 ?? s.blobId;
+}
