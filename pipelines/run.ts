@@ -205,7 +205,9 @@ async function setUp(
     if (!sampler) {
       const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
       const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
-      trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;
+      // Supervised fine-tuning on the dataset's outputs trains on them: each sequence must fit the context too.
+      const references = config.trainer.algorithm === 'sft' && config.sft.source === 'dataset';
+      trainTasks = (await checkPrompts(data.train, { ...budget, references, source: 'data.train' })).tasks;
       await checkPrompts(validationSource, { ...budget, source: 'validation' });
     }
   } catch (error) {
