@@ -12,7 +12,11 @@ const LIST = 9;
 const STRUCT = 12;
 
 /** A Thrift struct field: its id, its compact type and its value (a nested struct as a list of fields). */
-type Field = readonly [id: number, type: number, value: number | string | readonly Field[] | readonly (number | string | readonly Field[])[]];
+type Field = readonly [
+  id: number,
+  type: number,
+  value: number | string | readonly Field[] | readonly (number | string | readonly Field[])[],
+];
 
 function varint(n: bigint, out: number[]): void {
   let v = n;
@@ -83,7 +87,16 @@ export function parquetBytes(page: ParquetPage): Uint8Array {
       [1, I32, 0], // DATA_PAGE
       [2, I32, page.claimed],
       [3, I32, page.data.length],
-      [5, STRUCT, [[1, I32, rows], [2, I32, 0], [3, I32, 3], [4, I32, 3]]], // PLAIN, RLE levels
+      [
+        5,
+        STRUCT,
+        [
+          [1, I32, rows],
+          [2, I32, 0],
+          [3, I32, 3],
+          [4, I32, 3],
+        ],
+      ], // PLAIN, RLE levels
     ],
     header,
   );
@@ -107,12 +120,39 @@ export function parquetBytes(page: ParquetPage): Uint8Array {
         2,
         LIST,
         [
-          [[4, BINARY, 'schema'], [5, I32, 1]],
-          [[1, I32, 6], [3, I32, 0], [4, BINARY, page.column], [6, I32, 0]], // required, UTF8
+          [
+            [4, BINARY, 'schema'],
+            [5, I32, 1],
+          ],
+          [
+            [1, I32, 6],
+            [3, I32, 0],
+            [4, BINARY, page.column],
+            [6, I32, 0],
+          ], // required, UTF8
         ],
       ],
       [3, I64, rows],
-      [4, LIST, [[[1, LIST, [[[2, I64, offset], [3, STRUCT, columnMeta]]]], [2, I64, header.length + page.claimed], [3, I64, rows]]]],
+      [
+        4,
+        LIST,
+        [
+          [
+            [
+              1,
+              LIST,
+              [
+                [
+                  [2, I64, offset],
+                  [3, STRUCT, columnMeta],
+                ],
+              ],
+            ],
+            [2, I64, header.length + page.claimed],
+            [3, I64, rows],
+          ],
+        ],
+      ],
     ],
     footer,
   );
