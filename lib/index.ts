@@ -194,6 +194,8 @@ export type { LoadTasksOptions, LoaderPosition, LocatedTask, RowPlace, TaskSourc
 export { cachedSnapshot, hubCacheDir, modelNameOf, parseModelId, resolveModelDir } from './model/hubCache.js';
 export type { ModelId, ResolveModelOptions } from './model/hubCache.js';
 export { checkPrompts } from './data/checkPrompts.js';
+export { DEFAULT_READ_BOUNDS } from './data/readBounds.js';
+export type { ReadBounds } from './data/readBounds.js';
 export type { CheckPromptsOptions, PromptsChecked } from './data/checkPrompts.js';
 export { collate } from './data/collate.js';
 export type { CollateOptions } from './data/collate.js';
@@ -257,6 +259,8 @@ export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';
 export { RetriesExhaustedError } from './core/errors.js';
 export { RETRY_DEFAULTS, RETRY_TEST_DEFAULTS, isProgrammerError, retry, retryDefaults, retryDelay, sleep } from './core/retry.js';
 export type { RetryEvent, RetryOptions } from './core/retry.js';
+export { disposeEach, releaseAfter, releasing, suppress } from './core/release.js';
+export type { WithSuppressed } from './core/release.js';
 export { DEFAULT_WEIGHT_UPDATE_ENDPOINT, OpenAIEngine, TOKEN_ID_PREFIX, resolveEndpoint } from './engine/openai.js';
 export type { OpenAIEngineOptions, OpenAIEngineStats, OpenAIWeightSyncOptions } from './engine/openai.js';
 export { CHAT_ROLES, isChatEngine } from './chat/types.js';

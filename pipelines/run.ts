@@ -19,6 +19,7 @@ import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import { ErrorReporter } from '../lib/observe/errorReporter.js';
 import { moduleLogger, silentLogger } from '../lib/observe/logger.js';
+import { disposeEach, releaseAfter, releasing } from '../lib/core/release.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { StepResult } from '../lib/train/types.js';
 import { isSampleFailure, type Metrics, type SampleFailure, type Task } from '../lib/core/types.js';
@@ -131,11 +132,16 @@ async function trainOnce(
 ): Promise<RunSummary> {
   const setup = await setUp(config, options, baseDir, runDir, reporter.signal);
   if (memo.recoveries === 0) memo.resumedFrom = setup.checkpoint?.path;
-  const parts = await buildParts(config, options, setup, runDir, memo).catch(async (error: unknown) => {
-    await closeWorker(setup.worker);
-    setup.teacher?.dispose();
-    throw error;
-  });
+  const parts = await buildParts(config, options, setup, runDir, memo).catch((error: unknown) =>
+    releaseAfter(
+      error,
+      async () => {
+        await closeWorker(setup.worker);
+        setup.teacher?.dispose();
+      },
+      releaseWarning(options),
+    ),
+  );
   // Each stall is a warning and a metrics line; under stop_on_error a long one ends the attempt, naming the module.
   const watch = watchRun(config, setup.activity, {
     logger: options.logger,
@@ -143,17 +149,26 @@ async function trainOnce(
     onStall: (module, idle) =>
       parts.ledger.writeMetrics(parts.trainer.step - 1, parts.trainer.step, { [`activity/stalled_s/${module}`]: idle }),
   });
-  let failed = true;
-  try {
-    const summary = await trainLoop(config, options, setup, parts, reporter, memo, watch);
-    failed = false;
-    return summary;
-  } finally {
-    watch.stop();
-    await closeWorker(setup.worker);
-    setup.teacher?.dispose();
-    await parts.dispose(failed);
-  }
+  // A release that fails after the run failed (a backend that crashed with a step cannot dispose the model either)
+  // is a warning: the run's own error is the one reported.
+  return releasing(
+    () => trainLoop(config, options, setup, parts, reporter, memo, watch),
+    async (failed) => {
+      watch.stop();
+      await closeWorker(setup.worker);
+      setup.teacher?.dispose();
+      await parts.dispose(failed);
+    },
+    releaseWarning(options),
+  );
+}
+
+/** Logs a release that failed after the run's own error (which is what propagates). */
+function releaseWarning(options: RunTrainingOptions): (error: unknown, first: unknown) => void {
+  return (error, first) => {
+    moduleLogger(options.logger ?? silentLogger, 'run').warn({ err: error, after: first }, 'releasing the run failed after its error');
+    options.log?.(`warning: releasing the run failed after its error: ${error instanceof Error ? error.message : String(error)}`);
+  };
 }
 
 /**
@@ -207,21 +222,21 @@ async function setUp(
     if (!sampler) {
       const budget = { tokenizer, maxSeqLen: contextLength, maxTokens: data.maxTokens, signal };
       const validationSource = config.data.validationFile ? { jsonl: resolve(baseDir, config.data.validationFile) } : data.validation;
-      trainTasks = (await checkPrompts(data.train, { ...budget, source: 'data.train' })).tasks;
+      // Supervised fine-tuning on the dataset's outputs trains on them: each sequence must fit the context too.
+      const references = config.trainer.algorithm === 'sft' && config.sft.source === 'dataset';
+      trainTasks = (await checkPrompts(data.train, { ...budget, references, source: 'data.train' })).tasks;
       await checkPrompts(validationSource, { ...budget, source: 'validation' });
     }
   } catch (error) {
-    initial?.dispose();
-    throw error;
+    return releaseAfter(error, () => initial?.dispose(), releaseWarning(options));
   }
   for (const warning of configWarnings(config, trainTasks === undefined ? {} : { trainTasks })) {
     moduleLogger(options.logger ?? silentLogger, 'config').warn(warning);
     log(`warning: ${warning}`);
   }
-  const teacher = await loadTeacher(config, baseDir, tokenizer, signal).catch((error: unknown) => {
-    initial?.dispose();
-    throw error;
-  });
+  const teacher = await loadTeacher(config, baseDir, tokenizer, signal).catch((error: unknown) =>
+    releaseAfter(error, () => initial?.dispose(), releaseWarning(options)),
+  );
   const activity = options.activity ?? activityTracker(config);
   const initialDir = initial ? modelDir : undefined;
   return {
@@ -254,7 +269,7 @@ async function buildParts(
   const entry = config.policies[0] ?? SINGLE_POLICY;
   const owned: { dispose(): unknown }[] = [initial];
   const release = async (engine?: RolloutEngine): Promise<void> => {
-    for (const item of owned.reverse()) item.dispose();
+    disposeEach(owned.reverse().map((item) => () => void item.dispose()));
     await engine?.dispose?.();
   };
   let engine: RolloutEngine | undefined;
@@ -321,8 +336,7 @@ async function buildParts(
       },
     };
   } catch (error) {
-    await release(engine);
-    throw error;
+    return releaseAfter(error, () => release(engine), releaseWarning(options));
   }
 }
 

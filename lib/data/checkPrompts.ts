@@ -23,6 +23,12 @@ export interface CheckPromptsOptions {
    * `tokenizer.encode(task.prompt, { addBos: true })`. Pass a chat template's rendering when the rollout uses one.
    */
   readonly encode?: (task: Task) => readonly number[];
+  /**
+   * Check each task's reference output too (`trainer.algorithm: sft` on the dataset's outputs, which trains on
+   * `task.response`, else `task.answer`, after the prompt and followed by a stop token): the whole sequence must fit
+   * `maxSeqLen`, and the output must exist. Default false.
+   */
+  readonly references?: boolean;
   /** Name of an array source in messages (`<source>[<index>]`). Default `tasks`. */
   readonly source?: string;
   /** Stops the check (throws the signal's reason). */
@@ -39,7 +45,9 @@ export interface PromptsChecked {
 
 /**
  * Checks that every prompt of a data set encodes and fits: `prompt tokens ≤ maxSeqLen − maxTokens`, and at
- * least one token. A task file (JSONL, Parquet) is streamed, so a bad task is named by file and line or row; an array names it by
+ * least one token; with `references`, that `prompt + reference output + stop ≤ maxSeqLen`. A text that the
+ * tokenizer's lower bound ({@link Tokenizer.minTokens}) already shows too long is refused before it is encoded, so a
+ * prompt of megabytes costs no tokenizing. A task file (JSONL, Parquet) is streamed, so a bad task is named by file and line or row; an array names it by
  * `source` and index.
  *
  * @example
@@ -56,8 +64,9 @@ export interface PromptsChecked {
  * @returns the number of tasks and the longest prompt in tokens.
  * @throws {@link DecodeError} naming the place, the task id and the reason, for the first prompt that cannot be
  *   encoded (`context.char` holds a character outside a character tokenizer's alphabet), encodes to no tokens, or
- *   is longer than `maxSeqLen − maxTokens` (`context.tokens`, `context.limit`); also for a malformed or unreadable
- *   file.
+ *   is longer than `maxSeqLen − maxTokens` (`context.tokens` or, refused before encoding, `context.atLeast`;
+ *   `context.limit`); with `references`, for a task without a reference output or whose sequence is longer than
+ *   `maxSeqLen`; also for a malformed or unreadable file, or a row past the reader's bounds.
  * @throws {@link ConfigError} when `maxSeqLen − maxTokens` leaves no room for a prompt.
  */
 export async function checkPrompts(
@@ -75,7 +84,13 @@ export async function checkPrompts(
   let tasks = 0;
   let longestPrompt = 0;
   const visit = (task: Task, where: string, place: Readonly<Record<string, unknown>>): void => {
+    refuseUnencoded(task.prompt, tokenizer, limit, () => ({
+      where: `${where}: task ${task.id}: prompt`,
+      what: `longer than model.maxSeqLen − rollout.maxTokens = ${maxSeqLen} − ${maxTokens} = ${limit}`,
+      context: { ...place, taskId: task.id },
+    }));
     const length = promptLength(task, where, place, encode, { maxSeqLen, maxTokens, limit });
+    if (options.references === true) checkReference(task, length, tokenizer, maxSeqLen, { where, place });
     tasks++;
     longestPrompt = Math.max(longestPrompt, length);
   };
@@ -128,6 +143,64 @@ function promptLength(
     );
   }
   return ids.length;
+}
+
+/** Where a refused text is, what its limit is, and the context of the error. */
+interface Refusal {
+  readonly where: string;
+  readonly what: string;
+  readonly context: Readonly<Record<string, unknown>>;
+}
+
+/**
+ * A {@link DecodeError} when the tokenizer's lower bound on the tokens of `text` already passes `limit`: nothing is
+ * encoded. `refusal` is built only then.
+ */
+function refuseUnencoded(text: string, tokenizer: Tokenizer, limit: number, refusal: () => Refusal): void {
+  const atLeast = tokenizer.minTokens?.(text) ?? 0;
+  if (atLeast <= limit) return;
+  const { where, what, context } = refusal();
+  throw new DecodeError(`${where} is at least ${atLeast} tokens (${text.length} characters), ${what}`, {
+    context: { ...context, atLeast, limit },
+  });
+}
+
+/**
+ * Refuses a task whose reference output (`response`, else `answer`) is missing or makes a sequence longer than the
+ * context: `promptTokens + output + 1 stop token ≤ maxSeqLen`, as the reference worker builds it. The output is
+ * bounded by {@link Tokenizer.minTokens} before it is encoded.
+ */
+function checkReference(
+  task: Task,
+  promptTokens: number,
+  tokenizer: Tokenizer,
+  maxSeqLen: number,
+  at: { readonly where: string; readonly place: Readonly<Record<string, unknown>> },
+): void {
+  const context = { ...at.place, taskId: task.id };
+  const reference = task.response ?? task.answer;
+  if (reference === undefined) {
+    throw new DecodeError(`${at.where}: task ${task.id} has no reference output to train on (a 'response', or an 'answer')`, { context });
+  }
+  const room = maxSeqLen - promptTokens - 1;
+  const what = `longer than the ${room} tokens that model.maxSeqLen = ${maxSeqLen} leaves after its ${promptTokens}-token prompt and a stop token`;
+  const refusal = (): Refusal => ({ where: `${at.where}: task ${task.id}: reference output`, what, context: { ...context, maxSeqLen } });
+  refuseUnencoded(reference, tokenizer, room, refusal);
+  let tokens: number;
+  try {
+    tokens = tokenizer.encode(reference, { addBos: false }).length;
+  } catch (cause) {
+    if (!(cause instanceof DecodeError)) throw cause;
+    throw new DecodeError(`${at.where}: task ${task.id}: reference output cannot be tokenized: ${cause.message}`, {
+      cause,
+      context: { ...context, ...cause.context },
+    });
+  }
+  if (tokens > room) {
+    throw new DecodeError(`${at.where}: task ${task.id}: reference output is ${tokens} tokens, ${what}`, {
+      context: { ...context, tokens, limit: room, maxSeqLen },
+    });
+  }
 }
 
 function at(located: LocatedTask): string {

@@ -35,6 +35,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import type { GenerateRequest, GenerateResponse, NamedWeights, WeightArray } from './types.js';
 import { ShapeError, assertNever } from '../core/errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
+import { disposeEach } from '../core/release.js';
 import { yieldToEventLoop } from '../core/turns.js';
 import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import type { LoraTarget, ModelAdapter } from './adapter.js';
@@ -369,20 +370,21 @@ export class PolicyModel {
     return n;
   }
 
-  /** Disposes every variable (on an adapter view, only its own constants). Idempotent. */
+  /**
+   * Disposes every variable (on an adapter view, only its own constants). Idempotent. Every tensor is disposed even
+   * when one fails (a backend that crashed fails them all); the first failure is thrown after, the others attached
+   * to it as `suppressed`. A caller that disposes after an error keeps that error (see `releaseAfter`).
+   */
   dispose(): void {
     if (this.disposed) {
       return;
     }
     this.disposed = true;
-    this.sampling.invalidate(this.adapter === null ? undefined : this.adapter);
-    if (this.adapter === null) {
-      for (const v of this.params.values()) {
-        v.dispose();
-      }
-    }
-    this.invFreq.dispose();
-    this.rotateHalf.dispose();
+    const own = this.adapter === null ? [...this.params.values()] : [];
+    disposeEach([
+      () => this.sampling.invalidate(this.adapter === null ? undefined : this.adapter),
+      ...[...own, this.invFreq, this.rotateHalf].map((tensor) => () => tensor.dispose()),
+    ]);
   }
 
   /**

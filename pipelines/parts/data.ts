@@ -13,6 +13,7 @@ import { loadChatTemplate } from '../../lib/chat/jinjaTemplate.js';
 import { createChatTemplate, type ChatTemplate } from '../../lib/chat/template.js';
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import { readTaskFile } from '../../lib/data/loader.js';
+import { taskPathKind } from '../../lib/data/taskFiles.js';
 import type { Tokenizer } from '../../lib/model/types.js';
 import { ConfigError } from '../../lib/core/errors.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
@@ -165,8 +166,10 @@ export async function loadData(config: Pick<RxrlConfig, 'data' | 'rollout' | 'ru
     return generated(task, task.maxAnswerLength + 1);
   }
   if (config.rollout.maxTokens === 0) throw new ConfigError("rollout.maxTokens: required (> 0) when data.source is 'jsonl'");
-  const trainFile = resolve(baseDir, config.data.trainFile!);
-  const validation = config.data.validationFile ? await readTaskFile(resolve(baseDir, config.data.validationFile)) : [];
+  const trainFile = await taskPath(baseDir, 'data.trainFile', config.data.trainFile!);
+  const validation = config.data.validationFile
+    ? await readTaskFile(await taskPath(baseDir, 'data.validationFile', config.data.validationFile))
+    : [];
   const fallback: Evaluator = {
     evaluate: () => {
       throw new ConfigError('rollout.evaluator.module: an evaluator is required for jsonl data (or an agent that gives its rewards)');
@@ -180,6 +183,20 @@ export async function loadData(config: Pick<RxrlConfig, 'data' | 'rollout' | 'ru
     evaluator: fallback,
     maxTokens: config.rollout.maxTokens,
   };
+}
+
+/**
+ * The path of a task file or directory the recipe names (relative to `baseDir`), refused now when it cannot be read
+ * or is neither a regular file nor a directory: a FIFO would block the run's first read forever.
+ *
+ * @throws {@link ConfigError} naming the key and the path.
+ */
+async function taskPath(baseDir: string, key: 'data.trainFile' | 'data.validationFile', value: string): Promise<string> {
+  const path = resolve(baseDir, value);
+  await taskPathKind(path).catch((cause: unknown) => {
+    throw new ConfigError(`${key}: ${(cause as Error).message}`, { cause, context: { key, path } });
+  });
+  return path;
 }
 
 /**
