@@ -550,6 +550,11 @@ export const SCHEMA = {
       format: 'positive-int',
       default: 600_000,
     },
+    pollTimeoutMs: {
+      doc: "trainer.backend 'tinker': one poll of a request's result held longer than this is polled again (the SDK's 45 s).",
+      format: 'positive-int',
+      default: 45_000,
+    },
     recoverTimeoutMs: {
       doc: "trainer.backend 'tinker', run.errorPolicy 'continue': how long a run waits for a lost service to answer again before it fails.",
       format: 'non-negative-int',

@@ -2,10 +2,15 @@
  * vLLM's reasoning parsers (`--reasoning-parser qwen3`, `deepseek_r1`): a reply's `<think>…</think>` block becomes the
  * message's `reasoning_content`, the rest its `content`, so agent frameworks read the answer without the thinking.
  *
- * The whole reply ({@link splitReasoning}) is split as vLLM splits it: an opening `<think>` is dropped; without a
- * closing `</think>` the reply is all content (qwen3: the model did not think) or all reasoning (deepseek_r1: it was cut
- * off while thinking); otherwise what comes before `</think>` is reasoning, what follows is content. A streamed reply
- * ({@link ReasoningStream}) is split the same way piece by piece, holding back only a tail that may still become a tag.
+ * One state machine ({@link ReasoningStream}) splits every reply; a whole reply ({@link splitReasoning}) is that stream
+ * fed in one piece, so a reply reads the same whole and streamed, however it is cut. The first `<think>` opens the
+ * reasoning and is dropped, the first `</think>` after it closes the reasoning and is dropped, and what follows is
+ * content (later tags included). The parsers differ only before any tag, as vLLM's streaming parsers do:
+ * - `qwen3` requires `<think>`: text before it is content (the model did not think), a stray `</think>` there included;
+ * - `deepseek_r1` does not: text before `</think>` is reasoning even without `<think>` (R1 starts thinking at once).
+ *
+ * A reply cut off before `</think>` keeps what it thought as reasoning (vLLM streams it so; a streamed delta can't be
+ * taken back). Nothing is lost: every character but the two tags is in one part or the other.
  *
  * @packageDocumentation
  */
@@ -19,24 +24,24 @@ export type ReasoningParserName = (typeof REASONING_PARSERS)[number];
 const OPEN = '<think>';
 const CLOSE = '</think>';
 
-/** A reply split in two; `reasoning` is absent when the reply has none. */
+/** A reply split in two; `reasoning` is absent when the reply has none (qwen3 without `<think>`). */
 export interface SplitReply {
   readonly reasoning?: string;
   readonly content: string;
 }
 
 /**
- * Splits a whole reply into reasoning and content.
+ * Splits a whole reply into reasoning and content: the {@link ReasoningStream} fed the reply in one piece.
  *
  * @param parser - which model family's convention.
  * @param text - the reply's text.
  */
 export function splitReasoning(parser: ReasoningParserName, text: string): SplitReply {
-  const start = text.indexOf(OPEN);
-  const body = start >= 0 ? text.slice(start + OPEN.length) : text;
-  const end = body.indexOf(CLOSE);
-  if (end < 0) return parser === 'deepseek_r1' ? { reasoning: body, content: '' } : { content: start >= 0 ? body : text };
-  return { reasoning: body.slice(0, end), content: body.slice(end + CLOSE.length) };
+  const stream = new ReasoningStream(parser);
+  const first = stream.push(text);
+  const last = stream.end();
+  const content = first.content + last.content;
+  return stream.reasoned ? { reasoning: first.reasoning + last.reasoning, content } : { content };
 }
 
 /** The parts of a streamed piece: its reasoning and its content (either may be empty). */
@@ -45,18 +50,23 @@ export interface ReasoningDelta {
   readonly content: string;
 }
 
+/** Where a reply is: before any tag, inside the reasoning (`<think>` seen), or in the answer (`</think>` seen). */
+type Phase = 'before' | 'thinking' | 'answering';
+
 /**
- * Splits a streamed reply piece by piece. Until `</think>` is seen, text is reasoning (deepseek_r1, or qwen3 once
- * `<think>` opened it) or content (qwen3 before any `<think>`); after it, content. A tail that is the start of a tag is
- * held back until the next piece or {@link ReasoningStream.end} says what it is.
+ * Splits a streamed reply piece by piece (see the module comment for the rules). A tail that may still become a tag
+ * is held back until the next piece or {@link ReasoningStream.end} says what it is; everything else is given at once.
  */
 export class ReasoningStream {
   private pending = '';
-  private state: 'before' | 'thinking' | 'answering';
+  private phase: Phase = 'before';
 
   /** @param parser - which model family's convention. */
-  constructor(private readonly parser: ReasoningParserName) {
-    this.state = 'before';
+  constructor(private readonly parser: ReasoningParserName) {}
+
+  /** Whether the reply has a reasoning part so far (deepseek_r1 always; qwen3 once `<think>` opened it). */
+  get reasoned(): boolean {
+    return this.parser === 'deepseek_r1' || this.phase !== 'before';
   }
 
   /**
@@ -67,52 +77,50 @@ export class ReasoningStream {
    */
   push(text: string): ReasoningDelta {
     this.pending += text;
-    let reasoning = '';
-    let content = '';
-    for (;;) {
-      if (this.state === 'answering') {
-        content += this.pending;
-        this.pending = '';
-        break;
-      }
-      // All of it may still be `<think>`.
-      if (this.state === 'before' && this.pending.length < OPEN.length && OPEN.startsWith(this.pending)) break;
-      if (this.state === 'before' && this.pending.startsWith(OPEN)) {
-        this.pending = this.pending.slice(OPEN.length);
-        this.state = 'thinking';
-        continue;
-      }
-      if (this.state === 'before' && this.parser === 'qwen3' && !this.pending.includes(CLOSE)) {
-        // No <think> opened it: content, except a tail that may still be `</think>`.
-        const keep = heldTail(this.pending, CLOSE);
-        content += this.pending.slice(0, this.pending.length - keep);
-        this.pending = this.pending.slice(this.pending.length - keep);
-        if (this.pending.length === 0 || keep > 0) break;
-        continue;
-      }
-      const end = this.pending.indexOf(CLOSE);
-      if (end >= 0) {
-        reasoning += this.pending.slice(0, end);
-        this.pending = this.pending.slice(end + CLOSE.length);
-        this.state = 'answering';
-        continue;
-      }
-      const keep = heldTail(this.pending, CLOSE);
-      reasoning += this.pending.slice(0, this.pending.length - keep);
-      this.pending = this.pending.slice(this.pending.length - keep);
-      this.state = 'thinking';
-      break;
-    }
-    return { reasoning, content };
+    return this.drain(false);
   }
 
   /** The end of the reply: what was held back, as what it turned out to be. */
   end(): ReasoningDelta {
-    const rest = this.pending;
-    this.pending = '';
-    if (this.state === 'thinking' || (this.state === 'before' && this.parser === 'deepseek_r1')) return { reasoning: rest, content: '' };
-    return { reasoning: '', content: rest };
+    return this.drain(true);
   }
+
+  /** Gives all of `pending` that is certain (all of it at the end), moving through the phases as tags pass. */
+  private drain(final: boolean): ReasoningDelta {
+    let reasoning = '';
+    let content = '';
+    for (;;) {
+      const tags = this.awaited();
+      const found = earliest(this.pending, tags);
+      const upTo = found ? found.at : this.pending.length - (final ? 0 : Math.max(0, ...tags.map((t) => heldTail(this.pending, t))));
+      const text = this.pending.slice(0, upTo);
+      if (this.phase === 'answering' || (this.phase === 'before' && this.parser === 'qwen3')) content += text;
+      else reasoning += text;
+      if (!found) {
+        this.pending = this.pending.slice(upTo);
+        return { reasoning, content };
+      }
+      this.pending = this.pending.slice(upTo + found.tag.length);
+      this.phase = found.tag === OPEN ? 'thinking' : 'answering';
+    }
+  }
+
+  /** The tags that change the phase from here: `<think>` and (deepseek_r1) `</think>` before, `</think>` inside. */
+  private awaited(): readonly string[] {
+    if (this.phase === 'answering') return [];
+    if (this.phase === 'thinking') return [CLOSE];
+    return this.parser === 'qwen3' ? [OPEN] : [OPEN, CLOSE];
+  }
+}
+
+/** The first of `tags` in `text`, and where. */
+function earliest(text: string, tags: readonly string[]): { readonly tag: string; readonly at: number } | undefined {
+  let best: { tag: string; at: number } | undefined;
+  for (const tag of tags) {
+    const at = text.indexOf(tag);
+    if (at >= 0 && (best === undefined || at < best.at)) best = { tag, at };
+  }
+  return best;
 }
 
 /** How many characters at the end of `text` are the start of `tag` (and so may still become it). */

@@ -12,7 +12,7 @@
  */
 import type { RolloutEngine } from '../engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
-import { EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
+import { AbortError, EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
 import { retry, type RetryOptions } from '../core/retry.js';
 import { stalenessMetrics, type TrainerLoss } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
@@ -46,9 +46,16 @@ export interface TinkerClientOptions {
   readonly retry?: Omit<RetryOptions, 'signal' | 'isRetriable'>;
   /**
    * How long a future may stay unfinished before the call fails with a {@link TinkerError} (`context.lost`: the
-   * service is not making progress). Default 600 000 ms.
+   * service is not making progress): one deadline over all of its polls. Default 600 000 ms.
    */
   readonly futureTimeoutMs?: number;
+  /**
+   * How long one `retrieve_future` poll may be held before it is given up and polled again, in ms (the SDK's 45 s;
+   * a service holds a poll until the result is ready, or answers 408 "not yet"). Default 45 000.
+   */
+  readonly pollTimeoutMs?: number;
+  /** The run's stop: it aborts the client's calls and polls at once (an {@link AbortError}). */
+  readonly signal?: AbortSignal;
   /**
    * How often the session is kept alive with a heartbeat (a service ends sessions that go silent, and frees their
    * training clients), in ms. Default 10 000, as the SDK.
@@ -66,8 +73,10 @@ export function tinkerServiceLost(error: unknown): boolean {
   return (error instanceof EngineError || error instanceof TinkerError) && error.context.lost === true;
 }
 
+const RETRIEVE_FUTURE = '/api/v1/retrieve_future';
+
 /** Calls that may be repeated whatever happened to the first attempt. */
-const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', '/api/v1/retrieve_future', '/api/v1/get_info']);
+const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', RETRIEVE_FUTURE, '/api/v1/get_info']);
 
 /** A session on a Tinker service: training clients, sampling sessions, futures. */
 export class TinkerClient {
@@ -261,19 +270,34 @@ export class TinkerClient {
   }
 
   /**
-   * Polls a future until it completes; an `error` result, a failing poll or a future unfinished after
-   * `futureTimeoutMs` is a {@link TinkerError}.
+   * Polls a future until it completes, as the SDK does: each poll held at most `pollTimeoutMs`, a poll that times
+   * out or answers 408 ("not yet") polled again, all of it within one `futureTimeoutMs` deadline.
+   *
+   * @throws {@link TinkerError} for an `error` result, a failing poll, or a future unfinished at the deadline
+   *   (`context.lost`); {@link AbortError} at once when the run's or the caller's signal fires.
    */
   private async result(future: unknown, proto = false, signal?: AbortSignal): Promise<unknown> {
     const id = (future as { request_id?: unknown }).request_id;
     if (typeof id !== 'string') throw new TinkerError('the service answered without a request_id');
     const timeoutMs = this.options.futureTimeoutMs ?? 600_000;
-    const deadline = performance.now() + timeoutMs;
+    const deadline = AbortSignal.timeout(timeoutMs);
+    const stop = this.stopOf(signal);
     for (;;) {
-      if (performance.now() > deadline) {
-        throw new TinkerError(`request ${id} did not finish within ${timeoutMs} ms`, { context: { lost: true, requestId: id, timeoutMs } });
+      const poll = AbortSignal.timeout(this.options.pollTimeoutMs ?? 45_000);
+      let answer: unknown;
+      try {
+        const body = { request_id: id, allow_metadata_only: false };
+        answer = await this.post(RETRIEVE_FUTURE, body, AbortSignal.any([deadline, poll, ...(stop ? [stop] : [])]), proto);
+      } catch (error) {
+        if (stop?.aborted) throw new AbortError(`request ${id}: the run was stopped`, { cause: stop.reason });
+        if (deadline.aborted)
+          throw new TinkerError(`request ${id} did not finish within ${timeoutMs} ms`, {
+            cause: error,
+            context: { lost: true, requestId: id, timeoutMs },
+          });
+        if (poll.aborted || (error instanceof TinkerError && error.context.status === 408)) continue;
+        throw error;
       }
-      const answer = await this.post('/api/v1/retrieve_future', { request_id: id, allow_metadata_only: false }, signal, proto);
       if (answer instanceof Uint8Array) return answer;
       const record = answer as Record<string, unknown>;
       if (record.type === 'try_again') continue;
@@ -288,13 +312,22 @@ export class TinkerClient {
     return value;
   }
 
+  /** The run's stop and the caller's signal as one (undefined when neither is given). */
+  private stopOf(signal?: AbortSignal): AbortSignal | undefined {
+    const signals = [this.options.signal, signal].filter((s): s is AbortSignal => s !== undefined);
+    return signals.length > 1 ? AbortSignal.any(signals) : signals[0];
+  }
+
   private post(path: string, body: unknown, signal?: AbortSignal, proto = false): Promise<unknown> {
     const idempotent = IDEMPOTENT.has(path);
     const isRetriable = (error: unknown): boolean => {
       if (error instanceof EngineError) return idempotent || error.context.refused === true;
+      // A future's 408 is the service's "not yet": `result` polls again, it is no failed attempt.
+      if (path === RETRIEVE_FUTURE && error instanceof TinkerError && error.context.status === 408) return false;
       return idempotent && error instanceof TinkerError && error.retriable;
     };
-    return retry(() => this.postOnce(path, body, signal, proto), { ...this.options.retry, isRetriable, ...(signal ? { signal } : {}) });
+    const stop = this.stopOf(signal);
+    return retry(() => this.postOnce(path, body, stop, proto), { ...this.options.retry, isRetriable, ...(stop ? { signal: stop } : {}) });
   }
 
   private async postOnce(path: string, body: unknown, signal: AbortSignal | undefined, proto: boolean): Promise<unknown> {

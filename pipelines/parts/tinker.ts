@@ -50,6 +50,8 @@ export async function tinkerParts(
     baseURL: config.tinker.baseUrl as string,
     apiKey: config.tinker.apiKey,
     futureTimeoutMs: config.tinker.futureTimeoutMs,
+    pollTimeoutMs: config.tinker.pollTimeoutMs,
+    ...(options.signal ? { signal: options.signal } : {}),
   });
   try {
     const t = config.trainer;

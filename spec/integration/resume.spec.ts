@@ -4,33 +4,74 @@ import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { stringTransformTask } from '../../recipes/stringTransform.js';
-import { trainedLines } from '../helpers/runDir.js';
+import { runDirProgress, trainedLines } from '../helpers/runDir.js';
+import { waitFor } from '../helpers/waitFor.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const cli = join(root, 'dist', 'cli', 'main.js');
 const TASK = { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 4 } as const;
 
-function start(recipe: string): { child: ChildProcess; done: Promise<{ code: number | null; stdout: string; stderr: string }> } {
+/** A spawned `rxrl run`: its exit (`result` once it exited), and what it wrote so far, as progress. */
+interface Run {
+  readonly child: ChildProcess;
+  readonly done: Promise<RunResult>;
+  result?: RunResult;
+  readonly progress: () => string;
+}
+
+interface RunResult {
+  readonly code: number | null;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+function start(recipe: string): Run {
   const child = spawn(process.execPath, [cli, 'run', recipe], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
   child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
   child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-  const done = new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) =>
-    child.on('exit', (code) => resolve({ code, stdout, stderr })),
-  );
-  return { child, done };
+  const runDir = join(dirname(recipe), 'run');
+  runs.push(child);
+  const run: Run = {
+    child,
+    done: new Promise((resolve) => child.on('exit', (code) => resolve((run.result = { code, stdout, stderr })))),
+    progress: () => `${runDirProgress(runDir)}|${stdout.length + stderr.length}`,
+  };
+  return run;
 }
 
-/** Waits until `check` holds, polling; fails loudly after `ms`. */
-async function waitFor(check: () => boolean, ms: number, what: string): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
+/** Waits until `check` holds, failing loudly only when `run` writes nothing for two minutes (not after a total). */
+async function until(run: Run, check: () => boolean, what: string): Promise<void> {
+  await waitFor(check, { progress: run.progress, intervalMs: 50, what });
+}
+
+/** The run's exit, waited for as {@link until} waits. */
+async function finished(run: Run): Promise<RunResult> {
+  await until(run, () => run.result !== undefined, 'the run to exit');
+  return run.result!;
+}
+
+/** The running test's processes and temporary directories, ended and removed after it, passed or failed. */
+const runs: ChildProcess[] = [];
+const dirs: string[] = [];
+afterEach(async () => {
+  await Promise.all(
+    runs
+      .splice(0)
+      .map((child) =>
+        child.exitCode !== null || child.signalCode !== null ? undefined : new Promise((r) => child.once('exit', r).kill('SIGKILL')),
+      ),
+  );
+  for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+});
+
+async function tempDir(prefix: string): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), prefix));
+  dirs.push(dir);
+  return dir;
 }
 
 describe.each([
@@ -39,7 +80,7 @@ describe.each([
   { mode: 'fully-async', extra: { capacity: 6 } },
 ])('SIGKILL and resume ($mode)', ({ mode, extra }) => {
   it('loses nothing, trains nothing twice, and continues the step counter and the loader', async () => {
-    const dir = await mkdtemp(join(tmpdir(), `rxrl-resume-${mode}-`));
+    const dir = await tempDir(`rxrl-resume-${mode}-`);
     const runDir = join(dir, 'run');
     const recipe = join(dir, 'recipe.json');
     await writeFile(
@@ -59,7 +100,7 @@ describe.each([
     const totalSteps = all.length / 2;
 
     const first = start(recipe);
-    await waitFor(() => trainedLines(runDir).length >= 4, 60_000, 'four trained steps');
+    await until(first, () => trainedLines(runDir).length >= 4, 'four trained steps');
     first.child.kill('SIGKILL');
     const killed = await first.done;
     expect(killed.code).toBeNull();
@@ -86,7 +127,7 @@ describe.each([
     }
 
     const second = start(recipe);
-    const resumed = await second.done;
+    const resumed = await finished(second);
     expect(resumed.code, resumed.stderr).toBe(0);
     const summary = JSON.parse(resumed.stdout.trim().split('\n').at(-1)!) as { steps: number; resumedFrom: string };
     const from = Number(/global_step_(\d+)$/.exec(summary.resumedFrom)![1]);
@@ -143,12 +184,12 @@ describe.each([
       expect(buffered.length).toBeGreaterThan(0);
       expect(state.bufferedSamples).toBe(buffered.length);
     }
-  }, 180_000);
+  }, 0); // no total bound: each wait fails when the run stops moving
 });
 
 describe('extending a finished run', () => {
   it('continues from its last checkpoint with every new step on-policy in sync mode', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rxrl-extend-'));
+    const dir = await tempDir('rxrl-extend-');
     const runDir = join(dir, 'run');
     const recipe = join(dir, 'recipe.json');
     const write = (steps: number, resume: 'auto' | 'disable' = 'auto'): Promise<void> =>
@@ -166,11 +207,11 @@ describe('extending a finished run', () => {
         }),
       );
     await write(3);
-    const first = await start(recipe).done;
+    const first = await finished(start(recipe));
     expect(first.code, first.stderr).toBe(0);
     expect(trainedLines(runDir)).toHaveLength(3);
     await write(8);
-    const second = await start(recipe).done;
+    const second = await finished(start(recipe));
     expect(second.code, second.stderr).toBe(0);
     const lines = trainedLines(runDir);
     expect(lines.map((l) => l.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
@@ -178,14 +219,13 @@ describe('extending a finished run', () => {
       expect(Math.max(...line.policyVersions.map((v) => line.version - 1 - v)), `step ${line.step}`).toBe(0);
     }
     // The same command once more: the run is finished, nothing is trained or appended.
-    const third = await start(recipe).done;
+    const third = await finished(start(recipe));
     expect(third.code, third.stderr).toBe(0);
     expect(trainedLines(runDir).map((l) => l.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
     // A fresh start over the same directory supersedes the old lines instead of appending a second step 0.
     await write(2, 'disable');
-    const fresh = await start(recipe).done;
+    const fresh = await finished(start(recipe));
     expect(fresh.code, fresh.stderr).toBe(0);
     expect(trainedLines(runDir).map((l) => l.step)).toEqual([0, 1]);
-    rmSync(dir, { recursive: true, force: true });
-  }, 120_000);
+  }, 0); // no total bound: each wait fails when the run stops moving
 });

@@ -1,6 +1,6 @@
 /**
  * Helpers for specs against the real broker, in the kafkajs `testHelpers` style: unique topic and group names per
- * test, topic creation, raw produce/consume, and `waitFor` that fails loudly on timeout.
+ * test, topic creation, raw produce/consume, and `waitFor` (spec/helpers/waitFor.ts) that fails loudly on timeout.
  */
 import { randomBytes } from 'node:crypto';
 
@@ -8,6 +8,9 @@ import type { Kafka, KafkaMessage, Message } from 'kafkajs';
 import { inject } from 'vitest';
 
 import { createKafka, createProducer } from '../../lib/kafka/client.js';
+import { waitFor } from '../helpers/waitFor.js';
+
+export { waitFor, type WaitForOptions } from '../helpers/waitFor.js';
 
 /** The broker list of this run; throws (never skips) when the global setup provided none. */
 export function brokers(): string {
@@ -79,25 +82,4 @@ export async function readMessages(kafka: Kafka, topic: string, count: number, t
     await consumer.disconnect();
   }
   return messages;
-}
-
-/** Options of {@link waitFor}. */
-export interface WaitForOptions {
-  /** Default 20 000 ms. */
-  readonly timeoutMs?: number;
-  /** Default 25 ms. */
-  readonly intervalMs?: number;
-  /** What is awaited, for the timeout message. */
-  readonly what?: string;
-}
-
-/** Polls `condition` until it holds; throws (failing the test) after the timeout. */
-export async function waitFor(condition: () => boolean | Promise<boolean>, options: WaitForOptions = {}): Promise<void> {
-  const timeoutMs = options.timeoutMs ?? 20_000;
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    if (await condition()) return;
-    if (Date.now() > deadline) throw new Error(`waitFor timed out after ${timeoutMs} ms: ${options.what ?? 'condition'}`);
-    await new Promise((resolve) => setTimeout(resolve, options.intervalMs ?? 25));
-  }
 }

@@ -14,8 +14,9 @@ import { initBackend } from '../../lib/model/backend.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { runServeCommand } from '../../lib/serve/command.js';
-import { ReasoningStream, splitReasoning } from '../../lib/serve/reasoning.js';
+import { REASONING_PARSERS, ReasoningStream, splitReasoning, type ReasoningParserName } from '../../lib/serve/reasoning.js';
 import { serve, type RxrlServer } from '../../lib/serve/server.js';
+import { mulberry32, randomInt, type Rng } from '../helpers/random.js';
 import { scriptedWeights, writeAt } from '../helpers/scripted.js';
 import { lacks } from '../helpers/testSetup.js';
 
@@ -23,6 +24,8 @@ const tokenizer = new CharTokenizer('abcdefghijklmnopqrstuvwxyz<>/ ');
 const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 32, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 32 };
 /** bos h i eos | <think>ab c</think>ok eos */
 const REPLY = '<think>ab c</think>ok';
+/** The lengths of `<think>` and `</think>`. */
+const OPEN_CLOSE = ['<think>'.length, '</think>'.length] as const;
 let model: PolicyModel;
 let server: RxrlServer;
 
@@ -37,36 +40,78 @@ afterAll(async () => {
   model?.dispose();
 });
 
+/** The stream's split of `text` cut into `pieces`, with what `end()` gives. */
+function streamed(parser: ReasoningParserName, pieces: readonly string[]): [string, string] {
+  const stream = new ReasoningStream(parser);
+  let reasoning = '';
+  let content = '';
+  for (const d of [...pieces.map((piece) => stream.push(piece)), stream.end()]) {
+    reasoning += d.reasoning;
+    content += d.content;
+  }
+  return [reasoning, content];
+}
+
+/** The whole split as the two strings a streamed reply adds up to. */
+function whole(parser: ReasoningParserName, text: string): [string, string] {
+  const split = splitReasoning(parser, text);
+  return [split.reasoning ?? '', split.content];
+}
+
+/** A random text over an alphabet of the tags, their fragments and plain characters. */
+function randomText(rng: Rng): string {
+  const alphabet = ['<think>', '</think>', '<', '>', '/', '<th', '</th', 'ink>', 'k>', 't', 'h', 'a', ' ', '\n', '<think', '</'];
+  return Array.from({ length: randomInt(rng, 0, 12) }, () => alphabet[randomInt(rng, 0, alphabet.length - 1)]).join('');
+}
+
+/** `text` cut at random points (some pieces empty). */
+function randomPieces(rng: Rng, text: string): string[] {
+  const cuts = Array.from({ length: randomInt(rng, 0, 6) }, () => randomInt(rng, 0, text.length)).sort((a, b) => a - b);
+  return [0, ...cuts].map((from, i, all) => text.slice(from, all[i + 1] ?? text.length));
+}
+
 describe('splitting a reply', () => {
-  it('as vLLM does: <think> dropped, before </think> reasoning, after it content; without one qwen3 says content', () => {
+  it('as vLLM does: <think> dropped, before </think> reasoning, after it content; without <think> qwen3 says content', () => {
     expect(splitReasoning('qwen3', '<think>\nwhy\n</think>\n\nbecause')).toEqual({ reasoning: '\nwhy\n', content: '\n\nbecause' });
-    expect(splitReasoning('qwen3', 'why</think>because')).toEqual({ reasoning: 'why', content: 'because' });
+    expect(splitReasoning('deepseek_r1', 'why</think>because')).toEqual({ reasoning: 'why', content: 'because' });
     expect(splitReasoning('qwen3', 'no thinking')).toEqual({ content: 'no thinking' });
     expect(splitReasoning('deepseek_r1', '<think>cut off')).toEqual({ reasoning: 'cut off', content: '' });
   });
 
-  it('streamed in any pieces, it adds up to the whole split', () => {
-    const texts = ['<think>ab c</think>ok', '<think></think>', 'plain <t>ext', '<think>x</thin', '<thinking>?'];
-    for (const parser of ['qwen3', 'deepseek_r1'] as const) {
-      for (const text of texts) {
-        for (const size of [1, 2, 3, 5, 100]) {
-          const stream = new ReasoningStream(parser);
-          let reasoning = '';
-          let content = '';
-          for (let i = 0; i < text.length; i += size) {
-            const d = stream.push(text.slice(i, i + size));
-            reasoning += d.reasoning;
-            content += d.content;
-          }
-          const d = stream.end();
-          reasoning += d.reasoning;
-          content += d.content;
-          const whole = splitReasoning(parser, text);
-          // Streamed as vLLM streams it, a <think> never closed stays reasoning (whole, qwen3 gives it as content).
-          const unclosed = parser === 'qwen3' && text.startsWith('<think>') && !text.includes('</think>');
-          const expected = unclosed ? [whole.content, ''] : [whole.reasoning ?? '', whole.content];
-          expect([reasoning, content], `${parser} ${JSON.stringify(text)} by ${size}`).toEqual(expected);
-        }
+  // The inputs on which the whole and the streamed split disagreed (issue 53, row 12), with what both now give.
+  const examples: readonly [ReasoningParserName, string, [string, string]][] = [
+    ['qwen3', 'x</think>y', ['', 'x</think>y']], // qwen3 requires <think>: a stray </think> is content
+    ['deepseek_r1', 'x</think>y', ['x', 'y']], // deepseek_r1 thinks from the first token
+    ['qwen3', '<think>abc', ['abc', '']], // cut off while thinking: reasoning
+    ['deepseek_r1', '<think>abc', ['abc', '']],
+    ['qwen3', 'pre<think>r</think>post', ['r', 'prepost']], // nothing before <think> is lost
+    ['deepseek_r1', 'pre<think>r</think>post', ['prer', 'post']],
+    ['qwen3', '</think><think>', ['', '</think>']],
+    ['deepseek_r1', '</think><think>', ['', '<think>']], // after </think>, tags are content
+    ['qwen3', '<think>a<think>b</think>c', ['a<think>b', 'c']], // one <think> is dropped, not two
+    ['deepseek_r1', '<think>a<think>b</think>c', ['a<think>b', 'c']],
+    ['qwen3', '<think></think></think>', ['', '</think>']],
+    ['deepseek_r1', '</think>', ['', '']],
+    ['qwen3', '<think', ['', '<think']], // a tag never finished is text
+    ['deepseek_r1', 'a</thin', ['a</thin', '']],
+  ];
+  it.each(examples)('%s %j reads the same whole and streamed', (parser, text, expected) => {
+    expect(whole(parser, text)).toEqual(expected);
+    for (let size = 1; size <= text.length; size++) {
+      const pieces = Array.from({ length: Math.ceil(text.length / size) }, (_, i) => text.slice(i * size, (i + 1) * size));
+      expect(streamed(parser, pieces), `by ${size}`).toEqual(expected);
+    }
+  });
+
+  it('property: random texts cut at random points stream to the whole split, losing only the two tags', () => {
+    const rng = mulberry32(53);
+    for (const parser of REASONING_PARSERS) {
+      for (let trial = 0; trial < 3000; trial++) {
+        const text = randomText(rng);
+        const pieces = randomPieces(rng, text);
+        const expected = whole(parser, text);
+        expect(streamed(parser, pieces), `${parser} ${JSON.stringify(pieces)}`).toEqual(expected);
+        expect([0, OPEN_CLOSE[0], OPEN_CLOSE[1], OPEN_CLOSE[0] + OPEN_CLOSE[1]]).toContain(text.length - expected.join('').length);
       }
     }
   });
