@@ -10,6 +10,7 @@ import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
 import { parseShardSize } from '../core/sizes.js';
+import { redactSecrets } from './redact.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 import { generationBatchProblem } from '../sync/gate.js';
 
@@ -619,6 +620,16 @@ export const SCHEMA = {
         default: 'rxrl',
         env: 'MLFLOW_EXPERIMENT_NAME',
       },
+      timeoutSeconds: {
+        doc: "Deadline of the MLflow run's start, of each flush of queued metrics (every log-batch call of it together) and of its end; a stop (SIGTERM/SIGINT) cuts a call short and leaves the end 2 s.",
+        format: 'positive-number',
+        default: 30,
+      },
+      maxQueued: {
+        doc: 'Most metric values kept for MLflow while its server does not take them; past it the oldest are dropped, with a warning.',
+        format: 'positive-int',
+        default: 20000,
+      },
     },
   },
   agents: {
@@ -911,16 +922,7 @@ function leafKeys(schema: object, prefix = ''): Set<string> {
   return out;
 }
 
-/** The configuration as JSON, secrets masked. */
+/** The configuration as JSON, secrets masked by the one rule of {@link redactSecrets} (MLflow's params follow it too). */
 export function describeConfig(config: RxrlConfig): string {
-  const redact = (key: string): string => (key ? '[redacted]' : '');
-  return JSON.stringify(
-    {
-      ...config,
-      openai: { ...config.openai, apiKey: redact(config.openai.apiKey) },
-      tinker: { ...config.tinker, apiKey: redact(config.tinker.apiKey) },
-    },
-    null,
-    2,
-  );
+  return JSON.stringify(redactSecrets(config), null, 2);
 }

@@ -129,7 +129,10 @@ describe('TensorBoard and MLflow', () => {
     const dir = join(mkdtempSync(join(tmpdir(), 'rxrl-trackers-')), 'run');
     const config = recipe(dir, 1);
     const port = await freePort();
-    const unreachable = { ...config, logging: { ...config.logging, mlflow: { trackingUri: `http://127.0.0.1:${port}`, experiment: 'x' } } };
+    const unreachable = {
+      ...config,
+      logging: { ...config.logging, mlflow: { ...config.logging.mlflow, trackingUri: `http://127.0.0.1:${port}`, experiment: 'x' } },
+    };
     await expect(runTraining(unreachable, { log: () => undefined })).rejects.toThrow(ConfigError);
     await expect(runTraining(unreachable, { log: () => undefined })).rejects.toThrow(/logging\.mlflow\.trackingUri: http:\/\/127\.0\.0\.1/);
   });
