@@ -74,6 +74,7 @@ interface FormatValues {
   flag: boolean;
   'string-map': Record<string, string>;
   'non-empty-string': string;
+  'shard-size': string | number;
   'agent-roles': AgentRoleConfig[];
   'policy-entries': PolicyEntryConfig[];
 }
@@ -81,41 +82,60 @@ interface FormatValues {
 /** A format name registered with convict (a key of {@link FORMATS}). */
 type FormatName = keyof FormatValues;
 
+/** Text that is a decimal integer (`42`, `-3`): nothing else (not empty, not `0x10`, `1e3` or ` 7 `). */
+const DECIMAL_INTEGER = /^[+-]?\d+$/;
+/** Text that is a decimal number (`0.5`, `-2`, `1e-3`). */
+const DECIMAL_NUMBER = /^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$/;
+
+/**
+ * convict's coercion of text (environment variables, `--set`, quoted recipe values) to a number: only text that
+ * `pattern` accepts becomes one; any other text stays text and fails the format's validation, naming the key
+ * (`Number` would read `''` as 0 and `0x10` as 16).
+ */
+function decimal(pattern: RegExp): (v: unknown) => unknown {
+  return (v) => (typeof v === 'string' && pattern.test(v) ? Number(v) : v);
+}
+const integerText = decimal(DECIMAL_INTEGER);
+const numberText = decimal(DECIMAL_NUMBER);
+
 /** The formats of {@link SCHEMA}'s leaves, registered with convict once, below. */
 const FORMATS = {
-  'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: Number },
-  'non-negative-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'), coerce: Number },
+  'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: integerText },
+  'non-negative-int': {
+    validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'),
+    coerce: integerText,
+  },
   'positive-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v > 0, 'a finite number > 0'),
-    coerce: Number,
+    coerce: numberText,
   },
   'finite-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v), 'a finite number'),
-    coerce: Number,
+    coerce: numberText,
   },
   'non-negative-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v >= 0, 'a finite number >= 0'),
-    coerce: Number,
+    coerce: numberText,
   },
   'unit-interval': {
     validate: (v: unknown) => check(typeof v === 'number' && v > 0 && v <= 1, 'a number in (0, 1]'),
-    coerce: Number,
+    coerce: numberText,
   },
   'clip-range': {
     validate: (v: unknown) => check(typeof v === 'number' && v >= 0 && v < 1, 'a number in [0, 1)'),
-    coerce: Number,
+    coerce: numberText,
   },
   'optional-positive-number': {
     validate: (v: unknown) => check(v === null || (typeof v === 'number' && Number.isFinite(v) && v > 0), 'null or a finite number > 0'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : numberText(v)),
   },
   'optional-positive-int': {
     validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 1), 'null or an integer >= 1'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : integerText(v)),
   },
   'optional-non-negative-int': {
     validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 0), 'null or an integer >= 0'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : integerText(v)),
   },
   'optional-string': {
     validate: (v: unknown) => check(v === null || (typeof v === 'string' && v.length > 0), 'null or a non-empty string'),
@@ -132,6 +152,12 @@ const FORMATS = {
       ),
   },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
+  'shard-size': {
+    // What the text or number means is checked once the configuration is whole (parseShardSize, in requireWhen).
+    validate: (v: unknown) =>
+      check((typeof v === 'string' && v.length > 0) || typeof v === 'number', 'a size ("50GB", "500MB", "2GiB") or a number of bytes'),
+    coerce: numberText,
+  },
   'agent-roles': {
     validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }),
   },
@@ -567,8 +593,8 @@ export const SCHEMA = {
       default: 'float32',
     },
     maxShardSize: {
-      doc: "Largest weights file of a checkpoint ('50GB' as transformers 5's save_pretrained, '500MB', '2GiB'): bigger weights are sharded with model.safetensors.index.json.",
-      format: 'non-empty-string',
+      doc: "Largest weights file of a checkpoint ('50GB' as transformers 5's save_pretrained, '500MB', '2GiB', or a number of bytes): bigger weights are sharded with model.safetensors.index.json.",
+      format: 'shard-size',
       default: '50GB',
     },
   },
