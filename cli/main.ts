@@ -19,8 +19,7 @@ function text(args: ParsedCommand, name: string, env?: string): string | undefin
 function integer(value: string | undefined, name: string): number | undefined {
   if (value === undefined) return undefined;
   const n = /^\d+$/.test(value) ? Number(value) : Number.NaN;
-  if (!Number.isSafeInteger(n))
-    throw new ConfigError(`${name} must be a non-negative decimal integer, got '${value}'`, { context: { key: name } });
+  if (!Number.isSafeInteger(n)) throw new ConfigError(`${name} must be a non-negative integer, got '${value}'`, { context: { key: name } });
   return n;
 }
 
