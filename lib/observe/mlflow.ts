@@ -186,7 +186,10 @@ export class MlflowTracker {
   }
 
   private startFlush(deadline: AbortSignal): void {
-    this.flushing = this.flush(deadline).finally(() => (this.flushing = undefined));
+    // A flush never rejects: what fails past the calls (writing mlflow.json) is told like a failed call.
+    this.flushing = this.flush(deadline)
+      .catch((error: unknown) => this.options.onError?.(error as Error))
+      .finally(() => (this.flushing = undefined));
   }
 
   /** Sends the queue in batches until it is empty, all within `deadline`; a failed batch goes back to the queue's head. */
