@@ -7,6 +7,7 @@
 import { parseCommand, type ParsedCommand } from './args.js';
 import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './usage.js';
 import { ConfigError, isAbortError, isRxrlError, isUsageError, UsageError } from '../lib/core/errors.js';
+import { printable } from '../lib/observe/terminal.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {
@@ -15,10 +16,19 @@ function text(args: ParsedCommand, name: string, env?: string): string | undefin
   return env === undefined ? undefined : process.env[env];
 }
 
+/** A flag's value as a non-negative decimal integer (`--steps 20`); not given: undefined; empty, `0x10`, `1e3`, `-1`: a ConfigError. */
 function integer(value: string | undefined, name: string): number | undefined {
-  if (value === undefined || value === '') return undefined;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 0) throw new ConfigError(`${name} must be a non-negative integer, got '${value}'`);
+  if (value === undefined) return undefined;
+  const n = /^\d+$/.test(value) ? Number(value) : Number.NaN;
+  if (!Number.isSafeInteger(n)) throw new ConfigError(`${name} must be a non-negative integer, got '${value}'`, { context: { key: name } });
+  return n;
+}
+
+/** A flag's value as a TCP port: 1–65535, or 0 for any free one. */
+function port(value: string | undefined, name: string): number | undefined {
+  const n = integer(value, name);
+  if (n !== undefined && n > 65_535)
+    throw new ConfigError(`${name} must be a port (1-65535, or 0 for any free one), got '${value}'`, { context: { key: name } });
   return n;
 }
 
@@ -65,7 +75,7 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
   const { stringTransformTask } = await import('../recipes/stringTransform.js');
   const flag = (name: string): string | undefined => text(args, name, `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`);
   const controller = stopOnSignals();
-  const port = integer(flag('port'), 'port');
+  const listenPort = port(flag('port'), 'port');
   const maxBatchSize = integer(flag('max-batch-size'), 'max-batch-size');
   const maxWaitMs = integer(flag('max-wait-ms'), 'max-wait-ms');
   const maxModelLen = integer(flag('max-model-len'), 'max-model-len');
@@ -81,7 +91,7 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
     defaultModel: EMBEDDED_MODEL,
     ...(seed === undefined ? {} : { seed }),
     host: flag('host'),
-    ...(port === undefined ? {} : { port }),
+    ...(listenPort === undefined ? {} : { port: listenPort }),
     modelName: flag('served-model-name') ?? flag('model-name'),
     backend: text(args, 'backend', 'RXRL_BACKEND') as never,
     ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
@@ -106,14 +116,14 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
 async function tinkerCommand(args: ParsedCommand): Promise<number> {
   const { runTinkerCommand } = await import('../lib/tinker/command.js');
   const flag = (name: string): string | undefined => text(args, name, `RXRL_TINKER_${name.toUpperCase().replaceAll('-', '_')}`);
-  const port = integer(flag('port'), 'port');
+  const listenPort = port(flag('port'), 'port');
   const maxModels = integer(flag('max-models'), 'max-models');
   const maxRank = integer(flag('max-rank'), 'max-rank');
   return runTinkerCommand({
     model: flag('model'),
     modelName: flag('served-model-name'),
     host: flag('host'),
-    ...(port === undefined ? {} : { port }),
+    ...(listenPort === undefined ? {} : { port: listenPort }),
     apiKey: flag('api-key'),
     stateDir: flag('state-dir'),
     ...(maxModels === undefined ? {} : { maxModels }),
@@ -231,10 +241,10 @@ async function statusServer(
   tracker: import('../lib/observe/activity.js').ActivityTracker,
   info: () => import('../lib/observe/status.js').RunInfo,
 ): Promise<import('../lib/observe/status.js').StatusServer | undefined> {
-  const port = integer(text(args, 'status-port'), 'status-port');
-  if (port === undefined) return undefined;
+  const statusPort = port(text(args, 'status-port'), 'status-port');
+  if (statusPort === undefined) return undefined;
   const { serveStatus } = await import('../lib/observe/status.js');
-  return serveStatus({ tracker, info, port, host: text(args, 'status-host') });
+  return serveStatus({ tracker, info, port: statusPort, host: text(args, 'status-host') });
 }
 
 /**
@@ -357,6 +367,17 @@ async function main(argv: readonly string[]): Promise<number> {
   return RUNNERS[command](args);
 }
 
+/**
+ * What the user reads of an error: its name and message, never a stack trace (an unexpected error says so, and
+ * `RXRL_DEBUG=1` prints its stack for a bug report).
+ */
+function errorLine(error: unknown): string {
+  if (isRxrlError(error)) return `${error.name}: ${error.message}`;
+  if (!(error instanceof Error)) return `unexpected error: ${String(error)}`;
+  if (process.env.RXRL_DEBUG === '1') return `unexpected ${error.stack ?? error.message}`;
+  return `unexpected ${error.name}: ${error.message} (a bug: RXRL_DEBUG=1 prints where it happened)`;
+}
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;
@@ -368,12 +389,8 @@ main(process.argv.slice(2)).then(
       process.exitCode = stoppedBy === 'SIGINT' ? 130 : 143;
       return;
     }
-    const text = isRxrlError(error)
-      ? `${error.name}: ${error.message}`
-      : error instanceof Error
-        ? (error.stack ?? error.message)
-        : String(error);
-    process.stderr.write(`rxrl: ${text}\n`);
+    // A message may carry what a peer sent: no escape sequence reaches the terminal.
+    process.stderr.write(`rxrl: ${printable(errorLine(error))}\n`);
     process.exitCode = isUsageError(error) ? 2 : 1;
   },
 );

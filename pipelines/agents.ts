@@ -152,7 +152,11 @@ async function trainAgents(
     if (finished) log(`run already finished: ${startStep} of ${config.run.steps} steps trained`);
 
     metricsFile = runDir ? MetricsWriter.open(runDir) : undefined;
-    trackers = await openTrackers(config, runDir, resumed ? startStep + 1 : undefined, log);
+    trackers = await openTrackers(config, runDir, {
+      resumeVersion: resumed ? startStep + 1 : undefined,
+      warn: log,
+      signal: options.signal,
+    });
     const engines = new Map<ModelTag, RolloutEngine>(built.map((b) => [b.entry.name, b.engine]));
     const validation = (): Promise<Metrics> =>
       validateAgents(engines, recipe.task.validation, {

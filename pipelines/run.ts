@@ -321,7 +321,7 @@ async function buildParts(
       tokenizer,
       onSaved,
     });
-    const ledger = await openLedger(config, { ...setup, warn: options.log }, save);
+    const ledger = await openLedger(config, { ...setup, warn: options.log, signal: options.signal }, save);
     const built = engine;
     return {
       policy,

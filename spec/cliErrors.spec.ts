@@ -129,3 +129,43 @@ describe('rxrl CLI: multi-agent recipes', () => {
     expect((await readdir(join(runDir, 'policies', 'writer'))).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
   }, 60_000);
 });
+
+describe('rxrl CLI: numbers, ports and unexpected errors', () => {
+  it('--set run.steps= and --set run.steps=0x10 are ConfigErrors naming the key, not 0 and 16', async () => {
+    const recipe = join(dir, 'numbers.json');
+    await writeFile(recipe, '{}');
+    for (const value of ['', '0x10']) {
+      const result = await rxrl(['config', recipe, '--set', `run.steps=${value}`]);
+      expect(result.code).toBe(1);
+      expect(result.stdout).toBe('');
+      expect(result.stderr).not.toContain('    at ');
+      expect(result.stderr).toMatch(/^rxrl: ConfigError: invalid configuration:\nrun\.steps: must be an integer >= 0/);
+    }
+  });
+
+  it('--status-port 0x50, 65536 and --port 1e3 are ConfigErrors before anything listens, never a RangeError', async () => {
+    const recipe = join(dir, 'ports.json');
+    await writeFile(recipe, JSON.stringify({ run: { dir: join(dir, 'ports-run'), steps: 1, backend: 'cpu' } }));
+    for (const [args, key] of [
+      [['run', recipe, '--status-port', '0x50'], 'status-port'],
+      [['run', recipe, '--status-port', '65536'], 'status-port'],
+      [['serve', '--port', '1e3'], 'port'],
+    ] as const) {
+      const result = await rxrl([...args]);
+      expect(result.code).toBe(1);
+      expectOneLine(result.stderr, 'ConfigError', key);
+    }
+  });
+
+  it('rxrl config prints no secret: the teacher key and the agent env are redacted', async () => {
+    const recipe = join(dir, 'secrets.json');
+    await writeFile(
+      recipe,
+      JSON.stringify({ distill: { teacher: { apiKey: 'sk-SECRET1' } }, rollout: { agent: { env: { TOKEN: 'SECRET2' } } } }),
+    );
+    const result = await rxrl(['config', recipe, '--set', 'checkpoint.maxShardSize=1000000']);
+    expect(result.code).toBe(0);
+    expect(result.stdout).not.toMatch(/SECRET[12]/);
+    expect(result.stdout).toContain('"maxShardSize": 1000000');
+  });
+});

@@ -10,6 +10,7 @@ import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
 import { parseShardSize } from '../core/sizes.js';
+import { redactSecrets } from './redact.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 import { generationBatchProblem } from '../sync/gate.js';
 
@@ -73,6 +74,7 @@ interface FormatValues {
   flag: boolean;
   'string-map': Record<string, string>;
   'non-empty-string': string;
+  'shard-size': string | number;
   'agent-roles': AgentRoleConfig[];
   'policy-entries': PolicyEntryConfig[];
 }
@@ -80,41 +82,60 @@ interface FormatValues {
 /** A format name registered with convict (a key of {@link FORMATS}). */
 type FormatName = keyof FormatValues;
 
+/** Text that is a decimal integer (`42`, `-3`): nothing else (not empty, not `0x10`, `1e3` or ` 7 `). */
+const DECIMAL_INTEGER = /^[+-]?\d+$/;
+/** Text that is a decimal number (`0.5`, `-2`, `1e-3`). */
+const DECIMAL_NUMBER = /^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$/;
+
+/**
+ * convict's coercion of text (environment variables, `--set`, quoted recipe values) to a number: only text that
+ * `pattern` accepts becomes one; any other text stays text and fails the format's validation, naming the key
+ * (`Number` would read `''` as 0 and `0x10` as 16).
+ */
+function decimal(pattern: RegExp): (v: unknown) => unknown {
+  return (v) => (typeof v === 'string' && pattern.test(v) ? Number(v) : v);
+}
+const integerText = decimal(DECIMAL_INTEGER);
+const numberText = decimal(DECIMAL_NUMBER);
+
 /** The formats of {@link SCHEMA}'s leaves, registered with convict once, below. */
 const FORMATS = {
-  'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: Number },
-  'non-negative-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'), coerce: Number },
+  'positive-int': { validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 1, 'an integer >= 1'), coerce: integerText },
+  'non-negative-int': {
+    validate: (v: unknown) => check(Number.isInteger(v) && (v as number) >= 0, 'an integer >= 0'),
+    coerce: integerText,
+  },
   'positive-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v > 0, 'a finite number > 0'),
-    coerce: Number,
+    coerce: numberText,
   },
   'finite-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v), 'a finite number'),
-    coerce: Number,
+    coerce: numberText,
   },
   'non-negative-number': {
     validate: (v: unknown) => check(typeof v === 'number' && Number.isFinite(v) && v >= 0, 'a finite number >= 0'),
-    coerce: Number,
+    coerce: numberText,
   },
   'unit-interval': {
     validate: (v: unknown) => check(typeof v === 'number' && v > 0 && v <= 1, 'a number in (0, 1]'),
-    coerce: Number,
+    coerce: numberText,
   },
   'clip-range': {
     validate: (v: unknown) => check(typeof v === 'number' && v >= 0 && v < 1, 'a number in [0, 1)'),
-    coerce: Number,
+    coerce: numberText,
   },
   'optional-positive-number': {
     validate: (v: unknown) => check(v === null || (typeof v === 'number' && Number.isFinite(v) && v > 0), 'null or a finite number > 0'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : numberText(v)),
   },
   'optional-positive-int': {
     validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 1), 'null or an integer >= 1'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : integerText(v)),
   },
   'optional-non-negative-int': {
     validate: (v: unknown) => check(v === null || (Number.isInteger(v) && (v as number) >= 0), 'null or an integer >= 0'),
-    coerce: (v: unknown) => (v === 'null' ? null : Number(v)),
+    coerce: (v: unknown) => (v === 'null' ? null : integerText(v)),
   },
   'optional-string': {
     validate: (v: unknown) => check(v === null || (typeof v === 'string' && v.length > 0), 'null or a non-empty string'),
@@ -131,6 +152,12 @@ const FORMATS = {
       ),
   },
   'non-empty-string': { validate: (v: unknown) => check(typeof v === 'string' && v.length > 0, 'a non-empty string') },
+  'shard-size': {
+    // What the text or number means is checked once the configuration is whole (parseShardSize, in requireWhen).
+    validate: (v: unknown) =>
+      check((typeof v === 'string' && v.length > 0) || typeof v === 'number', 'a size ("50GB", "500MB", "2GiB") or a number of bytes'),
+    coerce: numberText,
+  },
   'agent-roles': {
     validate: (v: unknown) => checkEntries(v, ['name', 'policy'], ['prompt'], { name: 'string', policy: 'string', prompt: 'string' }),
   },
@@ -588,8 +615,8 @@ export const SCHEMA = {
       default: 'float32',
     },
     maxShardSize: {
-      doc: "Largest weights file of a checkpoint ('50GB' as transformers 5's save_pretrained, '500MB', '2GiB'): bigger weights are sharded with model.safetensors.index.json.",
-      format: 'non-empty-string',
+      doc: "Largest weights file of a checkpoint ('50GB' as transformers 5's save_pretrained, '500MB', '2GiB', or a number of bytes): bigger weights are sharded with model.safetensors.index.json.",
+      format: 'shard-size',
       default: '50GB',
     },
   },
@@ -640,6 +667,16 @@ export const SCHEMA = {
         format: 'non-empty-string',
         default: 'rxrl',
         env: 'MLFLOW_EXPERIMENT_NAME',
+      },
+      timeoutSeconds: {
+        doc: "Deadline of the MLflow run's start, of each flush of queued metrics (every log-batch call of it together) and of its end; a stop (SIGTERM/SIGINT) cuts a call short and leaves the end 2 s.",
+        format: 'positive-number',
+        default: 30,
+      },
+      maxQueued: {
+        doc: 'Most metric values kept for MLflow while its server does not take them; past it the oldest are dropped, with a warning.',
+        format: 'positive-int',
+        default: 20000,
       },
     },
   },
@@ -933,16 +970,7 @@ function leafKeys(schema: object, prefix = ''): Set<string> {
   return out;
 }
 
-/** The configuration as JSON, secrets masked. */
+/** The configuration as JSON, secrets masked by the one rule of {@link redactSecrets} (MLflow's params follow it too). */
 export function describeConfig(config: RxrlConfig): string {
-  const redact = (key: string): string => (key ? '[redacted]' : '');
-  return JSON.stringify(
-    {
-      ...config,
-      openai: { ...config.openai, apiKey: redact(config.openai.apiKey) },
-      tinker: { ...config.tinker, apiKey: redact(config.tinker.apiKey) },
-    },
-    null,
-    2,
-  );
+  return JSON.stringify(redactSecrets(config), null, 2);
 }

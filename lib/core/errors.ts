@@ -107,7 +107,8 @@ export class ForbiddenPathError extends RxrlError {
 }
 
 /**
- * A write failed because the device is full (`ENOSPC`) or the disk quota is spent (`EDQUOT`). Never retriable:
+ * A write failed because the device is full (`ENOSPC`), the disk quota is spent (`EDQUOT`) or the file reached the
+ * process's size limit (`EFBIG`, `ulimit -f`). Never retriable:
  * space must be freed first. `context` holds the `path` being written and the system error `code`.
  */
 export class StorageError extends RxrlError {
@@ -128,7 +129,11 @@ export class UsageError extends RxrlError {
 }
 
 /** System error codes of a full device or a spent quota, and what they mean. */
-const STORAGE_FULL: Readonly<Record<string, string>> = { ENOSPC: 'no space left on device', EDQUOT: 'disk quota exceeded' };
+const STORAGE_FULL: Readonly<Record<string, string>> = {
+  ENOSPC: 'no space left on device',
+  EDQUOT: 'disk quota exceeded',
+  EFBIG: 'file size limit reached',
+};
 
 /**
  * What to throw for a failed write to `path`: a {@link StorageError} naming `path` when the device is full or the

@@ -9,15 +9,21 @@
  *
  * @packageDocumentation
  */
-import { closeSync, mkdirSync, openSync, writeSync } from 'node:fs';
+import { closeSync, constants, mkdirSync, openSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
-import { asStorageError } from '../core/errors.js';
+import { ForbiddenPathError, asStorageError } from '../core/errors.js';
 import type { MetricsEntry } from './metricsFile.js';
 
 /** Event files opened by this process (the last part of a file's name). */
 let opened = 0;
+
+/**
+ * How an event file is opened: created here or not at all (`O_EXCL`: a file or link already at its path is refused,
+ * never followed nor appended to; `O_NOFOLLOW` for systems where `O_EXCL` alone would follow a link).
+ */
+const CREATE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW | constants.O_APPEND;
 
 /** Sub-directory of a run directory that holds the event files. */
 export const TENSORBOARD_DIR = 'tensorboard';
@@ -55,14 +61,15 @@ export class TensorBoardWriter {
    *
    * @param dir - the directory TensorBoard's `--logdir` names.
    * @param options - resume step and clock.
-   * @throws StorageError when the file cannot be written.
+   * @throws StorageError when the file cannot be written; {@link ForbiddenPathError} when something (a planted link)
+   * is at its path already.
    */
   static open(dir: string, options: TensorBoardOptions = {}): TensorBoardWriter {
     const now = options.now ?? Date.now;
     const path = join(dir, `events.out.tfevents.${Math.floor(now() / 1000)}.${hostname()}.${process.pid}.${++opened}.v2`);
     try {
       mkdirSync(dir, { recursive: true });
-      const writer = new TensorBoardWriter(openSync(path, 'a'), path, now);
+      const writer = new TensorBoardWriter(createFile(path), path, now);
       writer.record(eventBytes({ wallTime: now() / 1000, step: 0, fileVersion: 'brain.Event:2' }));
       if (options.resumeStep !== undefined)
         writer.record(eventBytes({ wallTime: now() / 1000, step: options.resumeStep, sessionStart: true }));
@@ -96,11 +103,27 @@ export class TensorBoardWriter {
     view.setUint32(8, maskedCrc32c(header.subarray(0, 8)), true);
     const footer = new Uint8Array(4);
     new DataView(footer.buffer).setUint32(0, maskedCrc32c(data), true);
+    const bytes = Buffer.concat([header, data, footer]);
     try {
-      writeSync(this.fd, Buffer.concat([header, data, footer]));
+      // A short write (a file size limit reached) is continued: the next write says why it cannot go on.
+      for (let at = 0; at < bytes.length;) at += writeSync(this.fd, bytes, at);
     } catch (error) {
       throw asStorageError(error, this.path);
     }
+  }
+}
+
+/** Creates `path` for writing ({@link CREATE_FLAGS}); what is there already is a {@link ForbiddenPathError}. */
+function createFile(path: string): number {
+  try {
+    return openSync(path, CREATE_FLAGS, 0o644);
+  } catch (error) {
+    const code = (error as { code?: unknown }).code;
+    if (code !== 'EEXIST' && code !== 'ELOOP') throw error;
+    throw new ForbiddenPathError(`${path}: exists already; an event file is only ever a new file`, {
+      cause: error,
+      context: { path, code },
+    });
   }
 }
 

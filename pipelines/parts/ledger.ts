@@ -52,6 +52,8 @@ export async function openLedger(
     readonly activity?: ActivityTracker | undefined;
     /** Where a tracker's failures during the run are told. */
     readonly warn?: ((line: string) => void) | undefined;
+    /** The run's stop signal (a tracker's wait ends with it). */
+    readonly signal?: AbortSignal | undefined;
   },
   write: SaveCheckpoint,
 ): Promise<RunLedger> {
@@ -64,7 +66,7 @@ export async function openLedger(
     ...(checkpoint ? { start: checkpoint.state.loader } : {}),
   });
   const resumeVersion = checkpoint === undefined ? undefined : checkpoint.state.step + 1;
-  const trackers = await openTrackers(config, run.runDir, resumeVersion, run.warn);
+  const trackers = await openTrackers(config, run.runDir, { resumeVersion, warn: run.warn, signal: run.signal });
   return RunLedger.open({
     runDir: run.runDir,
     loader,

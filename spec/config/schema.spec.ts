@@ -152,6 +152,33 @@ describe('loadConfig', () => {
     );
   });
 
+  it('reads integers and numbers as decimal text only: empty, hex and spaced text are refused, naming the key', () => {
+    expect(rejection(() => loadConfig({ set: ['run.steps='], env: {} })).message).toMatch(/run\.steps: must be an integer >= 0/);
+    expect(rejection(() => loadConfig({ set: ['run.steps=0x10'], env: {} })).message).toMatch(/run\.steps: must be an integer >= 0/);
+    expect(rejection(() => loadConfig({ env: { RXRL_STEPS: '0x10' } })).message).toMatch(/run\.steps: must be an integer >= 0/);
+    expect(rejection(() => loadConfig({ env: { RXRL_SEED: '' } })).message).toMatch(/run\.seed: must be/);
+    expect(rejection(() => loadConfig({ values: { sync: { batchSize: ' 4' } }, env: {} })).message).toMatch(/sync\.batchSize: must be/);
+    expect(rejection(() => loadConfig({ set: ['trainer.learningRate=0x1'], env: {} })).message).toMatch(/trainer\.learningRate: must be/);
+    expect(rejection(() => loadConfig({ set: ['store.groupTimeoutMs='], env: {} })).message).toMatch(/store\.groupTimeoutMs: must be/);
+    // Decimal text still reads as its number, from the environment, --set and a recipe's quoted values.
+    const config = loadConfig({
+      set: ['run.steps=16', 'trainer.learningRate=1e-3'],
+      values: { sync: { batchSize: '4' } },
+      env: { RXRL_SEED: '7' },
+    });
+    expect([config.run.steps, config.trainer.learningRate, config.sync.batchSize, config.run.seed]).toEqual([16, 0.001, 4, 7]);
+  });
+
+  it('takes checkpoint.maxShardSize as a size or a number of bytes, as documented', () => {
+    expect(loadConfig({ values: { checkpoint: { maxShardSize: 1_000_000 } }, env: {} }).checkpoint.maxShardSize).toBe(1_000_000);
+    expect(loadConfig({ set: ['checkpoint.maxShardSize=2000000'], env: {} }).checkpoint.maxShardSize).toBe(2_000_000);
+    expect(loadConfig({ set: ['checkpoint.maxShardSize=500MB'], env: {} }).checkpoint.maxShardSize).toBe('500MB');
+    expect(rejection(() => loadConfig({ values: { checkpoint: { maxShardSize: -5 } }, env: {} })).message).toMatch(
+      /checkpoint\.maxShardSize/,
+    );
+    expect(rejection(() => loadConfig({ set: ['checkpoint.maxShardSize=lots'], env: {} })).message).toMatch(/checkpoint\.maxShardSize/);
+  });
+
   it('names an unreadable recipe and redacts secrets when printing', async () => {
     expect(rejection(() => loadConfig({ file: '/nonexistent/recipe.json', env: {} })).message).toMatch(/cannot read recipe/);
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-config-'));
