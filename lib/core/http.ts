@@ -1,44 +1,65 @@
 /**
- * Reading what an HTTP peer answers without trusting its size: the body is streamed and cut at a bound.
+ * Reading what an HTTP peer answers without trusting its size: the body is streamed and cut at a bound, at once
+ * when its `content-length` already says it is too long. One mechanism for every client rxrl has (the engines'
+ * `openai` clients, MLflow, `rxrl status`).
  *
  * @packageDocumentation
  */
 import { DecodeError } from './errors.js';
 
 /**
- * The body of `response` as text, read chunk by chunk and refused past `maxBytes` (the rest is never read).
+ * `response` with its body limited to `maxBytes`: refused before reading when its `content-length` is larger,
+ * otherwise the body stream errors with the same {@link DecodeError} (and the rest is never read) as soon as it
+ * passes the bound.
  *
- * @param response - a `fetch` response (its body is consumed or cancelled).
- * @param maxBytes - the most bytes accepted.
- * @param what - names the answer in the error (`mlflow runs/log-batch`).
- * @returns the body, decoded as UTF-8.
- * @throws {@link DecodeError} with `context.limit` when the body is longer than `maxBytes`.
+ * @param response - a `fetch` response whose body is unread.
+ * @param maxBytes - the most bytes accepted (≥ 1).
+ * @param what - names the answer in the error (`mlflow runs/log-batch`); default the response's URL.
+ * @returns a response with the same status and headers, whose body is bounded.
+ * @throws {@link DecodeError} with `context.limit` and `context.url` when the body is declared larger.
  */
-export async function readBoundedText(response: Response, maxBytes: number, what: string): Promise<string> {
+export async function limitBody(response: Response, maxBytes: number, what?: string): Promise<Response> {
+  const tooLarge = (): DecodeError =>
+    new DecodeError(`${what ?? (response.url || 'the server')}: the answer is longer than ${maxBytes} bytes`, {
+      context: { limit: maxBytes, url: response.url },
+    });
   const declared = Number(response.headers.get('content-length') ?? Number.NaN);
   if (declared > maxBytes) {
     await response.body?.cancel().catch(() => undefined);
-    throw tooLarge(what, maxBytes);
+    throw tooLarge();
   }
-  if (response.body === null) return '';
-  const chunks: Uint8Array[] = [];
-  let bytes = 0;
-  const reader = response.body.getReader();
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      bytes += value.byteLength;
-      if (bytes > maxBytes) throw tooLarge(what, maxBytes);
-      chunks.push(value);
-    }
-  } catch (error) {
-    await reader.cancel().catch(() => undefined);
-    throw error;
-  }
-  return Buffer.concat(chunks).toString('utf8');
+  if (response.body === null) return response;
+  let seen = 0;
+  const limit = new TransformStream<Uint8Array, Uint8Array>({
+    transform(chunk, controller) {
+      seen += chunk.byteLength;
+      if (seen > maxBytes) controller.error(tooLarge());
+      else controller.enqueue(chunk);
+    },
+  });
+  const { status, statusText, headers } = response;
+  return new Response(response.body.pipeThrough(limit), { status, statusText, headers });
 }
 
-function tooLarge(what: string, limit: number): DecodeError {
-  return new DecodeError(`${what}: the answer is longer than ${limit} bytes`, { context: { limit } });
+/**
+ * The body of `response` as UTF-8 text, read up to `maxBytes` ({@link limitBody}).
+ *
+ * @param response - a `fetch` response (its body is consumed or cancelled).
+ * @param maxBytes - the most bytes accepted.
+ * @param what - names the answer in the error; default the response's URL.
+ * @throws {@link DecodeError} with `context.limit` when the body is longer than `maxBytes`.
+ */
+export async function readBoundedText(response: Response, maxBytes: number, what?: string): Promise<string> {
+  return (await limitBody(response, maxBytes, what)).text();
+}
+
+/**
+ * `fetch` whose answers are each limited to `maxBytes` ({@link limitBody}): for clients that take a `fetch` option
+ * (the `openai` client).
+ *
+ * @param maxBytes - the largest body read, in bytes (≥ 1).
+ * @param base - the `fetch` wrapped. Default the global one.
+ */
+export function boundedFetch(maxBytes: number, base: typeof fetch = fetch): typeof fetch {
+  return async (input, init) => limitBody(await base(input, init), maxBytes);
 }

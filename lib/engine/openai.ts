@@ -35,7 +35,7 @@ import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTo
 import { savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import type { PolicyConfig } from '../model/config.js';
 import { retry, type RetryOptions } from '../core/retry.js';
-import { boundedFetch } from './boundedFetch.js';
+import { boundedFetch } from '../core/http.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 import type { RolloutEngine } from './types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';

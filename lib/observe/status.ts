@@ -12,8 +12,8 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { readBoundedText } from '../core/boundedBody.js';
-import { AbortError, ConfigError, EngineError } from '../core/errors.js';
+import { readBoundedText } from '../core/http.js';
+import { AbortError, ConfigError, DecodeError, EngineError } from '../core/errors.js';
 import type { Metrics } from '../core/types.js';
 import type { ActivitySnapshot, ActivityTracker, ModuleActivity, WorkerActivity } from './activity.js';
 import { PrometheusText } from './prometheus.js';
@@ -292,9 +292,9 @@ export interface FetchStatusOptions {
  * @param url - the server's base URL, or its `/status` URL.
  * @param options - stop signal, deadline and size bound.
  * @returns the status document, checked to have the shape {@link formatStatus} reads.
- * @throws ConfigError for a URL that is not http(s) or a bad option; AbortError when `signal` fires; EngineError
- *   when the server cannot be reached, does not answer within `timeoutMs` (`context.timeoutMs`, retriable), answers
- *   more than `maxBytes` (`context.limit`) or other than a status document.
+ * @throws ConfigError for a URL that is not http(s) or a bad option; AbortError when `signal` fires; DecodeError
+ *   when it answers more than `maxBytes` (`context.limit`); EngineError when the server cannot be reached, does not
+ *   answer within `timeoutMs` (`context.timeoutMs`, retriable) or answers other than a status document.
  */
 export async function fetchStatus(url: string, options: FetchStatusOptions = {}): Promise<RunStatus> {
   const target = statusUrl(url);
@@ -323,7 +323,7 @@ export async function fetchStatus(url: string, options: FetchStatusOptions = {})
         retriable: true,
         context: { ...context, timeoutMs },
       });
-    if (cause instanceof EngineError) throw cause;
+    if (cause instanceof DecodeError) throw cause; // an answer past maxBytes
     const reason = cause instanceof Error && cause.cause instanceof Error ? cause.cause.message : String(cause);
     throw new EngineError(`cannot reach ${target.href}: ${reason}`, { cause, retriable: true, context });
   }
