@@ -263,6 +263,8 @@ export { disposeEach, releaseAfter, releasing, suppress } from './core/release.j
 export type { WithSuppressed } from './core/release.js';
 export { DEFAULT_WEIGHT_UPDATE_ENDPOINT, OpenAIEngine, TOKEN_ID_PREFIX, resolveEndpoint } from './engine/openai.js';
 export type { OpenAIEngineOptions, OpenAIEngineStats, OpenAIWeightSyncOptions } from './engine/openai.js';
+export { DEFAULT_MAX_RESPONSE_BYTES, openaiClient } from './engine/openaiClient.js';
+export type { OpenAIClientOptions } from './engine/openaiClient.js';
 export { CHAT_ROLES, isChatEngine } from './chat/types.js';
 export type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatRole, ChatTool, ToolCall, ToolParameters } from './chat/types.js';
 export { createChatTemplate } from './chat/template.js';
@@ -303,7 +305,15 @@ export { Session, SessionStore, sessionSamples } from './serve/sessions.js';
 export { tinkerService } from './tinker/service.js';
 export type { TinkerService, TinkerServiceOptions } from './tinker/service.js';
 export { TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
-export { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerHealthy, tinkerServiceLost } from './tinker/client.js';
+export {
+  TINKER_MAX_RESPONSE_BYTES,
+  TinkerClient,
+  TinkerClientTrainer,
+  TinkerEngine,
+  TinkerError,
+  tinkerHealthy,
+  tinkerServiceLost,
+} from './tinker/client.js';
 export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/client.js';
 export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
 export type {

@@ -9,13 +9,16 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import OpenAI from 'openai';
 import { OpenAIEngine, type OpenAIEngineStats } from '../lib/engine/openai.js';
+import { openaiClient } from '../lib/engine/openaiClient.js';
 import { ConfigError } from '../lib/core/errors.js';
 import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { spawnServe, type SpawnedServer } from '../lib/serve/spawn.js';
 import { embeddedConfig, embeddedSummary, type EmbeddedRunOptions, type EmbeddedRunSummary } from './embedded.js';
 import { runTraining } from './run.js';
+
+/** Deadline of asking a server which model it serves (`GET /models`, its body included), in ms. */
+const MODEL_LIST_TIMEOUT_MS = 120_000;
 
 /** Options of {@link runServed}: those of the embedded run, plus where the server is. */
 export interface ServedRunOptions extends EmbeddedRunOptions {
@@ -89,7 +92,12 @@ export async function runServed(options: ServedRunOptions = {}): Promise<ServedR
           modelName ??= child.modelName;
         }
         const apiKey = options.apiKey ?? process.env.OPENAI_API_KEY ?? 'EMPTY';
-        modelName ??= (await new OpenAI({ baseURL, apiKey }).models.list()).data[0]?.id;
+        if (modelName === undefined) {
+          const client = openaiClient({ baseURL, apiKey, timeoutMs: MODEL_LIST_TIMEOUT_MS });
+          const deadline = AbortSignal.timeout(MODEL_LIST_TIMEOUT_MS);
+          const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline;
+          modelName = (await client.models.list({ signal })).data[0]?.id;
+        }
         if (modelName === undefined) throw new ConfigError(`the server at ${baseURL} lists no model`);
         sampler = new OpenAIEngine({
           baseURL,

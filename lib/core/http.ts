@@ -55,11 +55,24 @@ export async function readBoundedText(response: Response, maxBytes: number, what
 
 /**
  * `fetch` whose answers are each limited to `maxBytes` ({@link limitBody}): for clients that take a `fetch` option
- * (the `openai` client).
+ * (the `openai` client). An answer whose `content-length` is already too long is not read: it comes back with a body
+ * that fails at its first read with the {@link DecodeError}, since such a client reports an error thrown by `fetch`
+ * itself as a failed connection (and retries it).
  *
  * @param maxBytes - the largest body read, in bytes (≥ 1).
  * @param base - the `fetch` wrapped. Default the global one.
  */
 export function boundedFetch(maxBytes: number, base: typeof fetch = fetch): typeof fetch {
-  return async (input, init) => limitBody(await base(input, init), maxBytes);
+  return async (input, init) => {
+    const response = await base(input, init);
+    try {
+      return await limitBody(response, maxBytes);
+    } catch (error) {
+      if (!(error instanceof DecodeError)) throw error;
+      const headers = new Headers(response.headers);
+      headers.delete('content-length');
+      const refused = new ReadableStream<Uint8Array>({ start: (controller) => controller.error(error) });
+      return new Response(refused, { status: response.status, statusText: response.statusText, headers });
+    }
+  };
 }

@@ -35,7 +35,7 @@ import { POLICY_VERSION_METADATA_KEY, saveModelDir, specialIdsOf, type SpecialTo
 import { savePeftWeights, type ResolvedLoraConfig } from '../model/lora.js';
 import type { PolicyConfig } from '../model/config.js';
 import { retry, type RetryOptions } from '../core/retry.js';
-import { boundedFetch } from '../core/http.js';
+import { openaiClient } from './openaiClient.js';
 import type { FinishReason, Metrics, ModelTag, PolicyVersion } from '../core/types.js';
 import type { RolloutEngine } from './types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
@@ -43,8 +43,7 @@ import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from 
 /** Prefix of a log-prob token spelled as its id (vLLM's `return_tokens_as_token_ids`). */
 export const TOKEN_ID_PREFIX = 'token_id:';
 
-/** Default bound of one answer's body (a completion, a chat turn, the model list), in bytes: 64 MiB. */
-export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+export { DEFAULT_MAX_RESPONSE_BYTES } from './openaiClient.js';
 
 /** Default path of the weight-update endpoint (SGLang's API). */
 export const DEFAULT_WEIGHT_UPDATE_ENDPOINT = '/update_weights_from_disk';
@@ -207,12 +206,11 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
     const keep = options.weightSync?.keep ?? 2;
     if (!Number.isInteger(keep) || keep < 1) throw new ConfigError(`weightSync.keep must be an integer >= 1, got ${keep}`);
     this.limiter = new Limiter(concurrency);
-    this.client = new OpenAI({
+    this.client = openaiClient({
       baseURL: options.baseURL,
       apiKey: options.apiKey ?? process.env.OPENAI_API_KEY ?? 'EMPTY',
-      maxRetries: 0,
-      timeout: this.timeoutMs,
-      fetch: boundedFetch(options.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES),
+      timeoutMs: this.timeoutMs,
+      maxResponseBytes: options.maxResponseBytes,
     });
   }
 

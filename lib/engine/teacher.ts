@@ -7,9 +7,10 @@
  * @packageDocumentation
  */
 import * as tf from '@tensorflow/tfjs-core';
-import OpenAI from 'openai';
+import type OpenAI from 'openai';
 import { ConfigError, DecodeError, EngineError } from '../core/errors.js';
 import { retry } from '../core/retry.js';
+import { openaiClient } from './openaiClient.js';
 import type { Batch, ReferencePolicy } from '../core/types.js';
 import type { PolicyModel } from '../model/transformer.js';
 import type { Tokenizer } from '../model/types.js';
@@ -57,7 +58,16 @@ export interface OpenAIScorerOptions {
   readonly timeoutMs?: number;
   /** Attempts after the first, for connection errors, timeouts, 429 and 5xx. Default 3. */
   readonly retries?: number;
+  /** Largest answer read, in bytes (a longer one is a {@link DecodeError}). Default {@link TEACHER_MAX_RESPONSE_BYTES}. */
+  readonly maxResponseBytes?: number;
 }
+
+/**
+ * Default bound of a teacher's answer, in bytes: 512 MiB. The `openai` client reads an answer as one string, and
+ * V8's strings end at 2^29 − 24 characters, so no answer the client could read is refused; a scoring answer takes
+ * some 80 bytes per token (`{"<id>":{"logprob":…,"rank":…,"decoded_token":…}}`): about 6 M tokens per batch.
+ */
+export const TEACHER_MAX_RESPONSE_BYTES = 512 * 1024 * 1024;
 
 /** One entry of `prompt_logprobs`: token id (a string key) → its log-prob and decoded text. */
 type PromptLogprobs = (Record<string, { logprob: number; decoded_token?: string }> | null)[];
@@ -68,21 +78,27 @@ type PromptLogprobs = (Record<string, { logprob: number; decoded_token?: string 
  * token given what precedes it. The first batch checks that the server decodes the tokens as the student's tokenizer
  * does (a {@link ConfigError} naming the first token that differs otherwise). Failures after the retries are
  * {@link EngineError}s; an answer without the log-probs is a {@link DecodeError}; a log-prob above 0 (past
- * {@link TEACHER_LOGPROB_TOLERANCE}) or beyond float32 is an {@link EngineError} naming the token and the value. The
- * call ends at `timeoutMs`, retries included, and at once when `signal` fires.
+ * {@link TEACHER_LOGPROB_TOLERANCE}) or beyond float32 is an {@link EngineError} naming the token and the value; an
+ * answer longer than `maxResponseBytes` is a {@link DecodeError} (`context.limit`), not retried. Each attempt (its
+ * answer's body included) and the call with its retries end at `timeoutMs`, and at once when `signal` fires.
  *
  * @param options - The server, its model and the student's tokenizer.
  * @returns The scorer.
  */
 export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
-  const client = new OpenAI({ baseURL: options.baseUrl, apiKey: options.apiKey ?? 'EMPTY', maxRetries: 0 });
+  const timeoutMs = options.timeoutMs ?? 120_000;
+  const client = openaiClient({
+    baseURL: options.baseUrl,
+    apiKey: options.apiKey ?? 'EMPTY',
+    timeoutMs,
+    maxResponseBytes: options.maxResponseBytes ?? TEACHER_MAX_RESPONSE_BYTES,
+  });
   let checked = false;
   return {
     responseLogprobs: async (batch, signal) => {
       const rows = rowsOf(batch);
       if (rows.length === 0) return new Float32Array(0);
       const body = { model: options.model, prompt: rows.map((r) => r.ids), max_tokens: 1, temperature: 0, prompt_logprobs: 0 };
-      const timeoutMs = options.timeoutMs ?? 120_000;
       const answer = await retry(
         async () => {
           try {
@@ -91,6 +107,7 @@ export function openaiScorer(options: OpenAIScorerOptions): ReferencePolicy {
               timeout: timeoutMs,
             });
           } catch (cause) {
+            if (cause instanceof DecodeError) throw cause;
             const status = (cause as { status?: number }).status;
             const retriable = status === undefined || status === 429 || status >= 500;
             throw new EngineError(`teacher ${options.model} at ${options.baseUrl}: ${(cause as Error).message}`, { cause, retriable });

@@ -8,7 +8,7 @@
  * each file name a relative path with no `..`, absolute, drive or backslash part. Each download must have the size
  * and hash its listing gave, and the snapshot must lie inside the cache once every link is followed. Every request
  * has a deadline (`timeoutMs`: no answer, or no byte of a download, for that long) and the caller's `AbortSignal`;
- * an answer read whole is bounded in size.
+ * every answer's size is bounded (the listing by {@link MAX_LISTING_BYTES}, a download by the size listed for it).
  *
  * @packageDocumentation
  */
@@ -17,6 +17,7 @@ import { mkdir, open, rename, rm, stat, symlink } from 'node:fs/promises';
 import { dirname, join, relative } from 'node:path';
 
 import { AbortError, ConfigError, DecodeError } from '../core/errors.js';
+import { limitBody } from '../core/http.js';
 import { resolveInside } from './files.js';
 import { writeFileAtomic } from './safetensors.js';
 
@@ -26,8 +27,11 @@ export const DEFAULT_HUB_ENDPOINT = 'https://huggingface.co';
 /** Default deadline of one request to the hub, in ms. */
 export const DEFAULT_HUB_TIMEOUT_MS = 60_000;
 
-/** Largest repository listing read. */
-const MAX_LISTING_BYTES = 16 << 20;
+/**
+ * Largest repository listing read, in bytes: 16 MiB, some 80 000 files at about 200 bytes of JSON each (the largest
+ * model repositories list a few thousand).
+ */
+export const MAX_LISTING_BYTES = 16 << 20;
 
 const COMMIT = /^[0-9a-f]{40}$/;
 const GIT_SHA1 = /^[0-9a-f]{40}$/;
@@ -126,14 +130,9 @@ export async function fetchListing(
   options: HubRequestOptions,
 ): Promise<HubListing> {
   const url = `${endpointOf(options)}/api/models/${id.repo}/revision/${encodeURIComponent(id.revision)}?blobs=true`;
-  const bytes = await request(url, options, false, async (body) => {
+  const bytes = await request(url, options, { idle: false, maxBytes: MAX_LISTING_BYTES }, async (body) => {
     const chunks: Buffer[] = [];
-    let size = 0;
-    for await (const chunk of body) {
-      size += chunk.length;
-      if (size > MAX_LISTING_BYTES) throw new DecodeError(`${url}: answer larger than ${MAX_LISTING_BYTES} bytes`, { context: { url } });
-      chunks.push(Buffer.from(chunk));
-    }
+    for await (const chunk of body) chunks.push(Buffer.from(chunk));
     return Buffer.concat(chunks);
   });
   let json: unknown;
@@ -199,11 +198,9 @@ async function downloadBlob(url: string, file: HubFile, blob: string, options: D
     // A git blob's sha1 covers a header with its size; an LFS file's sha256 covers its bytes alone.
     const hash: Hash = file.lfs ? createHash('sha256') : createHash('sha1').update(`blob ${file.size}\0`);
     let size = 0;
-    await request(url, options, true, async (body) => {
+    await request(url, options, { idle: true, maxBytes: file.size }, async (body) => {
       for await (const chunk of body) {
         size += chunk.length;
-        if (size > file.size)
-          throw new DecodeError(`${url}: more than the ${file.size} bytes listed`, { context: { url, size: file.size } });
         hash.update(chunk);
         await out.write(chunk);
       }
@@ -224,13 +221,14 @@ async function downloadBlob(url: string, file: HubFile, blob: string, options: D
 }
 
 /**
- * One GET with a deadline and the caller's signal; `read` consumes the body. With `idle`, the deadline restarts at
- * each chunk (a download may take long, but never stall); without, it bounds the whole exchange.
+ * One GET with a deadline and the caller's signal; `read` consumes the body, cut at `maxBytes` (a
+ * {@link DecodeError} with `context.limit`, at once when its `content-length` says more). With `idle`, the deadline
+ * restarts at each chunk (a download may take long, but never stall); without, it bounds the whole exchange.
  */
 async function request<T>(
   url: string,
   options: HubRequestOptions,
-  idle: boolean,
+  { idle, maxBytes }: { readonly idle: boolean; readonly maxBytes: number },
   read: (body: AsyncIterable<Uint8Array>) => Promise<T>,
 ): Promise<T> {
   const timeoutMs = options.timeoutMs ?? DEFAULT_HUB_TIMEOUT_MS;
@@ -239,15 +237,15 @@ async function request<T>(
   const signal = options.signal ? AbortSignal.any([options.signal, deadline.signal]) : deadline.signal;
   try {
     options.signal?.throwIfAborted();
-    const response = await fetch(url, { signal, ...(options.token ? { headers: { authorization: `Bearer ${options.token}` } } : {}) });
-    if (!response.ok || response.body === null) {
-      await response.body?.cancel();
-      throw new ConfigError(`${url}: HTTP ${response.status}`, {
-        retriable: response.status >= 500,
-        context: { url, status: response.status },
+    const answer = await fetch(url, { signal, ...(options.token ? { headers: { authorization: `Bearer ${options.token}` } } : {}) });
+    if (!answer.ok || answer.body === null) {
+      await answer.body?.cancel();
+      throw new ConfigError(`${url}: HTTP ${answer.status}`, {
+        retriable: answer.status >= 500,
+        context: { url, status: answer.status },
       });
     }
-    const body = response.body;
+    const body = (await limitBody(answer, maxBytes, url)).body as ReadableStream<Uint8Array>;
     return await read({
       async *[Symbol.asyncIterator]() {
         for await (const chunk of body) {

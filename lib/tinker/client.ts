@@ -14,6 +14,7 @@ import type { RolloutEngine } from '../engine/types.js';
 import type { GenerateRequest, GenerateResponse, NamedWeights, Tokenizer } from '../model/types.js';
 import { AbortError, EngineError, RetriesExhaustedError, RxrlError } from '../core/errors.js';
 import { retry, type RetryOptions } from '../core/retry.js';
+import { limitBody, readBoundedText } from '../core/http.js';
 import { stalenessMetrics, type TrainerLoss } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
 import type { Batch, ModelTag, PolicyVersion } from '../core/types.js';
@@ -46,9 +47,12 @@ export interface TinkerClientOptions {
   readonly retry?: Omit<RetryOptions, 'signal' | 'isRetriable'>;
   /**
    * How long a future may stay unfinished before the call fails with a {@link TinkerError} (`context.lost`: the
-   * service is not making progress): one deadline over all of its polls. Default 600 000 ms.
+   * service is not making progress): one deadline over all of its polls; and the deadline of every other request,
+   * its retries included. Default 600 000 ms.
    */
   readonly futureTimeoutMs?: number;
+  /** Largest answer read, in bytes (a longer one is a `DecodeError`). Default {@link TINKER_MAX_RESPONSE_BYTES}. */
+  readonly maxResponseBytes?: number;
   /**
    * How long one `retrieve_future` poll may be held before it is given up and polled again, in ms (the SDK's 45 s;
    * a service holds a poll until the result is ready, or answers 408 "not yet"). Default 45 000.
@@ -74,6 +78,16 @@ export function tinkerServiceLost(error: unknown): boolean {
 }
 
 const RETRIEVE_FUTURE = '/api/v1/retrieve_future';
+
+/**
+ * Default bound of one answer of a Tinker service, in bytes: 512 MiB. The largest answers are a step's outputs (two
+ * numbers per token of the batch: some 10 bytes each as protobuf, 20 as JSON), and V8 cannot hold a JSON text much
+ * longer as one string anyway.
+ */
+export const TINKER_MAX_RESPONSE_BYTES = 512 * 1024 * 1024;
+
+/** How much of an error answer is read for its message, in bytes (the message keeps 300 characters of it). */
+const ERROR_TEXT_BYTES = 64 * 1024;
 
 /** Calls that may be repeated whatever happened to the first attempt. */
 const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', RETRIEVE_FUTURE, '/api/v1/get_info']);
@@ -327,7 +341,17 @@ export class TinkerClient {
       return idempotent && error instanceof TinkerError && error.retriable;
     };
     const stop = this.stopOf(signal);
-    return retry(() => this.postOnce(path, body, stop, proto), { ...this.options.retry, isRetriable, ...(stop ? { signal: stop } : {}) });
+    const timeoutMs = this.options.futureTimeoutMs ?? 600_000;
+    const deadline = AbortSignal.timeout(timeoutMs);
+    const attempt = async (): Promise<unknown> => {
+      try {
+        return await this.postOnce(path, body, stop ? AbortSignal.any([stop, deadline]) : deadline, proto);
+      } catch (error) {
+        if (!deadline.aborted || stop?.aborted) throw error;
+        throw new TinkerError(`${path}: no answer within ${timeoutMs} ms`, { cause: error, context: { lost: true, timeoutMs } });
+      }
+    };
+    return retry(attempt, { ...this.options.retry, isRetriable, ...(stop ? { signal: stop } : {}) });
   }
 
   private async postOnce(path: string, body: unknown, signal: AbortSignal | undefined, proto: boolean): Promise<unknown> {
@@ -357,7 +381,7 @@ export class TinkerClient {
       );
     }
     if (!response.ok) {
-      const text = await response.text().catch(() => '');
+      const text = await readBoundedText(response, ERROR_TEXT_BYTES).catch(() => '');
       const transient = response.status >= 500 || response.status === 408 || response.status === 429;
       // A 404 of a known route means the service no longer has the model, session, sampler or request.
       const lost = response.status >= 500 || response.status === 404 || response.status === 410;
@@ -366,9 +390,9 @@ export class TinkerClient {
         context: { status: response.status, lost },
       });
     }
-    if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf'))
-      return new Uint8Array(await response.arrayBuffer());
-    return (await response.json()) as unknown;
+    const answer = await limitBody(response, this.options.maxResponseBytes ?? TINKER_MAX_RESPONSE_BYTES, `tinker ${path}`);
+    if ((response.headers.get('content-type') ?? '').includes('application/x-protobuf')) return new Uint8Array(await answer.arrayBuffer());
+    return (await answer.json()) as unknown;
   }
 }
 

@@ -209,8 +209,9 @@ function siblingsOf(files: Record<string, Buffer>): object[] {
 }
 
 /**
- * A hub serving `files` at `commit` to every client: the revision listing rxrl reads, and the tree, paths-info and
- * resolve routes `@huggingface/hub` reads; `change` alters the answers (a hostile server).
+ * A hub serving `files` at `commit` to every client: the revision listing and resolve routes rxrl reads, and the tree
+ * and paths-info routes other clients read (the hostile answers there planted `../` names through the
+ * `@huggingface/hub` package rxrl used before); `change` alters the answers (a hostile server).
  */
 function hubAnswers(
   files: Record<string, Buffer>,
