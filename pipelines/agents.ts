@@ -120,7 +120,7 @@ async function trainAgents(
   const log = (line: string): void => options.log?.(line);
   const recipe = await loadAgentsRecipe(config, baseDir, options.signal);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const base = (await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed)).model;
+  const { model: base, contextLength } = await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed);
   // Everything built from here on is released in `finally`, whatever fails.
   const built: BuiltPolicy[] = [];
   const owned: { dispose(): unknown }[] = [base];
@@ -172,7 +172,10 @@ async function trainAgents(
     const started = performance.now();
     const steps$ = finished
       ? EMPTY
-      : agentSteps(config, options, recipe, { built, base, loader, remaining, runDir, afterStep: () => checkpointIfLevel(false) });
+      : agentSteps(config, options, recipe, {
+          ...{ built, base, contextLength, loader, remaining, runDir },
+          afterStep: () => checkpointIfLevel(false),
+        });
     const writer = metricsFile;
     await lastValueFrom(
       steps$.pipe(
@@ -389,6 +392,8 @@ function agentSteps(
   run: {
     built: readonly BuiltPolicy[];
     base: PolicyModel;
+    /** The policies' context length: no trained row may be longer. */
+    contextLength: number;
     loader: AsyncIterable<Task>;
     remaining: number;
     runDir: string | undefined;
@@ -402,6 +407,7 @@ function agentSteps(
     ...loopSettings(config),
     tasks: run.loader,
     maxTokens: recipe.maxTokens,
+    maxSeqLen: run.contextLength,
     steps: run.remaining,
     ...klInRewardOf(config, base),
     afterStep: run.afterStep,

@@ -240,7 +240,7 @@ async function setUp(
   const activity = options.activity ?? activityTracker(config);
   const initialDir = initial ? modelDir : undefined;
   return {
-    ...{ backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, startingAdapter },
+    ...{ backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, startingAdapter, contextLength },
     ...{ runDir, teacher, activity },
   };
 }
@@ -614,6 +614,8 @@ function stepsOf(
     tasks: ledger.tasks(),
     trainer: loop.skipped.counting(ledger.checkpointing(trainer)),
     maxTokens: setup.data.maxTokens,
+    // Every path (a chat template's reference outputs, a custom worker, a served rollout) is bounded where batches are made.
+    maxSeqLen: setup.contextLength,
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),
     ...(setup.teacher ? { distill: { teacher: setup.teacher.scorer, rewardCoef: config.distill.rewardCoef } } : {}),
