@@ -29,6 +29,7 @@ import { kafkaTrainer } from './kafkaTrainer.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
 import { loadAgentsRecipe, type AgentsRecipe } from './parts/agentsRecipe.js';
 import { loggingTrainer } from './parts/ledger.js';
+import { SkippedSteps } from './parts/skippedSteps.js';
 import { initialModel, policyModels, readStartingAdapter } from '../lib/model/policies.js';
 import type { NamedWeights } from '../lib/model/types.js';
 import type { BuiltPolicy } from './parts/policy.js';
@@ -170,10 +171,12 @@ async function trainAgents(
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, recipe.agents)}`);
     const started = performance.now();
+    // Under stop_on_error a step of no rows fails the run, and so does a policy whose every update was skipped.
+    const skipped = SkippedSteps.of(config.run.errorPolicy);
     const steps$ = finished
       ? EMPTY
       : agentSteps(config, options, recipe, {
-          ...{ built, base, contextLength, loader, remaining, runDir },
+          ...{ built, base, contextLength, loader, remaining, runDir, skipped },
           afterStep: () => checkpointIfLevel(false),
         });
     const writer = metricsFile;
@@ -188,6 +191,9 @@ async function trainAgents(
       ),
       { defaultValue: undefined },
     );
+    // A policy that trained nothing is no result: the run fails, without validating or saving its end.
+    const nothingTrained = skipped.verdict();
+    if (nothingTrained !== undefined) throw nothingTrained;
     // Over Kafka the in-process engines were not synced: give them the trained weights to validate.
     if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
     const seconds = (performance.now() - started) / 1000;
@@ -397,12 +403,14 @@ function agentSteps(
     loader: AsyncIterable<Task>;
     remaining: number;
     runDir: string | undefined;
+    /** Counts each policy's steps that trained nothing (and refuses a step of no rows under stop_on_error). */
+    skipped: SkippedSteps;
     afterStep: () => Promise<void>;
   },
 ): Observable<PolicyStepResult> {
   const { built, base, runDir } = run;
-  // Each trained step of each policy gets its trained.jsonl line.
-  const trainers = built.map((b) => (runDir ? loggingTrainer(b.trainer, runDir, b.entry.name) : b.trainer));
+  // Each trained step of each policy gets its trained.jsonl line; a step of no rows is refused before it is logged.
+  const trainers = built.map((b) => run.skipped.counting(runDir ? loggingTrainer(b.trainer, runDir, b.entry.name) : b.trainer));
   const common = {
     ...loopSettings(config),
     tasks: run.loader,

@@ -520,7 +520,7 @@ async function trainLoop(
   const outcomes = new StepOutcomes(tasksPerStep(config), config.rollout.groupSize);
   const failed: { step?: StepFailedError | undefined } = {};
   // Under stop_on_error a step of no rows fails the run, and so does a run whose every update was skipped.
-  const skipped = new SkippedSteps(reporter.policy === 'stop_on_error');
+  const skipped = SkippedSteps.of(reporter.policy);
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
