@@ -195,7 +195,7 @@ async function trainAgents(
     const nothingTrained = skipped.verdict();
     if (nothingTrained !== undefined) throw nothingTrained;
     // Over Kafka the in-process engines were not synced: give them the trained weights to validate.
-    if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
+    if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights(), options.signal);
     const seconds = (performance.now() - started) / 1000;
     const valFinal = await score();
     log(`held-out after training: ${agentRewards(valFinal, recipe.agents)}`);
@@ -303,7 +303,7 @@ async function restorePolicies(resumed: PoliciesCheckpoint, built: readonly Buil
       );
     }
     b.train.setWeights(saved.weights);
-    await b.engine.loadWeights(step, saved.weights);
+    await b.engine.loadWeights(step, saved.weights, options.signal);
     await b.trainer.restore({ step, optimizer: saved.optimizer });
   }
   options.log?.(`resuming from ${resumed.path} (step ${step})`);
