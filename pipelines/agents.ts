@@ -207,14 +207,19 @@ async function trainAgents(
   } finally {
     metricsFile?.close();
     for (const tracker of trackers) await tracker.close(failed);
-    for (const b of built) {
-      b.trainer.dispose();
-      b.train.dispose();
-      b.sample.dispose();
-      for (const adapter of b.adapters) adapter.dispose();
-    }
-    for (const item of owned.reverse()) item.dispose();
+    releasePolicies(built, owned);
   }
+}
+
+/** Releases every policy built (trainer, models, adapters), then what else the run owns, in reverse order. */
+function releasePolicies(built: readonly BuiltPolicy[], owned: { dispose(): unknown }[]): void {
+  for (const b of built) {
+    b.trainer.dispose();
+    b.train.dispose();
+    b.sample.dispose();
+    for (const adapter of b.adapters) adapter.dispose();
+  }
+  for (const item of owned.reverse()) item.dispose();
 }
 
 /**
