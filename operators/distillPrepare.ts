@@ -14,6 +14,11 @@ export interface DistillPrepareOptions {
   readonly rewardCoef?: number | undefined;
   /** Model tag of the batches. Default: the first group's. */
   readonly modelTag?: ModelTag;
+  /**
+   * The trained model's context length: a row longer fails the batch with a `ContextLengthError` before anything is
+   * allocated for it (see `collate`). Default: no bound.
+   */
+  readonly maxSeqLen?: number | undefined;
   /** Cancels the teacher's scoring. */
   readonly signal?: AbortSignal | undefined;
 }
@@ -47,7 +52,7 @@ export function distillPrepare(options: DistillPrepareOptions): OperatorFunction
   if (!Number.isFinite(coef))
     throw new ConfigError(`distillPrepare rewardCoef must be finite, got ${coef}`, { context: { key: 'rewardCoef' } });
   return preparing(options.modelTag, async (rows, modelTag) => {
-    const base = collate(rows, { padId: options.padId, modelTag });
+    const base = collate(rows, { padId: options.padId, modelTag, maxSeqLen: options.maxSeqLen });
     const teacher = base.size > 0 ? await options.teacher.responseLogprobs(base, options.signal) : new Float32Array(0);
     const R = base.responseLength;
     const advantages = new Float32Array(base.size * R);

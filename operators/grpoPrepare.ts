@@ -43,6 +43,11 @@ export interface GrpoPrepareOptions {
   readonly klInReward?: KlInRewardOptions | undefined;
   /** Model tag of the batches. Default: the first group's. */
   readonly modelTag?: ModelTag;
+  /**
+   * The trained model's context length: a row longer fails the batch with a `ContextLengthError` before anything is
+   * allocated for it (see `collate`). Default: no bound.
+   */
+  readonly maxSeqLen?: number | undefined;
   /** Cancels reference scoring. */
   readonly signal?: AbortSignal | undefined;
 }
@@ -79,7 +84,7 @@ export function grpoPrepare(options: GrpoPrepareOptions): OperatorFunction<reado
     throw new ConfigError(`grpoPrepare maxGroups must be an integer >= 1, got ${maxGroups}`, { context: { key: 'maxGroups' } });
   let controller = options.klInReward ? createKlController(options.klInReward.controller) : undefined;
   return preparing(options.modelTag, async (rows, modelTag) => {
-    const base = collate(rows, { padId: options.padId, modelTag });
+    const base = collate(rows, { padId: options.padId, modelTag, maxSeqLen: options.maxSeqLen });
     const R = base.responseLength;
     const metrics: Metrics = {};
     let tokenRewards = base.tokenRewards; // [B, R]

@@ -15,6 +15,11 @@ export interface SftPrepareOptions {
   readonly minReward?: number | undefined;
   /** Model tag of the batches. Default: the first group's. */
   readonly modelTag?: ModelTag;
+  /**
+   * The trained model's context length: a row longer fails the batch with a `ContextLengthError` before anything is
+   * allocated for it (see `collate`). Default: no bound.
+   */
+  readonly maxSeqLen?: number | undefined;
 }
 
 /**
@@ -45,7 +50,7 @@ export function sftPrepare(options: SftPrepareOptions): OperatorFunction<readonl
     throw new ConfigError('sftPrepare minReward must be a number, got NaN', { context: { key: 'minReward' } });
   return preparing(options.modelTag, (rows, modelTag) => {
     const kept = minReward === undefined ? rows : rows.filter((t) => t.reward >= minReward);
-    const batch = collate(kept, { padId: options.padId, modelTag, advantages: kept.map(() => 1) });
+    const batch = collate(kept, { padId: options.padId, modelTag, advantages: kept.map(() => 1), maxSeqLen: options.maxSeqLen });
     return { ...batch, metrics: { ...scoreMean(rows), 'batch/rows': batch.size, 'batch/rows_filtered': rows.length - kept.length } };
   });
 }

@@ -29,6 +29,7 @@ import { kafkaTrainer } from './kafkaTrainer.js';
 import { multiAgentPipeline } from './multiAgentPipeline.js';
 import { loadAgentsRecipe, type AgentsRecipe } from './parts/agentsRecipe.js';
 import { loggingTrainer } from './parts/ledger.js';
+import { SkippedSteps } from './parts/skippedSteps.js';
 import { initialModel, policyModels, readStartingAdapter } from '../lib/model/policies.js';
 import type { NamedWeights } from '../lib/model/types.js';
 import type { BuiltPolicy } from './parts/policy.js';
@@ -120,7 +121,7 @@ async function trainAgents(
   const log = (line: string): void => options.log?.(line);
   const recipe = await loadAgentsRecipe(config, baseDir, options.signal);
   const backend = await initBackend(config.run.backend, { logger: { info: (_obj, msg) => log(msg) } });
-  const base = (await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed)).model;
+  const { model: base, contextLength } = await initialModel(config.model, recipe.modelDir, recipe.tokenizer.vocabSize, config.run.seed);
   // Everything built from here on is released in `finally`, whatever fails.
   const built: BuiltPolicy[] = [];
   const owned: { dispose(): unknown }[] = [base];
@@ -170,9 +171,14 @@ async function trainAgents(
     const valInitial = config.validation.beforeTrain ? await score() : null;
     if (valInitial) log(`held-out before training: ${agentRewards(valInitial, recipe.agents)}`);
     const started = performance.now();
+    // Under stop_on_error a step of no rows fails the run, and so does a policy whose every update was skipped.
+    const skipped = SkippedSteps.of(config.run.errorPolicy);
     const steps$ = finished
       ? EMPTY
-      : agentSteps(config, options, recipe, { built, base, loader, remaining, runDir, afterStep: () => checkpointIfLevel(false) });
+      : agentSteps(config, options, recipe, {
+          ...{ built, base, contextLength, loader, remaining, runDir, skipped },
+          afterStep: () => checkpointIfLevel(false),
+        });
     const writer = metricsFile;
     await lastValueFrom(
       steps$.pipe(
@@ -185,8 +191,11 @@ async function trainAgents(
       ),
       { defaultValue: undefined },
     );
+    // A policy that trained nothing is no result: the run fails, without validating or saving its end.
+    const nothingTrained = skipped.verdict();
+    if (nothingTrained !== undefined) throw nothingTrained;
     // Over Kafka the in-process engines were not synced: give them the trained weights to validate.
-    if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights());
+    if (options.kafka) for (const b of built) await b.engine.loadWeights(b.trainer.step, b.train.getWeights(), options.signal);
     const seconds = (performance.now() - started) / 1000;
     const valFinal = await score();
     log(`held-out after training: ${agentRewards(valFinal, recipe.agents)}`);
@@ -198,14 +207,19 @@ async function trainAgents(
   } finally {
     metricsFile?.close();
     for (const tracker of trackers) await tracker.close(failed);
-    for (const b of built) {
-      b.trainer.dispose();
-      b.train.dispose();
-      b.sample.dispose();
-      for (const adapter of b.adapters) adapter.dispose();
-    }
-    for (const item of owned.reverse()) item.dispose();
+    releasePolicies(built, owned);
   }
+}
+
+/** Releases every policy built (trainer, models, adapters), then what else the run owns, in reverse order. */
+function releasePolicies(built: readonly BuiltPolicy[], owned: { dispose(): unknown }[]): void {
+  for (const b of built) {
+    b.trainer.dispose();
+    b.train.dispose();
+    b.sample.dispose();
+    for (const adapter of b.adapters) adapter.dispose();
+  }
+  for (const item of owned.reverse()) item.dispose();
 }
 
 /**
@@ -294,7 +308,7 @@ async function restorePolicies(resumed: PoliciesCheckpoint, built: readonly Buil
       );
     }
     b.train.setWeights(saved.weights);
-    await b.engine.loadWeights(step, saved.weights);
+    await b.engine.loadWeights(step, saved.weights, options.signal);
     await b.trainer.restore({ step, optimizer: saved.optimizer });
   }
   options.log?.(`resuming from ${resumed.path} (step ${step})`);
@@ -389,19 +403,24 @@ function agentSteps(
   run: {
     built: readonly BuiltPolicy[];
     base: PolicyModel;
+    /** The policies' context length: no trained row may be longer. */
+    contextLength: number;
     loader: AsyncIterable<Task>;
     remaining: number;
     runDir: string | undefined;
+    /** Counts each policy's steps that trained nothing (and refuses a step of no rows under stop_on_error). */
+    skipped: SkippedSteps;
     afterStep: () => Promise<void>;
   },
 ): Observable<PolicyStepResult> {
   const { built, base, runDir } = run;
-  // Each trained step of each policy gets its trained.jsonl line.
-  const trainers = built.map((b) => (runDir ? loggingTrainer(b.trainer, runDir, b.entry.name) : b.trainer));
+  // Each trained step of each policy gets its trained.jsonl line; a step of no rows is refused before it is logged.
+  const trainers = built.map((b) => run.skipped.counting(runDir ? loggingTrainer(b.trainer, runDir, b.entry.name) : b.trainer));
   const common = {
     ...loopSettings(config),
     tasks: run.loader,
     maxTokens: recipe.maxTokens,
+    maxSeqLen: run.contextLength,
     steps: run.remaining,
     ...klInRewardOf(config, base),
     afterStep: run.afterStep,

@@ -70,6 +70,11 @@ export interface LoopSettings {
   readonly groupSize: number;
   /** Largest response length in tokens. */
   readonly maxTokens: number;
+  /**
+   * The trained model's context length: a trajectory longer than it (a reference output, a served rollout) fails its
+   * step with a `ContextLengthError` naming its task, before its batch is built. Default: no bound.
+   */
+  readonly maxSeqLen?: number | undefined;
   /** Sampling temperature. Default 1. */
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
@@ -477,9 +482,14 @@ function laneSteps(
 /** How a lane's batches are prepared: by the run's algorithm (SFT, distillation, else GRPO). */
 function prepareStage(config: PolicyLoopConfig, lane: LoopLane, maxGroups: number | undefined): OperatorFunction<readonly Group[], Batch> {
   const { padId, modelTag } = lane;
-  if (config.sft) return sftPrepare({ padId, minReward: config.sft.minReward, modelTag });
-  if (config.distill) return distillPrepare({ padId, ...config.distill, modelTag, signal: config.signal });
-  return grpoPrepare({ ...prepareOptions(config, padId, modelTag, config.signal), ...(maxGroups === undefined ? {} : { maxGroups }) });
+  const { maxSeqLen } = config;
+  if (config.sft) return sftPrepare({ padId, minReward: config.sft.minReward, modelTag, maxSeqLen });
+  if (config.distill) return distillPrepare({ padId, ...config.distill, modelTag, signal: config.signal, maxSeqLen });
+  return grpoPrepare({
+    ...prepareOptions(config, padId, modelTag, config.signal),
+    maxSeqLen,
+    ...(maxGroups === undefined ? {} : { maxGroups }),
+  });
 }
 
 /** The listener of each rollout output: `onSample`, then `onSampleFailure` for a failure that was not skipped. */

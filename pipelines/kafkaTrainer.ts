@@ -222,6 +222,7 @@ function loopConfig(config: KafkaTrainerConfig, signal: AbortSignal): PolicyLoop
     generationBatchSize: config.generationBatchSize,
     groupSize: config.groupSize,
     maxTokens: config.maxTokens,
+    maxSeqLen: config.maxSeqLen,
     steps: config.steps,
     advantage: config.advantage,
     klInReward: config.klInReward,

@@ -240,7 +240,7 @@ async function setUp(
   const activity = options.activity ?? activityTracker(config);
   const initialDir = initial ? modelDir : undefined;
   return {
-    ...{ backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, startingAdapter },
+    ...{ backend, data, evaluator, worker, sampler, tokenizer, checkpoint, initial, initialDir, startingAdapter, contextLength },
     ...{ runDir, teacher, activity },
   };
 }
@@ -520,7 +520,7 @@ async function trainLoop(
   const outcomes = new StepOutcomes(tasksPerStep(config), config.rollout.groupSize);
   const failed: { step?: StepFailedError | undefined } = {};
   // Under stop_on_error a step of no rows fails the run, and so does a run whose every update was skipped.
-  const skipped = new SkippedSteps(reporter.policy === 'stop_on_error');
+  const skipped = SkippedSteps.of(reporter.policy);
   // `run.steps` counts from the start of the run: a resumed run trains what is left, and one already finished
   // trains nothing (0 remaining must not reach the pipeline, where it means "until the data ends").
   const remaining = config.run.steps === 0 ? undefined : Math.max(0, config.run.steps - trainer.step);
@@ -614,6 +614,8 @@ function stepsOf(
     tasks: ledger.tasks(),
     trainer: loop.skipped.counting(ledger.checkpointing(trainer)),
     maxTokens: setup.data.maxTokens,
+    // Every path (a chat template's reference outputs, a custom worker, a served rollout) is bounded where batches are made.
+    maxSeqLen: setup.contextLength,
     ...(loop.remaining === undefined ? {} : { steps: loop.remaining }),
     ...klInRewardOf(config, reference),
     ...(setup.teacher ? { distill: { teacher: setup.teacher.scorer, rewardCoef: config.distill.rewardCoef } } : {}),

@@ -44,7 +44,9 @@ export class DecodeError extends RxrlError {
 
 /**
  * A prompt is certainly longer than a model's context allows, known from its text before it was encoded (see
- * `Tokenizer.minTokens`). `context` holds `limit` and `atLeast` (tokens). Never retriable.
+ * `Tokenizer.minTokens`): `context` holds `limit` and `atLeast` (tokens). Also a trajectory longer than the trained
+ * model's context, refused when its batch is made (`collate`): `context` holds `taskId`, `trajectoryId`, `tokens` and
+ * `limit`. Never retriable.
  */
 export class ContextLengthError extends RxrlError {
   override readonly name = 'ContextLengthError';

@@ -4,7 +4,7 @@
  *
  * @packageDocumentation
  */
-import { ShapeError } from '../core/errors.js';
+import { ContextLengthError, ShapeError } from '../core/errors.js';
 import type { Batch, ModelTag, Trajectory } from '../core/types.js';
 
 /** Options of {@link collate}. */
@@ -19,6 +19,11 @@ export interface CollateOptions {
   readonly refLogprobs?: readonly ArrayLike<number>[];
   /** Pad the response columns to at least this width (for fixed-shape kernels). Default 0. */
   readonly minResponseLength?: number;
+  /**
+   * The trained model's context length: a row whose prompt and response together are longer is refused with a
+   * {@link ContextLengthError} before anything is allocated. Default: no bound.
+   */
+  readonly maxSeqLen?: number | undefined;
 }
 
 /**
@@ -29,8 +34,10 @@ export interface CollateOptions {
  * token; `tokenRewards[b, r_b − 1] = reward_b` (the scalar reward on the last response token).
  *
  * @param rows - trajectories, in batch order (may be empty: a batch of size 0, which trains nothing).
- * @param options - pad id, model tag and per-row advantages.
+ * @param options - pad id, model tag, per-row advantages and the model's context length.
  * @returns the batch; its typed arrays are fresh (no tensors to dispose).
+ * @throws {@link ContextLengthError} for the first row longer than `options.maxSeqLen` (`context`: `taskId`,
+ *   `trajectoryId`, `tokens`, `limit`); {@link ShapeError} for a row whose per-token arrays differ in length.
  */
 export function collate(rows: readonly Trajectory[], options: CollateOptions): Batch {
   const B = rows.length;
@@ -43,6 +50,7 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
         context: { id: t.id, tokens: t.responseTokens.length, logprobs: t.logprobs.length, mask: t.lossMask.length },
       });
     }
+    refuseOverContext(t, options.maxSeqLen);
     P = Math.max(P, t.promptTokens.length);
     R = Math.max(R, t.responseTokens.length);
   }
@@ -103,6 +111,17 @@ export function collate(rows: readonly Trajectory[], options: CollateOptions): B
       modelTag: options.modelTag,
     },
   };
+}
+
+/** A {@link ContextLengthError} when `t`'s prompt and response are together longer than `maxSeqLen`. */
+function refuseOverContext(t: Trajectory, maxSeqLen: number | undefined): void {
+  const tokens = t.promptTokens.length + t.responseTokens.length;
+  if (maxSeqLen === undefined || tokens <= maxSeqLen) return;
+  throw new ContextLengthError(
+    `task ${t.taskId}: trajectory ${t.id} is ${tokens} tokens (a ${t.promptTokens.length}-token prompt and a ` +
+      `${t.responseTokens.length}-token response), longer than the model's context of ${maxSeqLen}: it cannot be trained on`,
+    { context: { taskId: t.taskId, trajectoryId: t.id, tokens, limit: maxSeqLen } },
+  );
 }
 
 /**

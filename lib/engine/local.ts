@@ -161,19 +161,26 @@ export class LocalEngine implements RolloutEngine {
     }
   }
 
-  async loadWeights(version: PolicyVersion, weights: NamedWeights): Promise<void> {
+  /**
+   * Loads `weights` as `version` once the running batch (and any earlier load) is done. When `signal` fires first, the
+   * wait ends at once with an `AbortError` and the load changes nothing (neither the weights nor the version).
+   */
+  async loadWeights(version: PolicyVersion, weights: NamedWeights, signal?: AbortSignal): Promise<void> {
+    if (signal?.aborted) throw new AbortError('weight load aborted before it started', { cause: signal.reason, context: { version } });
     this.loads++;
     const previous = this.lastLoad;
     if (this.weightSync === 'interrupt') this.interrupt?.abort();
     const load = (async () => {
       await previous;
-      while (this.running) await this.running;
+      while (this.running && !signal?.aborted) await this.running;
+      // A load stopped while it waited is dropped.
+      if (signal?.aborted) return;
       if (!this.sharesTrainerWeights) this.model.setWeights(weights);
       this.current = version;
     })();
     this.lastLoad = load.catch(() => undefined);
     try {
-      await load;
+      await untilAborted(load, signal, version);
     } finally {
       this.loads--;
       this.schedule();
@@ -296,4 +303,15 @@ function joinResponses(prefix: Prefix, rest: GenerateResponse): GenerateResponse
     finishReason: rest.finishReason,
     policyVersion: Math.min(prefix.policyVersion, rest.policyVersion),
   };
+}
+
+/** `work`, or an {@link AbortError} as soon as `signal` fires (`work` goes on, unawaited). */
+function untilAborted(work: Promise<void>, signal: AbortSignal | undefined, version: PolicyVersion): Promise<void> {
+  if (signal === undefined) return work;
+  return new Promise<void>((resolve, reject) => {
+    const onAbort = (): void =>
+      reject(new AbortError('weight load aborted while it waited', { cause: signal.reason, context: { version } }));
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }

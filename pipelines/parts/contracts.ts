@@ -135,6 +135,8 @@ export interface RunSetup {
   readonly checkpoint: Checkpoint | undefined;
   /** The model the run starts from (owned by the parts built from it); none when it trains on a Tinker service. */
   readonly initial: PolicyModel | undefined;
+  /** The policy's context length in tokens (the model's, or a Tinker service's): no trained row may be longer. */
+  readonly contextLength: number;
   /** The local model directory `initial` was read from (`model.path`), or none for a seeded model. */
   readonly initialDir?: string | undefined;
   /** The weights a LoRA policy's adapter starts from (`policies[0].adapterPath`), or none for a fresh adapter. */

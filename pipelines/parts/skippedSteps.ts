@@ -8,6 +8,8 @@
  *                                            → the run fails with a StepFailedError naming how many steps
  * ```
  *
+ * Each policy is counted apart (a multi-agent run's `modelTag`s): the run fails when one of them skipped every update.
+ *
  * A step left with no rows by the algorithm's own filters (`batch/rows_filtered`: rejection sampling that no sample
  * passed, groups of equal rewards) is no failure. Under `continue` nothing is refused: a step of no rows counts
  * `actor/skipped_empty`, a skipped update `actor/skipped_nonfinite`, and the run goes on.
@@ -15,21 +17,30 @@
  * @packageDocumentation
  */
 import { StepFailedError } from '../../lib/core/errors.js';
+import type { ModelTag } from '../../lib/core/types.js';
+import type { ErrorPolicy } from '../../lib/observe/errorReporter.js';
 import type { Trainer } from '../../lib/train/types.js';
 
 /** See the module comment. One per attempt of a run; a plain class, without a scheduler. */
 export class SkippedSteps {
-  private trained = 0;
-  private skipped = 0;
+  /** Per policy, the steps taken and those whose update was skipped. */
+  private readonly counts = new Map<ModelTag, { trained: number; skipped: number }>();
 
   /** @param stopOnError - Whether the run's policy is `stop_on_error` (else nothing is refused). */
   constructor(private readonly stopOnError: boolean) {}
+
+  /** The counter of a run whose error policy is `errorPolicy` (`run.errorPolicy`). */
+  static of(errorPolicy: ErrorPolicy): SkippedSteps {
+    return new SkippedSteps(errorPolicy === 'stop_on_error');
+  }
 
   /**
    * `trainer`, counting its steps and the skipped ones; under `stop_on_error` a batch of no rows, none filtered out,
    * is refused before the step is taken (so no checkpoint holds it).
    */
   counting(trainer: Trainer): Trainer {
+    const count = { trained: 0, skipped: 0 };
+    this.counts.set(trainer.modelTag, count);
     return {
       modelTag: trainer.modelTag,
       get step() {
@@ -43,19 +54,27 @@ export class SkippedSteps {
           );
         }
         const result = await trainer.trainStep(batch, signal);
-        this.trained++;
-        if (result.skipped) this.skipped++;
+        count.trained++;
+        if (result.skipped) count.skipped++;
         return result;
       },
     };
   }
 
-  /** Under `stop_on_error`, when this process took steps and skipped every update: the error that fails the run. */
+  /**
+   * Under `stop_on_error`, when this process took steps of a policy and skipped every update: the error that fails the
+   * run (`context`: `steps`, `skipped`, `modelTag`; the first such policy in the order they were counted).
+   */
   verdict(): StepFailedError | undefined {
-    if (!this.stopOnError || this.trained === 0 || this.skipped < this.trained) return undefined;
-    return new StepFailedError(
-      `all ${this.trained} steps of the run skipped their update (a non-finite loss or gradient): nothing was trained, and under stop_on_error the run fails`,
-      { context: { steps: this.trained, skipped: this.skipped } },
-    );
+    if (!this.stopOnError) return undefined;
+    for (const [modelTag, { trained, skipped }] of this.counts) {
+      if (trained === 0 || skipped < trained) continue;
+      const of = this.counts.size > 1 ? `policy '${modelTag}'` : 'the run';
+      return new StepFailedError(
+        `all ${trained} steps of ${of} skipped their update (a non-finite loss or gradient): nothing was trained, and under stop_on_error the run fails`,
+        { context: { steps: trained, skipped, modelTag } },
+      );
+    }
+    return undefined;
   }
 }

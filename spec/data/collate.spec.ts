@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { collate } from '../../lib/data/collate.js';
-import { ShapeError } from '../../lib/core/errors.js';
+import { ContextLengthError, ShapeError } from '../../lib/core/errors.js';
 import { traj } from '../helpers/fixtures.js';
 
 describe('collate', () => {
@@ -27,5 +27,22 @@ describe('collate', () => {
     const empty = collate([], { padId: 0, modelTag: 'p' });
     expect([empty.size, empty.promptLength, empty.responseLength, empty.inputIds.length]).toEqual([0, 0, 0, 0]);
     expect(() => collate([traj('a@0', 0, { logprobs: [-1] })], { padId: 0, modelTag: 'p' })).toThrow(ShapeError);
+  });
+
+  it('refuses a row longer than maxSeqLen, naming its task, trajectory, length and the limit; one that fits is collated', () => {
+    const fits = traj('a@0', 0, { promptTokens: [1, 5], responseTokens: [6, 2], logprobs: [-1, -1], lossMask: [1, 1] });
+    const long = traj('b@0', 1, { promptTokens: [1, 5, 8], responseTokens: [6, 2], logprobs: [-1, -1], lossMask: [1, 1] });
+    expect(collate([fits], { padId: 0, modelTag: 'p', maxSeqLen: 4 }).size).toBe(1);
+    let error: unknown;
+    try {
+      collate([fits, long], { padId: 0, modelTag: 'p', maxSeqLen: 4 });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ContextLengthError);
+    expect((error as ContextLengthError).context).toEqual({ taskId: long.taskId, trajectoryId: 'b@0/1', tokens: 5, limit: 4 });
+    expect((error as ContextLengthError).message).toContain(`task ${long.taskId}`);
+    // Without a bound, nothing is refused.
+    expect(collate([fits, long], { padId: 0, modelTag: 'p' }).size).toBe(2);
   });
 });

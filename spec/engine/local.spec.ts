@@ -82,6 +82,44 @@ describe('LocalEngine', () => {
     expect(model.weight).toBe(7);
   });
 
+  it('a load waiting for a running batch ends at once with an AbortError when its signal fires, and changes nothing', async () => {
+    // The first batch runs until the spec releases it: only the signal can end the load's wait.
+    const model = new EchoModel();
+    let release: () => void = () => undefined;
+    let started: () => void = () => undefined;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    const generate = model.generate.bind(model);
+    let held = true;
+    model.generate = async (requests, options) => {
+      if (held) {
+        started();
+        await new Promise<void>((resolve) => (release = resolve));
+        held = false;
+      }
+      return generate(requests, options);
+    };
+    const engine = new LocalEngine(model, { tokenizer: tinyTokenizer, maxWaitMs: 0 });
+    const first = engine.generate([req(1)]);
+    await running;
+    const stop = new AbortController();
+    const load = engine.loadWeights(3, weights(100), stop.signal);
+    stop.abort();
+    const error = await load.catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(AbortError);
+    expect((error as AbortError).context).toEqual({ version: 3 });
+    release();
+    expect((await first)[0].tokens).toEqual([1]);
+    // Dropped: neither the weights nor the version moved, and the engine serves on; a later load goes through.
+    const [after] = await engine.generate([req(1)]);
+    expect([after.tokens[0], after.policyVersion, engine.version]).toEqual([1, 0, 0]);
+    await engine.loadWeights(4, weights(10), new AbortController().signal);
+    expect(engine.version).toBe(4);
+    const gone = new AbortController();
+    gone.abort();
+    await expect(engine.loadWeights(5, weights(1), gone.signal)).rejects.toBeInstanceOf(AbortError);
+    expect(engine.version).toBe(4);
+  });
+
   it('rejects aborted requests and keeps serving the rest', async () => {
     const model = new EchoModel();
     const engine = new LocalEngine(model, { tokenizer: tinyTokenizer, maxWaitMs: 5 });

@@ -57,10 +57,29 @@ describe('SkippedSteps: steps that trained nothing, under stop_on_error', () => 
       expect(steps.verdict()).toBeUndefined();
       for (let i = 0; i < 3; i++) expect((await counted.trainStep(batch([Infinity, -Infinity]))).skipped).toBe(true);
       expect(steps.verdict()).toBeInstanceOf(StepFailedError);
-      expect(steps.verdict()?.context).toEqual({ steps: 3, skipped: 3 });
+      expect(steps.verdict()?.context).toEqual({ steps: 3, skipped: 3, modelTag: 'policy' });
       expect((await counted.trainStep(batch([1, -1]))).skipped).toBe(false);
       expect(steps.verdict()).toBeUndefined();
     });
+  });
+
+  it('counts each policy apart: the run fails when one policy skipped every update, naming it', async () => {
+    const models = [PolicyModel.create(config, 1), PolicyModel.create(config, 2)];
+    const trainers = models.map((model, i) => new GrpoTrainer(model, { learningRate: 1e-3, modelTag: ['writer', 'editor'][i] }));
+    try {
+      const steps = SkippedSteps.of('stop_on_error');
+      const [writer, editor] = trainers.map((trainer) => steps.counting(trainer));
+      expect((await writer.trainStep(batch([1, -1]))).skipped).toBe(false);
+      for (let i = 0; i < 2; i++) expect((await editor.trainStep(batch([Infinity, -Infinity]))).skipped).toBe(true);
+      const verdict = steps.verdict();
+      expect(verdict).toBeInstanceOf(StepFailedError);
+      expect(verdict?.context).toEqual({ steps: 2, skipped: 2, modelTag: 'editor' });
+      expect(verdict?.message).toMatch(/^all 2 steps of policy 'editor' skipped their update/);
+      expect(SkippedSteps.of('continue').verdict()).toBeUndefined();
+    } finally {
+      trainers.forEach((trainer) => trainer.dispose());
+      models.forEach((model) => model.dispose());
+    }
   });
 
   it('under continue refuses nothing', async () => {
