@@ -75,7 +75,10 @@ export interface KafkaTrainerConfig extends LoopSettings {
   /**
    * Whether a checkpoint holds the work of every step up to `step` (asked after `afterStep`). The trajectories of
    * trained steps are acknowledged, and their offsets committed, only once this says so; a trainer killed between
-   * checkpoints reads them again. Default: always (offsets are committed as soon as a step is trained).
+   * checkpoints reads them again. Answer about `step` itself: by the time it is asked the trainer may have trained
+   * the next step already (training goes on while a step's weights are published), and records never acknowledged
+   * fill the consumer's capacity until the run stalls. Default: always (offsets are committed as soon as a step is
+   * trained).
    */
   readonly checkpointed?: ((step: StepResult) => boolean) | undefined;
   /** Most steps between two checkpoints: sizes the buffer of trajectories held unacknowledged. Default 1. */

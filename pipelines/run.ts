@@ -649,8 +649,10 @@ function stepsOf(
       ...(parts.lora
         ? { policies: [{ trainer: common.trainer, policy, adapter: { lora: parts.lora.adapter.lora, base: parts.lora.base } }] }
         : { policy }),
-      // Trajectory offsets are committed once a checkpoint holds their step.
-      ...(checkpointed ? { checkpointed: () => ledger.checkpointed(trainer.step), stepsPerCheckpoint: config.checkpoint.every } : {}),
+      // Trajectory offsets are committed once a checkpoint holds their step (the trainer may be a step ahead by then).
+      ...(checkpointed
+        ? { checkpointed: (step: StepResult) => ledger.checkpointed(step.version), stepsPerCheckpoint: config.checkpoint.every }
+        : {}),
     });
   }
   return grpoPipeline({

@@ -141,9 +141,13 @@ export class RunLedger {
     };
   }
 
-  /** Whether a checkpoint holds the trainer's current step (Kafka offsets are committed then). */
-  checkpointed(step: number): boolean {
-    return this.lastCheckpointStep === step;
+  /**
+   * Whether a checkpoint holds the step that made `version`, and so every step before it (the Kafka offsets of their
+   * trajectories are committed then). Asked once that step is published, when the trainer may have trained further
+   * steps (and written a later checkpoint) meanwhile: it asks about that step, not the trainer's current one.
+   */
+  checkpointed(version: number): boolean {
+    return this.lastCheckpointStep >= version;
   }
 
   /** A metrics line of its own (validation scores before, between and after training). */

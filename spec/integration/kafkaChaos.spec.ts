@@ -11,9 +11,13 @@
  * guarantees is that staleness is recorded (never negative: no trajectory from a rolled-back version) and that
  * `trainer.maxStaleness` is enforced at train time — every row staler than it, and only those, is masked from the
  * loss (`rollout/dropped_stale`). That is what the spec asserts, so it does not depend on the machine's load.
+ *
+ * To diagnose a failure, set `RXRL_CHAOS_DIAG=<dir>`: every process logs at `debug` (each Kafka event: admissions,
+ * trained steps, pauses, commits) into `<dir>/<trainer|worker>-<n>.log`, the run's directory is kept, and progress is
+ * what the run writes alone (the debug lines never stop, so they cannot count as progress).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -46,13 +50,19 @@ interface Proc {
   output: number;
 }
 
+/** Where each process's whole output goes, and the run is kept (see the module comment). */
+const DIAG = process.env.RXRL_CHAOS_DIAG;
+let launched = 0;
+
 function launch(command: 'trainer' | 'worker', recipe: string): Proc {
+  const log = DIAG ? join(DIAG, `${command}-${launched++}.log`) : undefined;
   const child = spawn(process.execPath, [cli, command, recipe], { stdio: ['ignore', 'pipe', 'pipe'] });
   const proc: Proc = { child, exited: new Promise((done) => child.on('exit', (code) => done((proc.code = code)))), stderr: '', output: 0 };
   child.stdout!.on('data', (d: Buffer) => (proc.output += d.length));
   child.stderr!.on('data', (d: Buffer) => {
     proc.output += d.length;
     proc.stderr = (proc.stderr + d.toString()).slice(-4000);
+    if (log) appendFileSync(log, d);
   });
   return proc;
 }
@@ -62,7 +72,7 @@ function launch(command: 'trainer' | 'worker', recipe: string): Proc {
  * waits below fail only when none of it changed for two minutes, however long it all takes.
  */
 function progress(runDir: string, all: readonly Proc[]): string {
-  return `${runDirProgress(runDir)}|${all.reduce((n, p) => n + p.output, 0)}`;
+  return DIAG ? runDirProgress(runDir) : `${runDirProgress(runDir)}|${all.reduce((n, p) => n + p.output, 0)}`;
 }
 
 async function kill(proc: Proc): Promise<void> {
@@ -114,8 +124,9 @@ async function chaosRun(mode: StalenessMode, guarantee: Guarantee): Promise<Chao
       seconds: Math.round((performance.now() - started) / 1000),
     };
   } finally {
-    // Passed or failed, nothing is left behind (a failure's message carries the processes' stderr).
-    rmSync(dir, { recursive: true, force: true });
+    // Passed or failed, nothing is left behind (a failure's message carries the processes' stderr), unless diagnosing.
+    if (DIAG === undefined) rmSync(dir, { recursive: true, force: true });
+    else process.stderr.write(`chaos: run kept in ${dir}, logs in ${DIAG}\n`);
   }
 }
 
@@ -133,7 +144,7 @@ function writeRecipe(dir: string, mode: StalenessMode, guarantee: Guarantee): st
       sync: { mode, batchSize: BATCH, stalenessThreshold: 1, capacity: 2 * BATCH },
       checkpoint: { every: 3, keepLast: 2 },
       validation: { beforeTrain: false },
-      logging: { level: 'warn' },
+      logging: { level: DIAG ? 'debug' : 'warn' },
       kafka: { brokers: brokers(), topicPrefix: uniqueName(`chaos-${mode}`), workerConcurrency: 2, rolloutDelayMs: 60 },
     }),
   );
