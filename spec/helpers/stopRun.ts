@@ -7,6 +7,8 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { expect } from 'vitest';
+
 import { latestCheckpoint, verifyCheckpoint } from '../../lib/checkpoint/checkpoint.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -29,6 +31,8 @@ export interface StoppedRun {
 export interface StopWhenBlockedOptions {
   /** The CLI's arguments, e.g. `['run', recipeFile, '--set', 'run.steps=3']`. */
   readonly args: readonly string[];
+  /** What the process is blocked on, for the line that reports the measured seconds (`teacher held`). */
+  readonly what: string;
   /** Added to the environment (`HOME` and `PATH` are inherited unless given). */
   readonly env?: Readonly<Record<string, string>>;
   /**
@@ -87,10 +91,19 @@ export async function stopWhenBlocked(options: StopWhenBlockedOptions): Promise<
     if (end === undefined) {
       throw new Error(`rxrl did not exit within ${bound} ms of ${options.signal ?? 'SIGTERM'}; stderr:\n${stderr}`);
     }
-    return { ...end, stdout, stderr, secondsToExit: (performance.now() - signalledAt) / 1000 };
+    const secondsToExit = (performance.now() - signalledAt) / 1000;
+    // Measured and reported, not asserted against the clock beyond `exitBoundMs`.
+    console.log(`${options.what}: exited ${secondsToExit.toFixed(2)} s after ${options.signal ?? 'SIGTERM'} (code ${end.code})`);
+    return { ...end, stdout, stderr, secondsToExit };
   } finally {
     killGroup();
   }
+}
+
+/** Checks that the process handled the signal itself (no signal ended it) and printed no stack trace. */
+export function expectHandledStop(stopped: StoppedRun): void {
+  expect(stopped.signal, stopped.stderr).toBeNull();
+  expect(stopped.stderr).not.toMatch(/^\s+at /m);
 }
 
 /** Resolves once `stderr()` matches `pattern` (polled every 50 ms; the spec's own timeout bounds it). */

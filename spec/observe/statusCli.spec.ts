@@ -187,8 +187,12 @@ describe('rxrl status against hostile servers (issue 53 row 7)', () => {
   it('SIGTERM and SIGINT end a wait on a server that never answers', async () => {
     for (const signal of ['SIGTERM', 'SIGINT'] as const) {
       const { url, requested } = await hostile(() => undefined);
-      const stopped = await stopWhenBlocked({ args: ['status', url, '--timeout-ms', '300000'], blocked: () => requested, signal });
-      console.log(`rxrl status: ${signal} to exit ${stopped.secondsToExit.toFixed(2)} s`);
+      const stopped = await stopWhenBlocked({
+        args: ['status', url, '--timeout-ms', '300000'],
+        what: 'rxrl status on a server that never answers',
+        blocked: () => requested,
+        signal,
+      });
       expect(stopped.code).toBe(signal === 'SIGINT' ? 130 : 143);
       expect(stopped.stderr).toBe(`rxrl: stopped by ${signal}\n`);
     }
