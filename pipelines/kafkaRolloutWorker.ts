@@ -221,7 +221,13 @@ class WorkerRun {
         onEvent: config.onEvent,
         onClosed: this.onClosed,
       }),
-      { tokenizer: config.tokenizer, engine: config.engine, ...(config.weightsRoot === undefined ? {} : { root: config.weightsRoot }) },
+      {
+        tokenizer: config.tokenizer,
+        engine: config.engine,
+        ...(config.weightsRoot === undefined ? {} : { root: config.weightsRoot }),
+        // A stopped worker does not wait on a weight load (for its running generation to end).
+        signal: this.signal,
+      },
     );
   }
 

@@ -102,7 +102,8 @@ export interface KafkaTrainerConfig extends LoopSettings {
  *   requires (`b − η` for admission batch `b`), its group size and sampling settings.
  * - Trajectories come back from `trajectories` (any number of workers); redeliveries are dropped by trajectory id,
  *   outputs of other runs are ignored, and undecodable messages go to the dead-letter topic.
- * - Groups are batched (one admission batch per train batch in `sync` and `batch-async`), trained, and each new
+ * - Groups are batched (one admission batch per train batch in `sync` and `batch-async`), prepared as the loop's
+ *   settings say (`grpoPrepare`; `sftPrepare` with `sft`, `distillPrepare` with `distill`), trained, and each new
  *   version is written to `weightsDir` and announced on `weights` before the gate admits more.
  * - Offsets of the trajectories topic are committed only once the step that trained them is done.
  * - With `policies` and `episodes` (a multi-agent run, the workers playing the same `episodes`), each policy has
@@ -212,27 +213,48 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
   });
 }
 
-/** The loop settings of a Kafka run. */
+/** The settings of a Kafka trainer that are its transport's and its lanes', not its loop's. */
+type TransportKey = Exclude<keyof KafkaTrainerConfig, keyof PolicyLoopConfig>;
+
+/**
+ * Every {@link TransportKey}, listed once: the compiler requires each of them here and no other, so a setting added to
+ * the loop (`LoopSettings`) reaches a Kafka run's loop without being named again — the algorithm's `sft` and
+ * `distill`, the advantage and KL settings, the context bound alike.
+ */
+const TRANSPORT_KEYS: Readonly<Record<TransportKey, true>> = {
+  kafka: true,
+  topics: true,
+  trainer: true,
+  policy: true,
+  policies: true,
+  episodes: true,
+  padId: true,
+  tokenizer: true,
+  weightsDir: true,
+  keepVersions: true,
+  run: true,
+  groupId: true,
+  afterStep: true,
+  checkpointed: true,
+  stepsPerCheckpoint: true,
+  partitions: true,
+  consumer: true,
+  onEvent: true,
+};
+
+/**
+ * The loop settings of a Kafka run: every setting of the config but its transport's, so the loop prepares and trains
+ * as an embedded run of the same settings does (one policy loop: SFT's and distillation's batches too).
+ */
 function loopConfig(config: KafkaTrainerConfig, signal: AbortSignal): PolicyLoopConfig {
+  const settings = Object.fromEntries(Object.entries(config).filter(([key]) => !Object.hasOwn(TRANSPORT_KEYS, key))) as Omit<
+    KafkaTrainerConfig,
+    TransportKey
+  >;
   return {
+    ...settings,
     // No steps, no task: the loop reads `steps: 0` as "until the loader is exhausted", a Kafka run as "admit none".
     tasks: config.steps === 0 ? noTasks() : config.tasks,
-    ...(config.loader === undefined ? {} : { loader: config.loader }),
-    mode: config.mode,
-    stalenessThreshold: config.stalenessThreshold,
-    capacity: config.capacity,
-    batchSize: config.batchSize,
-    generationBatchSize: config.generationBatchSize,
-    groupSize: config.groupSize,
-    maxTokens: config.maxTokens,
-    maxSeqLen: config.maxSeqLen,
-    steps: config.steps,
-    advantage: config.advantage,
-    klInReward: config.klInReward,
-    groupTimeoutMs: config.groupTimeoutMs,
-    onGroupTimeout: config.onGroupTimeout,
-    onAdmit: config.onAdmit,
-    activity: config.activity,
     signal,
   };
 }

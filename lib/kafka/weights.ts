@@ -22,6 +22,7 @@ import { Subject, type Observable, type Subscription } from 'rxjs';
 import { LocalEngine, type LocalEngineOptions } from '../engine/local.js';
 import type { NamedWeights, Tokenizer } from '../model/types.js';
 import { ConfigError, DecodeError, isRetriable, throwIfAborted } from '../core/errors.js';
+import { sleep } from '../core/retry.js';
 import { entryExists, readJsonObject, readRegularFile, resolveInside } from '../model/files.js';
 import {
   LoraAdapter,
@@ -191,6 +192,11 @@ export interface WeightsFollowerOptions {
    * is the run's weights directory). An announcement naming anything else is refused. Default: no confinement.
    */
   readonly root?: string;
+  /**
+   * The worker's stop: a weight load in progress ends when it fires (it does not wait for the running generation),
+   * and no other starts. {@link WeightsFollower.close} does the same. Default: none.
+   */
+  readonly signal?: AbortSignal | undefined;
 }
 
 /** What a follower reports. */
@@ -274,6 +280,10 @@ export class WeightsFollower {
   private waiters: Waiter[] = [];
   private readonly events$ = new Subject<WeightsFollowerEvent>();
   private failure: unknown;
+  /** Aborted by {@link close}. */
+  private readonly closing = new AbortController();
+  /** Ends a load in progress: the worker's stop (`options.signal`) or {@link close}. */
+  private readonly stop: AbortSignal;
 
   /**
    * Loads, skips, refusals and run ends, as they happen. Errors when the follower fails: the worker's tokenizer does
@@ -288,7 +298,9 @@ export class WeightsFollower {
   constructor(
     private readonly announcements: Observable<KafkaRecord<WeightsMessage>>,
     private readonly options: WeightsFollowerOptions,
-  ) {}
+  ) {
+    this.stop = options.signal ? AbortSignal.any([options.signal, this.closing.signal]) : this.closing.signal;
+  }
 
   /** An engine of the followed run (its first policy loaded) and the version it holds, if any weights were loaded. */
   get current(): { readonly run: string; readonly version: PolicyVersion; readonly engine: LocalEngine } | undefined {
@@ -332,8 +344,9 @@ export class WeightsFollower {
     return this.wait(run, minVersion, tags, signal);
   }
 
-  /** Stops following and disposes the engines' models. Pending waits resolve with undefined. */
+  /** Stops following and disposes the engines' models; a load in progress is dropped. Pending waits resolve with undefined. */
   close(): void {
+    this.closing.abort();
     this.subscription?.unsubscribe();
     this.subscription = undefined;
     for (const waiter of this.waiters) waiter.resolve(undefined);
@@ -444,7 +457,8 @@ export class WeightsFollower {
     if (this.loading) return;
     this.loading = true;
     try {
-      for (let next = this.next(); next !== undefined; next = this.next()) {
+      // A stopped follower loads nothing more: the announcement a stopped load dropped stays unloaded.
+      for (let next = this.next(); next !== undefined && !this.stop.aborted; next = this.next()) {
         await this.load(next);
         this.wake();
       }
@@ -461,6 +475,8 @@ export class WeightsFollower {
     const { run, modelTag, version } = message;
     let reason = '';
     for (let attempt = 0; attempt < attempts; attempt++) {
+      // Stopped: the load is dropped, neither loaded nor refused.
+      if (this.stop.aborted) return;
       if (this.latest.get(modelTag) !== message) {
         this.events$.next({ type: 'skipped', run, modelTag, version, reason: 'a newer version was announced' });
         return;
@@ -471,9 +487,10 @@ export class WeightsFollower {
       } catch (error) {
         // This worker cannot use the run's models at all: fail loudly rather than skip every version.
         if (error instanceof ConfigError && error.context.key === 'tokenizer') throw error;
+        if (this.stop.aborted) return;
         reason = error instanceof Error ? error.message : String(error);
         if (!isRetriable(error)) break;
-        await new Promise((r) => setTimeout(r, 100));
+        await sleep(100, this.stop).catch(() => undefined);
         continue;
       }
       await this.install(message, policy);
@@ -536,7 +553,8 @@ export class WeightsFollower {
     const { weights } = decodeSafetensors(data);
     const loaded = this.loadedRun === message.run ? this.loaded.get(message.modelTag) : undefined;
     if (loaded !== undefined) {
-      await loaded.engine.loadWeights(message.version, adapter ? renamePeftWeights(weights) : weights);
+      // A stopped worker does not wait for its running generation to load weights it will never sample from.
+      await loaded.engine.loadWeights(message.version, adapter ? renamePeftWeights(weights) : weights, this.stop);
       return loaded;
     }
     if (adapter) {

@@ -6,9 +6,10 @@ import { join } from 'node:path';
 
 import type { Kafka, Producer } from 'kafkajs';
 import { firstValueFrom, filter } from 'rxjs';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 
-import { ConfigError } from '../../lib/core/errors.js';
+import { AbortError, ConfigError } from '../../lib/core/errors.js';
+import { LocalEngine } from '../../lib/engine/local.js';
 import { createProducer } from '../../lib/kafka/client.js';
 import { decodeWeightsMessage, encodeWeightsMessage } from '../../lib/kafka/codec.js';
 import type { WeightsVersionMessage } from '../../lib/kafka/types.js';
@@ -54,7 +55,10 @@ async function setup(run = 'run-a'): Promise<{ topic: string; dir: string; publi
   return { topic, dir, publisher };
 }
 
-function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: number; root?: string } = {}): WeightsFollower {
+function follow(
+  topic: string,
+  options: { vocab?: CharTokenizer; loadAttempts?: number; root?: string; signal?: AbortSignal } = {},
+): WeightsFollower {
   const closings: Promise<void>[] = [];
   const follower = new WeightsFollower(
     fromKafka(kafka, {
@@ -67,6 +71,7 @@ function follow(topic: string, options: { vocab?: CharTokenizer; loadAttempts?: 
       tokenizer: options.vocab ?? tokenizer,
       loadAttempts: options.loadAttempts,
       ...(options.root === undefined ? {} : { root: options.root }),
+      signal: options.signal,
     },
   );
   cleanups.push(() => follower.close());
@@ -249,6 +254,49 @@ describe('WeightsFollower', () => {
     await publisher.publish(0, model.getWeights());
     const follower = follow(topic, { vocab: new CharTokenizer('abc') });
     await expect(follower.waitFor('run-a', 0)).rejects.toBeInstanceOf(ConfigError);
+  });
+
+  it("a load waiting for the engine's running generation ends at once when the worker's signal fires, and loads nothing", async () => {
+    const { topic, publisher } = await setup();
+    await publisher.publish(0, model.getWeights());
+    const stop = new AbortController();
+    const follower = follow(topic, { signal: stop.signal });
+    const engine = (await follower.waitFor('run-a', 0)) as LocalEngine;
+    // The engine's generation runs until the spec releases it (a long rollout): only the signal can end the load's wait.
+    const generate = PolicyModel.prototype.generate;
+    let release: () => void = () => undefined;
+    let started: () => void = () => undefined;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    vi.spyOn(PolicyModel.prototype, 'generate').mockImplementationOnce(async function (this: PolicyModel, requests, options) {
+      started();
+      await new Promise<void>((resolve) => (release = resolve));
+      return generate.call(this, requests, options);
+    });
+    const loads = vi.spyOn(LocalEngine.prototype, 'loadWeights');
+    cleanups.push(() => vi.restoreAllMocks());
+    const first = engine.generate([{ promptTokens: [1, 2], maxTokens: 1 }]);
+    await running;
+    const loaded: WeightsFollowerEvent[] = [];
+    follower.events.subscribe((e) => void (e.type === 'end' ? undefined : loaded.push(e)));
+    await publisher.publish(1, model.getWeights());
+    await vi.waitFor(() => expect(loads).toHaveBeenCalled(), { timeout: 60_000, interval: 20 });
+    const load = loads.mock.results[0].value as Promise<void>;
+    stop.abort();
+    // Ended within the turn of the event loop the signal fired in, while the generation still runs.
+    const ended = await Promise.race([
+      load.then(
+        () => 'loaded',
+        (e: unknown) => e,
+      ),
+      new Promise((r) => setImmediate(() => r('still waiting'))),
+    ]);
+    expect(ended).toBeInstanceOf(AbortError);
+    release();
+    expect((await first)[0].policyVersion).toBe(0);
+    await Promise.allSettled([load]);
+    // Dropped, not refused: the engine keeps version 0, and the follower reports nothing of version 1.
+    expect(engine.version).toBe(0);
+    expect(loaded).toEqual([]);
   });
 
   it('waits are cancelled by their signal', async () => {
