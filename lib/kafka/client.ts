@@ -4,10 +4,21 @@
  *
  * @packageDocumentation
  */
-import { Kafka, Partitioners, logLevel, type KafkaConfig, type LogEntry, type Producer, type ProducerConfig } from 'kafkajs';
+import {
+  Kafka,
+  KafkaJSAggregateError,
+  Partitioners,
+  logLevel,
+  type Admin,
+  type KafkaConfig,
+  type LogEntry,
+  type Producer,
+  type ProducerConfig,
+} from 'kafkajs';
 
-import { ConfigError } from '../core/errors.js';
-import { KafkaBridgeError } from './errors.js';
+import { ConfigError, isRetriable } from '../core/errors.js';
+import { retry } from '../core/retry.js';
+import { causeIsRetriable, KafkaBridgeError } from './errors.js';
 import type { KafkaTopics } from './types.js';
 
 /** kafkajs log levels by name (`RXRL_KAFKA_LOG`). */
@@ -148,9 +159,14 @@ export async function ensureTopics(
     try {
       await admin.createTopics({ topics: missing, waitForLeaders: true });
     } catch (error) {
-      // Another process may have created them between our listing and our request.
-      const now = new Set(await admin.listTopics());
-      if (!missing.every((t) => now.has(t.topic))) throw error;
+      // Another process may have created them between our listing and our request, or the broker created them but
+      // its metadata lags behind (kafkajs then gives up on "does not host this topic-partition"): wait for them.
+      if (!causeIsRetriable(error) && !(error instanceof KafkaJSAggregateError)) throw error;
+      await topicsReady(
+        admin,
+        missing.map((t) => t.topic),
+        signal,
+      );
     }
   } catch (cause) {
     if (signal?.aborted) throw cause;
@@ -160,4 +176,30 @@ export async function ensureTopics(
   } finally {
     await admin.disconnect().catch(() => undefined);
   }
+}
+
+/** How long topics just created may take to be listed with a leader for every partition (a loaded broker lags). */
+const TOPICS_READY_MS = 60_000;
+
+/**
+ * Resolves once every topic of `names` is listed and each of its partitions has a leader; retries (lib/core/retry.ts)
+ * until {@link TOPICS_READY_MS}, or rejects with an AbortError when `signal` fires.
+ */
+async function topicsReady(admin: Admin, names: readonly string[], signal: AbortSignal | undefined): Promise<void> {
+  await retry(
+    async () => {
+      const listed = new Set(await admin.listTopics());
+      const absent = names.filter((name) => !listed.has(name));
+      if (absent.length > 0) throw new KafkaBridgeError(`topics not listed yet: ${absent.join(', ')}`, { retriable: true });
+      const { topics } = await admin.fetchTopicMetadata({ topics: [...names] });
+      const leaderless = topics.filter((t) => t.partitions.some((p) => p.leader < 0)).map((t) => t.name);
+      if (leaderless.length > 0) throw new KafkaBridgeError(`topics without a leader yet: ${leaderless.join(', ')}`, { retriable: true });
+    },
+    {
+      retries: Infinity,
+      deadlineMs: TOPICS_READY_MS,
+      signal,
+      isRetriable: (error) => isRetriable(error) || causeIsRetriable(error),
+    },
+  );
 }

@@ -28,7 +28,8 @@ export function isKafkaBridgeError(error: unknown): error is KafkaBridgeError {
   return error instanceof KafkaBridgeError;
 }
 
-function causeIsRetriable(cause: unknown): boolean {
+/** True when `cause` (a kafkajs error) says it is retriable. */
+export function causeIsRetriable(cause: unknown): boolean {
   return typeof cause === 'object' && cause !== null && (cause as { retriable?: unknown }).retriable === true;
 }
 
