@@ -1,7 +1,7 @@
 /**
  * `npm run bench -- hostileHeartbeats [--beats 1030] [--id-kb 540]`
  *
- * The attack of issue 53 row 1, in one process, on the path the trainer takes: `--beats` heartbeat records whose
+ * The heartbeat attack on the status server (huge worker ids), in one process, on the path the trainer takes: `--beats` heartbeat records whose
  * worker ids are `--id-kb` KB each are decoded (`decodeHeartbeatMessage`) and given to the run's tracker (those that
  * do not decode count as dead letters), then `GET /status` and `GET /metrics` are asked of its status server. One
  * JSON line per stage: RSS (after a forced GC) before and after the heartbeats, and each answer's status and size.

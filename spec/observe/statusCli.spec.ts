@@ -102,7 +102,7 @@ describe('printable', () => {
   });
 });
 
-describe('fetchStatus against hostile servers (issue 53 row 7)', () => {
+describe('fetchStatus against hostile servers', () => {
   it('a server that never answers: an EngineError naming the deadline', async () => {
     const { url } = await hostile(() => undefined);
     const error = await fetchStatus(url, { timeoutMs: 300 }).catch((e: unknown) => e);
@@ -160,7 +160,7 @@ describe('fetchStatus against hostile servers (issue 53 row 7)', () => {
   });
 });
 
-describe('rxrl status against hostile servers (issue 53 row 7)', () => {
+describe('rxrl status against hostile servers', () => {
   it('ends with a typed error within --timeout-ms when the server never answers', async () => {
     const { url } = await hostile(() => undefined);
     const { code, stdout, stderr } = await rxrl(['status', url, '--timeout-ms', '500']);

@@ -49,7 +49,7 @@ async function get(url: string): Promise<{ status: number; bytes: number; text: 
   return { status: response.status, bytes: Buffer.byteLength(text), text };
 }
 
-describe('hostile heartbeats and the status server (issue 53 row 1)', () => {
+describe('hostile heartbeats and the status server', () => {
   it('1,030 heartbeats with 4 KB worker ids: each is a poison record, the tracker keeps none, /status and /metrics stay small', async () => {
     const tracker = new ActivityTracker();
     const deadLetters: string[] = [];
