@@ -4,17 +4,7 @@
  *
  * @packageDocumentation
  */
-import {
-  Kafka,
-  KafkaJSAggregateError,
-  Partitioners,
-  logLevel,
-  type Admin,
-  type KafkaConfig,
-  type LogEntry,
-  type Producer,
-  type ProducerConfig,
-} from 'kafkajs';
+import { Kafka, Partitioners, logLevel, type Admin, type KafkaConfig, type LogEntry, type Producer, type ProducerConfig } from 'kafkajs';
 
 import { ConfigError, isRetriable } from '../core/errors.js';
 import { retry } from '../core/retry.js';
@@ -161,7 +151,7 @@ export async function ensureTopics(
     } catch (error) {
       // Another process may have created them between our listing and our request, or the broker created them but
       // its metadata lags behind (kafkajs then gives up on "does not host this topic-partition"): wait for them.
-      if (!causeIsRetriable(error) && !(error instanceof KafkaJSAggregateError)) throw error;
+      if (!causeIsRetriable(error) && !isAggregateError(error)) throw error;
       await topicsReady(
         admin,
         missing.map((t) => t.topic),
@@ -202,4 +192,10 @@ async function topicsReady(admin: Admin, names: readonly string[], signal: Abort
       isRetriable: (error) => isRetriable(error) || causeIsRetriable(error),
     },
   );
+}
+
+/** True for kafkajs's KafkaJSAggregateError (some topics existed already); by name: kafkajs is CommonJS and does not
+ * export it to ESM by name. */
+function isAggregateError(error: unknown): boolean {
+  return error instanceof Error && error.name === 'KafkaJSAggregateError';
 }

@@ -20,7 +20,7 @@ import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import type { Tokenizer } from '../../lib/model/types.js';
 import { runTraining } from '../../pipelines/run.js';
 import { traj } from '../helpers/fixtures.js';
-import { expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
+import { checkpointWritten, expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const qwen = join(root, 'spec', 'fixtures', 'hf', 'tiny-qwen2');
@@ -198,7 +198,9 @@ describe('a teacher that answers what no model would', () => {
       args: ['run', file],
       what: 'teacher held',
       env: { RXRL_LOG_LEVEL: 'silent' },
-      blocked: () => held,
+      // Blocked on the second scoring, with the first step's checkpoint written (its save may still be running when
+      // the second scoring starts).
+      blocked: () => Promise.all([held, checkpointWritten(join(work, 'run'))]),
       exitBoundMs: 60_000,
     });
     expectHandledStop(stopped);

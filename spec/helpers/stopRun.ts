@@ -106,6 +106,11 @@ export function expectHandledStop(stopped: StoppedRun): void {
   expect(stopped.stderr).not.toMatch(/^\s+at /m);
 }
 
+/** Resolves once `runDir` holds an intact checkpoint (polled every 50 ms; the spec's own timeout bounds it). */
+export async function checkpointWritten(runDir: string): Promise<void> {
+  while ((await intactCheckpoint(runDir).catch(() => undefined)) === undefined) await new Promise((resolve) => setTimeout(resolve, 50));
+}
+
 /** Resolves once `stderr()` matches `pattern` (polled every 50 ms; the spec's own timeout bounds it). */
 export async function stderrMatches(stderr: () => string, pattern: RegExp): Promise<void> {
   while (!pattern.test(stderr())) await new Promise((resolve) => setTimeout(resolve, 50));

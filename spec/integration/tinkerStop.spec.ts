@@ -21,7 +21,7 @@ import { PolicyModel } from '../../lib/model/transformer.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { loadRollout } from '../../pipelines/parts/data.js';
 import { tinyRun } from '../checkpoint/tinyRun.js';
-import { expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
+import { checkpointWritten, expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 let tokenizer: Tokenizer;
@@ -107,10 +107,7 @@ describe('SIGTERM while a Tinker future never finishes', () => {
         what: 'tinker future held',
         env: { RXRL_LOG_LEVEL: 'warn' },
         // Blocked on step 2's future, with step 1's checkpoint written.
-        blocked: async () => {
-          await proxy.held;
-          while ((await intactCheckpoint(runDir).catch(() => undefined)) === undefined) await new Promise((r) => setTimeout(r, 50));
-        },
+        blocked: () => Promise.all([proxy.held, checkpointWritten(runDir)]),
       });
       expectHandledStop(stopped);
       expect(await intactCheckpoint(runDir)).toMatch(/global_step_1$/);
