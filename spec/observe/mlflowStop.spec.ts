@@ -10,7 +10,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
+import { checkpointWritten, expectHandledStop, intactCheckpoint, stopWhenBlocked } from '../helpers/stopRun.js';
 
 const servers: Server[] = [];
 afterEach(async () => {
@@ -44,20 +44,6 @@ async function hangingServer(): Promise<{ url: string; hung: Promise<void> }> {
   return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, hung };
 }
 
-/** Resolves once `runDir` holds an intact checkpoint. */
-async function checkpointed(runDir: string): Promise<void> {
-  for (;;) {
-    if (
-      await intactCheckpoint(runDir).then(
-        () => true,
-        () => false,
-      )
-    )
-      return;
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
-
 describe('rxrl run with an MLflow server that never answers', () => {
   it('exits on SIGTERM within seconds, with its last checkpoint intact', async () => {
     const server = await hangingServer();
@@ -81,7 +67,7 @@ describe('rxrl run with an MLflow server that never answers', () => {
       args: ['run', recipe],
       what: 'MLflow log-batch held (deadline 300 s)',
       env: { RXRL_LOG_LEVEL: 'warn' },
-      blocked: () => Promise.all([server.hung, checkpointed(runDir)]),
+      blocked: () => Promise.all([server.hung, checkpointWritten(runDir)]),
     });
     expectHandledStop(stopped);
     expect(stopped.code).toBe(0);
