@@ -18,6 +18,7 @@ import { limitBody, readBoundedText } from '../core/http.js';
 import { stalenessMetrics, type TrainerLoss } from '../train/grpoTrainer.js';
 import type { StepResult, Trainer } from '../train/types.js';
 import type { Batch, ModelTag, PolicyVersion } from '../core/types.js';
+import { readCapabilities, type TinkerCapabilities } from './capabilities.js';
 import {
   decodeForwardBackwardOutput,
   decodeSampleResponse,
@@ -92,6 +93,14 @@ const ERROR_TEXT_BYTES = 64 * 1024;
 /** Calls that may be repeated whatever happened to the first attempt. */
 const IDEMPOTENT = new Set(['/api/v1/client/config', '/api/v1/create_session', RETRIEVE_FUTURE, '/api/v1/get_info']);
 
+/**
+ * A seed as the Tinker API carries it, a non-negative int32: rxrl's seeds are uint32, and the API's are int32 (the
+ * SDK and SkyRL refuse larger ones). The top bit is dropped, so seeds below 2^31 pass unchanged.
+ */
+export function tinkerSeed(seed: number): number {
+  return (seed >>> 0) & 0x7fffffff;
+}
+
 /** A session on a Tinker service: training clients, sampling sessions, futures. */
 export class TinkerClient {
   private readonly seqs = new Map<string, number>();
@@ -102,12 +111,19 @@ export class TinkerClient {
     private readonly options: TinkerClientOptions,
     /** The service's session id. */
     readonly sessionId: string,
+    /** What the service does with rxrl's requests, read at {@link TinkerClient.connect}. */
+    readonly capabilities: TinkerCapabilities,
   ) {}
 
-  /** Opens a session (`client/config`, `create_session`) and keeps it alive with heartbeats until {@link TinkerClient.close}. */
+  /**
+   * Opens a session (`client/config`, `create_session`) and keeps it alive with heartbeats until
+   * {@link TinkerClient.close}; reads the service's {@link TinkerClient.capabilities} first.
+   */
   static async connect(options: TinkerClientOptions): Promise<TinkerClient> {
-    const probe = new TinkerClient(options, '');
-    await probe.post('/api/v1/client/config', { sdk_version: 'rxrl' });
+    const none: TinkerCapabilities = { loadCreatesModel: false, finishesSessions: true, unhonoured: [] };
+    const probe = new TinkerClient(options, '', none);
+    const config = await probe.post('/api/v1/client/config', { sdk_version: 'rxrl' });
+    const capabilities = await readCapabilities(options.baseURL, options.apiKey, config, options.signal);
     const { session_id } = (await probe.post('/api/v1/create_session', {
       tags: [],
       user_metadata: {},
@@ -116,21 +132,26 @@ export class TinkerClient {
     })) as {
       session_id: string;
     };
-    const client = new TinkerClient(options, session_id);
+    const client = new TinkerClient(options, session_id, capabilities);
     client.heartbeat = setInterval(() => void client.beat(), options.heartbeatMs ?? 10_000);
     client.heartbeat.unref();
     return client;
   }
 
   /**
-   * Stops the heartbeats and finishes the session (`sessions/{id}/finish`), which frees its training clients on the
-   * service; a service that cannot be reached is left alone.
+   * Stops the heartbeats and frees what the session holds on the service: each training client it made is unloaded
+   * (`unload_model`, asked for, not awaited: the service frees it in its order, before any later client is made), and
+   * the session finished (`sessions/{id}/finish`) where the service has that. Each request has 5 s; a service that
+   * cannot be reached is left alone (it ends silent sessions itself).
    */
   async close(): Promise<void> {
     clearInterval(this.heartbeat);
     this.heartbeat = undefined;
-    const path = `/api/v1/sessions/${encodeURIComponent(this.sessionId)}/finish`;
-    await this.postOnce(path, { reason: { type: 'success' }, detail: null }, AbortSignal.timeout(5_000), false).catch(() => undefined);
+    const once = (path: string, body: unknown) => this.postOnce(path, body, AbortSignal.timeout(5_000), false).catch(() => undefined);
+    for (const modelId of this.seqs.keys()) await once('/api/v1/unload_model', { model_id: modelId, type: 'unload_model' });
+    this.seqs.clear();
+    if (this.capabilities.finishesSessions)
+      await once(`/api/v1/sessions/${encodeURIComponent(this.sessionId)}/finish`, { reason: { type: 'success' }, detail: null });
   }
 
   /** One heartbeat; a session the service ended (410) is beaten no more. A failed one is retried at the next beat. */
@@ -147,25 +168,43 @@ export class TinkerClient {
     }
   }
 
-  /** A LoRA training client of `rank` on `baseModel`; resolves with its model id. */
-  async createLoraModel(baseModel: string, rank: number): Promise<string> {
+  /**
+   * A LoRA training client of `rank` on `baseModel`, its adapter initialised from `seed` where given (an int32, as
+   * services take it); resolves with its model id.
+   */
+  async createLoraModel(baseModel: string, rank: number, seed?: number): Promise<string> {
     const future = await this.post('/api/v1/create_model', {
       session_id: this.sessionId,
       model_seq_id: this.seqs.size,
       base_model: baseModel,
-      lora_config: { rank, train_unembed: true, train_mlp: true, train_attn: true },
+      lora_config: {
+        rank,
+        train_unembed: true,
+        train_mlp: true,
+        train_attn: true,
+        ...(seed === undefined ? {} : { seed: tinkerSeed(seed) }),
+      },
       type: 'create_model',
     });
-    const { model_id } = (await this.result(future)) as { model_id: string };
+    const model_id = ((await this.result(future)) as { model_id?: unknown }).model_id ?? (future as { model_id?: unknown }).model_id;
+    if (typeof model_id !== 'string') throw new TinkerError('create_model answered without a model_id');
     this.seqs.set(model_id, 0);
     return model_id;
   }
 
   /**
-   * A training client made from a saved state (`load_weights` addressed by session: the rank comes from the
-   * state), with the optimizer's state when `withOptimizer`; resolves with its model id.
+   * A training client made from a saved state, with the optimizer's state when `withOptimizer`; resolves with its
+   * model id. Where the service creates clients from states (`load_weights` addressed by session, the rank from the
+   * state) that is one request; elsewhere, as the SDK does, a client of `rank` is made first and the state loaded
+   * into it.
    */
-  async createModelFromState(path: string, withOptimizer: boolean, baseModel?: string): Promise<string> {
+  async createModelFromState(path: string, withOptimizer: boolean, baseModel: string, rank: number): Promise<string> {
+    if (!this.capabilities.loadCreatesModel) {
+      const modelId = await this.createLoraModel(baseModel, rank);
+      const body = { model_id: modelId, path, optimizer: withOptimizer, seq_id: this.nextSeq(modelId), type: 'load_weights' };
+      await this.result(await this.post('/api/v1/load_weights', body));
+      return modelId;
+    }
     const modelSeqId = this.seqs.size;
     const modelId = `${this.sessionId}:train:${modelSeqId}`;
     const future = await this.post('/api/v1/load_weights', {
@@ -173,7 +212,7 @@ export class TinkerClient {
       model_seq_id: modelSeqId,
       path,
       optimizer: withOptimizer,
-      ...(baseModel === undefined ? {} : { base_model: baseModel }),
+      base_model: baseModel,
       type: 'load_weights',
     });
     await this.result(future);
@@ -268,7 +307,7 @@ export class TinkerClient {
           top_p: params.topP,
           top_k: -1,
           stop: params.stop,
-          ...(params.seed === undefined ? {} : { seed: params.seed }),
+          ...(params.seed === undefined ? {} : { seed: tinkerSeed(params.seed) }),
         },
         type: 'sample',
       },
@@ -430,6 +469,8 @@ export interface TinkerClientTrainerOptions {
   readonly clipLow?: number;
   readonly clipHigh?: number;
   readonly modelTag?: ModelTag;
+  /** Seed of the adapter's initialisation (sent as an int32; a service may choose its own without it). */
+  readonly seed?: number;
 }
 
 /**
@@ -466,7 +507,9 @@ export class TinkerClientTrainer implements Trainer {
     from?: { readonly path: string; readonly step: number },
   ): Promise<TinkerClientTrainer> {
     const modelId =
-      from === undefined ? await client.createLoraModel(baseModel, rank) : await client.createModelFromState(from.path, true, baseModel);
+      from === undefined
+        ? await client.createLoraModel(baseModel, rank, options.seed)
+        : await client.createModelFromState(from.path, true, baseModel, rank);
     const trainer = new TinkerClientTrainer(client, modelId, options, from?.step ?? 0, await client.samplerOf(modelId));
     return trainer;
   }
@@ -483,18 +526,46 @@ export class TinkerClientTrainer implements Trainer {
     return id;
   }
 
+  /**
+   * One step on the service: `forward_backward` of the batch's rows, then `optim_step`, then a sampling session of
+   * the new weights. A batch of no rows (every sample of the step was lost) sends nothing — the API has no empty
+   * `forward_backward` — and is a skipped step whose version samples from the weights before it.
+   *
+   * @throws {@link TinkerError} when the service's loss is not finite, before the update (it would corrupt the
+   *   adapter); `context`: `step`, `loss`.
+   */
   async trainStep(batch: Batch): Promise<StepResult> {
     const started = performance.now();
-    const clipLow = this.options.clipLow ?? 0.2;
-    const clipHigh = this.options.clipHigh ?? clipLow;
     const sft = this.options.loss === 'cross-entropy';
     const { data, tokens } = datumsOf(batch, sft ? 'cross_entropy' : 'ppo');
+    const step = this.step;
+    const base = { ...stalenessMetrics(batch, step), 'actor/loss_tokens': tokens };
+    const result = (metrics: Record<string, number>, skipped: boolean): StepResult => ({
+      step,
+      version: step + 1,
+      metrics: { ...base, ...metrics, 'timing/step_s': (performance.now() - started) / 1000 },
+      skipped,
+      trajectoryIds: batch.meta.trajectoryIds,
+      weights: (): NamedWeights => new Map(),
+    });
+    if (data.length === 0) {
+      this.samplers.set(step + 1, this.samplerFor(step));
+      this.step++;
+      return result({ 'actor/skipped_empty': 1 }, true);
+    }
+    const clipLow = this.options.clipLow ?? 0.2;
+    const clipHigh = this.options.clipHigh ?? clipLow;
     const out = sft
       ? await this.client.forwardBackward(this.modelId, data, 'cross_entropy', {})
       : await this.client.forwardBackward(this.modelId, data, 'ppo', {
           clip_low_threshold: 1 - clipLow,
           clip_high_threshold: 1 + clipHigh,
         });
+    const loss = lossOf(out);
+    if (loss !== undefined && !Number.isFinite(loss))
+      throw new TinkerError(`step ${step}: the service computed a non-finite loss (${loss}); the update was not applied`, {
+        context: { step, loss },
+      });
     const optim = await this.client.optimStep(this.modelId, {
       learningRate: this.options.learningRate ?? 1e-3,
       beta1: this.options.adamBeta1 ?? 0.9,
@@ -503,24 +574,36 @@ export class TinkerClientTrainer implements Trainer {
       weightDecay: 0,
       gradClipNorm: this.options.maxGradNorm ?? 1,
     });
-    const step = this.step++;
     this.samplers.set(step + 1, await this.client.samplerOf(this.modelId));
-    const loss = out.metrics['loss:sum'] ?? Number.NaN;
-    return {
-      step,
-      version: step + 1,
-      metrics: {
-        ...stalenessMetrics(batch, step),
-        [sft ? 'actor/sft_loss' : 'actor/pg_loss']: loss,
-        'actor/grad_norm': optim['grad_norm:mean'] ?? Number.NaN,
-        'actor/loss_tokens': tokens,
-        'timing/step_s': (performance.now() - started) / 1000,
-      },
-      skipped: !Number.isFinite(loss),
-      trajectoryIds: batch.meta.trajectoryIds,
-      weights: (): NamedWeights => new Map(),
-    };
+    this.step++;
+    const gradNorm = GRAD_NORM_KEYS.map((key) => optim[key]).find((v) => v !== undefined);
+    const metrics: Record<string, number> = {};
+    if (loss !== undefined) metrics[sft ? 'actor/sft_loss' : 'actor/pg_loss'] = loss;
+    if (gradNorm !== undefined) metrics['actor/grad_norm'] = gradNorm;
+    return result(metrics, false);
   }
+}
+
+/** Where services report the gradient's norm in `optim_step`'s metrics: the API's `name:reduction`, SkyRL's own. */
+const GRAD_NORM_KEYS = ['grad_norm:mean', 'skyrl.ai/grad_norm'] as const;
+
+/**
+ * The summed loss of a `forward_backward`: the service's `loss:sum` metric, or — from services that report none —
+ * the sum of every datum's `elementwise_loss` (the per-token loss, weights and advantages applied); undefined when
+ * the service says neither.
+ */
+function lossOf(out: ForwardBackwardOutputWire): number | undefined {
+  const reported = out.metrics['loss:sum'];
+  if (reported !== undefined) return reported;
+  let sum = 0;
+  let found = false;
+  for (const output of out.outputs) {
+    const elementwise = output.elementwise_loss;
+    if (elementwise === undefined) continue;
+    found = true;
+    for (const value of elementwise) sum += value;
+  }
+  return found ? sum : undefined;
 }
 
 /**

@@ -287,7 +287,10 @@ const JSON_ROUTES: ReadonlyMap<string, (ctx: TinkerContext, body: JsonObject) =>
   string,
   (ctx: TinkerContext, body: JsonObject) => unknown
 >([
-  ['client/config', () => ({ use_pyqwest_transport: false, parallel_fwdbwd_chunks: false, pjwt_auth_enabled: false })],
+  [
+    'client/config',
+    () => ({ use_pyqwest_transport: false, parallel_fwdbwd_chunks: false, pjwt_auth_enabled: false, create_model_via_load_weights: true }),
+  ],
   ['create_session', createSession],
   ['session_heartbeat', sessionHeartbeat],
   ['telemetry', () => ({ status: 'accepted' })],

@@ -54,6 +54,9 @@ export async function tinkerParts(
     ...(options.signal ? { signal: options.signal } : {}),
   });
   try {
+    const unhonoured = client.capabilities.unhonoured;
+    if (unhonoured.length > 0)
+      options.log?.(`the Tinker service at ${config.tinker.baseUrl} does not take: ${unhonoured.join('; ')} — the run trains without them`);
     const t = config.trainer;
     const from = checkpoint?.tinker === undefined ? undefined : { path: checkpoint.tinker.path, step: checkpoint.state.step };
     const rank = checkpoint?.tinker?.rank ?? config.tinker.rank;
@@ -61,7 +64,14 @@ export async function tinkerParts(
       client,
       baseModel,
       rank,
-      { loss: lossOf(t.algorithm), learningRate: t.learningRate, clipLow: t.clipLow, clipHigh: t.clipHigh, maxGradNorm: t.maxGradNorm },
+      {
+        loss: lossOf(t.algorithm),
+        learningRate: t.learningRate,
+        clipLow: t.clipLow,
+        clipHigh: t.clipHigh,
+        maxGradNorm: t.maxGradNorm,
+        seed: config.run.seed,
+      },
       from,
     );
     const ledger = await openLedger(config, { ...setup, warn: options.log }, async (pendingTasks, loader, buffered) => {
@@ -72,6 +82,7 @@ export async function tinkerParts(
         state: { step, version: step, seed: config.run.seed, loader, pendingTasks },
         buffered,
         model: { tinker: { path: state, baseModel, rank } },
+        ...(unhonoured.length > 0 ? { metadata: { 'rxrl.tinker.unhonoured': unhonoured.join('; ') } } : {}),
       });
       await onSaved(path, step, pendingTasks.length);
     });

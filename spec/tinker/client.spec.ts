@@ -17,7 +17,7 @@ import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PolicyModel } from '../../lib/model/transformer.js';
 import { EngineError, RetriesExhaustedError } from '../../lib/core/errors.js';
-import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerServiceLost } from '../../lib/tinker/client.js';
+import { TinkerClient, TinkerClientTrainer, TinkerEngine, TinkerError, tinkerSeed, tinkerServiceLost } from '../../lib/tinker/client.js';
 import { tinkerService, type TinkerService } from '../../lib/tinker/service.js';
 import { GrpoTrainer } from '../../lib/train/grpoTrainer.js';
 import type { StalenessMode } from '../../lib/sync/gate.js';
@@ -51,6 +51,27 @@ function recording(engine: RolloutEngine, samples: Map<string, GenerateResponse>
       requests.forEach((r, i) => samples.set(`${r.seed}@${out[i].policyVersion}`, out[i]));
       return out;
     },
+  };
+}
+
+/** `engine` drawing with the seeds the Tinker API carries (int32), so its samples and the service's can be compared. */
+function tinkerSeeded(engine: RolloutEngine): RolloutEngine {
+  return {
+    get modelTag() {
+      return engine.modelTag;
+    },
+    get version() {
+      return engine.version;
+    },
+    get tokenizer() {
+      return engine.tokenizer;
+    },
+    loadWeights: (version, weights) => engine.loadWeights(version, weights),
+    generate: (requests, signal) =>
+      engine.generate(
+        requests.map((r) => (r.seed === undefined ? r : { ...r, seed: tinkerSeed(r.seed) })),
+        signal,
+      ),
   };
 }
 
@@ -94,7 +115,11 @@ describe('grpoPipeline trained through the Tinker API (rxrl as client and servic
       const engineAdapter = LoraAdapter.fromWeights(config, adapter.lora, adapter.getWeights());
       const engineView = PolicyModel.withAdapter(base, engineAdapter);
       const local = new Map<string, GenerateResponse>();
-      const embedded = await run(mode, new GrpoTrainer(view, trainerOptions), recording(new LocalEngine(engineView, { tokenizer }), local));
+      const embedded = await run(
+        mode,
+        new GrpoTrainer(view, trainerOptions),
+        recording(tinkerSeeded(new LocalEngine(engineView, { tokenizer })), local),
+      );
 
       const client = await TinkerClient.connect({ baseURL: service.url, apiKey: 'unused' });
       const remoteTrainer = await TinkerClientTrainer.create(client, 'tiny', RANK, trainerOptions);
