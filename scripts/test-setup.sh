@@ -7,6 +7,7 @@
 #                                 on the system's site packages; peft joins it where torch and transformers import
 #   .cache/cookbook-venv          tinker-cookbook (scripts/requirements-cookbook.txt), only where torch imports
 #   chromium                      Debian's package, for the report's rendering spec
+#   $RXRL_SKYRL_HOME              SkyRL's Tinker server (scripts/requirements-skyrl.txt), outside the clone: see step 5
 #
 # As root it installs the Debian packages it lacks (openjdk-17-jre-headless, maven, python3-venv, chromium). Without
 # root, what it cannot install is written to .cache/test-setup.json and named in one line each, with the command that
@@ -117,5 +118,40 @@ if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ] && ! command -v chr
     cannot chromium "sudo apt-get install -y chromium" "spec/observe/reportChromium.spec.ts"
   fi
 fi
+
+# 5. SkyRL's Tinker server (JAX), the distributed engine spec/skyrl trains on: PyPI skyrl[tinker,jax] and all it pulls
+#    in, pinned in scripts/requirements-skyrl.txt, installed by uv into a Python 3.12–3.14 environment. It is some
+#    6.5 GB (torch and jax wheels; about a minute to fetch here), so it lives outside the clone, in RXRL_SKYRL_HOME
+#    (default ${XDG_CACHE_HOME:-$HOME/.cache}/rxrl/skyrl-<hash of the pins>), where the next run finds it. Its path is
+#    written to .cache/skyrl-home for the specs.
+skyrl_specs="spec/skyrl (training on SkyRL's Tinker server)"
+want=$(cat scripts/requirements-skyrl.txt | sha256sum | cut -c1-16)
+skyrl=${RXRL_SKYRL_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/rxrl/skyrl-$want}
+rm -f .cache/skyrl-home
+# A Python SkyRL runs on: on PATH, or one of pyenv's.
+skyrl_python() {
+  local candidate
+  for candidate in python3.12 python3.13 python3.14 "$(pyenv root 2>/dev/null)"/versions/3.1[234]*/bin/python3; do
+    if "$candidate" -c 'import sys, venv; assert (3, 12) <= sys.version_info[:2] < (3, 15)' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+if [ "$(cat "$skyrl/.requirements" 2>/dev/null)" != "$want" ] || [ ! -x "$skyrl/bin/uv" ]; then
+  if python=$(skyrl_python); then
+    echo "test setup: installing SkyRL's Tinker server (skyrl 0.4.0, JAX; about 6.5 GB) into $skyrl" >&2
+    rm -rf "$skyrl"
+    mkdir -p "$(dirname "$skyrl")"
+    quietly "$python" -m venv "$skyrl"
+    quietly "$skyrl/bin/python" -m pip install -q uv==0.13.8
+    quietly "$skyrl/bin/uv" pip install --no-cache --python "$skyrl/bin/python" -r scripts/requirements-skyrl.txt
+    echo "$want" >"$skyrl/.requirements"
+  else
+    cannot skyrl "a Python 3.12-3.14 (e.g. pyenv install 3.12)" "$skyrl_specs"
+  fi
+fi
+[ -f "$skyrl/.requirements" ] && echo "$skyrl" >.cache/skyrl-home
 
 (IFS=,; echo "{ \"unavailable\": { ${unavailable[*]:-} } }") >"$status"

@@ -220,6 +220,13 @@ export class TinkerClient {
     return modelId;
   }
 
+  /** Frees the training client `modelId` on the service (`unload_model`); resolves once it is freed. */
+  async unloadModel(modelId: string): Promise<void> {
+    const future = await this.post('/api/v1/unload_model', { model_id: modelId, type: 'unload_model' });
+    this.seqs.delete(modelId);
+    await this.result(future);
+  }
+
   /** `save_state`: the adapter and the optimizer's state under `name`; resolves with its `tinker://` path. */
   async saveState(modelId: string, name: string): Promise<string> {
     const future = await this.post('/api/v1/save_weights', {
