@@ -15,6 +15,9 @@ export {
 } from './stringTransform.js';
 export type { StringTransform, StringTransformOptions, StringTransformTask } from './stringTransform.js';
 
+// ── a shaping reward for untrained models ──────────────────────────────────────
+export { letterShare, letterShareEvaluator } from './letters.js';
+
 // ── arithmetic for a chat model ───────────────────────────────────────────────
 export { ARITHMETIC_OPERATORS, FORMAT_CREDIT, arithmeticTask, equationEvaluator } from './arithmetic.js';
 export type { ArithmeticOperator, ArithmeticTask, ArithmeticTaskOptions } from './arithmetic.js';

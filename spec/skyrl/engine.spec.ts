@@ -9,11 +9,14 @@
  * its own grad-norm key, `load_weights` only into a client made first (a resume), no `sessions/{id}/finish` (each
  * client is unloaded on close, or the next run finds no adapter slot), settings it drops (said at start).
  */
+import { readFileSync } from 'node:fs';
 import { mkdtemp, readdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { AbortError } from '../../lib/core/errors.js';
+import { TinkerClient } from '../../lib/tinker/client.js';
 import { runTraining } from '../../pipelines/run.js';
 import { trainedLines } from '../helpers/runDir.js';
 import { startSkyrl, type SkyrlServer } from '../helpers/skyrl.js';
@@ -43,6 +46,8 @@ describe.skipIf(lacks('skyrl'))("runs trained on SkyRL's Tinker server (JAX, one
     // SkyRL drops adam_params.grad_clip_norm: the run says so once, and the checkpoint records it.
     expect(lines.filter((l) => l.includes('does not take'))).toHaveLength(1);
     expect(lines.find((l) => l.includes('does not take'))).toContain('trainer.maxGradNorm');
+    const recorded = JSON.parse(readFileSync(join(runDir, 'global_step_2', 'tinker.json'), 'utf8')) as { metadata: Record<string, string> };
+    expect(recorded.metadata['rxrl.tinker.unhonoured']).toContain('trainer.maxGradNorm');
 
     const resumed = await runTraining(skyrlRun(server, runDir, 4));
     expect(resumed.resumedFrom).toBe(join(runDir, 'global_step_2'));
@@ -51,7 +56,8 @@ describe.skipIf(lacks('skyrl'))("runs trained on SkyRL's Tinker server (JAX, one
     // Losses and grad norms are the server's, read where it reports them: never missing, no step marked skipped.
     const trained = metrics.filter((m) => 'actor/pg_loss' in m);
     expect(trained).toHaveLength(4);
-    for (const m of trained) expect(m['actor/grad_norm']).toBeGreaterThan(0);
+    for (const m of trained) expect(m['actor/grad_norm']).toBeGreaterThanOrEqual(0);
+    expect(trained.some((m) => (m['actor/grad_norm'] as number) > 0)).toBe(true);
 
     const [one, two, four] = await logprobsOfStates(
       server,
@@ -92,6 +98,41 @@ describe.skipIf(lacks('skyrl'))("runs trained on SkyRL's Tinker server (JAX, one
       .filter((v): v is number => typeof v === 'number');
     expect(sft).toHaveLength(4);
     expect(sft[3]).toBeLessThan(sft[0]);
+  }, 900_000);
+
+  it('a step whose samples all failed sends the server nothing (no empty forward_backward, which it never finishes)', async () => {
+    const runDir = join(dir, 'all-failed');
+    const values = { run: { dir: runDir, seed: 3, steps: 2, backend: 'cpu', errorPolicy: 'continue' } };
+    // A judge that is down: every sample of every group fails.
+    const down = join(dir, 'down.mjs');
+    await writeFile(down, "export default { evaluate: () => { throw new Error('judge down'); } };\n");
+    const config = skyrlRun(server, runDir, 2, values);
+    const summary = await runTraining({ ...config, rollout: { ...config.rollout, evaluator: { module: down, export: 'default' } } });
+    expect(summary.steps).toBe(2);
+    expect(summary.failedSamples).toBe(2 * 2 * 4);
+    const steps = expectFiniteMetrics(runDir).filter((m) => 'actor/skipped_empty' in m);
+    expect(steps.map((m) => m['actor/skipped_empty'])).toEqual([1, 1]);
+  }, 900_000);
+
+  it('polls a future as the SDK does: each poll given up after pollTimeoutMs and polled again; a stop ends the wait at once', async () => {
+    const stop = new AbortController();
+    const client = await TinkerClient.connect({ baseURL: server.url, apiKey: 'tml-unused', pollTimeoutMs: 50, signal: stop.signal });
+    try {
+      // Making a client takes the engine seconds: many polls, each abandoned, and the answer still arrives.
+      const model = await client.createLoraModel(server.baseModel, 4, 1);
+      const sampler = await client.samplerOf(model);
+      const pending = client.sample(sampler, [11, 42, 7], 4, { maxTokens: 64, temperature: 1, topP: 1, seed: 2 ** 32 - 1, stop: [] });
+      const reason = new Error('SIGTERM');
+      setTimeout(() => stop.abort(reason), 20);
+      // Ended by the stop: its reason (the request in flight) or an AbortError caused by it (the poll in flight).
+      const error = await pending.then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(error === reason || (error instanceof AbortError && error.cause === reason)).toBe(true);
+    } finally {
+      await client.close();
+    }
   }, 900_000);
 
   it(`runs back to back: each frees its adapter, so more runs than the server's ${ADAPTER_SLOTS} slots all train`, async () => {

@@ -13,12 +13,8 @@ import type { WireDatum } from '../../lib/tinker/proto.js';
 import { jsonLines } from '../helpers/runDir.js';
 import type { SkyrlServer } from '../helpers/skyrl.js';
 
-/**
- * An evaluator whose rewards differ between the fixture's samples (the share of the response's characters among the
- * task's letters `a b c`): its groups have advantages, so every GRPO step has a gradient. Exact reversal, the bundled
- * task's reward, is 0 for every sample of an untrained model, and GRPO then has nothing to learn from.
- */
-const LETTERS_EVALUATOR = fileURLToPath(new URL('./lettersEvaluator.mjs', import.meta.url));
+/** recipes/letters.ts: rewards that differ between an untrained model's samples, so every GRPO step has a gradient. */
+const LETTER_SHARE = { module: fileURLToPath(new URL('../../recipes/letters.ts', import.meta.url)), export: 'letterShareEvaluator' };
 
 /** The bundled reverse task on the float32 Qwen3 fixture, trained on `server` for `steps` steps, LoRA rank 4. */
 export function skyrlRun(server: SkyrlServer, runDir: string, steps: number, values: Record<string, unknown> = {}): RxrlConfig {
@@ -28,7 +24,7 @@ export function skyrlRun(server: SkyrlServer, runDir: string, steps: number, val
       run: { dir: runDir, seed: 3, steps, backend: 'cpu' },
       data: { source: 'bundled', task: { transform: 'reverse', alphabet: 'abc', minLength: 2, maxLength: 3, validationSize: 2 } },
       model: { path: server.baseModel },
-      rollout: { groupSize: 4, maxTokens: 4, evaluator: { module: LETTERS_EVALUATOR } },
+      rollout: { groupSize: 4, maxTokens: 4, evaluator: LETTER_SHARE },
       sync: { mode: 'sync', batchSize: 2 },
       trainer: { backend: 'tinker', learningRate: 0.05 },
       tinker: { baseUrl: server.url, baseModel: server.baseModel, rank: 4, futureTimeoutMs: 600_000 },
@@ -57,7 +53,7 @@ export function savedStatePath(runDir: string, step: number): string {
   return (JSON.parse(readFileSync(join(runDir, `global_step_${step}`, 'tinker.json'), 'utf8')) as { path: string }).path;
 }
 
-/** A fixed sequence of the fixture's vocabulary, as one `cross_entropy` datum. */
+/** A fixed sequence of the fixture's vocabulary, as one `cross_entropy` datum of weight 0 (no gradient). */
 function probe(): WireDatum {
   const ids = [11, 42, 7, 99, 5, 63, 17, 28, 150, 3];
   const n = ids.length - 1;
@@ -65,7 +61,7 @@ function probe(): WireDatum {
     tokens: ids.slice(0, n),
     lossFnInputs: {
       target_tokens: { dtype: 'int64', data: ids.slice(1), shape: [n] },
-      weights: { dtype: 'float32', data: new Float32Array(n).fill(1), shape: [n] },
+      weights: { dtype: 'float32', data: new Float32Array(n), shape: [n] },
     },
   };
 }
@@ -80,14 +76,18 @@ export async function logprobsOfStates(server: SkyrlServer, paths: readonly stri
     const out: Float32Array[] = [];
     for (const path of paths) {
       const model = await client.createModelFromState(path, false, server.baseModel, rank);
-      const forward = await client.forwardBackward(model, [probe()], 'cross_entropy', {}, true);
-      out.push(forward.outputs[0].logprobs);
+      out.push(await logprobsOf(client, model));
       await client.unloadModel(model);
     }
     return out;
   } finally {
     await client.close();
   }
+}
+
+/** The log-probs of the fixed sequence under the training client `model` as it is now (weight 0: nothing is trained). */
+export async function logprobsOf(client: TinkerClient, model: string): Promise<Float32Array> {
+  return (await client.forwardBackward(model, [probe()], 'cross_entropy', {})).outputs[0].logprobs;
 }
 
 /** The largest difference of two log-prob vectors. */
