@@ -33,8 +33,8 @@ const trainerOptions = { learningRate: 0.02, clipLow: 0.2, clipHigh: 0.28, maxGr
 let base: PolicyModel;
 let service: TinkerService;
 
-/** Records every sample an engine gives, by seed and version. */
-function recording(engine: RolloutEngine, samples: Map<string, GenerateResponse>): RolloutEngine {
+/** `engine` with its `generate` replaced (the rest passes through). */
+function withGenerate(engine: RolloutEngine, generate: RolloutEngine['generate']): RolloutEngine {
   return {
     get modelTag() {
       return engine.modelTag;
@@ -46,33 +46,27 @@ function recording(engine: RolloutEngine, samples: Map<string, GenerateResponse>
       return engine.tokenizer;
     },
     loadWeights: (version, weights) => engine.loadWeights(version, weights),
-    generate: async (requests: readonly GenerateRequest[], signal?: AbortSignal) => {
-      const out = await engine.generate(requests, signal);
-      requests.forEach((r, i) => samples.set(`${r.seed}@${out[i].policyVersion}`, out[i]));
-      return out;
-    },
+    generate,
   };
+}
+
+/** Records every sample an engine gives, by seed and version. */
+function recording(engine: RolloutEngine, samples: Map<string, GenerateResponse>): RolloutEngine {
+  return withGenerate(engine, async (requests: readonly GenerateRequest[], signal?: AbortSignal) => {
+    const out = await engine.generate(requests, signal);
+    requests.forEach((r, i) => samples.set(`${r.seed}@${out[i].policyVersion}`, out[i]));
+    return out;
+  });
 }
 
 /** `engine` drawing with the seeds the Tinker API carries (int32), so its samples and the service's can be compared. */
 function tinkerSeeded(engine: RolloutEngine): RolloutEngine {
-  return {
-    get modelTag() {
-      return engine.modelTag;
-    },
-    get version() {
-      return engine.version;
-    },
-    get tokenizer() {
-      return engine.tokenizer;
-    },
-    loadWeights: (version, weights) => engine.loadWeights(version, weights),
-    generate: (requests, signal) =>
-      engine.generate(
-        requests.map((r) => (r.seed === undefined ? r : { ...r, seed: tinkerSeed(r.seed) })),
-        signal,
-      ),
-  };
+  return withGenerate(engine, (requests, signal) =>
+    engine.generate(
+      requests.map((r) => (r.seed === undefined ? r : { ...r, seed: tinkerSeed(r.seed) })),
+      signal,
+    ),
+  );
 }
 
 async function run(mode: StalenessMode, trainer: GrpoTrainer | TinkerClientTrainer, engine: RolloutEngine) {
