@@ -312,9 +312,13 @@ export {
   TinkerEngine,
   TinkerError,
   tinkerHealthy,
+  tinkerSeed,
   tinkerServiceLost,
 } from './tinker/client.js';
 export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/client.js';
+export type { TinkerCapabilities } from './tinker/capabilities.js';
+export { SkyrlStartError, startSkyrl } from './tinker/skyrlServer.js';
+export type { SkyrlServer, SkyrlServerOptions } from './tinker/skyrlServer.js';
 export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
 export type {
   Drift,
