@@ -12,7 +12,6 @@ import { execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,6 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { Kafka, logLevel } from 'kafkajs';
 
 import { throwIfAborted } from '../core/errors.js';
+import { freeLoopbackPort } from '../core/ports.js';
 import { BrokerStartError } from './errors.js';
 
 /** Where the pinned broker lives, relative to the repository root. */
@@ -124,8 +124,8 @@ export async function startKafkaBroker(options: KafkaBrokerOptions = {}): Promis
   throwIfAborted(signal);
   const dir = options.dir ?? (await mkdtemp(join(tmpdir(), 'rxrl-kafka-')));
   const keepDir = options.keepDir ?? options.dir !== undefined;
-  const port = options.port ?? (await freePort());
-  const controllerPort = options.controllerPort ?? (await freePort());
+  const port = options.port ?? (await freeLoopbackPort());
+  const controllerPort = options.controllerPort ?? (await freeLoopbackPort());
   const brokers = `127.0.0.1:${port}`;
   const properties = join(dir, 'server.properties');
   const log4j = join(dir, 'log4j.properties');
@@ -235,18 +235,6 @@ async function waitUntilServing(brokers: string, timeoutMs: number, exited: () =
     await new Promise((resolve) => setTimeout(resolve, 250));
   }
   throw new Error(`not serving after ${timeoutMs} ms (last error: ${String(last)})`);
-}
-
-async function freePort(): Promise<number> {
-  return new Promise<number>((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address !== null ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 async function logTail(file: string, lines = 40): Promise<string> {

@@ -3,18 +3,21 @@
  * engine on one machine: `uv run … -m skyrl.tinker.api` (which starts its engine as a child of its own), and with
  * `processes: 2` one JAX worker (`python -m skyrl.backends.jax --process-id 1`) that the engine shards the model with
  * (fully-sharded data parallel over `jax.distributed`, as it would span GPUs or hosts). Each runs in a process group
- * of its own, so {@link SkyrlServer.stop} ends everything it started. `npm test` and `npm run bench -- engines` use it;
+ * of its own, found and ended as agent processes are (lib/agent/processTree.ts), so {@link SkyrlServer.stop} and this
+ * process's exit end everything it started. `npm test` and `npm run bench -- engines` use it;
  * on a cluster, start the server as SkyRL documents and point `tinker.baseUrl` at it.
  *
  * @packageDocumentation
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 
+import { SAMPLE_COOKIE_VARIABLE, endTree, trackTree } from '../agent/processTree.js';
 import { RxrlError } from '../core/errors.js';
+import { freeLoopbackPort } from '../core/ports.js';
 
 /** A server that did not start: its process exited, or it did not answer in time (`context.log`: its output). */
 export class SkyrlStartError extends RxrlError {
@@ -47,36 +50,8 @@ export interface SkyrlServer {
   readonly baseModel: string;
   /** Its files (see {@link SkyrlServerOptions.dir}). */
   readonly dir: string;
-  /** Ends every process of it (SIGTERM to each group, SIGKILL after 10 s) and resolves once they are gone. */
+  /** Ends every process of it (SIGTERM, SIGKILL after 10 s) and resolves once they are gone. */
   stop(): Promise<void>;
-}
-
-/** A TCP port free on loopback now. */
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
-
-async function stopGroup(child: ChildProcess): Promise<void> {
-  const signal = (name: NodeJS.Signals) => {
-    try {
-      process.kill(-(child.pid as number), name);
-    } catch {
-      // the group is gone
-    }
-  };
-  if (child.pid === undefined) return;
-  if (child.exitCode === null && child.signalCode === null) {
-    const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    signal('SIGTERM');
-    const timer = setTimeout(() => signal('SIGKILL'), 10_000);
-    await gone;
-    clearTimeout(timer);
-  }
-  signal('SIGKILL'); // what the group's leader left behind (the engine, uv's children)
 }
 
 /**
@@ -88,8 +63,8 @@ async function stopGroup(child: ChildProcess): Promise<void> {
 export async function startSkyrl(options: SkyrlServerOptions): Promise<SkyrlServer> {
   const { home, model, dir } = options;
   await mkdir(dir, { recursive: true });
-  const port = await freePort();
-  const coordinator = options.processes === 2 ? `127.0.0.1:${await freePort()}` : undefined;
+  const port = await freeLoopbackPort();
+  const coordinator = options.processes === 2 ? `127.0.0.1:${await freeLoopbackPort()}` : undefined;
   const backend = {
     max_lora_rank: 16,
     max_lora_adapters: 8,
@@ -99,8 +74,11 @@ export async function startSkyrl(options: SkyrlServerOptions): Promise<SkyrlServ
     ...options.backendConfig,
   };
   const python = join(home, 'bin', 'python');
+  // Every process of the server carries one cookie, so it is found and ended even after it leaves its group.
+  const cookie = randomUUID();
   const env = {
     ...process.env,
+    [SAMPLE_COOKIE_VARIABLE]: cookie,
     PATH: `${join(home, 'bin')}:${process.env.PATH ?? ''}`,
     UV_NO_CACHE: '1',
     UV_OFFLINE: '1',
@@ -109,6 +87,7 @@ export async function startSkyrl(options: SkyrlServerOptions): Promise<SkyrlServ
     XLA_FLAGS: process.env.XLA_FLAGS ?? '--xla_force_host_platform_device_count=1',
   };
   const children: ChildProcess[] = [];
+  const untrack: (() => void)[] = [];
   const start = (name: string, command: string, args: readonly string[]) => {
     const child = spawn(command, args, { cwd: dir, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
     const out = createWriteStream(join(dir, `${name}.log`));
@@ -116,6 +95,7 @@ export async function startSkyrl(options: SkyrlServerOptions): Promise<SkyrlServ
     child.stderr?.pipe(out);
     child.on('error', () => undefined); // a command that cannot start exits (code null): the wait below says so
     children.push(child);
+    if (child.pid !== undefined) untrack.push(trackTree({ leader: child.pid, cookie }));
   };
   start('server', join(home, 'bin', 'uv'), [
     ...['run', '--no-project', '--python', python, '-m', 'skyrl.tinker.api'],
@@ -135,8 +115,10 @@ export async function startSkyrl(options: SkyrlServerOptions): Promise<SkyrlServ
       '--process-id',
       '1',
     ]);
+  // SIGTERM to every process of it, SIGKILL to what is left after 10 s (the engine and uv's children included).
   const stop = async () => {
-    await Promise.all(children.map(stopGroup));
+    for (const child of children) if (child.pid !== undefined) await endTree({ leader: child.pid, cookie }, 10_000);
+    for (const done of untrack) done();
   };
   const url = `http://127.0.0.1:${port}`;
   try {
