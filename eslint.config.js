@@ -4,7 +4,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', '.cache/', 'runs/', 'spec/fixtures/'] },
+  { ignores: ['dist/', 'node_modules/', '.cache/', 'runs/', 'spec/fixtures/', 'lib/kafka/schema/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

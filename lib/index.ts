@@ -217,10 +217,8 @@ export type { Rng } from './core/random.js';
 export { createKafka, createProducer, ensureTopics, parseBrokers } from './kafka/client.js';
 export type { CreateKafkaOptions, TopicPartitions } from './kafka/client.js';
 export {
-  CODEC_MAX_ARRAY_LENGTH,
-  CODEC_MAX_STRING_BYTES,
-  CODEC_VERSION,
-  MESSAGE_KINDS,
+  RECORD_SCHEMA_PACKAGE,
+  RECORD_TYPES,
   decodeHeartbeatMessage,
   decodeTaskMessage,
   decodeTrajectoryMessage,
@@ -229,9 +227,8 @@ export {
   encodeTaskMessage,
   encodeTrajectoryMessage,
   encodeWeightsMessage,
-  messageKindOf,
+  recordFormatOf,
 } from './kafka/codec.js';
-export type { MessageKind } from './kafka/codec.js';
 export { BrokerStartError, EncodeError, KafkaBridgeError, isKafkaBridgeError } from './kafka/errors.js';
 export { OffsetTracker } from './kafka/offsets.js';
 export type { CommitOffset } from './kafka/offsets.js';
@@ -243,6 +240,7 @@ export type {
   KafkaEventType,
   KafkaRecord,
   KafkaTopics,
+  RolloutTimes,
   RunEndMessage,
   TaskMessage,
   TaskSampling,

@@ -84,6 +84,20 @@ export interface TrajectoryMessage {
   readonly run: string;
   /** The trajectory, or the report of a failed sample (its group shrinks by one). */
   readonly output: RolloutOutput;
+  /** When the worker wrote the record, in milliseconds since the Unix epoch (absent: not given). */
+  readonly producedAt?: number;
+  /** When the trajectory was generated and scored, by the worker's wall clock (absent: not measured). */
+  readonly times?: RolloutTimes;
+}
+
+/** When one sample was generated and scored, in milliseconds since the Unix epoch. */
+export interface RolloutTimes {
+  /** The worker started encoding the prompt and generating. */
+  readonly generateStart: number;
+  /** Generation ended and scoring started. */
+  readonly generateEnd: number;
+  /** The evaluator returned the reward. */
+  readonly rewardEnd: number;
 }
 
 /** A new policy version, readable from a safetensors file on disk shared by the trainer and the workers. */

@@ -13,7 +13,7 @@ import type { Kafka } from 'kafkajs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { ensureTopics } from '../../lib/kafka/client.js';
-import { CODEC_VERSION, encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
+import { encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
 import { kafkaTopics, type KafkaTopics } from '../../lib/kafka/types.js';
 import { DEAD_LETTER_HEADERS } from '../../operators/fromKafka.js';
 import { traj } from '../helpers/fixtures.js';
@@ -182,7 +182,7 @@ describe('Kafka deployment: a trainer and two rollout workers in separate proces
     await produce(kafka, topics.tasks, [{ key: 'poison-task', value: Buffer.from('not a task') }]);
     const wrongRun = encodeTrajectoryMessage({ run: 'another-run', output: traj('x@0', 0) });
     await produce(kafka, topics.trajectories, [
-      { key: 'poison-trajectory', value: Buffer.from([0x72, 0x78, CODEC_VERSION, 9]) },
+      { key: 'poison-trajectory', value: Buffer.from([0x72, 0x78, 2, 9]) },
       { key: 'foreign', value: Buffer.from(wrongRun) },
     ]);
     const [a, b] = await twoWorkers(topics, env);

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { MultiAgentEnvironment } from '../../lib/agent/environment.js';
 import { DecodeError } from '../../lib/core/errors.js';
 import { createProducer } from '../../lib/kafka/client.js';
-import { CODEC_VERSION, decodeTrajectoryMessage, encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
+import { decodeTrajectoryMessage, encodeTrajectoryMessage } from '../../lib/kafka/codec.js';
 import { KafkaBridgeError } from '../../lib/kafka/errors.js';
 import type { KafkaEvent, KafkaRecord, TrajectoryMessage } from '../../lib/kafka/types.js';
 import type { Trajectory } from '../../lib/core/types.js';
@@ -170,7 +170,7 @@ describe('toKafka → broker → fromKafka', () => {
   it('without a dead-letter topic a poison message errors the stream with a DecodeError', async () => {
     const topic = uniqueName('poison-nodlq');
     await createTopic(kafka, topic, 1);
-    await produce(kafka, topic, [{ value: Buffer.from([0x72, 0x78, CODEC_VERSION, 2, 0]) }]);
+    await produce(kafka, topic, [{ value: Buffer.from([0x72, 0x78, 2, 2, 0]) }]);
     const errors: unknown[] = [];
     const c = consume(topic, uniqueName('group'), { onError: (e) => errors.push(e) });
     await waitFor(() => errors.length === 1, { what: 'the decode error' });
