@@ -6,13 +6,14 @@ import { defineConfig } from 'vitest/config';
 
 // What `npm test`'s setup (scripts/test-setup.sh) brought, under .cache/: the Python environment with the packages
 // the specs drive comes first on the PATH (so `python3` in a spec or an agent command is that one), and the Kafka
-// broker's jars are read from there. Set here, in the main process, so the global setup and every fork see them.
+// broker's jars and the schema registry are read from there. Set here, in the main process, so the global setup and every fork see them.
 const root = fileURLToPath(new URL('.', import.meta.url));
 const python = join(root, '.cache', 'python', 'bin');
 if (existsSync(python) && !(process.env.PATH ?? '').split(delimiter).includes(python)) {
   process.env.PATH = `${python}${delimiter}${process.env.PATH ?? ''}`;
 }
 process.env.RXRL_KAFKA_CACHE ??= join(root, '.cache', 'kafka');
+process.env.RXRL_REGISTRY_CACHE ??= join(root, '.cache', 'registry');
 
 export default defineConfig({
   test: {

@@ -3,6 +3,7 @@
 # Idempotent and pinned; everything it fetches is cached under .cache/ in the repository:
 #
 #   .cache/kafka/<version>/libs   the Kafka broker's jars (lib/kafka/broker/fetch.sh; Java 17+ and Maven fetch them)
+#   .cache/registry/<version>/app Apicurio Registry, the Confluent-compatible schema registry (scripts/schema-registry)
 #   .cache/python                 a virtual environment with PyPI's openai and tinker (scripts/requirements-test.txt),
 #                                 on the system's site packages; peft joins it where torch and transformers import
 #   .cache/cookbook-venv          tinker-cookbook (scripts/requirements-cookbook.txt), only where torch imports
@@ -153,5 +154,25 @@ if [ "$(cat "$skyrl/.requirements" 2>/dev/null)" != "$want" ] || [ ! -x "$skyrl/
   fi
 fi
 [ -f "$skyrl/.requirements" ] && echo "$skyrl" >.cache/skyrl-home
+
+# 6. Apicurio Registry, the Confluent-compatible schema registry spec/kafka/schemaRegistryServer.spec.ts starts: Maven
+#    fetches its built archive (some 140 MB) from Maven Central; it runs on Java 17+.
+registry_specs="spec/kafka/schemaRegistryServer.spec.ts"
+registry_cache="${RXRL_REGISTRY_CACHE:-$PWD/.cache/registry}"
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+if [ "${#missing[@]}" -gt 0 ] && $root; then
+  apt_install "${missing[@]}"
+  missing=()
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  cannot registry "sudo apt-get install -y ${missing[*]}" "$registry_specs"
+else
+  if [ ! -f "$registry_cache/$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' scripts/schema-registry/pom.xml)/.complete" ]; then
+    echo "test setup: fetching Apicurio Registry with Maven into $registry_cache" >&2
+  fi
+  RXRL_REGISTRY_CACHE="$registry_cache" quietly bash scripts/schema-registry/fetch.sh
+fi
 
 (IFS=,; echo "{ \"unavailable\": { ${unavailable[*]:-} } }") >"$status"

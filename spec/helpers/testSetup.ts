@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
 /** What the setup may be unable to bring without root. */
-export type Provision = 'python' | 'chromium' | 'skyrl';
+export type Provision = 'python' | 'chromium' | 'skyrl' | 'registry';
 
 const statusFile = fileURLToPath(new URL('../../.cache/test-setup.json', import.meta.url));
 
