@@ -158,9 +158,19 @@ async function configCommand(args: ParsedCommand): Promise<number> {
 async function kafkaOf(config: import('../lib/config/schema.js').RxrlConfig, clientId: string) {
   const { createKafka } = await import('../lib/kafka/client.js');
   const { kafkaTopics } = await import('../lib/kafka/types.js');
+  const topics = kafkaTopics(config.kafka.topicPrefix);
+  const { url, timeoutMs } = config.kafka.schemaRegistry;
+  let encoders: import('../lib/kafka/types.js').RecordEncoders | undefined;
+  if (url !== null) {
+    const { registerRecordSchemas } = await import('../lib/kafka/schemaRegistry.js');
+    const registered = await registerRecordSchemas({ url, timeoutMs }, topics);
+    encoders = registered.encoders;
+    process.stderr.write(`rxrl: records in the schema registry's wire format (schema ids ${JSON.stringify(registered.ids)})\n`);
+  }
   return {
     kafka: createKafka(config.kafka.brokers, { clientId: `${config.kafka.clientId}-${clientId}` }),
-    topics: kafkaTopics(config.kafka.topicPrefix),
+    topics,
+    ...(encoders ? { encoders } : {}),
   };
 }
 

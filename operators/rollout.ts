@@ -149,6 +149,7 @@ async function generateAndScore(
     finishReason: sample.finishReason,
     metrics: { ...sample.metrics, ...result.metrics },
     task,
+    responseText: text,
     timing: { generate: [generating, scoring], reward: [scoring, scored] },
   };
 }

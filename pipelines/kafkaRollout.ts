@@ -18,6 +18,7 @@ import type {
   KafkaEventType,
   KafkaRecord,
   KafkaTopics,
+  RecordEncoders,
   TaskMessage,
   TaskSampling,
   TrajectoryMessage,
@@ -166,6 +167,8 @@ export interface PolicyWeightsOptions {
   /** Its files and special ids go into every version's directory. */
   readonly tokenizer?: Tokenizer | undefined;
   readonly emit: RunEmit;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
 }
 
 /** The weights of a run's policies on the weights topic: the first versions, each trained one, and the end. */
@@ -194,6 +197,7 @@ export class PolicyWeights {
         policyConfig: policy.config,
         keepVersions: options.keepVersions,
         onCleanup: (cleanup) => emit('trainer.weights_cleaned', { ...cleanup }),
+        encode: options.encoders?.weights,
         ...this.files,
         ...(adapter ? { adapter: { lora: adapter.lora, baseDir: this.bases.get(adapter.base) as string } } : {}),
       });
@@ -269,6 +273,8 @@ export interface KafkaRolloutOptions {
   readonly onEvent?: ((event: KafkaEvent) => void) | undefined;
   /** `trainer.*` events. */
   readonly emit: RunEmit;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
 }
 
 /**
@@ -358,7 +364,7 @@ function sendTasks(admission: LoopAdmission, groups: GroupRecords, options: Kafk
         for (const slot of options.slots) groups.admit(groupIdOf(task) + slot.suffix, task.id);
         return taskMessage(task, index++, admission, options);
       }),
-      toKafka(options.producer, { topic: options.topics.tasks, encode: encodeTaskMessage, key: (m) => m.task.id }),
+      toKafka(options.producer, { topic: options.topics.tasks, encode: options.encoders?.task ?? encodeTaskMessage, key: (m) => m.task.id }),
       tap((m) =>
         options.emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion }),
       ),

@@ -32,7 +32,7 @@ import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTaskMessage, decodeWeightsMessage, encodeHeartbeatMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import { workerIdOf, workerIdProblem } from '../lib/kafka/workerId.js';
-import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
+import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, RecordEncoders, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
 import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/core/types.js';
 import type { RolloutWorker } from '../lib/engine/worker.js';
@@ -50,6 +50,8 @@ export interface KafkaRolloutWorkerConfig {
   readonly kafka: Kafka;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
   /** Tokenizer of the policy; its vocabulary must match the trainer's model. */
   readonly tokenizer: Tokenizer;
   /** Scores responses (required unless `episodes` is given: then the environment scores). */
@@ -265,7 +267,7 @@ class WorkerRun {
   /** Sends a heartbeat (the last one with `leaving`); a failed send is an event, and the next period tries again. */
   private async beat(leaving: boolean): Promise<void> {
     const current = this.follower.current;
-    const value = encodeHeartbeatMessage({
+    const value = (this.config.encoders?.heartbeat ?? encodeHeartbeatMessage)({
       worker: this.settings.workerId,
       run: current?.run ?? '',
       inFlight: this.inFlight.size,
@@ -388,10 +390,10 @@ class WorkerRun {
     return of(m.task).pipe(
       this.settings.rolloutDelayMs > 0 ? delay(this.settings.rolloutDelayMs) : identity,
       this.sampler(m, engines, engine),
-      map((output): TrajectoryMessage => ({ run: m.run, output })),
+      map((output) => trajectoryMessageOf(m.run, output)),
       toKafka(this.producer, {
         topic: config.topics.trajectories,
-        encode: encodeTrajectoryMessage,
+        encode: config.encoders?.trajectory ?? encodeTrajectoryMessage,
         key: (message) => message.output.groupId,
       }),
       reduce(
@@ -442,4 +444,17 @@ class WorkerRun {
 /** The policies of a multi-agent run, in the order its agents name them. */
 export function policyTags(episodes: Pick<KafkaEpisodes, 'agents'>): ModelTag[] {
   return [...new Set(episodes.agents.map((agent) => agent.policy))];
+}
+
+/**
+ * The record of a rollout output: stamped with the time it is written and, for a trajectory, when it was generated
+ * and scored (its `timing`, from this process's clock to the wall clock).
+ */
+function trajectoryMessageOf(run: string, output: RolloutOutput): TrajectoryMessage {
+  const producedAt = Date.now();
+  if (isSampleFailure(output) || output.timing === undefined) return { run, output, producedAt };
+  const origin = performance.timeOrigin;
+  const { generate, reward } = output.timing;
+  const times = { generateStart: origin + generate[0], generateEnd: origin + generate[1], rewardEnd: origin + Math.max(generate[1], reward[1]) };
+  return { run, output, producedAt, times };
 }

@@ -8,7 +8,7 @@ import type { Tokenizer } from '../lib/model/types.js';
 import { episodeSlots } from '../lib/agent/environment.js';
 import { ConfigError } from '../lib/core/errors.js';
 import type { TopicPartitions } from '../lib/kafka/client.js';
-import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
+import type { KafkaEvent, KafkaTopics, RecordEncoders } from '../lib/kafka/types.js';
 import type { StepResult, Trainer } from '../lib/train/types.js';
 import type { Metrics, Task } from '../lib/core/types.js';
 import { agentMap } from '../operators/rolloutEpisodes.js';
@@ -36,6 +36,8 @@ export interface KafkaTrainerConfig extends LoopSettings {
   readonly tasks: TaskSource;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
   /** Takes the train steps (a single-policy run; a multi-agent run gives `policies`). */
   readonly trainer?: Trainer | undefined;
   /** The policy being trained: its architecture and initial weights (announced as version `trainer.step`, 0 unless resumed). */
@@ -152,6 +154,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       keepVersions: config.keepVersions,
       tokenizer: config.tokenizer,
       emit,
+      encoders: config.encoders,
     });
     const { kafka, topics, groupSize, groupId, consumer, checkpointed, stepsPerCheckpoint, onEvent } = config;
     const stage = kafkaRollout({
@@ -164,6 +167,7 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       checkpointed,
       stepsPerCheckpoint,
       onEvent,
+      encoders: config.encoders,
       producer: link.producer,
       run,
       slots,
@@ -224,6 +228,7 @@ type TransportKey = Exclude<keyof KafkaTrainerConfig, keyof PolicyLoopConfig>;
 const TRANSPORT_KEYS: Readonly<Record<TransportKey, true>> = {
   kafka: true,
   topics: true,
+  encoders: true,
   trainer: true,
   policy: true,
   policies: true,

@@ -13,7 +13,7 @@ import type { Tokenizer } from '../lib/model/types.js';
 import { ConfigError, asStorageError, type StepFailedError } from '../lib/core/errors.js';
 import { parseShardSize } from '../lib/core/sizes.js';
 import { tinkerServiceLost } from '../lib/tinker/client.js';
-import type { KafkaEvent, KafkaTopics } from '../lib/kafka/types.js';
+import type { KafkaEvent, KafkaTopics, RecordEncoders } from '../lib/kafka/types.js';
 import { initBackend } from '../lib/model/backend.js';
 import { saveModelDir, specialIdsOf } from '../lib/model/modelDir.js';
 import { PolicyModel } from '../lib/model/transformer.js';
@@ -722,6 +722,8 @@ export interface RunWorkerOptions {
   readonly kafka: Kafka;
   /** Topics of the deployment (`kafkaTopics(prefix)`). */
   readonly topics: KafkaTopics;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
   /** Stops the worker: rollouts are cancelled and it leaves its consumer groups. */
   readonly signal?: AbortSignal;
   /** Name of this worker. Default `<host>-<pid>-<random>`. */
@@ -768,6 +770,7 @@ export async function runWorker(config: RxrlConfig, options: RunWorkerOptions): 
       kafkaRolloutWorker({
         kafka: options.kafka,
         topics: options.topics,
+        ...(options.encoders ? { encoders: options.encoders } : {}),
         tokenizer,
         ...(evaluator ? { evaluator } : {}),
         ...(worker ? { worker } : {}),

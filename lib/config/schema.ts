@@ -532,6 +532,15 @@ export const SCHEMA = {
       format: 'non-negative-int',
       default: 5_000,
     },
+    schemaRegistry: {
+      url: {
+        doc: "Confluent-compatible schema registry (its API's base URL, e.g. http://localhost:8081): the record schema is registered under each topic's '<topic>-value' subject, checked compatible, and records are written in the Confluent wire format (null = plain Protocol Buffers records; readers take both).",
+        format: 'optional-string',
+        default: null,
+        env: 'RXRL_SCHEMA_REGISTRY_URL',
+      },
+      timeoutMs: { doc: 'kafka.schemaRegistry.url: each request to the registry unanswered after this long fails.', format: 'positive-int', default: 10_000 },
+    },
   },
   openai: {
     baseUrl: {

@@ -75,7 +75,10 @@ export interface Trajectory {
   readonly metrics: Readonly<Record<string, number>>;
   /** The task this trajectory answers (kept so evaluators and logs can see it). */
   readonly task: Task;
-  /** The response as text, as the evaluator scored it: the tokenizer's decoding of `responseTokens`, special tokens skipped. */
+  /**
+   * The response as text, as the evaluator scored it: for a single completion, the tokenizer's decoding of
+   * `responseTokens` with special tokens skipped; for a multi-turn agent, its last reply. Absent for a multi-agent slot.
+   */
   readonly responseText?: string;
   /** When it was generated and scored, in the process that rolled it out (not carried over Kafka). */
   readonly timing?: RolloutTiming;

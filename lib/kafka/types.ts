@@ -90,6 +90,17 @@ export interface TrajectoryMessage {
   readonly times?: RolloutTimes;
 }
 
+/**
+ * How a process writes each topic's records: plain Protocol Buffers (`PLAIN_ENCODERS`, the default), or framed for a
+ * schema registry (`registerRecordSchemas`).
+ */
+export interface RecordEncoders {
+  readonly task: (message: TaskMessage) => Uint8Array;
+  readonly trajectory: (message: TrajectoryMessage) => Uint8Array;
+  readonly weights: (message: WeightsMessage) => Uint8Array;
+  readonly heartbeat: (message: HeartbeatMessage) => Uint8Array;
+}
+
 /** When one sample was generated and scored, in milliseconds since the Unix epoch. */
 export interface RolloutTimes {
   /** The worker started encoding the prompt and generating. */

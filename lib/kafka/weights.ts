@@ -86,6 +86,8 @@ export interface WeightsPublisherOptions {
    * (written once per run by the trainer). Default: a full model directory per version.
    */
   readonly adapter?: { readonly lora: ResolvedLoraConfig; readonly baseDir: string };
+  /** Writes the announcements: plain Protocol Buffers (default), or framed for a schema registry. */
+  readonly encode?: ((message: WeightsMessage) => Uint8Array) | undefined;
 }
 
 /** The directory of a run's files under a weights directory (`<dir>/<run>`). */
@@ -169,7 +171,7 @@ export class WeightsPublisher {
       await this.options.producer.send({
         topic: this.options.topic,
         acks: -1,
-        messages: [{ key: message.run, value: Buffer.from(encodeWeightsMessage(message)) }],
+        messages: [{ key: message.run, value: Buffer.from((this.options.encode ?? encodeWeightsMessage)(message)) }],
       });
     } catch (cause) {
       throw new KafkaBridgeError(`could not announce ${message.kind} ${message.version} of run ${message.run}: ${String(cause)}`, {

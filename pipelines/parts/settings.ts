@@ -8,7 +8,7 @@ import type { Kafka } from 'kafkajs';
 
 import type { RxrlConfig } from '../../lib/config/schema.js';
 import type { Tokenizer } from '../../lib/model/types.js';
-import type { KafkaEvent, KafkaTopics } from '../../lib/kafka/types.js';
+import type { KafkaEvent, KafkaTopics, RecordEncoders } from '../../lib/kafka/types.js';
 import type { PolicyModel } from '../../lib/model/transformer.js';
 import type { GrpoTrainerOptions, TrainerLoss } from '../../lib/train/grpoTrainer.js';
 import { modelScorer } from '../../lib/engine/teacher.js';
@@ -92,6 +92,8 @@ export interface KafkaTransport {
   readonly topics: KafkaTopics;
   /** Directory shared with the workers where each version's weights are written. */
   readonly weightsDir: string;
+  /** How records are written: plain Protocol Buffers (default), or framed for a schema registry (`registerRecordSchemas`). */
+  readonly encoders?: RecordEncoders | undefined;
   /** Instrumentation: consumer and `trainer.*` events. */
   readonly onEvent?: (event: KafkaEvent) => void;
 }
@@ -110,6 +112,7 @@ export function kafkaSettings(transport: KafkaTransport, tokenizer: Tokenizer, k
     padId: tokenizer.padId,
     tokenizer,
     ...(transport.onEvent ? { onEvent: transport.onEvent } : {}),
+    ...(transport.encoders ? { encoders: transport.encoders } : {}),
   };
 }
 
