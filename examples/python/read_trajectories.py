@@ -16,7 +16,7 @@ One line per record (partition@offset, key, sample index, reward, policy version
 the error of a failed sample), or with --json one JSON object per record: the Kafka key, partition and offset, and
 "record" holding every field of the TrajectoryRecord. Warnings and the final count go to stderr.
 Exit status: 0 at the end (--max, --timeout, Ctrl-C or SIGTERM), 1 when the broker (or the registry) cannot be
-reached or the .proto cannot be compiled, 2 for bad arguments.
+reached, a package is missing or the .proto does not compile, 2 for bad arguments.
 """
 
 import argparse
