@@ -291,7 +291,8 @@ class Decoder:
             return record
         except httpx.TransportError as error:
             raise Failure(f"cannot reach the schema registry: {error}") from error
-        except (SchemaRegistryError, SerializationError, self.decode_error, EOFError) as error:
+        except (SchemaRegistryError, SerializationError, self.decode_error, EOFError, ValueError) as error:
+            # ValueError: also a schema that is not base64 (a registry that ignores format=serialized)
             raise Skip(f"the schema registry deserializer refused it: {error}") from None
 
     def writer_message_name(self, schema_id: int, indexes: list) -> str:
