@@ -9,8 +9,9 @@ protoc, into ${XDG_CACHE_HOME:-~/.cache}/rxrl/proto-<hash>), so the reader alway
     python examples/python/read_trajectories.py --registry http://localhost:8081 --from-beginning --timeout 10
 
 Values may be plain protobuf, or in the Confluent wire format when rxrl writes through a schema registry: with
---registry they are decoded by confluent-kafka's ProtobufDeserializer, which fetches the writer's schema by its id;
-without it the framing is read and skipped here. Records of rxrl's earlier binary codec are skipped with a warning.
+--registry they are decoded by confluent-kafka's ProtobufDeserializer, which fetches the writer's schema by its id
+(a registry that answers with the schema's text rather than its serialized form, as Apicurio's Confluent API does,
+has the text compiled here); without --registry the framing is read and skipped here. Records of rxrl's earlier binary codec are skipped with a warning.
 
 One line per record (partition@offset, key, sample index, reward, policy version, finish reason, response text, or
 the error of a failed sample), or with --json one JSON object per record: the Kafka key, partition and offset, and
@@ -173,6 +174,21 @@ def generate(proto_dir: Path, out_dir: Path) -> None:
         raise Failure(f"protoc could not compile {proto_dir / PROTO_FILE} (its errors are above)")
 
 
+def compile_schema_text(text: str) -> bytes:
+    """The serialized FileDescriptorProto of a .proto file's text (one without imports)."""
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory(prefix="rxrl-schema-") as work_dir:
+        source = Path(work_dir) / "schema.proto"
+        source.write_text(text, encoding="utf-8")
+        descriptor_set = Path(work_dir) / "schema.pb"
+        if protoc.main(["protoc", f"-I{work_dir}", f"--descriptor_set_out={descriptor_set}", "schema.proto"]) != 0:
+            raise ValueError("the registry's schema text does not compile (protoc's errors are above)")
+        files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set.read_bytes()).file
+        return files[0].SerializeToString()
+
+
 def message_index(records) -> int:
     """Position of TrajectoryRecord among the file's top-level messages (the Confluent framing's message index)."""
     from google.protobuf import descriptor_pb2
@@ -233,10 +249,9 @@ class Decoder:
         self.registry = None
         self.deserializer = None
         if registry_url is not None:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
             from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
-            self.registry = SchemaRegistryClient(
+            self.registry = registry_client_class()(
                 {
                     "url": registry_url,
                     "timeout": 10,
@@ -292,7 +307,7 @@ class Decoder:
         except httpx.TransportError as error:
             raise Failure(f"cannot reach the schema registry: {error}") from error
         except (SchemaRegistryError, SerializationError, self.decode_error, EOFError, ValueError) as error:
-            # ValueError: also a schema that is not base64 (a registry that ignores format=serialized)
+            # ValueError: also a registry's schema text that does not compile
             raise Skip(f"the schema registry deserializer refused it: {error}") from None
 
     def writer_message_name(self, schema_id: int, indexes: list) -> str:
@@ -309,6 +324,38 @@ class Decoder:
             names.append(messages[index].name)
             messages = messages[index].nested_type
         return ".".join(names)
+
+
+def registry_client_class():
+    """confluent-kafka's SchemaRegistryClient, also for registries that answer `format=serialized` with the schema's
+    text (Apicurio's Confluent API does): that text is compiled here into the serialized descriptor that
+    ProtobufDeserializer expects."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    class Client(SchemaRegistryClient):
+        def __init__(self, conf: dict):
+            super().__init__(conf)
+            self.compiled = {}  # schema text -> base64 of its FileDescriptorProto
+
+        def get_schema(self, schema_id, subject_name=None, fmt=None, reference_format=None):
+            schema = super().get_schema(schema_id, subject_name, fmt, reference_format)
+            if fmt != "serialized" or schema.schema_type != "PROTOBUF" or is_base64(schema.schema_str):
+                return schema
+            if schema.schema_str not in self.compiled:
+                serialized = compile_schema_text(schema.schema_str)
+                self.compiled[schema.schema_str] = base64.standard_b64encode(serialized).decode("ascii")
+            serialized = self.compiled[schema.schema_str]
+            return Schema(serialized, schema.schema_type, schema.references, schema.metadata, schema.rule_set)
+
+    return Client
+
+
+def is_base64(text: str) -> bool:
+    try:
+        base64.b64decode(text, validate=True)
+        return True
+    except ValueError:
+        return False
 
 
 def has_schema_id_header(headers) -> bool:
