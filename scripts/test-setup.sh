@@ -74,7 +74,7 @@ venv=.cache/python
 requirements=scripts/requirements-test.txt
 want=$(cat "$requirements" examples/python/requirements.txt scripts/requirements-tinker.txt scripts/requirements-datasets.txt scripts/requirements-trackers.txt scripts/requirements-fixtures.txt |
   sha256sum | cut -c1-16)
-if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import openai, tinker, datasets, huggingface_hub, tensorboard, mlflow' 2>/dev/null; then
+if [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import openai, tinker, datasets, huggingface_hub, tensorboard, mlflow, confluent_kafka, grpc_tools, google.protobuf' 2>/dev/null; then
   rm -rf "$venv"
   if ! python3 -m venv --system-site-packages "$venv" >/dev/null 2>&1; then
     rm -rf "$venv"
