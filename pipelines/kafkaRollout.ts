@@ -364,7 +364,11 @@ function sendTasks(admission: LoopAdmission, groups: GroupRecords, options: Kafk
         for (const slot of options.slots) groups.admit(groupIdOf(task) + slot.suffix, task.id);
         return taskMessage(task, index++, admission, options);
       }),
-      toKafka(options.producer, { topic: options.topics.tasks, encode: options.encoders?.task ?? encodeTaskMessage, key: (m) => m.task.id }),
+      toKafka(options.producer, {
+        topic: options.topics.tasks,
+        encode: options.encoders?.task ?? encodeTaskMessage,
+        key: (m) => m.task.id,
+      }),
       tap((m) =>
         options.emit('trainer.admitted', { taskId: m.task.id, groupId: groupIdOf(m.task), index: m.index, minVersion: m.minVersion }),
       ),

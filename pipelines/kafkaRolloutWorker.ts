@@ -32,7 +32,15 @@ import type { Evaluator } from '../lib/core/evaluator.js';
 import { createProducer, ensureTopics, type TopicPartitions } from '../lib/kafka/client.js';
 import { decodeTaskMessage, decodeWeightsMessage, encodeHeartbeatMessage, encodeTrajectoryMessage } from '../lib/kafka/codec.js';
 import { workerIdOf, workerIdProblem } from '../lib/kafka/workerId.js';
-import type { KafkaEvent, KafkaEventType, KafkaRecord, KafkaTopics, RecordEncoders, TaskMessage, TrajectoryMessage } from '../lib/kafka/types.js';
+import type {
+  KafkaEvent,
+  KafkaEventType,
+  KafkaRecord,
+  KafkaTopics,
+  RecordEncoders,
+  TaskMessage,
+  TrajectoryMessage,
+} from '../lib/kafka/types.js';
 import { WeightsFollower } from '../lib/kafka/weights.js';
 import { isSampleFailure, type ModelTag, type PolicyVersion, type RolloutOutput, type Task } from '../lib/core/types.js';
 import type { RolloutWorker } from '../lib/engine/worker.js';
@@ -455,6 +463,10 @@ function trajectoryMessageOf(run: string, output: RolloutOutput): TrajectoryMess
   if (isSampleFailure(output) || output.timing === undefined) return { run, output, producedAt };
   const origin = performance.timeOrigin;
   const { generate, reward } = output.timing;
-  const times = { generateStart: origin + generate[0], generateEnd: origin + generate[1], rewardEnd: origin + Math.max(generate[1], reward[1]) };
+  const times = {
+    generateStart: origin + generate[0],
+    generateEnd: origin + generate[1],
+    rewardEnd: origin + Math.max(generate[1], reward[1]),
+  };
   return { run, output, producedAt, times };
 }

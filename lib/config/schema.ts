@@ -539,7 +539,11 @@ export const SCHEMA = {
         default: null,
         env: 'RXRL_SCHEMA_REGISTRY_URL',
       },
-      timeoutMs: { doc: 'kafka.schemaRegistry.url: each request to the registry unanswered after this long fails.', format: 'positive-int', default: 10_000 },
+      timeoutMs: {
+        doc: 'kafka.schemaRegistry.url: each request to the registry unanswered after this long fails.',
+        format: 'positive-int',
+        default: 10_000,
+      },
     },
   },
   openai: {

@@ -234,7 +234,13 @@ function parse<T>(
 ): T {
   if (bytes.length === 0) throw fail('value', `an empty value is not a ${type} record`);
   if (isLegacyRecord(bytes)) return legacy(bytes);
-  return decode(bytes[0] === CONFLUENT_MAGIC ? unframe(bytes, type) : bytes);
+  const body = bytes[0] === CONFLUENT_MAGIC ? unframe(bytes, type) : bytes;
+  try {
+    return decode(body);
+  } catch (error) {
+    if (!(error instanceof DecodeError)) throw error;
+    throw new DecodeError(`not a ${type} record (${error.message})`, { cause: error, context: { ...error.context, type } });
+  }
 }
 
 /**
@@ -317,7 +323,11 @@ function trajectoryInit(t: Trajectory, times: RolloutTimes | undefined): pb.Traj
     times:
       times === undefined
         ? undefined
-        : { generateStartUnixMs: times.generateStart, generateEndUnixMs: times.generateEnd, rewardEndUnixMs: times.rewardEnd },
+        : {
+            generateStartUnixMs: finite(times.generateStart, 'times.generateStart'),
+            generateEndUnixMs: finite(times.generateEnd, 'times.generateEnd'),
+            rewardEndUnixMs: finite(times.rewardEnd, 'times.rewardEnd'),
+          },
   };
 }
 

@@ -128,7 +128,10 @@ class RegistryClient {
     try {
       url = new URL(options.url);
     } catch (cause) {
-      throw new SchemaRegistryError(`kafka.schemaRegistry.url: '${options.url}' is not a URL (give http://host:port of the registry's API)`, { cause });
+      throw new SchemaRegistryError(
+        `kafka.schemaRegistry.url: '${options.url}' is not a URL (give http://host:port of the registry's API)`,
+        { cause },
+      );
     }
     this.headers = { 'Content-Type': CONTENT_TYPE, Accept: CONTENT_TYPE };
     if (url.username !== '') {
@@ -140,10 +143,16 @@ class RegistryClient {
     this.base = url.toString().replace(/\/+$/, '');
   }
 
-  /** Checks the schema against the subject's latest version (when there is one), registers it and returns its id. */
+  /**
+   * The schema's id under `subject`: found when it is registered there already, else registered after a check
+   * against the subject's latest version. A registration that loses a race with another process's (a 409 while the
+   * schema is now there) takes the id the other one registered.
+   */
   async register(subject: string): Promise<number> {
     const body = JSON.stringify({ schemaType: 'PROTOBUF', schema: RECORDS_PROTO });
     const path = `/subjects/${encodeURIComponent(subject)}`;
+    const found = await this.lookup(path, body, subject);
+    if (found !== undefined) return found;
     const check = await this.request('POST', `/compatibility${path}/versions/latest`, body, subject);
     if (check.status === 200) {
       const compatible = (check.json as { is_compatible?: unknown }).is_compatible;
@@ -158,19 +167,35 @@ class RegistryClient {
     }
     const registered = await this.request('POST', `${path}/versions`, body, subject);
     const id = (registered.json as { id?: unknown }).id;
-    if (registered.status !== 200 || typeof id !== 'number') throw this.refused('register', subject, registered);
-    return id;
+    if (registered.status === 200 && typeof id === 'number') return id;
+    const raced = registered.status === 409 ? await this.lookup(path, body, subject) : undefined;
+    if (raced !== undefined) return raced;
+    throw this.refused('register', subject, registered);
+  }
+
+  /** The id of the schema under `subject` when it is registered there (`POST /subjects/{subject}`), else `undefined`. */
+  private async lookup(path: string, body: string, subject: string): Promise<number | undefined> {
+    const answer = await this.request('POST', path, body, subject);
+    const id = (answer.json as { id?: unknown }).id;
+    if (answer.status === 200 && typeof id === 'number') return id;
+    if (answer.status === 404) return undefined;
+    throw this.refused('look up', subject, answer);
   }
 
   private refused(what: string, subject: string, answer: { status: number; text: string }): SchemaRegistryError {
-    const incompatible = answer.status === 409 ? ' (incompatible with the subject\'s compatibility level)' : '';
+    const incompatible = answer.status === 409 ? " (incompatible with the subject's compatibility level)" : '';
     return new SchemaRegistryError(
       `schema registry at ${this.base}: could not ${what} the record schema under '${subject}': HTTP ${answer.status}${incompatible} ${answer.text.slice(0, 500)}`,
       { context: { subject, status: answer.status } },
     );
   }
 
-  private async request(method: string, path: string, body: string, subject: string): Promise<{ status: number; text: string; json: unknown }> {
+  private async request(
+    method: string,
+    path: string,
+    body: string,
+    subject: string,
+  ): Promise<{ status: number; text: string; json: unknown }> {
     const timeoutMs = this.options.timeoutMs ?? 10_000;
     const signals = [AbortSignal.timeout(timeoutMs), ...(this.options.signal ? [this.options.signal] : [])];
     try {

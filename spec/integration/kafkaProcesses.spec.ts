@@ -207,7 +207,7 @@ describe('Kafka deployment: a trainer and two rollout workers in separate proces
     const dead = await readMessages(kafka, topics.deadLetter, 2);
     const byKey = new Map(dead.map((m) => [m.key?.toString(), m]));
     expect(byKey.get('poison-task')?.headers?.[DEAD_LETTER_HEADERS.topic]?.toString()).toBe(topics.tasks);
-    expect(byKey.get('poison-task')?.headers?.[DEAD_LETTER_HEADERS.reason]?.toString()).toMatch(/magic/);
+    expect(byKey.get('poison-task')?.headers?.[DEAD_LETTER_HEADERS.reason]?.toString()).toMatch(/not a rxrl.v1.TaskRecord record/);
     expect(byKey.get('poison-trajectory')?.headers?.[DEAD_LETTER_HEADERS.topic]?.toString()).toBe(topics.trajectories);
     expect(byKey.get('poison-trajectory')?.headers?.[DEAD_LETTER_HEADERS.reason]?.toString()).toMatch(/kind/);
   }, 0); // no total bound: each wait fails when the processes stop moving

@@ -157,7 +157,7 @@ describe('toKafka → broker → fromKafka', () => {
     const [dead] = await readMessages(kafka, dlq, 1);
     expect(dead.key?.toString()).toBe('bad');
     expect(dead.value?.toString()).toBe('{"not":"rxrl"}');
-    expect(dead.headers?.[DEAD_LETTER_HEADERS.reason]?.toString()).toMatch(/magic/);
+    expect(dead.headers?.[DEAD_LETTER_HEADERS.reason]?.toString()).toMatch(/not a rxrl.v1.TrajectoryRecord record/);
     expect(dead.headers?.[DEAD_LETTER_HEADERS.error]?.toString()).toBe('DecodeError');
     expect(dead.headers?.[DEAD_LETTER_HEADERS.offset]?.toString()).toBe('1');
     expect(dead.headers?.[DEAD_LETTER_HEADERS.topic]?.toString()).toBe(topic);
