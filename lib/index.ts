@@ -230,6 +230,8 @@ export {
   recordFormatOf,
 } from './kafka/codec.js';
 export { BrokerStartError, EncodeError, KafkaBridgeError, isKafkaBridgeError } from './kafka/errors.js';
+export { PLAIN_ENCODERS, SchemaRegistryError, framed, registerRecordSchemas } from './kafka/schemaRegistry.js';
+export type { RegisteredSchemas, SchemaRegistryOptions } from './kafka/schemaRegistry.js';
 export { OffsetTracker } from './kafka/offsets.js';
 export type { CommitOffset } from './kafka/offsets.js';
 export { kafkaTopics } from './kafka/types.js';
@@ -240,6 +242,7 @@ export type {
   KafkaEventType,
   KafkaRecord,
   KafkaTopics,
+  RecordEncoders,
   RolloutTimes,
   RunEndMessage,
   TaskMessage,
