@@ -99,7 +99,7 @@ export function decodeTaskMessage(bytes: Uint8Array): TaskMessage {
 /** Encodes a trajectory or a failed sample. @throws {@link EncodeError} when a field breaks the schema. */
 export function encodeTrajectoryMessage(message: TrajectoryMessage): Uint8Array {
   const { output } = message;
-  const producedUnixMs = message.producedAt ?? 0;
+  const producedUnixMs = message.producedAt === undefined ? 0 : finite(message.producedAt, 'producedAt');
   if (isSampleFailure(output)) {
     const failure: pb.SampleFailure = {
       ...idsInit(output),

@@ -23,7 +23,8 @@ const HEADER_BYTES = 4;
 const MAX_STRING_BYTES = 16 * 1024 * 1024;
 /** Largest array accepted (elements). */
 const MAX_ARRAY_LENGTH = 16 * 1024 * 1024;
-const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
+// ignoreBOM: a string that starts with U+FEFF keeps it (by default TextDecoder drops a leading BOM).
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /** Whether `bytes` starts as a legacy record does: `r`, `x` (a Protocol Buffers record never starts with 0x72). */
 export function isLegacyRecord(bytes: Uint8Array): boolean {

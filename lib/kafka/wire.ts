@@ -17,7 +17,8 @@ export const WIRE = { varint: 0, fixed64: 1, bytes: 2, startGroup: 3, endGroup: 
 
 const TWO_32 = 2 ** 32;
 const utf8 = new TextEncoder();
-const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
+// ignoreBOM: a string that starts with U+FEFF keeps it (by default TextDecoder drops a leading BOM).
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /**
  * One scratch buffer shared by encodes (a fresh array per record costs more than encoding it); `finish` copies the

@@ -55,7 +55,7 @@ describe('hostile heartbeats and the status server', () => {
     const deadLetters: string[] = [];
     for (let i = 0; i < 1030; i++) consume(tracker, encodeHeartbeatMessage(beat(`${i}-${'x'.repeat(4096)}`)), deadLetters);
     expect(deadLetters).toHaveLength(1030);
-    expect(deadLetters[0]).toBe(`cannot decode worker: string of ${2 + 4096} bytes exceeds ${WORKER_ID_MAX_LENGTH}`);
+    expect(deadLetters[0]).toBe(`cannot decode worker: string of ${2 + 4096} characters exceeds ${WORKER_ID_MAX_LENGTH}`);
     // Bypassing the codec (a library caller) changes nothing: the tracker refuses such ids itself.
     for (let i = 0; i < 1030; i++) expect(tracker.heartbeat({ ...beat(`${i}-${'x'.repeat(4096)}`) })).toBe(false);
     const server = await serveStatus({ tracker, port: 0 });
@@ -81,7 +81,7 @@ describe('hostile heartbeats and the status server', () => {
     expect(deadLetters).toEqual([
       'cannot decode worker: worker id has U+001B at index 2, outside [A-Za-z0-9._:@-]',
       'cannot decode worker: worker id has U+009B at index 1, outside [A-Za-z0-9._:@-]',
-      `cannot decode worker: string of ${WORKER_ID_MAX_LENGTH + 1} bytes exceeds ${WORKER_ID_MAX_LENGTH}`,
+      `cannot decode worker: string of ${WORKER_ID_MAX_LENGTH + 1} characters exceeds ${WORKER_ID_MAX_LENGTH}`,
     ]);
     expect(Object.keys(tracker.snapshot().workers)).toEqual([`host-1.example:42@x_y-${'z'.repeat(WORKER_ID_MAX_LENGTH - 22)}`]);
   });
