@@ -134,7 +134,7 @@ export function decodeTrajectoryMessage(bytes: Uint8Array): TrajectoryMessage {
   } else {
     throw fail('output', 'neither a trajectory nor a failed sample');
   }
-  if (record.producedUnixMs !== 0) message.producedAt = record.producedUnixMs;
+  if (record.producedUnixMs !== 0) message.producedAt = finiteRead(record.producedUnixMs, 'producedUnixMs');
   return message;
 }
 
@@ -163,13 +163,13 @@ export function encodeWeightsMessage(message: WeightsMessage): Uint8Array {
 export function decodeWeightsMessage(bytes: Uint8Array): WeightsMessage {
   const { run, event } = parse(bytes, 'rxrl.v1.WeightsRecord', pb.decodeWeightsRecord, readLegacyWeights);
   if (event?.case === 'end') {
-    return { kind: 'end', run, version: event.value.version, timestamp: event.value.timestampUnixMs };
+    return { kind: 'end', run, version: event.value.version, timestamp: finiteRead(event.value.timestampUnixMs, 'timestamp') };
   }
   if (event?.case !== 'version') throw fail('event', 'neither a weights version nor a run end');
   const v = event.value;
   if (v.path.length === 0) throw fail('path', 'empty path');
   if (!HEX_SHA256.test(v.sha256)) throw fail('sha256', 'not 64 lower-case hex digits');
-  const timestamp = v.timestampUnixMs;
+  const timestamp = finiteRead(v.timestampUnixMs, 'timestamp');
   return { kind: 'version', run, version: v.version, modelTag: v.modelTag, path: v.path, bytes: v.bytes, sha256: v.sha256, timestamp };
 }
 
@@ -364,7 +364,11 @@ function trajectoryOf(t: pb.Trajectory): Trajectory {
 }
 
 function timesOf(times: pb.RolloutTimes): RolloutTimes {
-  return { generateStart: times.generateStartUnixMs, generateEnd: times.generateEndUnixMs, rewardEnd: times.rewardEndUnixMs };
+  return {
+    generateStart: finiteRead(times.generateStartUnixMs, 'times.generateStart'),
+    generateEnd: finiteRead(times.generateEndUnixMs, 'times.generateEnd'),
+    rewardEnd: finiteRead(times.rewardEndUnixMs, 'times.rewardEnd'),
+  };
 }
 
 function taskInit(task: Task): pb.Task {
@@ -426,6 +430,11 @@ function remoteError(name: string, message: string, retriable: boolean): Error {
 
 function fail(field: string, reason: string, cause?: unknown): DecodeError {
   return new DecodeError(`cannot decode ${field}: ${reason}`, { cause, context: { field } });
+}
+
+function finiteRead(value: number, field: string): number {
+  if (!Number.isFinite(value)) throw fail(field, `${value} is not finite`);
+  return value;
 }
 
 function nonEmpty(value: string, field: string): string {

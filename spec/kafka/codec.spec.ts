@@ -587,6 +587,26 @@ describe('codec: malformed fields', () => {
     expect(decodeError(() => decodeTrajectoryMessage(floats)).message).toMatch(/logprobs: a packed float run of 5 bytes/);
   });
 
+  it('refuses times that are not finite, from writers other than rxrl', () => {
+    const t = traj('t1@0', 0);
+    const base = {
+      ...t,
+      promptTokens: [1],
+      responseTokens: [2],
+      logprobs: [-1],
+      lossMask: [true],
+      finishReason: pb.FinishReason.STOP,
+      task: { id: 't1', prompt: 'p' },
+    };
+    const produced = pb.encodeTrajectoryRecord({ run: 'r', output: { case: 'trajectory', value: base }, producedUnixMs: Number.NaN });
+    expect(fieldOf(() => decodeTrajectoryMessage(produced))).toBe('producedUnixMs');
+    const times = { generateStartUnixMs: 1, generateEndUnixMs: Number.POSITIVE_INFINITY, rewardEndUnixMs: 3 };
+    const timed = pb.encodeTrajectoryRecord({ run: 'r', output: { case: 'trajectory', value: { ...base, times } }, producedUnixMs: 5 });
+    expect(fieldOf(() => decodeTrajectoryMessage(timed))).toBe('times.generateEnd');
+    const announced = pb.encodeWeightsRecord({ run: 'r', event: { case: 'end', value: { version: 1, timestampUnixMs: Number.NaN } } });
+    expect(fieldOf(() => decodeWeightsMessage(announced))).toBe('timestamp');
+  });
+
   it('refuses a uint64 over 2^53 - 1, naming the field', () => {
     const heartbeat = (done: bigint): Uint8Array => cat(delimited(1, ascii('w')), tag(4, 0), varint(done), double(8, 1));
     expect(decodeHeartbeatMessage(heartbeat(2n ** 53n - 1n)).done).toBe(Number.MAX_SAFE_INTEGER);

@@ -77,6 +77,15 @@ describe('the record schema: proto/rxrl/v1/records.proto', () => {
     for (const type of Object.values(RECORD_TYPES)) expect(messages).toContain(type);
   });
 
+  it("keeps every message of its released copy at the released position (a registry's framing names it by position)", () => {
+    const released = createFileRegistry(fromBinary(FileDescriptorSetSchema, readFileSync(RELEASED))).getFile('rxrl/v1/records.proto');
+    expect(released).toBeDefined();
+    const positions = Object.fromEntries(released!.messages.map((m, i) => [m.typeName, i]));
+    expect(Object.keys(positions).length).toBeGreaterThan(0);
+    for (const [name, index] of Object.entries(positions))
+      expect([name, MESSAGE_INDEXES[name as keyof typeof MESSAGE_INDEXES]]).toEqual([name, index]);
+  });
+
   it('passes buf lint and is compatible with its released copy (buf breaking)', () => {
     expect(run(buf, ['lint'])).toEqual({ status: 0, output: '' });
     expect(run(buf, ['breaking', 'proto', '--against', 'proto/released/rxrl-v1.binpb'])).toEqual({ status: 0, output: '' });
