@@ -32,11 +32,11 @@ const SCALARS = {
   9: { ts: 'string', wire: 2, read: 'string', write: 'string', zero: "''" },
   13: { ts: 'number', wire: 0, read: 'uint32', write: 'uint32', zero: '0' },
 };
-// Packed repeated scalars: the reader's method and how the writer sizes the run.
+// Packed repeated scalars: the writer's and the reader's method.
 const PACKED = {
-  5: { read: 'packedInt32', size: 'varint', write: 'int32' },
-  8: { read: 'packedBool', size: 'bytes1', write: 'bool' },
-  2: { read: 'packedFloat', size: 'bytes4', write: 'float' },
+  5: { read: 'packedInt32' },
+  8: { read: 'packedBool' },
+  2: { read: 'packedFloat' },
 };
 
 function scalarOf(field, type) {
@@ -130,13 +130,8 @@ function writeField(field) {
       return `  if (${m} !== 0) {\n    w.tag(${n}, 0);\n    w.int32(${m});\n  }\n`;
     case 'message':
       return `  if (${m} !== undefined) {\n    w.tag(${n}, 2);\n    const at = w.fork();\n    write${field.message.name}(w, ${m});\n    w.join(at);\n  }\n`;
-    case 'list': {
-      const p = PACKED[field.scalar];
-      const size = p.size === 'varint' ? 'fork' : p.size === 'bytes1' ? `${m}.length` : `${m}.length * 4`;
-      const open = p.size === 'varint' ? '    const at = w.fork();\n' : `    w.uint32(${size});\n`;
-      const close = p.size === 'varint' ? '    w.join(at);\n' : '';
-      return `  if (${m}.length > 0) {\n    w.tag(${n}, 2);\n${open}    for (const v of ${m}) w.${p.write}(v);\n${close}  }\n`;
-    }
+    case 'list':
+      return `  if (${m}.length > 0) {\n    w.tag(${n}, 2);\n    w.${PACKED[field.scalar].read}(${m});\n  }\n`;
     case 'map': {
       const s = scalarOf(field, field.scalar);
       return `  for (const k of Object.keys(${m})) {\n    w.tag(${n}, 2);\n    const at = w.fork();\n    w.tag(1, 2);\n    w.string(k);\n    w.tag(2, ${s.wire});\n    w.${s.write}(${m}[k]);\n    w.join(at);\n  }\n`;

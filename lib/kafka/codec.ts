@@ -314,7 +314,8 @@ function trajectoryInit(t: Trajectory, times: RolloutTimes | undefined): pb.Traj
     promptTokens: int32s(t.promptTokens, 'promptTokens'),
     responseTokens: int32s(t.responseTokens, 'responseTokens'),
     logprobs: t.logprobs as number[],
-    lossMask: bits(t.lossMask, 'lossMask'),
+    // Checked to be 0 or 1 and passed on as they are: the writer writes a 0 or 1 as false or true.
+    lossMask: bits(t.lossMask, 'lossMask') as unknown as boolean[],
     reward: t.reward,
     finishReason,
     metrics: t.metrics as Record<string, number>,
@@ -392,7 +393,10 @@ function taskInit(task: Task): pb.Task {
 
 function taskOf(task: pb.Task | undefined, field: string): Task {
   if (task === undefined) throw fail(field, 'missing');
-  const out: { -readonly [K in keyof Task]: Task[K] } = { id: nonEmpty(task.id, `${field}.id`), prompt: task.prompt };
+  nonEmpty(task.id, `${field}.id`);
+  // Without metadata the decoded message is the task already (the same fields, absent ones left out).
+  if (task.metadataJson === undefined) return task as Task;
+  const out: { -readonly [K in keyof Task]: Task[K] } = { id: task.id, prompt: task.prompt };
   if (task.answer !== undefined) out.answer = task.answer;
   if (task.response !== undefined) out.response = task.response;
   if (task.metadataJson !== undefined) out.metadata = metadataOf(task.metadataJson, `${field}.metadata`);
@@ -467,12 +471,10 @@ function int32s(values: readonly number[], field: string): number[] {
   return values as number[];
 }
 
-function bits(values: readonly number[], field: string): boolean[] {
-  const out = new Array<boolean>(values.length);
+function bits(values: readonly number[], field: string): readonly number[] {
   for (let i = 0; i < values.length; i++) {
     const v = values[i];
     if (v !== 0 && v !== 1) throw new EncodeError(`${field}[${i}] = ${v} is not 0 or 1`, { context: { field, index: i } });
-    out[i] = v === 1;
   }
-  return out;
+  return values;
 }

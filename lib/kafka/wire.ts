@@ -117,6 +117,55 @@ export class WireWriter {
     this.at += 4;
   }
 
+  /** A packed run of signed 32-bit varints: its length, then each value. */
+  packedInt32(values: readonly number[]): void {
+    const n = values.length;
+    // At most ten bytes a value (a negative one), plus a length of at most five.
+    this.ensure(5 + 10 * n);
+    const start = this.fork();
+    const buf = this.buf;
+    let at = this.at;
+    for (let i = 0; i < n; i++) {
+      const value = values[i];
+      if (value < 0) {
+        this.at = at;
+        this.int32(value);
+        at = this.at;
+        continue;
+      }
+      let v = value >>> 0;
+      while (v > 0x7f) {
+        buf[at++] = (v & 0x7f) | 0x80;
+        v >>>= 7;
+      }
+      buf[at++] = v;
+    }
+    this.at = at;
+    this.join(start);
+  }
+
+  /** A packed run of little-endian floats: its length, then four bytes a value. */
+  packedFloat(values: readonly number[]): void {
+    const n = values.length;
+    this.uint32(4 * n);
+    this.ensure(4 * n);
+    const view = this.view;
+    let at = this.at;
+    for (let i = 0; i < n; i++, at += 4) view.setFloat32(at, values[i], true);
+    this.at = at;
+  }
+
+  /** A packed run of booleans (a 0 or 1 given as a number reads as false or true): its length, then a byte a value. */
+  packedBool(values: readonly (boolean | number)[]): void {
+    const n = values.length;
+    this.uint32(n);
+    this.ensure(n);
+    const buf = this.buf;
+    const at = this.at;
+    for (let i = 0; i < n; i++) buf[at + i] = values[i] ? 1 : 0;
+    this.at = at + n;
+  }
+
   /** A length-delimited UTF-8 string. */
   string(value: string): void {
     const n = value.length;
@@ -303,7 +352,17 @@ export class WireReader {
   /** Appends a packed run of signed 32-bit varints to `out`. */
   packedInt32(out: number[], field: string): void {
     const end = this.delimited(field);
-    while (this.pos < end) out.push(this.uint32(field) | 0);
+    const bytes = this.bytes;
+    // Small values (token ids under 128) take one byte: read them inline, and the rest as varints.
+    while (this.pos < end) {
+      const b = bytes[this.pos];
+      if (b < 0x80) {
+        out.push(b);
+        this.pos++;
+      } else {
+        out.push(this.uint32(field) | 0);
+      }
+    }
     if (this.pos !== end) throw this.fail(field, 'a packed varint runs past its length');
   }
 
@@ -318,7 +377,10 @@ export class WireReader {
   packedFloat(out: number[], field: string): void {
     const end = this.delimited(field);
     if ((end - this.pos) % 4 !== 0) throw this.fail(field, `a packed float run of ${end - this.pos} bytes`);
-    for (; this.pos < end; this.pos += 4) out.push(this.view.getFloat32(this.pos, true));
+    const view = this.view;
+    let at = this.pos;
+    for (; at < end; at += 4) out.push(view.getFloat32(at, true));
+    this.pos = at;
   }
 
   /**

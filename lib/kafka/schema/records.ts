@@ -550,25 +550,19 @@ function writeTrajectory(w: WireWriter, m: Trajectory): void {
   }
   if (m.promptTokens.length > 0) {
     w.tag(7, 2);
-    const at = w.fork();
-    for (const v of m.promptTokens) w.int32(v);
-    w.join(at);
+    w.packedInt32(m.promptTokens);
   }
   if (m.responseTokens.length > 0) {
     w.tag(8, 2);
-    const at = w.fork();
-    for (const v of m.responseTokens) w.int32(v);
-    w.join(at);
+    w.packedInt32(m.responseTokens);
   }
   if (m.logprobs.length > 0) {
     w.tag(9, 2);
-    w.uint32(m.logprobs.length * 4);
-    for (const v of m.logprobs) w.float(v);
+    w.packedFloat(m.logprobs);
   }
   if (m.lossMask.length > 0) {
     w.tag(10, 2);
-    w.uint32(m.lossMask.length);
-    for (const v of m.lossMask) w.bool(v);
+    w.packedBool(m.lossMask);
   }
   if (m.reward !== 0) {
     w.tag(11, 1);
