@@ -34,7 +34,7 @@ import type { HeartbeatMessage, RolloutTimes, TaskMessage, TrajectoryMessage, We
 import { WORKER_ID_MAX_LENGTH, workerIdProblem } from './workerId.js';
 
 /** The schema's package: the `rxrl.v1` messages of `proto/rxrl/v1/records.proto`. */
-export const RECORD_SCHEMA_PACKAGE = 'rxrl.v1';
+export const RECORD_SCHEMA_PACKAGE = pb.PACKAGE;
 
 /** The message type of each topic's records (full Protocol Buffers names). */
 export const RECORD_TYPES = {
@@ -199,7 +199,6 @@ export function decodeHeartbeatMessage(bytes: Uint8Array): HeartbeatMessage {
     throw fail('worker', `string of ${beat.worker.length} characters exceeds ${WORKER_ID_MAX_LENGTH}`);
   const problem = workerIdProblem(beat.worker);
   if (problem !== undefined) throw fail('worker', problem);
-  if (!Number.isFinite(beat.timestampUnixMs)) throw fail('timestamp', `${beat.timestampUnixMs} is not finite`);
   const version = beat.version === undefined ? {} : { version: beat.version };
   return {
     worker: beat.worker,
@@ -209,7 +208,7 @@ export function decodeHeartbeatMessage(bytes: Uint8Array): HeartbeatMessage {
     failed: beat.failed,
     ...version,
     leaving: beat.leaving,
-    timestamp: beat.timestampUnixMs,
+    timestamp: finiteRead(beat.timestampUnixMs, 'timestamp'),
   };
 }
 
