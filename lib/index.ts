@@ -2,6 +2,7 @@
  * rxrl: reinforcement-learning post-training of language models as a reactive stream.
  *
  * @packageDocumentation
+ * @module rxrl
  */
 
 // ── core vocabulary ────────────────────────────────────────────────────────────
@@ -21,6 +22,7 @@ export type {
   Trajectory,
 } from './core/types.js';
 export { isSampleFailure } from './core/types.js';
+export type { Defined } from './core/types.js';
 
 // ── errors ─────────────────────────────────────────────────────────────────────
 export {
@@ -142,12 +144,14 @@ export type {
 // ── policy model and backends ──────────────────────────────────────────────────
 export { BACKEND_KINDS, initBackend } from './model/backend.js';
 export type { BackendKind, BackendLogger, BackendName, InitBackendOptions } from './model/backend.js';
+export { NATIVE_BACKEND_PACKAGES, installBackendFixes } from './model/backend.js';
 export {
   CHAR_ALPHABET_CONFIG_KEY,
   CHAR_BOS_ID,
   CHAR_EOS_ID,
   CHAR_PAD_ID,
   CHAR_SPECIAL_LABELS,
+  CHAR_SPECIAL_TOKENS,
   CharTokenizer,
   DEFAULT_ALPHABET,
 } from './model/tokenizer.js';
@@ -155,6 +159,12 @@ export { HfTokenizer, TOKENIZER_FILES, loadTokenizer, namedSpecialTokens, readTo
 export type { HfTokenizerFiles, HfTokenizerSources, JsonRecord } from './model/hfTokenizer.js';
 export { MODEL_TYPES, PolicyModel, validatePolicyConfig } from './model/transformer.js';
 export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling, TokenLogprobs } from './model/transformer.js';
+export type { GenerateOptions } from './model/generate.js';
+export type { ModelAdapter } from './model/adapter.js';
+export type { FileLimits } from './model/files.js';
+export { backendMemoryBytes, checkModelFits } from './model/capacity.js';
+export type { ModelFitOptions } from './model/capacity.js';
+export { SAMPLING_WEIGHTS_MEMORY_SHARE } from './model/samplingWeights.js';
 export { decodeSafetensors, encodeSafetensors, loadSafetensors, saveSafetensors } from './model/safetensors.js';
 export {
   LORA_TARGETS,
@@ -166,7 +176,7 @@ export {
   savePeftAdapter,
   validateLoraConfig,
 } from './model/lora.js';
-export type { LoraConfig, LoraPair, LoraTarget, ResolvedLoraConfig } from './model/lora.js';
+export type { LoraConfig, LoraPair, LoraTarget, PeftReadOptions, ResolvedLoraConfig } from './model/lora.js';
 export type { SafetensorsContents, SafetensorsDtype, SafetensorsMetadata } from './model/safetensors.js';
 export {
   MODEL_FILES,
@@ -180,10 +190,13 @@ export {
   specialIdsOf,
 } from './model/modelDir.js';
 export type { ModelDirContents, SaveModelDirOptions, SpecialTokenIds } from './model/modelDir.js';
+export { DEFAULT_MAX_SHARD_BYTES } from './model/modelDir.js';
+export type { ReadModelDirOptions, SavedDtype } from './model/modelDir.js';
 
 // ── engines ────────────────────────────────────────────────────────────────────
 export { LocalEngine } from './engine/local.js';
 export type { LocalEngineOptions, SamplingModel, WeightSyncPolicy } from './engine/local.js';
+export { BATCH_HISTORY } from './engine/local.js';
 
 // ── evaluators ─────────────────────────────────────────────────────────────────
 export type { EvaluationResult, Evaluator, ResponseInfo } from './core/evaluator.js';
@@ -206,7 +219,7 @@ export type { AdmissionGateOptions, StalenessMode } from './sync/gate.js';
 
 // ── training ───────────────────────────────────────────────────────────────────
 export { GrpoTrainer, stalenessMetrics } from './train/grpoTrainer.js';
-export type { BatchGradients, GrpoTrainerOptions } from './train/grpoTrainer.js';
+export type { BatchGradients, GrpoTrainerOptions, TrainerLoss } from './train/grpoTrainer.js';
 export type { StepResult, Trainer } from './train/types.js';
 
 // ── seeded randomness ──────────────────────────────────────────────────────────
@@ -253,6 +266,8 @@ export type {
 } from './kafka/types.js';
 export { WEIGHTS_RUN_METADATA_KEY, WEIGHTS_VERSION_METADATA_KEY, WeightsFollower, WeightsPublisher } from './kafka/weights.js';
 export type { WeightsFollowerEvent, WeightsFollowerOptions, WeightsPublisherOptions } from './kafka/weights.js';
+export { removeEndedRuns } from './kafka/weightsCleanup.js';
+export type { WeightsCleanup } from './kafka/weightsCleanup.js';
 export { fetchKafkaBroker, kafkaVersion, repositoryRoot, startKafkaBroker } from './kafka/broker.js';
 export type { KafkaBroker, KafkaBrokerOptions } from './kafka/broker.js';
 
@@ -269,7 +284,7 @@ export type { OpenAIClientOptions } from './engine/openaiClient.js';
 export { CHAT_ROLES, isChatEngine } from './chat/types.js';
 export type { ChatEngine, ChatMessage, ChatRequest, ChatResult, ChatRole, ChatTool, ToolCall, ToolParameters } from './chat/types.js';
 export { createChatTemplate } from './chat/template.js';
-export type { ChatTemplate, ChatTemplateOptions } from './chat/template.js';
+export type { ChatTemplate, ChatTemplateOptions, RenderOptions } from './chat/template.js';
 export { createJinjaChatTemplate, loadChatTemplate, parseHermesToolCalls } from './chat/jinjaTemplate.js';
 export type { JinjaChatTemplate, JinjaChatTemplateOptions } from './chat/jinjaTemplate.js';
 export { DEFAULT_TOOL_ARGUMENT, formatToolCall, isToolName, parseToolCalls, toolArgumentNames } from './chat/toolCalls.js';
@@ -278,6 +293,7 @@ export { chatWorker, closeWorker, referenceWorker, singleTurnWorker } from './en
 export type { RolloutSample, RolloutWorker, RolloutWorkerInput } from './engine/worker.js';
 export { agentWorker } from './agent/agentWorker.js';
 export type { AgentWorkerOptions, ToolEnvironment } from './agent/agentWorker.js';
+export { AGENT_BASE_ENV } from './agent/agentCommand.js';
 export { gatewayWorker } from './agent/gateway.js';
 export type {
   AgentCommand,
@@ -301,11 +317,21 @@ export type {
 export { DEFAULT_MODEL_NAME, MAX_TOP_LOGPROBS, serve } from './serve/server.js';
 export type { RxrlServer, ServeLogger, ServeOptions } from './serve/server.js';
 export { RequestError } from './serve/protocol.js';
-export type { OpenAIErrorBody } from './serve/protocol.js';
+export type { JsonObject, OpenAIErrorBody } from './serve/protocol.js';
 export { Session, SessionStore, sessionSamples } from './serve/sessions.js';
+export type { Admission } from './serve/sessions.js';
 export { tinkerService } from './tinker/service.js';
 export type { TinkerService, TinkerServiceOptions } from './tinker/service.js';
-export { TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
+export type { TinkerLogger } from './tinker/context.js';
+export type {
+  ForwardBackwardOutputWire,
+  SampleResponseWire,
+  SampledSequenceWire,
+  TensorDtype,
+  WireDatum,
+  WireTensor,
+} from './tinker/proto.js';
+export { DEFAULT_CHUNK_TOKENS, TinkerTrainer, TINKER_LOSSES } from './tinker/training.js';
 export {
   TINKER_MAX_RESPONSE_BYTES,
   TinkerClient,
@@ -320,7 +346,7 @@ export type { TinkerClientOptions, TinkerClientTrainerOptions } from './tinker/c
 export type { TinkerCapabilities } from './tinker/capabilities.js';
 export { SkyrlStartError, startSkyrl } from './tinker/skyrlServer.js';
 export type { SkyrlServer, SkyrlServerOptions } from './tinker/skyrlServer.js';
-export type { AdamParams, ForwardResult, TinkerLoss } from './tinker/training.js';
+export type { AdamParams, ForwardResult, TinkerLoss, TinkerTrainerOptions } from './tinker/training.js';
 export type {
   Drift,
   ExportMode,
@@ -332,6 +358,8 @@ export type {
 } from './serve/sessions.js';
 export { runServeCommand } from './serve/command.js';
 export type { ServeCommandOptions } from './serve/command.js';
+export { REASONING_PARSERS } from './serve/reasoning.js';
+export type { ReasoningParserName } from './serve/reasoning.js';
 export { spawnServe } from './serve/spawn.js';
 export type { SpawnServeOptions, SpawnedServer } from './serve/spawn.js';
 
@@ -425,12 +453,17 @@ export type {
   SkippedLine,
   WriteReportOptions,
 } from './observe/index.js';
+export { MAX_TRACKED_WORKERS } from './observe/activity.js';
+export type { TrackWork } from './observe/activity.js';
+export { DEFAULT_STATUS_MAX_BYTES, DEFAULT_STATUS_READ_BYTES, DEFAULT_STATUS_TIMEOUT_MS } from './observe/status.js';
+export { STOP_GRACE_MS } from './observe/mlflow.js';
 
 // ── configuration ──────────────────────────────────────────────────────────────
 export { DEFAULT_POLICY_LORA, SCHEMA, SPECIALIZATIONS, describeConfig, loadConfig, resolvedLora } from './config/schema.js';
 export type { AgentRoleConfig, LoadConfigOptions, PolicyEntryConfig, RxrlConfig, Specialization } from './config/schema.js';
 export { configWarnings } from './config/configWarnings.js';
 export type { ConfigWarningsContext } from './config/configWarnings.js';
+export { REDACTED, redactSecrets } from './config/redact.js';
 
 // ── checkpoints ────────────────────────────────────────────────────────────────
 export {
@@ -454,5 +487,6 @@ export type {
   CheckpointTinker,
   TinkerStateRef,
 } from './checkpoint/checkpoint.js';
+export type { CheckpointAdapter, CheckpointModel } from './checkpoint/checkpoint.js';
 export { RUN_LOCK_FILE, acquireRunLock, withRunLock } from './checkpoint/runLock.js';
 export type { RunLock, RunLockHolder, RunLockOptions } from './checkpoint/runLock.js';

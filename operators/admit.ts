@@ -27,7 +27,7 @@ export interface AdmitOptions {
  * const gate = new AdmissionGate({ mode: 'sync', tasksPerBatch: 16 });
  * admit(loadTasks(tasks), gate).pipe(rollout(engine, options));
  * ```
- * @param loader - an `AsyncIterable<Task>` (for example a {@link TaskLoader}).
+ * @param loader - an `AsyncIterable<Task>` (for example a {@link rxrl!TaskLoader}).
  * @param gate - decides when each task may start (an {@link AdmissionGate}, or several behind one `waitToAdmit`).
  * @param options - `onAdmit(task, index)` sees each task with its 0-based admission index before it is emitted.
  * @returns a cold Observable of admitted tasks; each subscription pulls its own iterator.

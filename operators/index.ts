@@ -2,10 +2,12 @@
  * rxrl operators: one RxJS operator per file, composed into GRPO loops.
  *
  * @packageDocumentation
+ * @module rxrl/operators
  */
 
 // ── admission (pull from the loader on credit) ─────────────────────────────────
 export { admit } from './admit.js';
+export type { AdmitOptions } from './admit.js';
 
 // ── rollout ────────────────────────────────────────────────────────────────────
 export { groupIdOf, rollout } from './rollout.js';

@@ -43,7 +43,7 @@ export interface RolloutOptions {
  * Expands each task into its GRPO group and samples every member from `engine`, with at most `concurrency`
  * samples in flight. Each response is scored by the evaluator; each trajectory records when it was generated and
  * scored (`timing`, which `grpoPrepare` turns into the batch's `timing/generate_s` and `timing/reward_s`). A
- * sample that fails (engine error, evaluator error, non-finite reward) is emitted as a {@link SampleFailure} so its
+ * sample that fails (engine error, evaluator error, non-finite reward) is emitted as a {@link rxrl!SampleFailure} so its
  * group can shrink instead of waiting; the stream goes on.
  *
  * ```

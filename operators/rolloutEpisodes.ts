@@ -56,7 +56,7 @@ interface PlayedTurn {
  * `turnOrder`, each turn sampled from the engine of the agent's policy. Every episode emits one output per slot
  * (see `episodeSlots`): a trajectory tagged with the slot's policy, group id `${task group}/${agent}/${turn}` (or
  * `/${agent}`) and id `${group}/${runId}`, so the samples of one task group slot by slot. A slot the episode never
- * reached is emitted as a skipped {@link SampleFailure}; an episode that fails (engine, environment, timeout) fails
+ * reached is emitted as a skipped {@link rxrl!SampleFailure}; an episode that fails (engine, environment, timeout) fails
  * each of its slots, and the stream goes on.
  *
  * ```

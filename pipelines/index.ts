@@ -2,6 +2,7 @@
  * Ready compositions of the rxrl operators.
  *
  * @packageDocumentation
+ * @module rxrl/pipelines
  */
 
 // ── the GRPO loop ──────────────────────────────────────────────────────────────
@@ -23,12 +24,16 @@ export type { ValidateOptions } from './validate.js';
 // ── the embedded main job (npm start) ──────────────────────────────────────────
 export { EMBEDDED_MODEL, EMBEDDED_TRAINER, embeddedConfig, embeddedSummary, runEmbedded } from './embedded.js';
 export type { EmbeddedRunOptions, EmbeddedRunSummary } from './embedded.js';
+export { EMBEDDED_STEPS } from './embedded.js';
 
 // ── Kafka halves: trainer and rollout workers in separate processes ────────────
 export { kafkaTrainer } from './kafkaTrainer.js';
 export type { KafkaTrainerConfig } from './kafkaTrainer.js';
 export { kafkaRolloutWorker } from './kafkaRolloutWorker.js';
 export type { KafkaRolloutWorkerConfig, WorkerTaskResult } from './kafkaRolloutWorker.js';
+export type { KafkaPolicy } from './kafkaRollout.js';
+export type { KafkaEpisodes } from './parts/contracts.js';
+export type { KafkaTransport } from './parts/settings.js';
 
 // ── training through an OpenAI-compatible server ──────────────────────────────
 export { runServed } from './served.js';

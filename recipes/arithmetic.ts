@@ -76,7 +76,7 @@ function apply(op: ArithmeticOperator, a: number, b: number): number {
  * Generates the task family: every `a op b` with `1 ≤ a, b ≤ maxOperand`, shuffled with the seed; the first
  * `validationSize` are held out. Prompts ask for the equation only, with an example of the format.
  *
- * @throws {@link ConfigError} naming the key for unknown operators, a bad range, or no training questions left.
+ * @throws {@link rxrl!ConfigError} naming the key for unknown operators, a bad range, or no training questions left.
  */
 export function arithmeticTask(options: ArithmeticTaskOptions = {}): ArithmeticTask {
   const operators = options.operators ?? '+*';

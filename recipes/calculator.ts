@@ -79,7 +79,7 @@ const MAX_EXPRESSION_LENGTH = 64;
  * Evaluates an integer expression with `+`, `-`, `*`, unary minus and parentheses (recursive descent, no
  * `eval`).
  *
- * @throws {@link DecodeError} for anything else (empty, unbalanced, other characters, too long, unsafe result).
+ * @throws {@link rxrl!DecodeError} for anything else (empty, unbalanced, other characters, too long, unsafe result).
  */
 export function evaluateArithmetic(expression: string): number {
   if (expression.length === 0 || expression.length > MAX_EXPRESSION_LENGTH) {

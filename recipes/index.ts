@@ -2,6 +2,7 @@
  * Bundled tasks: generated data, rule-based evaluators and default settings.
  *
  * @packageDocumentation
+ * @module rxrl/recipes
  */
 
 // ── string transformations ─────────────────────────────────────────────────────

@@ -739,7 +739,10 @@ type ConfigOf<S extends SchemaGroup> = {
   -readonly [K in keyof S]: S[K] extends SchemaLeaf ? FormatValue<S[K]['format']> : S[K] extends SchemaGroup ? ConfigOf<S[K]> : never;
 };
 
-/** The resolved, validated configuration of a run: one field per {@link SCHEMA} leaf, typed by its format. */
+/**
+ * The resolved, validated configuration of a run: one field per {@link SCHEMA} leaf, typed by its format. Every key,
+ * with its format, default and environment variable, is listed in `docs/configuration-reference.md`.
+ */
 export type RxrlConfig = ConfigOf<typeof SCHEMA>;
 
 /** `T` with every `readonly` removed, in arrays too (functions such as `String` kept as they are). */

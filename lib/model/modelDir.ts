@@ -96,7 +96,7 @@ export interface SaveModelDirOptions {
 /** The element types a model directory is saved in. */
 export type SavedDtype = 'float32' | 'bfloat16' | 'float16';
 
-/** Default shard bound: transformers 5's `max_shard_size` ("50GB"; {@link parseShardSize} reads such sizes). */
+/** Default shard bound: transformers 5's `max_shard_size` ("50GB"; the `checkpoint.maxShardSize` key takes such sizes). */
 export const DEFAULT_MAX_SHARD_BYTES = 50e9;
 
 const SAFETENSORS_DTYPES: Readonly<Record<SavedDtype, SafetensorsDtype>> = { float32: 'F32', bfloat16: 'BF16', float16: 'F16' };
@@ -224,7 +224,7 @@ function readRope(c: Json, fail: (key: string, message: string) => never): { the
  * The `config.json` object of a configuration, in the layout every transformers version reads
  * (`rope_theta`, `rope_scaling`, `torch_dtype`).
  */
-export function policyConfigToHf(config: PolicyConfig, special: SpecialTokenIds = {}): Json {
+export function policyConfigToHf(config: PolicyConfig, special: SpecialTokenIds = {}): Record<string, unknown> {
   const c = validatePolicyConfig(config);
   const s = c.ropeScaling;
   const ropeScaling =

@@ -606,7 +606,7 @@ export class PolicyModel {
    * Chooses whether generation reads fused, adapter-merged copies of the blocks (one q/k/v and one gate/up product
    * per block; one extra float32 copy of the fused matrices, about 425 MB for SmolLM2-135M with an adapter on every
    * projection) or the variables themselves. Default: the copy where the weights and it fit in
-   * {@link SAMPLING_WEIGHTS_MEMORY_SHARE} of the backend's memory. Both compute the same logits to float32 rounding.
+   * {@link rxrl!SAMPLING_WEIGHTS_MEMORY_SHARE} of the backend's memory. Both compute the same logits to float32 rounding.
    */
   setSamplingWeights(fused: boolean): void {
     this.fusedSampling = fused;

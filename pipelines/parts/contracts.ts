@@ -61,7 +61,7 @@ export interface RunTrainingOptions {
   /**
    * The run's activity tracker (serve it with `serveStatus` to watch the run): every module reports its work to it,
    * and a module stalled `activity.stallFailSeconds` fails the run. Default: one of the run's own
-   * ({@link activityTracker}).
+   * (stalling after `activity.stallSeconds`; a Kafka worker unheard of for three `kafka.heartbeatMs` is gone).
    */
   readonly activity?: ActivityTracker | undefined;
 }
