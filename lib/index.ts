@@ -417,6 +417,7 @@ export type {
   ProgressOptions,
   ProgressStep,
   ProgressStream,
+  StepLineTiming,
   ReportInput,
   ReportPlot,
   ReportSeries,
