@@ -57,7 +57,8 @@ export function scoreMean(rows: readonly Trajectory[]): Metrics {
  * returned, as TRL logs each reward function: `reward/mean` and `reward/std` of the rewards, and
  * `reward/<name>/mean` and `reward/<name>/std` of each metric `<name>` (for example `reward/accuracy/mean`). A
  * metric's mean and std are over the samples that have it as a finite number (failed samples have none); a metric
- * no sample has is absent. The std is the sample standard deviation (N − 1, as TRL's), 0 for a single sample.
+ * no sample has is absent. The std is the sample standard deviation (N − 1, as TRL's), 0 for a single sample. An agent
+ * worker's metrics (`agent/turns`, `agent/tool_calls`, …) keep their names: `agent/turns/mean`, `agent/turns/std`.
  *
  * @param rows - the batch's trajectories.
  * @returns the metrics; empty for no rows.
@@ -72,7 +73,8 @@ export function rewardMetrics(rows: readonly Trajectory[]): Metrics {
   };
   for (const row of rows) {
     add('reward', row.reward);
-    for (const [name, value] of Object.entries(row.metrics)) add(`reward/${name}`, value);
+    // The agent worker's own counts (`agent/turns`, `agent/tool_calls`, …) are not the evaluator's: under their name.
+    for (const [name, value] of Object.entries(row.metrics)) add(name.startsWith('agent/') ? name : `reward/${name}`, value);
   }
   const metrics: Metrics = {};
   for (const [key, list] of values) {

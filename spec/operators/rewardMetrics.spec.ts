@@ -48,6 +48,15 @@ describe('rewardMetrics', () => {
       'reward/accuracy/std': 0,
     });
     expect(rewardMetrics([])).toEqual({});
+    // An agent worker's counts are not reward metrics: they keep their names.
+    expect(rewardMetrics([traj('a@0', 0, { reward: 1, metrics: { 'agent/turns': 3, accuracy: 1 } })])).toEqual({
+      'reward/mean': 1,
+      'reward/std': 0,
+      'reward/accuracy/mean': 1,
+      'reward/accuracy/std': 0,
+      'agent/turns/mean': 3,
+      'agent/turns/std': 0,
+    });
   });
 });
 
