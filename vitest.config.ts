@@ -25,5 +25,7 @@ export default defineConfig({
     pool: 'forks',
     // A real Kafka broker for spec/kafka, spec/integration and spec/examples (KAFKA_BROKERS overrides it).
     globalSetup: ['spec/kafka/globalSetup.ts'],
+    // TF.js's console warnings (its "Hi, looks like you are running TensorFlow.js in Node.js" banner) off.
+    setupFiles: ['spec/helpers/quietTfjs.ts'],
   },
 });

@@ -293,19 +293,25 @@ async function agentsCommand(
   watched: WatchedRun,
 ): Promise<number> {
   const { runAgents } = await import('../pipelines/agents.js');
+  const { Progress } = await import('../lib/observe/progress.js');
+  const progress = new Progress({
+    ...(config.run.steps > 0 ? { total: config.run.steps } : {}),
+    perPolicy: true,
+    stalls: () => watched.activity.snapshot().stalled,
+  });
   const controller = stopOnSignals();
   const summary = await runAgents(config, {
     baseDir: dir,
     signal: controller.signal,
     activity: watched.activity,
     ...(kafka ? { kafka } : {}),
-    log: (line) => process.stderr.write(`rxrl: ${line}\n`),
+    log: (line) => progress.message(`rxrl: ${line}`),
     onStep: (step, elapsed) => {
       watched.onStep(step);
-      const reward = step.metrics[`${step.modelTag}/rollout/reward_mean`];
-      process.stderr.write(`rxrl: ${step.modelTag} step ${step.step + 1} reward ${reward?.toFixed(3) ?? '-'} (${elapsed.toFixed(0)} s)\n`);
+      progress.update(step, elapsed);
     },
   });
+  progress.done();
   process.stdout.write(`${JSON.stringify(summary)}\n`);
   return 0;
 }

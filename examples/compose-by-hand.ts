@@ -4,11 +4,11 @@
  *   loader ─admit─▶ rollout ─▶ groupTrajectories ─▶ batchGroups ─▶ grpoPrepare ─▶ train ─▶ syncWeights
  *
  * Run: `npm run build && node dist/examples/compose-by-hand.js` (RXRL_STEPS sets the step budget, default 30).
- * The last stdout line is a JSON summary.
+ * Progress goes to stderr (`step 3/30 · 1.2 s/it · ETA 0:32 · reward 0.412 · …`); the last stdout line is a JSON summary.
  */
-import { lastValueFrom, take, tap } from 'rxjs';
+import { lastValueFrom, take } from 'rxjs';
 import { AdmissionGate, CharTokenizer, GrpoTrainer, LocalEngine, PolicyModel, initBackend, loadTasks } from '../lib/index.js';
-import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
+import { admit, batchGroups, groupTrajectories, grpoPrepare, printProgress, rollout, syncWeights, train } from '../operators/index.js';
 import { validate } from '../pipelines/index.js';
 import { stringTransformTask } from '../recipes/index.js';
 
@@ -38,13 +38,8 @@ await lastValueFrom(
     grpoPrepare({ padId: tokenizer.padId }),
     train(trainer),
     syncWeights([engine], { onPublished: (version) => gate.publish(version) }),
-    tap((step) => {
-      const m = step.metrics;
-      process.stderr.write(
-        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, staleness ${m['rollout/staleness_max']}\n`,
-      );
-    }),
     take(steps),
+    printProgress({ total: steps }),
   ),
   { defaultValue: undefined },
 );

@@ -8,14 +8,14 @@
  *
  * Run: `npm run build && node dist/examples/hf-chat-grpo.js` (RXRL_STEPS sets the step budget, default 4;
  * RXRL_TRAINED_BLOCKS how many of the last transformer blocks train, default 2).
- * The last stdout line is a JSON summary.
+ * Progress goes to stderr; the last stdout line is a JSON summary.
  */
 import { existsSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { basename, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { lastValueFrom, take, tap } from 'rxjs';
+import { lastValueFrom, take } from 'rxjs';
 import {
   AdmissionGate,
   GrpoTrainer,
@@ -29,7 +29,7 @@ import {
   loadTokenizer,
   type Task,
 } from '../lib/index.js';
-import { admit, batchGroups, groupTrajectories, grpoPrepare, rollout, syncWeights, train } from '../operators/index.js';
+import { admit, batchGroups, groupTrajectories, grpoPrepare, printProgress, rollout, syncWeights, train } from '../operators/index.js';
 import { validate } from '../pipelines/index.js';
 import { equationEvaluator } from '../recipes/arithmetic.js';
 
@@ -99,14 +99,8 @@ await lastValueFrom(
     grpoPrepare({ padId: tokenizer.padId }),
     train(trainer),
     syncWeights([engine], { onPublished: (version) => gate.publish(version) }),
-    tap((step) => {
-      const m = step.metrics;
-      const seconds = (key: string): string => (m[key] ?? 0).toFixed(1);
-      process.stderr.write(
-        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, ${seconds('timing/total_s')} s (trainer ${seconds('timing/step_s')} s)\n`,
-      );
-    }),
     take(steps),
+    printProgress({ total: steps }),
   ),
   { defaultValue: undefined },
 );

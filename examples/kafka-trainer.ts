@@ -29,6 +29,7 @@ import {
   type KafkaEvent,
   type StalenessMode,
 } from '../lib/index.js';
+import { printProgress } from '../operators/index.js';
 import { EMBEDDED_MODEL, EMBEDDED_TRAINER, kafkaRolloutWorker, kafkaTrainer } from '../pipelines/index.js';
 import { stringTransformTask } from '../recipes/index.js';
 
@@ -122,11 +123,8 @@ await lastValueFrom(
       const m = step.metrics;
       rewards.push(m['rollout/reward_mean']);
       stalenessMax = Math.max(stalenessMax, m['rollout/staleness_max'] ?? 0);
-      const seconds = ((performance.now() - started) / 1000).toFixed(1);
-      process.stderr.write(
-        `step ${step.step + 1}/${steps}: reward ${m['rollout/reward_mean'].toFixed(3)}, staleness ${m['rollout/staleness_max']}, ${seconds}s\n`,
-      );
     }),
+    printProgress({ total: steps }),
   ),
   { defaultValue: undefined },
 );

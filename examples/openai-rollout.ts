@@ -10,24 +10,22 @@
  * task's character tokenizer.
  *
  * Run: `npm run build && node dist/examples/openai-rollout.js` (RXRL_STEPS sets the step budget, default 30;
- * RXRL_SEED the seed). The last stdout line is a JSON summary.
+ * RXRL_SEED the seed). Progress goes to stderr; the last stdout line is a JSON summary.
  */
+import { Progress } from '../lib/index.js';
 import { runServed } from '../pipelines/index.js';
 
 const steps = Number(process.env.RXRL_STEPS ?? 30);
 const seed = Number(process.env.RXRL_SEED ?? 1);
 
+const progress = new Progress({ total: steps });
 const summary = await runServed({
   steps,
   seed,
   baseURL: process.env.OPENAI_BASE_URL || undefined,
   modelName: process.env.OPENAI_MODEL || undefined,
-  onStep: (step, elapsed) => {
-    const m = step.metrics;
-    process.stderr.write(
-      `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, staleness ${m['rollout/staleness_max']}, ${elapsed.toFixed(1)}s\n`,
-    );
-  },
+  onStep: (step, elapsed) => progress.update(step, elapsed),
 });
+progress.done();
 const { lastStep: _last, ...printed } = summary;
 console.log(JSON.stringify({ example: 'openai-rollout', ...printed }));

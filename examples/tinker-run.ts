@@ -11,13 +11,13 @@
  * with `trainer.backend: tinker` (checkpoints under `runs/tinker-example`, resumed automatically).
  *
  * Run: `npm run build && node dist/examples/tinker-run.js` (RXRL_STEPS sets the step budget, default 30; RXRL_SEED
- * the seed). The last stdout line is a JSON summary.
+ * the seed). Progress goes to stderr; the last stdout line is a JSON summary.
  */
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { CharTokenizer, PolicyModel, initBackend, loadConfig, tinkerService, type TinkerService } from '../lib/index.js';
+import { CharTokenizer, PolicyModel, Progress, initBackend, loadConfig, tinkerService, type TinkerService } from '../lib/index.js';
 import { runTraining } from '../pipelines/index.js';
 import { stringTransformTask } from '../recipes/index.js';
 
@@ -53,14 +53,9 @@ try {
       checkpoint: { every: 10 },
     },
   });
-  const summary = await runTraining(config, {
-    onStep: (step, elapsed) => {
-      const m = step.metrics;
-      process.stderr.write(
-        `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, loss ${m['actor/pg_loss'].toFixed(4)}, ${elapsed.toFixed(1)}s\n`,
-      );
-    },
-  });
+  const progress = new Progress({ total: steps });
+  const summary = await runTraining(config, { onStep: (step, elapsed) => progress.update(step, elapsed) });
+  progress.done();
   const { lastStep: _last, ...printed } = summary;
   console.log(JSON.stringify({ example: 'tinker-run', service: service ? 'rxrl (in process)' : baseUrl, ...printed }));
 } finally {

@@ -6,10 +6,12 @@
  *                                                         └─ editor: batch ▶ prepare ▶ train ▶ sync (adapter only)
  *
  * Run: `npm run build && node dist/examples/two-agents-lora.js` (RXRL_STEPS sets each policy's step budget,
- * default 30). The last stdout line is a JSON summary.
+ * default 30). Progress goes to stderr, one line per policy step (`writer step 3/30 · …`); the last stdout line is a JSON
+ * summary.
  */
 import { lastValueFrom, tap } from 'rxjs';
 import { CharTokenizer, GrpoTrainer, LocalEngine, LoraAdapter, PolicyModel, initBackend, type AgentSpec } from '../lib/index.js';
+import { printProgress } from '../operators/index.js';
 import { multiAgentPipeline, validateAgents } from '../pipelines/index.js';
 import { writerEditorTask } from '../recipes/index.js';
 
@@ -62,15 +64,14 @@ await lastValueFrom(
     steps,
     loader: { epochs: Infinity, shuffle: true, seed: 3 },
   }).pipe(
-    tap((step) => {
-      last.set(step.modelTag, step.step + 1);
-      console.log(`${step.modelTag} step ${step.step}: reward ${step.metrics[`${step.modelTag}/rollout/reward_mean`]?.toFixed(3)}`);
-    }),
+    tap((step) => last.set(step.modelTag, step.step + 1)),
+    printProgress({ total: steps, perPolicy: true }),
   ),
 );
 const after = await score();
 console.log(
   JSON.stringify({
+    example: 'two-agents-lora',
     steps: Math.min(...last.values()),
     seconds: Math.round((performance.now() - started) / 100) / 10,
     writer: [before['val/writer/reward_mean'], after['val/writer/reward_mean']],

@@ -445,6 +445,7 @@ export type {
   ProgressOptions,
   ProgressStep,
   ProgressStream,
+  StepLineTiming,
   ReportInput,
   ReportPlot,
   ReportSeries,

@@ -35,6 +35,10 @@ export type { TrainOptions } from './train.js';
 export { syncWeights } from './syncWeights.js';
 export type { SyncWeightsOptions } from './syncWeights.js';
 
+// ── progress on stderr ─────────────────────────────────────────────────────────
+export { printProgress } from './printProgress.js';
+export type { PrintProgressOptions } from './printProgress.js';
+
 // ── Kafka edges (any stage can cross a topic) ──────────────────────────────────
 export { toKafka } from './toKafka.js';
 export type { ToKafkaOptions } from './toKafka.js';

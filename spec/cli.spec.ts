@@ -28,7 +28,10 @@ describe('rxrl CLI (built by pretest)', () => {
     const summary = JSON.parse(stdout.trim().split('\n').at(-1)!) as Record<string, unknown>;
     expect(summary).toMatchObject({ recipe: 'reverse-abcde-4', mode: 'sync', steps: 2, seed: 5 });
     for (const key of ['seconds', 'valRewardInitial', 'valRewardFinal']) expect(typeof summary[key]).toBe('number');
-    expect(stderr).toMatch(/step +2 +reward/);
+    // Not a terminal: plain progress lines, `step 2/2 · 1.3 s/it · reward 0.312 · loss 0.0123 · …`.
+    expect(stderr).toMatch(/^step 1\/2 · [\d.]+ s\/it · ETA \d+:\d\d · reward \d\.\d{3} · loss -?\d\.\d{4}/m);
+    expect(stderr).toMatch(/^step 2\/2 · [\d.]+ s\/it · reward \d\.\d{3} · loss -?\d\.\d{4}/m);
+    expect(stderr).not.toContain('looks like you are running TensorFlow.js');
   }, 150_000);
 
   it('takes the step budget from the environment', async () => {

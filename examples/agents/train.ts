@@ -6,9 +6,10 @@
  * completion trained on, tool results masked) become the trajectory, the agent's reward or the calculator
  * evaluator's score its reward.
  */
-import { lastValueFrom, tap } from 'rxjs';
+import { lastValueFrom } from 'rxjs';
 
 import { CharTokenizer, GrpoTrainer, LocalEngine, PolicyModel, gatewayWorker, initBackend, type AgentProgram } from '../../lib/index.js';
+import { printProgress } from '../../operators/index.js';
 import { grpoPipeline, validate } from '../../pipelines/index.js';
 import { calculatorTask } from '../../recipes/index.js';
 
@@ -41,14 +42,7 @@ export async function trainAgent(example: string, agent: AgentProgram): Promise<
         maxTokens,
         steps,
         worker,
-      }).pipe(
-        tap((step) => {
-          const m = step.metrics;
-          process.stderr.write(
-            `step ${step.step + 1}: reward ${m['rollout/reward_mean'].toFixed(3)}, response ${m['response_length/mean'].toFixed(1)} tokens\n`,
-          );
-        }),
-      ),
+      }).pipe(printProgress({ total: steps })),
       { defaultValue: undefined },
     );
     const after = await validate(engine, task.validation, task.evaluator, { maxTokens, worker });

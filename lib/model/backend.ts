@@ -95,6 +95,7 @@ let initializing: Promise<unknown> = Promise.resolve();
 
 async function selectBackend(kind: BackendKind, options: InitBackendOptions): Promise<BackendName> {
   const logger = options.logger ?? stderrLogger;
+  quietTfjs();
   installBackendFixes();
   let chosen: BackendName;
   const tried: Record<string, string> = {};
@@ -171,6 +172,8 @@ function unavailable(name: BackendName, cause: unknown): BackendUnavailableError
 
 async function loadNative(packages: readonly string[]): Promise<void> {
   const failures: unknown[] = [];
+  // libtensorflow's informational log lines (its CPU-feature note at load) off, unless asked for.
+  if (process.env.RXRL_TFJS_WARNINGS !== '1') process.env.TF_CPP_MIN_LOG_LEVEL ??= '1';
   for (const pkg of packages) {
     try {
       await importOptional(pkg);
@@ -231,6 +234,22 @@ export function nativeBackendInstalled(): boolean {
     }
   });
 }
+
+// ── quiet ─────────────────────────────────────────────────────────────────────
+
+/**
+ * Silences TF.js's own console warnings — the "Hi, looks like you are running TensorFlow.js in Node.js" banner its
+ * cpu backend prints on first use in Node, and its notes on kernels registered twice — by setting TF.js's `PROD`
+ * flag, which gates them (and, in this TF.js version, nothing else). Runs when this module loads, and again from
+ * {@link initBackend}, which also turns off libtensorflow's informational lines when it loads the `tensorflow` backend
+ * (`TF_CPP_MIN_LOG_LEVEL=1` unless set). `RXRL_TFJS_WARNINGS=1` keeps all of them.
+ */
+export function quietTfjs(): void {
+  if (process.env.RXRL_TFJS_WARNINGS === '1') return;
+  tf.env().set('PROD', true);
+}
+
+quietTfjs();
 
 // ── fixes ─────────────────────────────────────────────────────────────────────
 

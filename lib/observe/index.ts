@@ -62,7 +62,7 @@ export type { MetricsEntry, MetricsReadResult, MetricsRecord, MetricsWriterOptio
 
 // ── progress ───────────────────────────────────────────────────────────────────
 export { Progress, formatStepLine } from './progress.js';
-export type { ProgressOptions, ProgressStep, ProgressStream } from './progress.js';
+export type { ProgressOptions, ProgressStep, ProgressStream, StepLineTiming } from './progress.js';
 
 // ── report ─────────────────────────────────────────────────────────────────────
 export { REPORT_PALETTE, REPORT_PLOTS, escapeHtml, renderReport, reportPlotsFor, writeReport } from './report.js';

@@ -1,7 +1,12 @@
 /**
- * Progress of a run for people watching it: on a terminal one bar line redrawn in place (`\r`), elsewhere (a
- * pipe, a CI log) one plain line every `every` steps. The caller passes the elapsed time, so this module has
- * no clock and no timer.
+ * Progress of a run for people watching it, on stderr: on a terminal one bar line redrawn in place (`\r`),
+ * elsewhere (a pipe, a CI log) one plain line every `every` steps:
+ *
+ * ```
+ * step 30/800 · 12.4 s/it · ETA 2:41 · reward 0.512 · loss 0.0123 · entropy 1.204 · staleness 0
+ * ```
+ *
+ * The caller passes the elapsed time, so this module has no clock and no timer.
  *
  * @packageDocumentation
  */
@@ -24,6 +29,8 @@ export interface ProgressStep {
   readonly step: number;
   /** Namespaced metrics of the step. */
   readonly metrics: Readonly<Metrics>;
+  /** The policy that took the step (a `PolicyStepResult` has it); shown with {@link ProgressOptions.perPolicy}. */
+  readonly modelTag?: string | undefined;
 }
 
 /** Options of {@link Progress}. */
@@ -40,35 +47,93 @@ export interface ProgressOptions {
   readonly tty?: boolean;
   /** The run's stalled modules (`ActivityTracker.snapshot().stalled`), shown at the end of each line while any is. */
   readonly stalls?: () => readonly string[];
+  /**
+   * A multi-policy run (metrics namespaced by policy): each line starts with the step's `modelTag`, reads the metrics
+   * under it (`writer/rollout/reward_mean`), and each policy has its own pace. Default false.
+   */
+  readonly perPolicy?: boolean;
 }
 
 /** ANSI "erase to end of line". */
 const CLEAR_LINE = '\x1b[K';
 
+/** Steps the pace (seconds per step) is averaged over. */
+const PACE_WINDOW = 10;
+
+/** What {@link formatStepLine} says of the run's pace, beside the step. */
+export interface StepLineTiming {
+  /** The step budget: the line reads `step 30/800` and, with a pace, carries an ETA. Omit when unknown. */
+  readonly total?: number | undefined;
+  /** Seconds per step (a moving average); omit before it is known. */
+  readonly secondsPerStep?: number | undefined;
+  /** The policy of a multi-policy run: the line starts with it, and the metrics are read under it. */
+  readonly policy?: string | undefined;
+}
+
 /**
- * The plain progress line of one step, as `rxrl start` has always printed it:
- * `step   12  reward 0.512  loss 0.0123  entropy 1.204  staleness 0  3.4s`.
+ * The progress line of one step, as `rxrl start` and `rxrl run` print it:
+ * `step 30/800 · 12.4 s/it · ETA 2:41 · reward 0.512 · loss 0.0123 · entropy 1.204 · staleness 0`.
+ * Without a total it reads `step 30 · 12.4 s/it · reward …` (no ETA); the ETA is left out at the last step, and a
+ * metric the step does not have is left out. With a `policy`, the line starts with it and the metrics are read under
+ * it (`writer step 3/20 · …` from `writer/rollout/reward_mean`, …).
  *
  * @param step - the step (0-based; printed 1-based).
- * @param elapsedSeconds - time since the run started.
+ * @param timing - the step budget and the pace.
+ * @returns the line, without a newline.
  */
-export function formatStepLine(step: ProgressStep, elapsedSeconds: number): string {
-  return `step ${String(step.step + 1).padStart(4)}  ${formatMetrics(step.metrics)}  ${elapsedSeconds.toFixed(1)}s`;
+export function formatStepLine(step: ProgressStep, timing: StepLineTiming = {}): string {
+  const n = step.step + 1;
+  const { total, secondsPerStep } = timing;
+  const parts = [total === undefined || total === 0 ? `step ${n}` : `step ${n}/${total}`];
+  if (secondsPerStep !== undefined && Number.isFinite(secondsPerStep)) {
+    parts.push(`${formatPace(secondsPerStep)} s/it`);
+    if (total !== undefined && total > n) parts.push(`ETA ${formatClock(secondsPerStep * (total - n))}`);
+  }
+  parts.push(...formatMetrics(step.metrics, timing.policy));
+  return `${timing.policy === undefined ? '' : `${timing.policy} `}${parts.join(' · ')}`;
 }
 
-function formatMetrics(m: Readonly<Metrics>): string {
-  return (
-    `reward ${(m['rollout/reward_mean'] ?? 0).toFixed(3)}  loss ${(m['actor/pg_loss'] ?? m['actor/sft_loss'] ?? 0).toFixed(4)}` +
-    `  entropy ${(m['actor/entropy'] ?? 0).toFixed(3)}  staleness ${m['rollout/staleness_max'] ?? 0}`
-  );
+/** `reward 0.512`, `loss 0.0123`, `entropy 1.204`, `staleness 0`: those the step has (under `policy/` when given). */
+function formatMetrics(m: Readonly<Metrics>, policy: string | undefined): string[] {
+  const read = (key: string): number | undefined => m[policy === undefined ? key : `${policy}/${key}`];
+  const shown: [string, number | undefined, number][] = [
+    ['reward', read('rollout/reward_mean'), 3],
+    ['loss', read('actor/pg_loss') ?? read('actor/sft_loss'), 4],
+    ['entropy', read('actor/entropy'), 3],
+    ['staleness', read('rollout/staleness_max'), 0],
+  ];
+  return shown.flatMap(([label, value, digits]) => (value === undefined ? [] : [`${label} ${value.toFixed(digits)}`]));
 }
 
-/** `73s` → `1m13s`, `3700s` → `1h01m`. */
-function formatDuration(seconds: number): string {
+/** Seconds per step with three significant figures at most: `12.4`, `0.53`, `0.012`. */
+function formatPace(seconds: number): string {
+  if (seconds >= 100) return seconds.toFixed(0);
+  if (seconds >= 1) return seconds.toFixed(1);
+  if (seconds >= 0.1) return seconds.toFixed(2);
+  return seconds.toFixed(3);
+}
+
+/** A duration as a clock: `2:41` (m:ss), `1:01:40` (h:mm:ss). */
+function formatClock(seconds: number): string {
   const s = Math.max(0, Math.round(seconds));
-  if (s < 60) return `${s}s`;
-  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
-  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+  const ss = String(s % 60).padStart(2, '0');
+  if (s < 3600) return `${Math.floor(s / 60)}:${ss}`;
+  return `${Math.floor(s / 3600)}:${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}:${ss}`;
+}
+
+/** The last steps of one policy and when they ended: the pace's window. */
+class Pace {
+  private readonly seen: { n: number; elapsed: number }[] = [];
+
+  /** Records step `n` (1-based) ended at `elapsed`; returns the seconds per step over the window. */
+  add(n: number, elapsed: number): number {
+    this.seen.push({ n, elapsed });
+    if (this.seen.length > PACE_WINDOW + 1) this.seen.shift();
+    const first = this.seen[0];
+    // The first step this display saw took the time since the run started (loading included).
+    if (this.seen.length === 1 || n <= first.n) return elapsed;
+    return (elapsed - first.elapsed) / (n - first.n);
+  }
 }
 
 /**
@@ -91,23 +156,26 @@ export class Progress {
   private readonly every: number;
   private readonly barWidth: number;
   private readonly stalls: () => readonly string[];
+  private readonly perPolicy: boolean;
   /** Whether the bar is drawn in place. */
   readonly tty: boolean;
-  private last: { step: ProgressStep; elapsed: number; printed: boolean } | undefined;
+  private readonly paces = new Map<string, Pace>();
+  private last: { step: ProgressStep; timing: StepLineTiming; printed: boolean } | undefined;
   private barShown = false;
 
   /** @param options - stream, step budget and cadence. */
   constructor(options: ProgressOptions = {}) {
     this.stream = options.stream ?? process.stderr;
-    this.total = options.total;
+    this.total = options.total === 0 ? undefined : options.total;
     this.every = options.every ?? 1;
     this.barWidth = options.barWidth ?? 20;
     this.stalls = options.stalls ?? (() => []);
+    this.perPolicy = options.perPolicy ?? false;
     this.tty = options.tty ?? this.stream.isTTY === true;
     for (const [key, value, min] of [
       ['every', this.every, 1],
       ['barWidth', this.barWidth, 1],
-      ['total', this.total ?? 0, 0],
+      ['total', options.total ?? 0, 0],
     ] as const) {
       if (!Number.isInteger(value) || value < min) {
         throw new ConfigError(`progress ${key} must be an integer ≥ ${min}, got ${value}`, { context: { key, value } });
@@ -117,22 +185,26 @@ export class Progress {
 
   /**
    * Shows one step: redraws the bar on a terminal; otherwise prints a line when the step is a multiple of
-   * `every` or the last one.
+   * `every` or the last one. Call it for every step: the pace is the moving average of the last ten.
    *
    * @param step - the step just taken.
    * @param elapsedSeconds - time since the run started.
    */
   update(step: ProgressStep, elapsedSeconds: number): void {
     const n = step.step + 1;
+    const policy = this.perPolicy ? step.modelTag : undefined;
+    const pace = this.paces.get(policy ?? '') ?? new Pace();
+    this.paces.set(policy ?? '', pace);
+    const timing: StepLineTiming = { total: this.total, secondsPerStep: pace.add(n, elapsedSeconds), policy };
     if (this.tty) {
-      this.stream.write(`\r${this.fit(this.barLine(step, elapsedSeconds))}${CLEAR_LINE}`);
+      this.stream.write(`\r${this.fit(this.barLine(step, timing))}${CLEAR_LINE}`);
       this.barShown = true;
-      this.last = { step, elapsed: elapsedSeconds, printed: true };
+      this.last = { step, timing, printed: true };
       return;
     }
     const printed = n % this.every === 0 || n === this.total;
-    if (printed) this.stream.write(`${formatStepLine(step, elapsedSeconds)}${this.stallNote()}\n`);
-    this.last = { step, elapsed: elapsedSeconds, printed };
+    if (printed) this.stream.write(`${formatStepLine(step, timing)}${this.stallNote()}\n`);
+    this.last = { step, timing, printed };
   }
 
   /**
@@ -143,13 +215,16 @@ export class Progress {
   message(text: string): void {
     if (this.tty && this.barShown && this.last !== undefined) {
       this.stream.write(`\r${CLEAR_LINE}${text}\n`);
-      this.stream.write(`\r${this.fit(this.barLine(this.last.step, this.last.elapsed))}${CLEAR_LINE}`);
+      this.stream.write(`\r${this.fit(this.barLine(this.last.step, this.last.timing))}${CLEAR_LINE}`);
       return;
     }
     this.stream.write(`${text}\n`);
   }
 
-  /** Ends the display: moves past the bar on a terminal; otherwise prints the last step if it was not printed. */
+  /**
+   * Ends the display: moves past the bar on a terminal; otherwise prints the last step if it was not printed.
+   * Calling it again does nothing.
+   */
   done(): void {
     if (this.tty) {
       if (this.barShown) this.stream.write('\n');
@@ -157,31 +232,23 @@ export class Progress {
       return;
     }
     if (this.last !== undefined && !this.last.printed) {
-      this.stream.write(`${formatStepLine(this.last.step, this.last.elapsed)}\n`);
+      this.stream.write(`${formatStepLine(this.last.step, this.last.timing)}\n`);
       this.last = { ...this.last, printed: true };
     }
   }
 
-  /** `  stalled: rollout, …` while a module is stalled, else nothing. */
+  /** ` · stalled: rollout, …` while a module is stalled, else nothing. */
   private stallNote(): string {
     const stalled = this.stalls();
-    return stalled.length > 0 ? `  stalled: ${stalled.join(', ')}` : '';
+    return stalled.length > 0 ? ` · stalled: ${stalled.join(', ')}` : '';
   }
 
-  private barLine(step: ProgressStep, elapsed: number): string {
-    return this.bar(step, elapsed) + this.stallNote();
-  }
-
-  private bar(step: ProgressStep, elapsed: number): string {
-    const n = step.step + 1;
-    const timing = `${formatDuration(elapsed)}`;
-    if (this.total === undefined || this.total === 0) return `step ${n}  ${formatMetrics(step.metrics)}  ${timing}`;
-    const fraction = Math.min(1, n / this.total);
-    const filled = Math.round(fraction * this.barWidth);
-    const bar = `${'█'.repeat(filled)}${'░'.repeat(this.barWidth - filled)}`;
-    const eta = n < this.total && n > 0 ? `  eta ${formatDuration((elapsed / n) * (this.total - n))}` : '';
-    const counter = `${String(n).padStart(String(this.total).length)}/${this.total}`;
-    return `${bar} ${counter}  ${formatMetrics(step.metrics)}  ${timing}${eta}`;
+  /** The bar (with a total) and the step line. */
+  private barLine(step: ProgressStep, timing: StepLineTiming): string {
+    const line = formatStepLine(step, timing) + this.stallNote();
+    if (this.total === undefined) return line;
+    const filled = Math.round(Math.min(1, (step.step + 1) / this.total) * this.barWidth);
+    return `${'█'.repeat(filled)}${'░'.repeat(this.barWidth - filled)} ${line}`;
   }
 
   private fit(line: string): string {

@@ -73,28 +73,60 @@ export const REPORT_PLOTS: readonly ReportPlot[] = [
 ];
 
 /**
- * The plots of a run's records: {@link REPORT_PLOTS}, or for a multi-policy run (metrics namespaced by policy,
- * `writer/rollout/reward_mean`) the same plots with one curve per policy and series (`writer max`, …).
+ * The plots of a run's records: {@link REPORT_PLOTS}, with one plot per evaluator metric the run logged
+ * (`reward/<name>/mean` and `reward/<name>/std`, after the held-out reward); for a multi-policy run (metrics
+ * namespaced by policy, `writer/rollout/reward_mean`) the same plots with one curve per policy and series
+ * (`writer max`, …).
  *
  * @param records - the run's records.
  * @returns the plots to draw.
  */
 export function reportPlotsFor(records: readonly MetricsRecord[]): readonly ReportPlot[] {
   const tags = new Set<string>();
+  const keys = new Set<string>();
   for (const { metrics } of records) {
     for (const key of Object.keys(metrics)) {
+      keys.add(key);
       const match = /^([^/]+)\/(?:rollout\/reward_mean|actor\/pg_loss)$/.exec(key);
       if (match && !['rollout', 'actor', 'val'].includes(match[1])) tags.add(match[1]);
     }
   }
-  if (tags.size === 0) return REPORT_PLOTS;
+  const names = rewardMetricNames(keys, tags);
+  const at = REPORT_PLOTS.findIndex((plot) => plot.id === 'val_reward') + 1;
+  const plots =
+    names.length === 0 ? REPORT_PLOTS : [...REPORT_PLOTS.slice(0, at), ...names.map(rewardMetricPlot), ...REPORT_PLOTS.slice(at)];
+  if (tags.size === 0) return plots;
   const policies = [...tags].sort();
-  return REPORT_PLOTS.map((plot) => ({
+  return plots.map((plot) => ({
     ...plot,
     series: policies.flatMap((tag) =>
       plot.series.map((s) => ({ key: `${tag}/${s.key}`, label: plot.series.length === 1 ? tag : `${tag} ${s.label}` })),
     ),
   }));
+}
+
+/** The evaluator metrics among `keys` (`reward/<name>/mean`, under a policy's prefix when `tags` has any), sorted. */
+function rewardMetricNames(keys: ReadonlySet<string>, tags: ReadonlySet<string>): string[] {
+  const names = new Set<string>();
+  for (const key of keys) {
+    for (const prefix of tags.size === 0 ? [''] : [...tags].map((tag) => `${tag}/`)) {
+      if (key.startsWith(`${prefix}reward/`) && key.endsWith('/mean') && key.length > `${prefix}reward//mean`.length)
+        names.add(key.slice(`${prefix}reward/`.length, -'/mean'.length));
+    }
+  }
+  return [...names].sort();
+}
+
+/** The plot of one evaluator metric: its mean and std per step. */
+function rewardMetricPlot(name: string): ReportPlot {
+  return {
+    id: `reward-${name.replace(/[^A-Za-z0-9_-]/g, '_')}`,
+    title: `Reward metric: ${name}`,
+    series: [
+      { key: `reward/${name}/mean`, label: 'mean' },
+      { key: `reward/${name}/std`, label: 'std' },
+    ],
+  };
 }
 
 /** Line colours, by series index within a plot. */

@@ -11,8 +11,9 @@ import type { Batch, Group, Metrics, ModelTag, Trajectory } from '../../lib/core
 /**
  * A prepare stage around `prepare`, which makes the batch of a batch's rows (in group order) with its own metrics:
  * one batch per array of groups, in order, with `meta.groups` (every group's key) and the metrics every stage reports
- * added — the groups' counts ({@link groupMetrics}), the rollout's timing ({@link rolloutSeconds}) and
- * `timing/prepare_s`, the seconds of the whole preparation.
+ * added — the groups' counts ({@link groupMetrics}), the rewards and evaluator metrics of its samples
+ * ({@link rewardMetrics}), the rollout's timing ({@link rolloutSeconds}) and `timing/prepare_s`, the seconds of the
+ * whole preparation.
  *
  * @param modelTag - the batches' model tag; default the first group's (else `policy`).
  */
@@ -27,6 +28,7 @@ export function preparing(
     const metrics: Metrics = {
       ...groupMetrics(groups),
       ...batch.metrics,
+      ...rewardMetrics(rows),
       ...rolloutSeconds(rows),
       'timing/prepare_s': (performance.now() - started) / 1000,
     };
@@ -48,6 +50,40 @@ export function groupMetrics(groups: readonly Group[]): Metrics {
 /** `critic/score_mean`: the mean reward of a batch's samples, kept or not (0 for none). */
 export function scoreMean(rows: readonly Trajectory[]): Metrics {
   return { 'critic/score_mean': rows.length === 0 ? 0 : rows.reduce((sum, t) => sum + t.reward, 0) / rows.length };
+}
+
+/**
+ * The rewards of a batch's samples (every row, kept by the prepare stage or not) and each metric their evaluator
+ * returned, as TRL logs each reward function: `reward/mean` and `reward/std` of the rewards, and
+ * `reward/<name>/mean` and `reward/<name>/std` of each metric `<name>` (for example `reward/accuracy/mean`). A
+ * metric's mean and std are over the samples that have it as a finite number (failed samples have none); a metric
+ * no sample has is absent. The std is the sample standard deviation (N − 1, as TRL's), 0 for a single sample. An agent
+ * worker's metrics (`agent/turns`, `agent/tool_calls`, …) keep their names: `agent/turns/mean`, `agent/turns/std`.
+ *
+ * @param rows - the batch's trajectories.
+ * @returns the metrics; empty for no rows.
+ */
+export function rewardMetrics(rows: readonly Trajectory[]): Metrics {
+  const values = new Map<string, number[]>();
+  const add = (key: string, value: number): void => {
+    if (!Number.isFinite(value)) return;
+    const list = values.get(key);
+    if (list === undefined) values.set(key, [value]);
+    else list.push(value);
+  };
+  for (const row of rows) {
+    add('reward', row.reward);
+    // The agent worker's own counts (`agent/turns`, `agent/tool_calls`, …) are not the evaluator's: under their name.
+    for (const [name, value] of Object.entries(row.metrics)) add(name.startsWith('agent/') ? name : `reward/${name}`, value);
+  }
+  const metrics: Metrics = {};
+  for (const [key, list] of values) {
+    const mean = list.reduce((a, b) => a + b, 0) / list.length;
+    const squares = list.reduce((a, b) => a + (b - mean) ** 2, 0);
+    metrics[`${key}/mean`] = mean;
+    metrics[`${key}/std`] = list.length > 1 ? Math.sqrt(squares / (list.length - 1)) : 0;
+  }
+  return metrics;
 }
 
 /**

@@ -39,6 +39,19 @@ function lastJson(stdout: string): { steps?: number } {
   return JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as { steps?: number };
 }
 
+/**
+ * The examples' output convention: stdout is one JSON summary line naming the example; progress goes to stderr as
+ * `step N/total · …` lines (a rollout worker, which takes no steps, says what it does there); TF.js prints no banner.
+ */
+function expectConvention(source: string, { stdout, stderr }: { stdout: string; stderr: string }): void {
+  const lines = stdout.split('\n');
+  expect(lines, stdout).toHaveLength(2);
+  expect(lines[1]).toBe('');
+  expect(JSON.parse(lines[0])).toMatchObject({ example: source.replace(/\.ts$/, ''), steps: 2 });
+  if (source !== 'kafka-rollout-worker.ts') expect(stderr).toMatch(/^(\S+ )?step 2\/2 · [\d.]+ s\/it · /m);
+  expect(stderr).not.toContain('looks like you are running TensorFlow.js');
+}
+
 /** Every example runs with node from the build (`npm test` builds first) with a tiny step budget. */
 describe('examples (smoke, built by pretest)', () => {
   it('has examples to run', () => {
@@ -58,8 +71,8 @@ describe('examples (smoke, built by pretest)', () => {
         const partner = companion
           ? run(process.execPath, [join(built, companion.replace(/\.ts$/, '.js'))], { cwd: root, env, timeout: 120_000 })
           : undefined;
-        const { stdout } = await run(process.execPath, [file], { cwd: root, env, timeout: 120_000 });
-        expect(lastJson(stdout).steps).toBe(2);
+        const output = await run(process.execPath, [file], { cwd: root, env, timeout: 120_000 });
+        expectConvention(source, output);
         if (partner) expect(lastJson((await partner).stdout).steps).toBe(2);
       },
       150_000,

@@ -88,15 +88,21 @@ describe('TensorBoard and MLflow', () => {
     const lines = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
       .trim()
       .split('\n')
-      .map((l) => JSON.parse(l) as { step: number; 'rollout/reward_mean'?: number });
+      .map((l) => JSON.parse(l) as { step: number; 'rollout/reward_mean'?: number; 'reward/accuracy/mean'?: number });
     const rewards = lines.filter((l) => l['rollout/reward_mean'] !== undefined);
     expect(rewards.map((l) => l.step)).toEqual([0, 1, 2, 3]);
+    // The evaluator's own metrics (the reverse task's accuracy and length_match), per step, in every sink.
+    for (const line of rewards) {
+      expect(line).toHaveProperty('reward/accuracy/mean');
+      expect(line).toHaveProperty('reward/accuracy/std');
+      expect(line).toHaveProperty('reward/length_match/mean');
+    }
     const board = python(
       [
         'import json, sys',
         'from tensorboard.backend.event_processing.event_accumulator import EventAccumulator',
         'ea = EventAccumulator(sys.argv[1]); ea.Reload()',
-        "print(json.dumps({tag: [[e.step, e.value] for e in ea.Scalars(tag)] for tag in ['rollout/reward_mean', 'actor/pg_loss', 'val/reward_mean']}))",
+        "print(json.dumps({tag: [[e.step, e.value] for e in ea.Scalars(tag)] for tag in ['rollout/reward_mean', 'actor/pg_loss', 'val/reward_mean', 'reward/accuracy/mean', 'reward/length_match/std']}))",
       ].join('\n'),
       join(dir, 'tensorboard'),
     ) as Record<string, [number, number][]>;
@@ -105,6 +111,9 @@ describe('TensorBoard and MLflow', () => {
     // Step-aligned: the value at each step is the one of metrics.jsonl (float32 in the event file).
     for (const [i, [, value]] of board['rollout/reward_mean'].entries()) expect(value).toBeCloseTo(rewards[i]['rollout/reward_mean']!, 6);
     expect(board['val/reward_mean'].map(([step]) => step)).toContain(0);
+    expect(board['reward/accuracy/mean'].map(([step]) => step)).toEqual([1, 2, 3, 4]);
+    expect(board['reward/length_match/std'].map(([step]) => step)).toEqual([1, 2, 3, 4]);
+    for (const [i, [, value]] of board['reward/accuracy/mean'].entries()) expect(value).toBeCloseTo(rewards[i]['reward/accuracy/mean']!, 6);
     const state = JSON.parse(readFileSync(join(dir, 'mlflow.json'), 'utf8')) as { runId: string; lastVersion: number };
     expect(state.lastVersion).toBe(4);
     const mlflow = python(
@@ -113,11 +122,12 @@ describe('TensorBoard and MLflow', () => {
         'from mlflow.tracking import MlflowClient',
         'c = MlflowClient(sys.argv[1]); run = c.get_run(sys.argv[2])',
         "history = [[m.step, m.value] for m in c.get_metric_history(sys.argv[2], 'rollout/reward_mean')]",
-        "print(json.dumps({'status': run.info.status, 'params': run.data.params, 'history': history, 'experiment': c.get_experiment(run.info.experiment_id).name}))",
+        "accuracy = [[m.step, m.value] for m in c.get_metric_history(sys.argv[2], 'reward/accuracy/mean')]",
+        "print(json.dumps({'status': run.info.status, 'params': run.data.params, 'history': history, 'accuracy': accuracy, 'experiment': c.get_experiment(run.info.experiment_id).name}))",
       ].join('\n'),
       trackingUri,
       state.runId,
-    ) as { status: string; params: Record<string, string>; history: [number, number][]; experiment: string };
+    ) as { status: string; params: Record<string, string>; history: [number, number][]; accuracy: [number, number][]; experiment: string };
     expect(mlflow.status).toBe('FINISHED');
     expect(mlflow.experiment).toBe('rxrl-spec');
     expect(mlflow.params).toMatchObject({ 'sync.batchSize': '2', 'run.seed': '3', 'trainer.learningRate': expect.any(String) });
@@ -126,6 +136,7 @@ describe('TensorBoard and MLflow', () => {
     expect(secrets.length).toBeGreaterThan(0);
     for (const [, value] of secrets) expect(['[redacted]', 'null', '']).toContain(value);
     expect(mlflow.history.map(([step]) => step)).toEqual([1, 2, 3, 4]);
+    expect(mlflow.accuracy.map(([step]) => step)).toEqual([1, 2, 3, 4]);
   }, 180_000);
 
   it('an MLflow server that cannot be reached stops the run before it starts, naming the key', async () => {

@@ -83,6 +83,35 @@ describe('renderReport', () => {
     expect(reportPlotsFor([record(0, { 'rollout/reward_mean': 1 })])).toBe(REPORT_PLOTS);
   });
 
+  it("draws each evaluator metric's mean and std (reward/<name>/mean, /std) in a plot of its own", () => {
+    const records = Array.from({ length: 3 }, (_, s) =>
+      record(s, {
+        'rollout/reward_mean': s / 3,
+        'reward/mean': s / 3,
+        'reward/std': 0.1,
+        'reward/accuracy/mean': s / 4,
+        'reward/accuracy/std': 0.2,
+        'reward/length_match/mean': 1,
+      }),
+    );
+    const plots = reportPlotsFor(records);
+    expect(plots.map((p) => p.id).slice(0, 4)).toEqual(['reward', 'val_reward', 'reward-accuracy', 'reward-length_match']);
+    expect(plots).toHaveLength(REPORT_PLOTS.length + 2);
+    const html = renderReport({ title: 'run', records });
+    expect(html).toContain('<figcaption>Reward metric: accuracy</figcaption>');
+    const paths = seriesPaths(html);
+    expect(paths.get('reward/accuracy/mean')?.points).toBe(3);
+    expect(paths.get('reward/accuracy/std')?.points).toBe(3);
+    expect(paths.get('reward/length_match/mean')?.points).toBe(3);
+    expect(html).toContain('<li class="missing" data-series="reward/length_match/std">std: no data</li>');
+    // Per policy in a multi-policy run.
+    const agents = reportPlotsFor([record(0, { 'writer/rollout/reward_mean': 1, 'writer/reward/accuracy/mean': 1 })]);
+    expect(agents.find((p) => p.id === 'reward-accuracy')?.series.map((s) => s.key)).toEqual([
+      'writer/reward/accuracy/mean',
+      'writer/reward/accuracy/std',
+    ]);
+  });
+
   it('is deterministic and self-contained: no script, no external reference, a CSP that forbids both', () => {
     const records = [record(0, { 'rollout/reward_mean': 0.1 }), record(1, { 'rollout/reward_mean': 0.2 })];
     const html = renderReport({ title: 'run', records });
