@@ -187,7 +187,8 @@ ${commands}
   rxrl --help       this text; rxrl <command> --help: that command's usage and environment
 
 Every flag takes its value as --flag VALUE or --flag=VALUE; given twice, the last one counts (--set collects
-them all). Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND; RXRL_SERVE_<FLAG>,
+them all). A path given with --set is relative to the working directory; a path in a recipe, to the recipe's
+directory. Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND; RXRL_SERVE_<FLAG>,
 RXRL_TINKER_<FLAG>.
 
 Exit codes: 0 done; 2 a usage error (an unknown command or flag, a flag without its value or with a malformed

@@ -10,8 +10,8 @@ import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
 import { parseShardSize } from '../core/sizes.js';
-import { unknownKeyProblem, unknownKeys, type FOREIGN_KEYS } from './keys.js';
-import { resolveSetPath, type PATH_KEYS } from './paths.js';
+import { unknownKeyProblem, unknownKeys } from './keys.js';
+import { resolveSetPath } from './paths.js';
 import { redactSecrets } from './redact.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 import { generationBatchProblem } from '../sync/gate.js';
@@ -755,7 +755,7 @@ export interface LoadConfigOptions {
   readonly values?: Readonly<Record<string, unknown>>;
   /**
    * `key=value` overrides (`--set`), applied last; values parse as JSON when they can (`3`, `true`, `null`). A path
-   * (a key of {@link PATH_KEYS}) given here is relative to `cwd`, where a recipe's paths are relative to the recipe.
+   * (a key of `PATH_KEYS`) given here is relative to `cwd`, where a recipe's paths are relative to the recipe.
    */
   readonly set?: readonly string[];
   /** What a relative path in `set` is relative to. Default the working directory. */
@@ -768,7 +768,7 @@ export interface LoadConfigOptions {
  * Loads, merges and validates a configuration: defaults ← environment ← recipe file ← `values` ← `--set`.
  * Unknown keys, wrong types, out-of-range numbers and missing required values are rejected with a
  * {@link ConfigError} whose message names each offending key; an unknown key is one line naming the nearest key,
- * or rxrl's key for a TRL or verl name ({@link FOREIGN_KEYS}).
+ * or rxrl's key for a TRL or verl name (`FOREIGN_KEYS`).
  */
 export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
   // convict's typings take mutable arrays (`format: any[]`); SCHEMA is readonly (`as const`, so that its literals
