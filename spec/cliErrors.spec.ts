@@ -356,7 +356,7 @@ describe('rxrl CLI: a missing model names the key, where it looked and what to d
     );
   });
 
-  it("distillation's teacher and serve --model name their own key", async () => {
+  it("distillation's teacher, a policy's adapter and serve --model name their own key", async () => {
     const teacher = await rxrl(
       [
         'run',
@@ -375,6 +375,23 @@ describe('rxrl CLI: a missing model names the key, where it looked and what to d
     expect(teacher.code).toBe(1);
     expect(teacher.stderr.trim().split('\n').at(-1)).toBe(
       `rxrl: ConfigError: distill.teacher.path: no model at '${join(dir, 'teacher')}' (${REMEDY})`,
+    );
+    const adapter = await rxrl(
+      [
+        'run',
+        join(root, 'recipes', 'reverse.json'),
+        '--set',
+        'policies=[{"name":"p","specialization":"lora","adapterPath":"./adapters/none"}]',
+        '--set',
+        `run.dir=${join(dir, 'adapter-run')}`,
+        '--set',
+        'run.backend=cpu',
+      ],
+      { cwd: dir, env: offline() },
+    );
+    expect(adapter.code).toBe(1);
+    expect(adapter.stderr.trim().split('\n').at(-1)).toBe(
+      `rxrl: ConfigError: policies[0].adapterPath: no adapter at '${join(dir, 'adapters', 'none')}' (give a PEFT adapter directory, such as a LoRA run's checkpoint global_step_N)`,
     );
     const serve = await rxrl(['serve', '--model', './no-model', '--port', '0', '--backend', 'cpu'], { cwd: dir, env: offline() });
     expect(serve.code).toBe(1);
