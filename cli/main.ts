@@ -106,6 +106,7 @@ function loraModules(given: Setting | undefined): Record<string, string> | undef
 
 async function serveCommand(args: ParsedCommand): Promise<number> {
   const { runServeCommand } = await import('../lib/serve/command.js');
+  const { REASONING_PARSERS } = await import('../lib/serve/reasoning.js');
   const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
   const { stringTransformTask } = await import('../recipes/stringTransform.js');
   const env = (name: string): string => `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`;
@@ -138,7 +139,7 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
     weightsRoot: flag('weights-root'),
     apiKey: flag('api-key'),
     loraModules: loraModules(given('lora-modules')),
-    reasoningParser: flag('reasoning-parser'),
+    reasoningParser: choice(given('reasoning-parser'), REASONING_PARSERS),
     sessions: {
       ...(maxSessions === undefined ? {} : { maxSessions }),
       ...(maxTokens === undefined ? {} : { maxTokens }),
@@ -159,6 +160,11 @@ async function tinkerCommand(args: ParsedCommand): Promise<number> {
   const maxModels = integer(setting(args, 'max-models', env('max-models')));
   const maxRank = integer(setting(args, 'max-rank', env('max-rank')));
   const backend = choice(setting(args, 'backend', 'RXRL_BACKEND'), BACKENDS);
+  if (flag('model') === undefined) {
+    throw new UsageError('--model DIR is required (a Hugging Face model directory or id, or RXRL_TINKER_MODEL)', {
+      context: { flag: '--model' },
+    });
+  }
   return runTinkerCommand({
     model: flag('model'),
     modelName: flag('served-model-name'),

@@ -197,6 +197,14 @@ describe('rxrl CLI: one exit-code rule (2 usage, 1 configuration or run, 0 done)
       [['run', recipe, '--step', '2'], "rxrl run: unknown option '--step' (see rxrl run --help)"],
       [['run'], 'rxrl run: missing <recipe.json|yaml> (see rxrl run --help)'],
       [
+        ['tinker', '--port', '0'],
+        'rxrl tinker: --model DIR is required (a Hugging Face model directory or id, or RXRL_TINKER_MODEL) (see rxrl tinker --help)',
+      ],
+      [
+        ['serve', '--reasoning-parser', 'r1'],
+        "rxrl serve: --reasoning-parser must be one of qwen3, deepseek_r1, got 'r1' (see rxrl serve --help)",
+      ],
+      [
         ['status', 'http://127.0.0.1:9', '--timeout-ms', 'soon'],
         "rxrl status: --timeout-ms must be a non-negative integer, got 'soon' (see rxrl status --help)",
       ],
