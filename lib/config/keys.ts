@@ -169,7 +169,8 @@ export interface KeyTree {
 
 /**
  * The dotted keys of `values` that `schema` has no leaf for, in order: a key outside the schema is listed by its
- * leaves (`actor_rollout_ref.actor.optim.lr`), and a value given to a group (`trainer: 3`) lists the group.
+ * leaves (`actor_rollout_ref.actor.optim.lr`), and a value given to a group (`trainer: 3`) lists the group; an
+ * `undefined` value (an option left out) is no key.
  *
  * @param values - a recipe (or the object `--set` builds).
  * @param schema - the schema's groups and leaves.
@@ -179,7 +180,7 @@ export function unknownKeys(values: Readonly<Record<string, unknown>>, schema: K
   for (const [name, value] of Object.entries(values)) {
     const path = prefix === '' ? name : `${prefix}.${name}`;
     const node = Object.hasOwn(schema, name) ? schema[name] : undefined;
-    if (node !== undefined && 'doc' in node) continue;
+    if ((node !== undefined && 'doc' in node) || value === undefined) continue;
     if (isPlainObject(value)) out.push(...unknownKeys(value, (node ?? {}) as KeyTree, path));
     else out.push(path);
   }
