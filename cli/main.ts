@@ -4,7 +4,7 @@
  *
  * @packageDocumentation
  */
-import { parseCommand, type ParsedCommand } from './args.js';
+import { parseCommand, usageError, type ParsedCommand } from './args.js';
 import { COMMANDS, commandHelp, generalHelp, isCommandName, type CommandName } from './usage.js';
 import { ConfigError, isAbortError, isRxrlError, isUsageError, UsageError } from '../lib/core/errors.js';
 import { printable } from '../lib/observe/terminal.js';
@@ -16,28 +16,64 @@ function text(args: ParsedCommand, name: string, env?: string): string | undefin
   return env === undefined ? undefined : process.env[env];
 }
 
-/** A flag's value as a non-negative decimal integer (`--steps 20`); not given: undefined; empty, `0x10`, `1e3`, `-1`: a ConfigError. */
-function integer(value: string | undefined, name: string): number | undefined {
-  if (value === undefined) return undefined;
-  const n = /^\d+$/.test(value) ? Number(value) : Number.NaN;
-  if (!Number.isSafeInteger(n)) throw new ConfigError(`${name} must be a non-negative integer, got '${value}'`, { context: { key: name } });
+/** A flag's value as given: on the command line (`--steps`), else in its environment variable (`RXRL_STEPS`). */
+interface Setting {
+  readonly value: string;
+  /** `--steps` or `RXRL_STEPS`, for messages. */
+  readonly source: string;
+  readonly fromEnv: boolean;
+}
+
+/** The value of flag `name`, else of the environment variable `env` (when given), with where it came from. */
+function setting(args: ParsedCommand, name: string, env?: string): Setting | undefined {
+  const value = args.values[name];
+  if (typeof value === 'string') return { value, source: `--${name}`, fromEnv: false };
+  const fromEnv = env === undefined ? undefined : process.env[env];
+  return fromEnv === undefined ? undefined : { value: fromEnv, source: env!, fromEnv: true };
+}
+
+/**
+ * A value that `setting` cannot be: a flag's is a usage error (exit 2; {@link main} names the command), an
+ * environment variable's a configuration error (exit 1).
+ */
+function malformed(setting: Setting, what: string): Error {
+  const message = `${setting.source} must be ${what}, got '${setting.value}'`;
+  return setting.fromEnv
+    ? new ConfigError(message, { context: { key: setting.source } })
+    : new UsageError(message, { context: { flag: setting.source } });
+}
+
+/** A setting as a non-negative decimal integer (`--steps 20`); not given: undefined; empty, `0x10`, `1e3`, `-1`, `abc`: refused. */
+function integer(given: Setting | undefined): number | undefined {
+  if (given === undefined) return undefined;
+  const n = /^\d+$/.test(given.value) ? Number(given.value) : Number.NaN;
+  if (!Number.isSafeInteger(n)) throw malformed(given, 'a non-negative integer');
   return n;
 }
 
-/** A flag's value as a TCP port: 1–65535, or 0 for any free one. */
-function port(value: string | undefined, name: string): number | undefined {
-  const n = integer(value, name);
-  if (n !== undefined && n > 65_535)
-    throw new ConfigError(`${name} must be a port (1-65535, or 0 for any free one), got '${value}'`, { context: { key: name } });
+/** A setting as a TCP port: 1–65535, or 0 for any free one. */
+function port(given: Setting | undefined): number | undefined {
+  const n = integer(given);
+  if (given !== undefined && n !== undefined && n > 65_535) throw malformed(given, 'a port (1-65535, or 0 for any free one)');
   return n;
 }
+
+/** A setting that must be one of `allowed` (`--mode sync`). */
+function choice<T extends string>(given: Setting | undefined, allowed: readonly T[]): T | undefined {
+  if (given === undefined) return undefined;
+  if (!(allowed as readonly string[]).includes(given.value)) throw malformed(given, `one of ${allowed.join(', ')}`);
+  return given.value as T;
+}
+
+const MODES = ['sync', 'batch-async', 'fully-async'] as const;
+const BACKENDS = ['auto', 'wasm', 'cpu', 'tensorflow'] as const;
 
 async function start(args: ParsedCommand): Promise<number> {
   const { runEmbedded, EMBEDDED_STEPS } = await import('../pipelines/embedded.js');
-  const steps = integer(text(args, 'steps', 'RXRL_STEPS'), 'steps');
-  const seed = integer(text(args, 'seed', 'RXRL_SEED'), 'seed');
-  const mode = text(args, 'mode', 'RXRL_MODE');
-  const backend = text(args, 'backend', 'RXRL_BACKEND');
+  const steps = integer(setting(args, 'steps', 'RXRL_STEPS'));
+  const seed = integer(setting(args, 'seed', 'RXRL_SEED'));
+  const mode = choice(setting(args, 'mode', 'RXRL_MODE'), MODES);
+  const backend = choice(setting(args, 'backend', 'RXRL_BACKEND'), BACKENDS);
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort());
   const { Progress } = await import('../lib/observe/progress.js');
@@ -45,8 +81,8 @@ async function start(args: ParsedCommand): Promise<number> {
   const summary = await runEmbedded({
     ...(steps === undefined ? {} : { steps }),
     ...(seed === undefined ? {} : { seed }),
-    ...(mode === undefined ? {} : { mode: mode as never }),
-    ...(backend === undefined ? {} : { backend: backend as never }),
+    ...(mode === undefined ? {} : { mode }),
+    ...(backend === undefined ? {} : { backend }),
     signal: controller.signal,
     onStep: (step, elapsed) => progress.update(step, elapsed),
   });
@@ -56,14 +92,13 @@ async function start(args: ParsedCommand): Promise<number> {
   return 0;
 }
 
-/** `NAME=DIR[,NAME=DIR…]` of `--lora-modules` as a record; a `ConfigError` names a malformed entry. */
-function loraModules(value: string | undefined): Record<string, string> | undefined {
-  if (value === undefined) return undefined;
+/** `NAME=DIR[,NAME=DIR…]` of `--lora-modules` as a record; a malformed entry is refused, naming it. */
+function loraModules(given: Setting | undefined): Record<string, string> | undefined {
+  if (given === undefined) return undefined;
   const out: Record<string, string> = {};
-  for (const entry of value.split(',')) {
+  for (const entry of given.value.split(',')) {
     const at = entry.indexOf('=');
-    if (at <= 0 || at === entry.length - 1)
-      throw new ConfigError(`--lora-modules: '${entry}' is not NAME=DIR`, { context: { key: 'lora-modules' } });
+    if (at <= 0 || at === entry.length - 1) throw malformed({ ...given, value: entry }, 'NAME=DIR[,NAME=DIR…]');
     out[entry.slice(0, at)] = entry.slice(at + 1);
   }
   return out;
@@ -71,18 +106,22 @@ function loraModules(value: string | undefined): Record<string, string> | undefi
 
 async function serveCommand(args: ParsedCommand): Promise<number> {
   const { runServeCommand } = await import('../lib/serve/command.js');
+  const { REASONING_PARSERS } = await import('../lib/serve/reasoning.js');
   const { EMBEDDED_MODEL } = await import('../pipelines/embedded.js');
   const { stringTransformTask } = await import('../recipes/stringTransform.js');
-  const flag = (name: string): string | undefined => text(args, name, `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`);
+  const env = (name: string): string => `RXRL_SERVE_${name.toUpperCase().replaceAll('-', '_')}`;
+  const flag = (name: string): string | undefined => text(args, name, env(name));
+  const given = (name: string): Setting | undefined => setting(args, name, env(name));
   const controller = stopOnSignals();
-  const listenPort = port(flag('port'), 'port');
-  const maxBatchSize = integer(flag('max-batch-size'), 'max-batch-size');
-  const maxWaitMs = integer(flag('max-wait-ms'), 'max-wait-ms');
-  const maxModelLen = integer(flag('max-model-len'), 'max-model-len');
-  const seed = integer(text(args, 'seed', 'RXRL_SEED'), 'seed');
-  const maxSessions = integer(flag('max-sessions'), 'max-sessions');
-  const maxTokens = integer(flag('max-session-tokens'), 'max-session-tokens');
-  const idleMs = integer(flag('session-idle-ms'), 'session-idle-ms');
+  const listenPort = port(given('port'));
+  const maxBatchSize = integer(given('max-batch-size'));
+  const maxWaitMs = integer(given('max-wait-ms'));
+  const maxModelLen = integer(given('max-model-len'));
+  const seed = integer(setting(args, 'seed', 'RXRL_SEED'));
+  const maxSessions = integer(given('max-sessions'));
+  const maxTokens = integer(given('max-session-tokens'));
+  const idleMs = integer(given('session-idle-ms'));
+  const backend = choice(setting(args, 'backend', 'RXRL_BACKEND'), BACKENDS);
   return runServeCommand({
     model: flag('model') ?? flag('checkpoint'),
     modelFlag: flag('model') === undefined && flag('checkpoint') !== undefined ? 'checkpoint' : 'model',
@@ -93,14 +132,14 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
     host: flag('host'),
     ...(listenPort === undefined ? {} : { port: listenPort }),
     modelName: flag('served-model-name') ?? flag('model-name'),
-    backend: text(args, 'backend', 'RXRL_BACKEND') as never,
+    ...(backend === undefined ? {} : { backend }),
     ...(maxBatchSize === undefined ? {} : { maxBatchSize }),
     ...(maxWaitMs === undefined ? {} : { maxWaitMs }),
     ...(maxModelLen === undefined ? {} : { maxModelLen }),
     weightsRoot: flag('weights-root'),
     apiKey: flag('api-key'),
-    loraModules: loraModules(flag('lora-modules')),
-    reasoningParser: flag('reasoning-parser'),
+    loraModules: loraModules(given('lora-modules')),
+    reasoningParser: choice(given('reasoning-parser'), REASONING_PARSERS),
     sessions: {
       ...(maxSessions === undefined ? {} : { maxSessions }),
       ...(maxTokens === undefined ? {} : { maxTokens }),
@@ -115,10 +154,17 @@ async function serveCommand(args: ParsedCommand): Promise<number> {
 
 async function tinkerCommand(args: ParsedCommand): Promise<number> {
   const { runTinkerCommand } = await import('../lib/tinker/command.js');
-  const flag = (name: string): string | undefined => text(args, name, `RXRL_TINKER_${name.toUpperCase().replaceAll('-', '_')}`);
-  const listenPort = port(flag('port'), 'port');
-  const maxModels = integer(flag('max-models'), 'max-models');
-  const maxRank = integer(flag('max-rank'), 'max-rank');
+  const env = (name: string): string => `RXRL_TINKER_${name.toUpperCase().replaceAll('-', '_')}`;
+  const flag = (name: string): string | undefined => text(args, name, env(name));
+  const listenPort = port(setting(args, 'port', env('port')));
+  const maxModels = integer(setting(args, 'max-models', env('max-models')));
+  const maxRank = integer(setting(args, 'max-rank', env('max-rank')));
+  const backend = choice(setting(args, 'backend', 'RXRL_BACKEND'), BACKENDS);
+  if (flag('model') === undefined) {
+    throw new UsageError('--model DIR is required (a Hugging Face model directory or id, or RXRL_TINKER_MODEL)', {
+      context: { flag: '--model' },
+    });
+  }
   return runTinkerCommand({
     model: flag('model'),
     modelName: flag('served-model-name'),
@@ -128,20 +174,33 @@ async function tinkerCommand(args: ParsedCommand): Promise<number> {
     stateDir: flag('state-dir'),
     ...(maxModels === undefined ? {} : { maxModels }),
     ...(maxRank === undefined ? {} : { maxRank }),
-    backend: text(args, 'backend', 'RXRL_BACKEND') as never,
+    ...(backend === undefined ? {} : { backend }),
     signal: stopOnSignals().signal,
     out: (line) => process.stdout.write(`${line}\n`),
   });
 }
 
-/** The recipe of `rxrl run|trainer|worker|config <recipe> [--set k=v]…`, resolved and validated. */
+/**
+ * The recipe of `rxrl run|trainer|worker|config <recipe> [--set k=v]… [--steps N] [--seed N]`, resolved and
+ * validated: the recipe's paths relative to its directory, `--set` paths relative to the working directory; the step
+ * budget and the seed of `--steps`/`--seed`, else of `RXRL_STEPS`/`RXRL_SEED`, win over the recipe and `--set`.
+ */
 async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('../lib/config/schema.js').RxrlConfig; dir: string }> {
   const { loadConfig } = await import('../lib/config/schema.js');
   const { recipeDir } = await import('../pipelines/parts/data.js');
   const { basename, extname, resolve } = await import('node:path');
   const file = args.positionals[0];
   const set = (args.values.set as string[] | undefined) ?? [];
-  const config = loadConfig({ file, set });
+  const malformedSet = set.find((assignment) => assignment.indexOf('=') <= 0);
+  if (malformedSet !== undefined) {
+    throw new UsageError(`--set must be key=value (e.g. --set trainer.learningRate=1e-5), got '${malformedSet}'`, {
+      context: { flag: '--set' },
+    });
+  }
+  const steps = integer(setting(args, 'steps', 'RXRL_STEPS'));
+  const seed = integer(setting(args, 'seed', 'RXRL_SEED'));
+  const overrides = [...(steps === undefined ? [] : [`run.steps=${steps}`]), ...(seed === undefined ? [] : [`run.seed=${seed}`])];
+  const config = loadConfig({ file, set: [...set, ...overrides] });
   const dir = recipeDir(file);
   if (config.run.dir === null) config.run.dir = resolve('runs', basename(file, extname(file)));
   return { config, dir };
@@ -251,7 +310,7 @@ async function statusServer(
   tracker: import('../lib/observe/activity.js').ActivityTracker,
   info: () => import('../lib/observe/status.js').RunInfo,
 ): Promise<import('../lib/observe/status.js').StatusServer | undefined> {
-  const statusPort = port(text(args, 'status-port'), 'status-port');
+  const statusPort = port(setting(args, 'status-port'));
   if (statusPort === undefined) return undefined;
   const { serveStatus } = await import('../lib/observe/status.js');
   return serveStatus({ tracker, info, port: statusPort, host: text(args, 'status-host') });
@@ -264,7 +323,7 @@ async function statusServer(
 async function statusCommand(args: ParsedCommand): Promise<number> {
   const { fetchStatus, formatStatus } = await import('../lib/observe/status.js');
   const { printable } = await import('../lib/observe/terminal.js');
-  const timeoutMs = integer(text(args, 'timeout-ms'), 'timeout-ms');
+  const timeoutMs = integer(setting(args, 'timeout-ms'));
   const status = await fetchStatus(args.positionals[0], { signal: stopOnSignals().signal, timeoutMs });
   process.stdout.write(printable(args.values.json === true ? `${JSON.stringify(status)}\n` : formatStatus(status)));
   return 0;
@@ -364,8 +423,9 @@ const RUNNERS: Readonly<Record<CommandName, (args: ParsedCommand) => Promise<num
 };
 
 /**
- * Runs `rxrl <command> …`: `-h`/`--help` prints the command's usage (exit 0); a malformed command line throws a
- * {@link UsageError} (exit 2).
+ * Runs `rxrl <command> …`: `-h`/`--help` prints the command's usage (exit 0); a malformed command line (an unknown
+ * command or flag, a flag without its value or with a malformed one, a missing or extra argument) throws a
+ * {@link UsageError} (exit 2); a configuration or run failure, any other error (exit 1).
  */
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...rest] = argv;
@@ -380,7 +440,13 @@ async function main(argv: readonly string[]): Promise<number> {
     process.stdout.write(commandHelp(COMMANDS[command]));
     return 0;
   }
-  return RUNNERS[command](args);
+  try {
+    return await RUNNERS[command](args);
+  } catch (error) {
+    // A malformed flag value found while the command reads its flags: named with the command, as the parser does.
+    if (isUsageError(error) && error.context.command === undefined) throw usageError(COMMANDS[command], error.message, error);
+    throw error;
+  }
 }
 
 /**

@@ -20,8 +20,16 @@ export interface CommandUsage extends CommandSpec {
 const value: FlagSpec = { type: 'string' };
 const flagSwitch: FlagSpec = { type: 'boolean' };
 const recipe = { flags: { set: { type: 'string', multiple: true } }, positionals: ['<recipe.json|yaml>'] } as const;
-/** A training run's flags: the recipe's, and its status server. */
-const training = { ...recipe, flags: { ...recipe.flags, 'status-port': value, 'status-host': value } } as const;
+/** A training run's flags: the recipe's, its step budget and seed, and its status server. */
+const training = {
+  ...recipe,
+  flags: { ...recipe.flags, steps: value, seed: value, 'status-port': value, 'status-host': value },
+  environment: 'RXRL_STEPS, RXRL_SEED (as --steps, --seed)',
+} as const;
+const STEPS_USAGE = `
+                    --steps N and --seed N (or RXRL_STEPS, RXRL_SEED) set run.steps and run.seed over the recipe
+                    and --set; --set paths are relative to the working directory, the recipe's own paths to
+                    the recipe's directory`;
 const STATUS_USAGE = `
                     --status-port N serves GET /status (JSON: each module's work in flight, done, failed, idle
                     time, stalls; each Kafka worker's last heartbeat) and GET /metrics (Prometheus) on
@@ -106,21 +114,21 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
   run: {
     name: 'rxrl run',
     ...training,
-    usage: `  rxrl run <recipe.json|yaml> [--set key=value]… [--status-port N] [--status-host H]
+    usage: `  rxrl run <recipe.json|yaml> [--set key=value]… [--steps N] [--seed N] [--status-port N] [--status-host H]
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>); a multi-agent
                     recipe (agents.environment, agents.roles, policies) trains every policy and saves each one's
-                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)${STATUS_USAGE}`,
+                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)${STEPS_USAGE}${STATUS_USAGE}`,
   },
   trainer: {
     name: 'rxrl trainer',
     ...training,
-    usage: `  rxrl trainer <recipe.json|yaml> [--set key=value]… [--status-port N] [--status-host H]
+    usage: `  rxrl trainer <recipe.json|yaml> [--set key=value]… [--steps N] [--seed N] [--status-port N] [--status-host H]
                     the same run with rollouts done by 'rxrl worker' processes over Kafka (kafka.brokers,
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
                     the workers must be able to read; checkpoints and resume as in 'rxrl run' (a multi-agent
                     recipe: each policy's weights under its name, a LoRA policy's as its adapter alone); its
-                    status shows each worker's heartbeat (kafka.heartbeatMs) and the ones gone${STATUS_USAGE}`,
+                    status shows each worker's heartbeat (kafka.heartbeatMs) and the ones gone${STEPS_USAGE}${STATUS_USAGE}`,
   },
   worker: {
     name: 'rxrl worker',
@@ -179,7 +187,14 @@ ${commands}
   rxrl --help       this text; rxrl <command> --help: that command's usage and environment
 
 Every flag takes its value as --flag VALUE or --flag=VALUE; given twice, the last one counts (--set collects
-them all). An unknown flag, a flag without its value or a missing argument stops with one line and exit code 2.
-Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND; RXRL_SERVE_<FLAG>, RXRL_TINKER_<FLAG>.
+them all). A path given with --set is relative to the working directory; a path in a recipe, to the recipe's
+directory. Environment (flags win): RXRL_STEPS, RXRL_SEED, RXRL_MODE, RXRL_BACKEND; RXRL_SERVE_<FLAG>,
+RXRL_TINKER_<FLAG>.
+
+Exit codes: 0 done; 2 a usage error (an unknown command or flag, a flag without its value or with a malformed
+one such as --steps abc, a missing or extra argument); 1 a configuration error (an unknown or invalid key, a
+missing model or file, a malformed environment variable) or a failed run; 130 or 143 stopped by SIGINT or SIGTERM
+while still setting up (a training they stop ends gracefully, checkpoint.onStop, with 0). Every error is one line
+on stderr: rxrl: <ErrorName>: <what, and what to do>.
 `;
 }

@@ -461,6 +461,8 @@ export { STOP_GRACE_MS } from './observe/mlflow.js';
 
 // ── configuration ──────────────────────────────────────────────────────────────
 export { DEFAULT_POLICY_LORA, SCHEMA, SPECIALIZATIONS, describeConfig, loadConfig, resolvedLora } from './config/schema.js';
+export { FOREIGN_KEYS } from './config/keys.js';
+export type { ForeignKey, ForeignSource } from './config/keys.js';
 export type { AgentRoleConfig, LoadConfigOptions, PolicyEntryConfig, RxrlConfig, Specialization } from './config/schema.js';
 export { configWarnings } from './config/configWarnings.js';
 export type { ConfigWarningsContext } from './config/configWarnings.js';

@@ -44,14 +44,18 @@ describe('rxrl CLI (built by pretest)', () => {
     expect((await rxrl(['--help'])).stdout).toMatch(/rxrl start/);
     const unknown = await rxrl(['frobnicate']);
     expect(unknown.code).toBe(2);
+    // A malformed flag value is a usage error (exit 2), as an unknown flag is; a malformed variable is configuration (exit 1).
     const bad = await rxrl(['start', '--steps', 'many']);
-    expect(bad.code).toBe(1);
-    expect(bad.stderr).toMatch(/ConfigError: steps must be a non-negative integer/);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toBe("rxrl: UsageError: rxrl start: --steps must be a non-negative integer, got 'many' (see rxrl start --help)\n");
     const mode = await rxrl(['start', '--steps', '1', '--mode', 'eventually']);
-    expect(mode.code).toBe(1);
-    expect(mode.stderr).toMatch(
-      /ConfigError: invalid configuration:\s+sync\.mode: must be one of the possible values: \["sync","batch-async","fully-async"\]/,
+    expect(mode.code).toBe(2);
+    expect(mode.stderr).toBe(
+      "rxrl: UsageError: rxrl start: --mode must be one of sync, batch-async, fully-async, got 'eventually' (see rxrl start --help)\n",
     );
+    const variable = await rxrl(['start'], { RXRL_SEED: '-1' });
+    expect(variable.code).toBe(1);
+    expect(variable.stderr).toBe("rxrl: ConfigError: RXRL_SEED must be a non-negative integer, got '-1'\n");
     // A typo is refused, not ignored (the run would otherwise start with defaults).
     const typo = await rxrl(['start', '--bogus-flag']);
     expect(typo.code).toBe(2);
@@ -119,11 +123,16 @@ describe('rxrl CLI: strict arguments on every command', () => {
   it('a repeated flag keeps its last value; --set collects every value', async () => {
     // The last value is the one checked: a bad last value is refused whatever came first.
     const steps = await rxrl(['start', '--steps', '1', '--steps', 'many']);
-    expect(steps).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: steps must be a non-negative integer, got 'many'\n" });
+    const usage = (line: string): { code: number; stdout: string; stderr: string } => ({
+      code: 2,
+      stdout: '',
+      stderr: `rxrl: UsageError: ${line}\n`,
+    });
+    expect(steps).toEqual(usage("rxrl start: --steps must be a non-negative integer, got 'many' (see rxrl start --help)"));
     const lora = await rxrl(['serve', '--lora-modules', `coder=${root}`, '--lora-modules=broken', '--port', '0', '--backend', 'cpu']);
-    expect(lora).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: --lora-modules: 'broken' is not NAME=DIR\n" });
+    expect(lora).toEqual(usage("rxrl serve: --lora-modules must be NAME=DIR[,NAME=DIR…], got 'broken' (see rxrl serve --help)"));
     const rank = await rxrl(['tinker', '--max-rank', '8', '--max-rank', 'x']);
-    expect(rank).toEqual({ code: 1, stdout: '', stderr: "rxrl: ConfigError: max-rank must be a non-negative integer, got 'x'\n" });
+    expect(rank).toEqual(usage("rxrl tinker: --max-rank must be a non-negative integer, got 'x' (see rxrl tinker --help)"));
     const dir = await mkdtemp(join(tmpdir(), 'rxrl-cli-repeat-'));
     try {
       await writeFile(join(dir, 'metrics.jsonl'), '{"step":0,"version":1,"time":0,"rollout/reward_mean":0.5}\n');

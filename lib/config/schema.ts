@@ -10,6 +10,8 @@ import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
 import { ConfigError } from '../core/errors.js';
 import { parseShardSize } from '../core/sizes.js';
+import { unknownKeyProblem, unknownKeys } from './keys.js';
+import { resolveSetPath } from './paths.js';
 import { redactSecrets } from './redact.js';
 import { DEFAULT_POLICY_LORA, validateLoraConfig, type LoraConfig } from '../model/lora.js';
 import { generationBatchProblem } from '../sync/gate.js';
@@ -754,8 +756,13 @@ export interface LoadConfigOptions {
   readonly file?: string;
   /** A recipe object, merged after the file. */
   readonly values?: Readonly<Record<string, unknown>>;
-  /** `key=value` overrides (`--set`), applied last; values parse as JSON when they can (`3`, `true`, `null`). */
+  /**
+   * `key=value` overrides (`--set`), applied last; values parse as JSON when they can (`3`, `true`, `null`). A path
+   * (a key of `PATH_KEYS`) given here is relative to `cwd`, where a recipe's paths are relative to the recipe.
+   */
   readonly set?: readonly string[];
+  /** What a relative path in `set` is relative to. Default the working directory. */
+  readonly cwd?: string;
   /** Environment for `env` overrides. Default `process.env`. */
   readonly env?: NodeJS.ProcessEnv;
 }
@@ -763,22 +770,23 @@ export interface LoadConfigOptions {
 /**
  * Loads, merges and validates a configuration: defaults ← environment ← recipe file ← `values` ← `--set`.
  * Unknown keys, wrong types, out-of-range numbers and missing required values are rejected with a
- * {@link ConfigError} whose message names each offending key.
+ * {@link ConfigError} whose message names each offending key; an unknown key is one line naming the nearest key,
+ * or rxrl's key for a TRL or verl name (`FOREIGN_KEYS`).
  */
 export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
   // convict's typings take mutable arrays (`format: any[]`); SCHEMA is readonly (`as const`, so that its literals
   // type RxrlConfig). convict clones each leaf and never writes the schema, so the writable view is only a type.
   const config = convict<RxrlConfig>(SCHEMA as Writable<typeof SCHEMA>, { env: options.env ?? process.env, args: [] });
+  let recipe: Record<string, unknown> | undefined;
   try {
     if (options.file !== undefined) {
       const text = readFileSync(options.file, 'utf8');
       const parsed: unknown = /\.ya?ml$/i.test(extname(options.file)) ? parseYaml(text) : JSON.parse(text);
       if (parsed !== null && parsed !== undefined) {
         if (typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('a recipe must be a mapping of keys to values');
-        config.load(parsed as Partial<RxrlConfig>);
+        recipe = parsed as Record<string, unknown>;
       }
     }
-    if (options.values) config.load(options.values as Partial<RxrlConfig>);
   } catch (cause) {
     throw new ConfigError(`cannot read recipe ${options.file ?? '(values)'}: ${(cause as Error).message}`, {
       cause,
@@ -786,14 +794,22 @@ export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
     });
   }
   const schemaKeys = leafKeys(SCHEMA);
+  for (const [values, file] of [
+    [recipe, options.file],
+    [options.values, undefined],
+  ] as const) {
+    if (values === undefined) continue;
+    checkKeys(values, schemaKeys, file);
+    config.load(values as Partial<RxrlConfig>);
+  }
   for (const assignment of options.set ?? []) {
     const eq = assignment.indexOf('=');
-    const key = eq > 0 ? assignment.slice(0, eq) : '';
-    if (!schemaKeys.has(key)) {
-      throw new ConfigError(`--set ${assignment}: '${key || assignment}' is not a configuration key`, { context: { key } });
+    if (eq <= 0) {
+      throw new ConfigError(`--set ${assignment}: not key=value (e.g. --set trainer.learningRate=1e-5)`, { context: { set: assignment } });
     }
-    const raw = assignment.slice(eq + 1);
-    config.set(key as never, parseSetValue(raw) as never);
+    const key = assignment.slice(0, eq);
+    if (!schemaKeys.has(key)) throw new ConfigError(unknownKeyProblem(key, schemaKeys), { context: { key, set: assignment } });
+    config.set(key as never, setValue(key, assignment.slice(eq + 1), options.cwd) as never);
   }
   try {
     config.validate({ allowed: 'strict' });
@@ -803,6 +819,17 @@ export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
   const resolved = config.getProperties();
   requireWhen(resolved);
   return resolved;
+}
+
+/** Refuses a recipe naming a key the schema has no leaf for: one line, the first such key (and how many more). */
+function checkKeys(values: Readonly<Record<string, unknown>>, schemaKeys: ReadonlySet<string>, file: string | undefined): void {
+  const unknown = unknownKeys(values, SCHEMA);
+  if (unknown.length === 0) return;
+  const more =
+    unknown.length === 1
+      ? ''
+      : ` (${unknown.length - 1} more unknown: ${unknown.slice(1, 4).join(', ')}${unknown.length > 4 ? ', …' : ''})`;
+  throw new ConfigError(`${unknownKeyProblem(unknown[0], schemaKeys)}${more}`, { context: { keys: unknown, file } });
 }
 
 /** Values that are required only in some settings. */
@@ -965,6 +992,14 @@ export { DEFAULT_POLICY_LORA } from '../model/lora.js';
 /** A `lora` policy's adapter with the defaults filled in. */
 export function resolvedLora(policy: PolicyEntryConfig): LoraConfig {
   return { ...DEFAULT_POLICY_LORA, ...policy.lora };
+}
+
+/**
+ * A `--set` value of `key`: JSON when it parses (`3`, `true`, `null`, `[1]`), else the text itself; a path made
+ * absolute against `cwd` ({@link resolveSetPath}), so that it does not resolve against the recipe's directory.
+ */
+function setValue(key: string, raw: string, cwd = process.cwd()): unknown {
+  return resolveSetPath(key, parseSetValue(raw), cwd);
 }
 
 /** A `--set` value: JSON when it parses (`3`, `true`, `null`, `[1]`), else the text itself. */

@@ -37,7 +37,13 @@ const ID_PART = /^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$/;
 const COMMIT = /^[0-9a-f]{40}$/;
 
 /**
- * Reads `org/name[@revision]`; `undefined` for anything else (a path such as `./model` or `~/m`, an absolute path).
+ * File names a model id never ends with: a value such as `models/config.json` or `out/model.safetensors` is a path.
+ */
+const FILE_EXTENSION = /\.(json|jsonl|ya?ml|safetensors|bin|pt|pth|gguf|onnx|txt|parquet|model|tar|gz|zip)$/i;
+
+/**
+ * Reads `org/name[@revision]`; `undefined` for anything else: a path such as `./model`, `../m`, `~/m`, `/abs`,
+ * `a\b`, `a/b/c`, `models/m/` (a trailing slash) or `org/model.safetensors` (a file name).
  *
  * @param text - what the recipe or the command line says.
  */
@@ -47,6 +53,7 @@ export function parseModelId(text: string): ModelId | undefined {
   const revision = at < 0 ? 'main' : text.slice(at + 1);
   const parts = repo.split('/');
   if (parts.length !== 2 || !parts.every((part) => ID_PART.test(part) && !part.includes('..'))) return undefined;
+  if (FILE_EXTENSION.test(repo)) return undefined;
   if (revision === '' || /\s/.test(revision) || revision.includes('..')) return undefined;
   return { repo, revision };
 }
@@ -106,37 +113,52 @@ export interface ResolveModelOptions {
   readonly signal?: AbortSignal | undefined;
 }
 
+/** What to do about a model that is not there: the remedy every "no model" message ends with. */
+export const NO_MODEL_REMEDY =
+  'run `npm run model:smollm2` in a checkout, or give a local model directory or a Hugging Face id such as org/name';
+
 /**
- * The directory of a model named by a path or an id: a path that exists (relative to `baseDir`, `~/` the home
- * directory) is itself; otherwise `org/name[@revision]` is looked up in the Hugging Face cache and, when missing
- * and not offline, downloaded into it (the files a model directory needs). Anything else is returned resolved, for
- * the loader to refuse with its own message.
+ * The directory of a model named by a path or an id. The text is read as a Hugging Face id only when it looks like
+ * one ({@link parseModelId}: `org/name[@revision]`, no `./`, `../`, `/`, `~`, backslash, file name or second slash)
+ * and no local path of that name exists (relative to `baseDir`; `~/` is the home directory); anything else is a
+ * local path, and a local path is never downloaded. An id is looked up in the Hugging Face cache and, when missing
+ * and not offline, downloaded into it (the files a model directory needs).
  *
  * @param path - `model.path`, `--model`, a teacher's path.
  * @param options - base directory, environment, progress lines.
- * @returns the model directory.
- * @throws ConfigError when the id is not in the cache and the hub may not or cannot be reached, or does not answer
- *   within `timeoutMs`.
+ * @returns the model directory (it has a `config.json`).
+ * @throws ConfigError `<key>: no model at '<dir>' (…)` when a local path is no model directory; naming both
+ *   readings (`no local directory '<dir>' and no cached Hugging Face model 'org/name'`) when the text is an id that
+ *   is neither here nor in the cache and the hub may not or cannot be reached, or does not answer within `timeoutMs`.
  * @throws DecodeError when the hub answers names that are not a commit, a blob id or a relative file path, or a
  *   file whose size or hash is not what it listed; ForbiddenPathError when the snapshot leads outside the cache.
  * @throws AbortError when `signal` fires.
  */
 export async function resolveModelDir(path: string, options: ResolveModelOptions = {}): Promise<string> {
   const local = resolve(options.baseDir ?? process.cwd(), expandHome(path));
+  const key = options.key ?? 'model.path';
   const id = parseModelId(path);
-  if (existsSync(local) || id === undefined) return local;
+  if (existsSync(local) || id === undefined) return checkedLocalModel(local, key);
   const env = options.env ?? process.env;
   const cacheDir = hubCacheDir(env);
   const cached = cachedSnapshot(id, cacheDir);
   if (cached !== undefined && existsSync(join(cached, 'config.json'))) return cached;
-  const key = options.key ?? 'model.path';
   const named = id.revision === 'main' ? id.repo : `${id.repo}@${id.revision}`;
+  const neither = `${key}: no local directory '${local}' and no cached Hugging Face model '${named}'`;
   if (isOn(env.HF_HUB_OFFLINE) || isOn(env.TRANSFORMERS_OFFLINE)) {
-    throw new ConfigError(`${key}: ${named} is not in the Hugging Face cache ${cacheDir}, and HF_HUB_OFFLINE forbids downloading it`, {
-      context: { key, model: named, cacheDir },
-    });
+    throw new ConfigError(
+      `${neither} (offline: HF_HUB_OFFLINE forbids downloading it into ${cacheDir}; give a local model directory, or download it online)`,
+      { context: { key, path: local, model: named, cacheDir } },
+    );
   }
-  return downloadModel(id, { cacheDir, env, key, log: options.log, timeoutMs: options.timeoutMs, signal: options.signal });
+  return downloadModel(id, { cacheDir, env, key, neither, log: options.log, timeoutMs: options.timeoutMs, signal: options.signal });
+}
+
+/** `dir` when it is a model directory (it has a `config.json`), else a ConfigError saying what is there and what to do. */
+function checkedLocalModel(dir: string, key: string): string {
+  if (existsSync(join(dir, 'config.json'))) return dir;
+  const what = !existsSync(dir) ? '' : isDirectory(dir) ? ': the directory has no config.json' : ': it is a file, not a directory';
+  throw new ConfigError(`${key}: no model at '${dir}'${what} (${NO_MODEL_REMEDY})`, { context: { key, path: dir } });
 }
 
 const NOT_A_MODEL = 'the repository has no config.json: not a model';
@@ -171,7 +193,7 @@ async function downloadModel(id: ModelId, options: DownloadModelOptions): Promis
   } catch (cause) {
     // What the server sent that cannot be trusted, a snapshot leading outside the cache and a stop are what they are.
     if (cause instanceof DecodeError || cause instanceof ForbiddenPathError || isAbortError(cause)) throw cause;
-    throw new ConfigError(`${key}: ${named} is not in the Hugging Face cache ${cacheDir} and downloading it failed: ${String(cause)}`, {
+    throw new ConfigError(`${options.neither}, and downloading it into ${cacheDir} failed: ${String(cause)}`, {
       cause,
       retriable: isRetriable(cause),
       context: { key, model: named, cacheDir },
@@ -184,6 +206,8 @@ interface DownloadModelOptions {
   readonly cacheDir: string;
   readonly env: NodeJS.ProcessEnv;
   readonly key: string;
+  /** The message's start: `<key>: no local directory '<dir>' and no cached Hugging Face model '<id>'`. */
+  readonly neither: string;
   readonly log: ((line: string) => void) | undefined;
   readonly timeoutMs: number | undefined;
   readonly signal: AbortSignal | undefined;

@@ -6,6 +6,7 @@
  *
  * @packageDocumentation
  */
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
 import { checkModelFits } from './capacity.js';
@@ -176,6 +177,13 @@ export async function readStartingAdapter(
   const { key } = options;
   if (entry.specialization !== 'lora') throw new ConfigError(`${key}: only a 'lora' policy starts from an adapter`, { context: { key } });
   const dir = resolve(options.baseDir ?? process.cwd(), expandHome(entry.adapterPath));
+  if (!existsSync(join(dir, 'adapter_config.json'))) {
+    const what = existsSync(dir) ? ': it has no adapter_config.json' : '';
+    throw new ConfigError(
+      `${key}: no adapter at '${dir}'${what} (give a PEFT adapter directory, such as a LoRA run's checkpoint global_step_N)`,
+      { context: { key, path: dir } },
+    );
+  }
   const own = validateLoraConfig({ ...DEFAULT_POLICY_LORA, ...entry.lora }, key.replace(/adapterPath$/, 'lora'));
   const { lora } = await readPeftAdapterConfig(dir);
   const describe = (l: typeof own): string =>

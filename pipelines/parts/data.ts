@@ -19,6 +19,7 @@ import { ConfigError } from '../../lib/core/errors.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import { loadTokenizer } from '../../lib/model/hfTokenizer.js';
 import { resolveModelDir } from '../../lib/model/hubCache.js';
+import { isBareSpecifier } from '../../lib/config/paths.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import type { Task } from '../../lib/core/types.js';
 import { chatWorker, referenceWorker, type RolloutWorker } from '../../lib/engine/worker.js';
@@ -207,7 +208,7 @@ async function taskPath(baseDir: string, key: 'data.trainFile' | 'data.validatio
  */
 export async function importExport<T>(spec: { module: string | null; export: string }, baseDir: string, key: string): Promise<T> {
   // A bare specifier (`rxrl/recipes`, a package) is imported by name; anything else is a file relative to the recipe.
-  const bare = /^(@[\w.-]+\/)?[\w][\w.-]*(\/[\w.-]+)*$/.test(spec.module!) && !/\.[cm]?[jt]s$/.test(spec.module!);
+  const bare = isBareSpecifier(spec.module!);
   const file = bare ? spec.module! : resolve(baseDir, spec.module!);
   let module: Record<string, unknown>;
   try {

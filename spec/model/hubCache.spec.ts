@@ -69,6 +69,10 @@ describe('parseModelId and hubCacheDir', () => {
     });
     for (const path of ['model', './m/x', '/abs/dir', '~/m', 'a/b/c', 'a/..', '../b', 'org/name@', 'org/name@a b', 'org/-x'])
       expect(parseModelId(path), path).toBeUndefined();
+    // A path by its shape: a trailing slash, a backslash, a file name.
+    for (const path of ['models/smollm2-135m/', 'models\\smol', 'org/model.safetensors', 'runs/config.json', 'data/r.yaml'])
+      expect(parseModelId(path), path).toBeUndefined();
+    expect(parseModelId('Qwen/Qwen2.5-0.5B-Instruct')).toEqual({ repo: 'Qwen/Qwen2.5-0.5B-Instruct', revision: 'main' });
   });
 
   it("finds the cache where huggingface_hub does: HF_HUB_CACHE, else HF_HOME/hub, else XDG's or the home's .cache", () => {
@@ -92,14 +96,16 @@ describe('resolveModelDir in a Hugging Face cache', () => {
     expect(modelNameOf('org/tiny', join(snapshots, MAIN))).toBe('org/tiny');
   });
 
-  it('a path that exists wins over an id; a missing id offline is a ConfigError naming it and the cache', async () => {
+  it('a path that exists wins over an id; a missing id offline is a ConfigError naming both readings and the cache', async () => {
     const base = mkdtempSync(join(tmpdir(), 'rxrl-local-'));
     mkdirSync(join(base, 'org', 'tiny'), { recursive: true });
+    writeFileSync(join(base, 'org', 'tiny', 'config.json'), '{}');
     expect(await resolveModelDir('org/tiny', { baseDir: base, env: env() })).toBe(join(base, 'org', 'tiny'));
-    const missing = resolveModelDir('org/absent@dev', { env: env(), key: 'model.path' });
+    const missing = resolveModelDir('org/absent@dev', { baseDir: base, env: env(), key: 'model.path' });
     await expect(missing).rejects.toThrow(ConfigError);
     await expect(missing).rejects.toThrow(
-      `model.path: org/absent@dev is not in the Hugging Face cache ${cache}, and HF_HUB_OFFLINE forbids`,
+      `model.path: no local directory '${join(base, 'org', 'absent@dev')}' and no cached Hugging Face model 'org/absent@dev' ` +
+        `(offline: HF_HUB_OFFLINE forbids downloading it into ${cache}; give a local model directory, or download it online)`,
     );
   });
 
@@ -251,6 +257,71 @@ function hubAnswers(
 function everything(dir: string): string[] {
   return readdirSync(dir, { recursive: true, encoding: 'utf8' }).sort();
 }
+
+describe('a model that is not there: one line naming the key, where it looked and what to do', () => {
+  const remedy = 'run `npm run model:smollm2` in a checkout, or give a local model directory or a Hugging Face id such as org/name';
+
+  it('a local path (./, ../, /, ~, a trailing slash, a file name, a backslash) that is missing: never a download', async () => {
+    const hub = await hubServer((_req, res) => res.writeHead(404).end());
+    const base = mkdtempSync(join(tmpdir(), 'rxrl-no-model-'));
+    const env = { HF_HUB_CACHE: join(base, 'cache'), HF_ENDPOINT: hub.url };
+    try {
+      const cases: [string, string][] = [
+        ['./models/smol', join(base, 'models', 'smol')],
+        ['../no-such-rxrl-model', join(dirname(base), 'no-such-rxrl-model')],
+        ['models/smollm2-135m/', join(base, 'models', 'smollm2-135m')],
+        [join(base, 'abs'), join(base, 'abs')],
+        ['~/no-such-rxrl-model-dir', join(homedir(), 'no-such-rxrl-model-dir')],
+        ['org/model.safetensors', join(base, 'org', 'model.safetensors')],
+        ['models\\smol', join(base, 'models\\smol')],
+        ['smollm2', join(base, 'smollm2')],
+      ];
+      for (const [path, where] of cases) {
+        const error = await resolveModelDir(path, { baseDir: base, env, key: 'distill.teacher.path' }).catch((e: unknown) => e);
+        expect(error, path).toBeInstanceOf(ConfigError);
+        expect((error as Error).message, path).toBe(`distill.teacher.path: no model at '${where}' (${remedy})`);
+      }
+      expect(hub.requests).toEqual([]);
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it('a directory without config.json, or a file: no model there, and what is there', async () => {
+    const base = mkdtempSync(join(tmpdir(), 'rxrl-no-model-'));
+    mkdirSync(join(base, 'half'));
+    writeFileSync(join(base, 'half', 'tokenizer.json'), '{}');
+    writeFileSync(join(base, 'weights'), '');
+    const env = { HF_HUB_CACHE: join(base, 'cache'), HF_HUB_OFFLINE: '1' };
+    await expect(resolveModelDir('half', { baseDir: base, env })).rejects.toThrow(
+      `model.path: no model at '${join(base, 'half')}': the directory has no config.json (${remedy})`,
+    );
+    await expect(resolveModelDir('./weights', { baseDir: base, env })).rejects.toThrow(
+      `model.path: no model at '${join(base, 'weights')}': it is a file, not a directory (${remedy})`,
+    );
+  });
+
+  it('an org/name that is no local path and not on the hub: both readings, and why the download failed', async () => {
+    const hub = await hubServer((_req, res) => res.writeHead(404).end('{"error":"Repository not found"}'));
+    const base = mkdtempSync(join(tmpdir(), 'rxrl-no-model-'));
+    const cacheDir = join(base, 'cache');
+    try {
+      const error = await resolveModelDir('model/smollm2', { baseDir: base, env: { HF_HUB_CACHE: cacheDir, HF_ENDPOINT: hub.url } }).catch(
+        (e: unknown) => e,
+      );
+      expect(error).toBeInstanceOf(ConfigError);
+      expect((error as Error).message).toMatch(
+        new RegExp(
+          `^model\\.path: no local directory '${join(base, 'model', 'smollm2')}' and no cached Hugging Face model 'model/smollm2', ` +
+            `and downloading it into ${cacheDir} failed: .*404`,
+        ),
+      );
+      expect(hub.requests.length).toBeGreaterThan(0);
+    } finally {
+      await hub.close();
+    }
+  });
+});
 
 describe('downloading a model id from HF_ENDPOINT', () => {
   const fixture = (): Record<string, Buffer> => Object.fromEntries(readdirSync(FIXTURE).map((f) => [f, readFileSync(join(FIXTURE, f))]));

@@ -159,7 +159,10 @@ describe('a single-agent recipe with a LoRA policy', () => {
       /policies\[0\]\.adapterPath: the adapter in .*global_step_2 has rank 4, alpha 8, targets q_proj, v_proj; the policy's lora has rank 8/,
     );
     const fresh = await mkdtemp(join(tmpdir(), 'rxrl-single-lora-'));
-    await expect(runTraining(starting(fresh, join(first, 'missing')))).rejects.toThrow(/adapter_config\.json/);
+    await expect(runTraining(starting(fresh, join(first, 'missing')))).rejects.toThrow(
+      `policies[0].adapterPath: no adapter at '${join(first, 'missing')}' (give a PEFT adapter directory`,
+    );
+    await expect(runTraining(starting(fresh, first))).rejects.toThrow(`no adapter at '${first}': it has no adapter_config.json (`);
     expect(() => recipe(second, 1, { policies: [{ name: 'p', specialization: 'full', adapterPath: trained }] })).toThrow(
       /policies\[0\]\.adapterPath: only for specialization 'lora'/,
     );

@@ -52,8 +52,10 @@ describe('arithmetic task', () => {
   });
 
   it('model.path ~/ is the home directory; other paths are relative to the recipe', async () => {
-    expect(await resolveModelDir('~/.cache/m', { baseDir: '/r' })).toBe(join(homedir(), '.cache', 'm'));
-    expect(await resolveModelDir('m', { baseDir: '/r' })).toBe('/r/m');
+    await expect(resolveModelDir('~/.cache/no-such-rxrl-model', { baseDir: '/r' })).rejects.toThrow(
+      `model.path: no model at '${join(homedir(), '.cache', 'no-such-rxrl-model')}' (`,
+    );
+    await expect(resolveModelDir('m', { baseDir: '/r' })).rejects.toThrow("model.path: no model at '/r/m' (");
     expect(() => loadConfig({ env: {}, values: { data: { source: 'arithmetic' } } })).toThrow(
       /model\.path: required when data\.source is 'arithmetic'/,
     );

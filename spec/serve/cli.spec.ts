@@ -80,7 +80,7 @@ describe('rxrl serve (built CLI, built by pretest)', () => {
     expect(withAlphabet.stderr).toMatch(/ConfigError: --alphabet applies to a fresh policy only/);
     const notADir = await refused(['--model', join(dir, 'missing')]);
     expect(notADir.code).toBe(1);
-    expect(notADir.stderr).toMatch(/ConfigError: --model .*missing: not a model directory/);
+    expect(notADir.stderr).toMatch(/ConfigError: --model: no model at '.*missing' \(run `npm run model:smollm2` in a checkout/);
     const help = await run(process.execPath, [cli, '--help']);
     expect(help.stdout).toMatch(/rxrl serve/);
   }, 60_000);
