@@ -140,7 +140,9 @@ export function renderConfigReference(schema: object = SCHEMA): string {
     `Generated from the configuration schema (\`lib/config/schema.ts\`) by \`${CONFIG_REFERENCE_COMMAND}\`; do not edit it by hand.`,
     'Every key can be set in a recipe (YAML or JSON, nested by section) or on the command line with',
     '`--set key=value`; a key with an environment variable can be set by it too. A value is taken from, last one',
-    'winning: the default, the environment variable, the recipe, `--set`.',
+    'winning: the default, the environment variable, the recipe, `--set`; for `run.steps` and `run.seed`, the',
+    '`--steps` and `--seed` flags (or `RXRL_STEPS` and `RXRL_SEED`) win over all of them. A path given with `--set` is',
+    "relative to the working directory; a path in a recipe, to the recipe's directory.",
     '',
     `Sections: ${[...sections.keys()].map((s) => `[\`${s}\`](#${s.toLowerCase()})`).join(', ')}.`,
   ];
