@@ -58,6 +58,7 @@ export const FOREIGN_KEYS: readonly ForeignKey[] = [
   { name: 'save_total_limit', source: 'TRL', key: 'checkpoint.keepLast' },
   { name: 'model_name_or_path', source: 'TRL', key: 'model.path' },
   { name: 'scale_rewards', source: 'TRL', key: 'algorithm.normalizeByStd', note: 'true or false' },
+  { name: 'loss_type', source: 'TRL', key: 'trainer.lossAggregation', note: "TRL's 'dapo' is rxrl's 'token-mean'" },
   { name: 'actor_rollout_ref.actor.optim.lr', source: 'verl', key: 'trainer.learningRate' },
   { name: 'data.train_batch_size', source: 'verl', key: 'sync.batchSize', note: BATCH_NOTE },
   { name: 'actor_rollout_ref.rollout.n', source: 'verl', key: 'rollout.groupSize' },

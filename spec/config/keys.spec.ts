@@ -1,5 +1,5 @@
 /** Unknown configuration keys: one line with the nearest key; TRL and verl names answered with rxrl's key. */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -75,6 +75,17 @@ describe('TRL and verl names', () => {
     for (const entry of FOREIGN_KEYS) expect(KEYS, entry.name).toContain(entry.key);
     expect(new Set(FOREIGN_KEYS.map((f) => f.name)).size).toBe(FOREIGN_KEYS.length);
     for (const entry of FOREIGN_KEYS) expect(KEYS, entry.name).not.toContain(entry.name);
+  });
+
+  it("docs/configuration.md's table lists every mapped name beside rxrl's key", () => {
+    const rows = readFileSync(new URL('../../docs/configuration.md', import.meta.url), 'utf8')
+      .split('\n')
+      .filter((line) => line.startsWith('| '));
+    for (const entry of FOREIGN_KEYS) {
+      const last = entry.name.split('.').at(-1) ?? entry.name;
+      const row = rows.find((line) => line.includes(`${last}\``) && line.includes(`\`${entry.key}\``));
+      expect(row, `${entry.name} → ${entry.key}`).toBeDefined();
+    }
   });
 
   it("answers TRL's names anywhere and verl's by their path, naming rxrl's key", () => {
