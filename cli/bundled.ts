@@ -33,14 +33,14 @@ export interface BundledRecipe {
   readonly needs?: string;
 }
 
-const SMOLLM2 = 'the SmolLM2-135M-Instruct model in ~/.cache/rxrl-models (`npm run model:smollm2` in a checkout), or --set model.path=DIR';
+const SMOLLM2 = 'SmolLM2-135M-Instruct in ~/.cache/rxrl-models (npm run model:smollm2 in a checkout) or --set model.path=DIR';
 
 /** Every bundled recipe, in the order `rxrl recipes` lists them. */
 export const BUNDLED_RECIPES: readonly BundledRecipe[] = [
   {
     name: 'reverse',
     file: 'reverse.json',
-    description: 'GRPO on the embedded tiny policy: reverse 4-letter strings over abcde (800 steps; a few seconds for 20)',
+    description: 'GRPO on the embedded tiny policy: reverse 4-letter strings over abcde (800 steps, minutes on a CPU)',
   },
   {
     name: 'reverse-batch-async',

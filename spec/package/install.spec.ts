@@ -109,6 +109,9 @@ const wheelNode = (major: number): NodeUnderTest => ({
   bin: join(root, '.cache', `node${major}`, 'bin'),
   version: `v${major}.`,
 });
+/** npm without its daily look at the registry for a newer npm. */
+const npmEnv = { ...process.env, npm_config_update_notifier: 'false' };
+
 const NODES: readonly NodeUnderTest[] = [
   { name: `the current Node (${process.version})`, bin: dirname(process.execPath), version: process.version },
   wheelNode(22),
@@ -126,7 +129,7 @@ describe('the packed package', () => {
   beforeAll(async () => {
     expect(existsSync(join(root, 'dist', 'cli', 'main.js')), 'dist/ is built (npm run build)').toBe(true);
     work = await mkdtemp(join(tmpdir(), 'rxrl-package-'));
-    const packed = await exec('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: root });
+    const packed = await exec('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: root, env: npmEnv });
     expect(packed.code, show('npm pack', packed)).toBe(0);
     const [{ filename }] = JSON.parse(packed.stdout) as { filename: string }[];
     tarball = join(work, filename);
@@ -141,7 +144,7 @@ describe('the packed package', () => {
       `${JSON.stringify({ name: 'quickstart', version: '1.0.0', private: true, type: 'module' })}\n`,
     );
     await writeFile(join(project, 'package-lock.json'), JSON.stringify(offlineLockfile(filename, integrity), null, 2));
-    const install = await exec('npm', ['install', `./${filename}`, '--offline', '--no-audit', '--no-fund'], { cwd: project });
+    const install = await exec('npm', ['install', `./${filename}`, '--offline', '--no-audit', '--no-fund'], { cwd: project, env: npmEnv });
     expect(install.code, show('npm install --offline', install)).toBe(0);
     installed = new Set(await readdir(project));
   }, 300_000);
@@ -206,10 +209,8 @@ describe('the packed package', () => {
     const recipes = await rxrl('recipes');
     expect(recipes.code, show('rxrl recipes', recipes)).toBe(0);
     for (const recipe of BUNDLED_RECIPES) expect(recipes.stdout).toContain(`rxrl:${recipe.name} `);
-    for (const recipe of BUNDLED_RECIPES) {
-      const config = await rxrl('config', `rxrl:${recipe.name}`);
-      expect(config.code, show(`rxrl config rxrl:${recipe.name}`, config)).toBe(0);
-    }
+    const configs = await Promise.all(BUNDLED_RECIPES.map((recipe) => rxrl('config', `rxrl:${recipe.name}`)));
+    configs.forEach((config, i) => expect(config.code, show(`rxrl config rxrl:${BUNDLED_RECIPES[i].name}`, config)).toBe(0));
     const init = await rxrl('init');
     expect(init.code, show('rxrl init', init)).toBe(0);
     expect(init.stdout.trim()).toBe(join(project, 'rxrl-recipe.yaml'));
@@ -231,10 +232,9 @@ describe('the packed package', () => {
     });
     expect(smol.code, show('rxrl run rxrl:smollm2-arithmetic', smol)).toBe(1);
     expect(smol.stderr.trim().split('\n').at(-1)).toContain(join(home, '.cache', 'rxrl-models', 'SmolLM2-135M-Instruct'));
-    for (const command of Object.keys(COMMANDS)) {
-      const help = await rxrl(command, '--help');
-      expect(help.code, show(`rxrl ${command} --help`, help)).toBe(0);
-    }
+    const commands = Object.keys(COMMANDS);
+    const helps = await Promise.all(commands.map((command) => rxrl(command, '--help')));
+    helps.forEach((help, i) => expect(help.code, show(`rxrl ${commands[i]} --help`, help)).toBe(0));
     await rm(join(project, 'rxrl-recipe.yaml'));
   }, 240_000);
 
@@ -246,7 +246,7 @@ describe('the packed package', () => {
       for (const entry of await readdir(project))
         if (!installed.has(entry)) await rm(join(project, entry), { recursive: true, force: true });
       const home = await mkdtemp(join(work, 'home-'));
-      const env = { ...process.env, HOME: home, npm_config_offline: 'true', PATH: `${node.bin}${delimiter}${process.env.PATH ?? ''}` };
+      const env = { ...npmEnv, HOME: home, npm_config_offline: 'true', PATH: `${node.bin}${delimiter}${process.env.PATH ?? ''}` };
       const version = await exec('node', ['--version'], { cwd: project, env });
       expect(version.stdout.startsWith(node.version), `${node.name} is ${version.stdout.trim()}`).toBe(true);
 
