@@ -5,7 +5,7 @@
  *
  * @packageDocumentation
  */
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, extname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
@@ -133,8 +133,8 @@ export function describeBundledRecipes(): string {
 }
 
 /**
- * Writes the bundled recipe `name` to `out` (resolved against the working directory) as a starter recipe: YAML
- * (its comments kept) unless `out` ends in `.json`.
+ * Writes the bundled recipe `name` to `out` (resolved against the working directory; missing directories made) as a
+ * starter recipe: YAML (its comments kept) unless `out` ends in `.json`.
  *
  * @returns The absolute path written.
  * @throws {@link UsageError} for an unknown name; {@link ConfigError} when `out` exists (it is never overwritten).
@@ -154,6 +154,7 @@ export function initRecipe(name: string, out: string): string {
   let text: string;
   if (extname(target).toLowerCase() === '.json') text = `${JSON.stringify(parsed, null, 2)}\n`;
   else text = `${header}${yamlSource ? source : stringifyYaml(parsed)}`;
+  mkdirSync(dirname(target), { recursive: true });
   writeFileSync(target, text, { flag: 'wx' });
   return target;
 }

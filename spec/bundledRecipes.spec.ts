@@ -116,7 +116,7 @@ describe('bundled recipes', () => {
       /^# Starter recipe from rxrl:reverse-batch-async: .*\n# Train it with: npx rxrl run .*batch\.yaml\n# The bundled reverse task/,
     );
     expect(loadConfig({ file: yaml, env: {} })).toEqual(loadConfig({ file: recipeFile('rxrl:reverse-batch-async'), env: {} }));
-    const json = join(dir, 'reverse.json');
+    const json = join(dir, 'new', 'reverse.json');
     initRecipe('rxrl:reverse', json);
     expect(JSON.parse(await readFile(json, 'utf8'))).toEqual(JSON.parse(readFileSync(recipeFile('rxrl:reverse'), 'utf8')));
     await writeFile(join(dir, 'mine.yaml'), 'run: { steps: 3 }\n');
