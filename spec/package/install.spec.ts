@@ -58,15 +58,17 @@ function show(what: string, outcome: Outcome): string {
   return `${what}: exit ${outcome.code}\n--- stdout\n${outcome.stdout.slice(-3000)}\n--- stderr\n${outcome.stderr.slice(-3000)}`;
 }
 
-/** The fenced block (```lang) on the line after `<!-- marker -->` in the README. */
+/** The fenced block (```lang) that follows the line `<!-- marker -->` in the README (blank lines between allowed). */
 function readmeBlock(readme: string, marker: string, lang: string): string {
   const lines = readme.split('\n');
   const at = lines.findIndex((line) => line.trim() === `<!-- ${marker} -->`);
   expect(at, `README.md has no line <!-- ${marker} -->`).toBeGreaterThanOrEqual(0);
-  expect(lines[at + 1]?.trim(), `README.md: the line after <!-- ${marker} --> opens a \`\`\`${lang} block`).toBe(`\`\`\`${lang}`);
-  const end = lines.findIndex((line, i) => i > at + 1 && line.trim() === '```');
-  expect(end, `README.md: the block after <!-- ${marker} --> is closed`).toBeGreaterThan(at);
-  return `${lines.slice(at + 2, end).join('\n')}\n`;
+  let open = at + 1;
+  while (open < lines.length && lines[open].trim() === '') open += 1;
+  expect(lines[open]?.trim(), `README.md: a \`\`\`${lang} block follows <!-- ${marker} -->`).toBe(`\`\`\`${lang}`);
+  const end = lines.findIndex((line, i) => i > open && line.trim() === '```');
+  expect(end, `README.md: the block after <!-- ${marker} --> is closed`).toBeGreaterThan(open);
+  return `${lines.slice(open + 1, end).join('\n')}\n`;
 }
 
 /**
