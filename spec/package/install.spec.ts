@@ -131,6 +131,7 @@ describe('the packed package', () => {
   beforeAll(async () => {
     expect(existsSync(join(root, 'dist', 'cli', 'main.js')), 'dist/ is built (npm run build)').toBe(true);
     work = await mkdtemp(join(tmpdir(), 'rxrl-package-'));
+    // dist/ is built already (npm test's pretest); --ignore-scripts keeps prepack from building it again.
     const packed = await exec('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: root, env: npmEnv });
     expect(packed.code, show('npm pack', packed)).toBe(0);
     const [{ filename }] = JSON.parse(packed.stdout) as { filename: string }[];
