@@ -24,7 +24,10 @@ export interface CommandSpec {
   readonly name: string;
   /** Its flags by long name, without the dashes (`--help`/`-h` is added to every command). */
   readonly flags: Readonly<Record<string, FlagSpec>>;
-  /** Its positional arguments, as named in its usage (`<recipe.json|yaml>`): each one is required. Default none. */
+  /**
+   * Its positional arguments, as named in its usage: `<recipe.json|yaml>` is required, `[name]` optional (optional
+   * ones come last). Default none.
+   */
   readonly positionals?: readonly string[];
 }
 
@@ -67,8 +70,9 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[]): Parsed
   if (parsed.positionals.length > expected.length) {
     throw usageError(spec, `unexpected argument '${parsed.positionals[expected.length]}'`);
   }
-  if (parsed.positionals.length < expected.length) {
-    throw usageError(spec, `missing ${expected.slice(parsed.positionals.length).join(' ')}`);
+  const required = expected.filter((name) => !name.startsWith('['));
+  if (parsed.positionals.length < required.length) {
+    throw usageError(spec, `missing ${required.slice(parsed.positionals.length).join(' ')}`);
   }
   return { help: false, values: parsed.values as ParsedCommand['values'], positionals: parsed.positionals };
 }

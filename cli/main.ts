@@ -181,15 +181,16 @@ async function tinkerCommand(args: ParsedCommand): Promise<number> {
 }
 
 /**
- * The recipe of `rxrl run|trainer|worker|config <recipe> [--set k=v]… [--steps N] [--seed N]`, resolved and
- * validated: the recipe's paths relative to its directory, `--set` paths relative to the working directory; the step
+ * The recipe of `rxrl run|trainer|worker|config <recipe> [--set k=v]… [--steps N] [--seed N]` (a file, or
+ * `rxrl:<name>` for one shipped in the package), resolved and validated: the recipe's paths relative to its directory, `--set` paths relative to the working directory; the step
  * budget and the seed of `--steps`/`--seed`, else of `RXRL_STEPS`/`RXRL_SEED`, win over the recipe and `--set`.
  */
 async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('../lib/config/schema.js').RxrlConfig; dir: string }> {
   const { loadConfig } = await import('../lib/config/schema.js');
   const { recipeDir } = await import('../pipelines/parts/data.js');
   const { basename, extname, resolve } = await import('node:path');
-  const file = args.positionals[0];
+  const { recipeFile } = await import('./bundled.js');
+  const file = recipeFile(args.positionals[0]);
   const set = (args.values.set as string[] | undefined) ?? [];
   const malformedSet = set.find((assignment) => assignment.indexOf('=') <= 0);
   if (malformedSet !== undefined) {
@@ -409,6 +410,23 @@ async function reportCommand(args: ParsedCommand): Promise<number> {
   return 0;
 }
 
+/** `rxrl recipes`: the bundled recipes, one line each. */
+async function recipesCommand(): Promise<number> {
+  const { describeBundledRecipes } = await import('./bundled.js');
+  process.stdout.write(describeBundledRecipes());
+  return 0;
+}
+
+/** `rxrl init [name] [--out FILE]`: copies a bundled recipe into the working directory and says how to run it. */
+async function initCommand(args: ParsedCommand): Promise<number> {
+  const { DEFAULT_INIT_FILE, DEFAULT_INIT_RECIPE, initRecipe } = await import('./bundled.js');
+  const out = text(args, 'out') ?? DEFAULT_INIT_FILE;
+  const path = initRecipe(args.positionals[0] ?? DEFAULT_INIT_RECIPE, out);
+  process.stdout.write(`${path}\n`);
+  process.stderr.write(`rxrl: wrote ${out}; train it with: npx rxrl run ${out}\n`);
+  return 0;
+}
+
 /** Each command's body, given its parsed arguments. */
 const RUNNERS: Readonly<Record<CommandName, (args: ParsedCommand) => Promise<number>>> = {
   start,
@@ -420,6 +438,8 @@ const RUNNERS: Readonly<Record<CommandName, (args: ParsedCommand) => Promise<num
   config: configCommand,
   report: reportCommand,
   status: statusCommand,
+  recipes: recipesCommand,
+  init: initCommand,
 };
 
 /**

@@ -7,7 +7,7 @@
 import type { CommandSpec, FlagSpec } from './args.js';
 
 /** The commands of `rxrl`. */
-export type CommandName = 'start' | 'serve' | 'tinker' | 'run' | 'trainer' | 'worker' | 'config' | 'report' | 'status';
+export type CommandName = 'start' | 'serve' | 'tinker' | 'run' | 'trainer' | 'worker' | 'config' | 'report' | 'status' | 'recipes' | 'init';
 
 /** A command's flags and positionals, and its usage text. */
 export interface CommandUsage extends CommandSpec {
@@ -20,6 +20,9 @@ export interface CommandUsage extends CommandSpec {
 const value: FlagSpec = { type: 'string' };
 const flagSwitch: FlagSpec = { type: 'boolean' };
 const recipe = { flags: { set: { type: 'string', multiple: true } }, positionals: ['<recipe.json|yaml>'] } as const;
+const RECIPE_USAGE = `
+                    <recipe.json|yaml> may also be rxrl:<name>, a recipe shipped in the package
+                    (rxrl recipes lists them)`;
 /** A training run's flags: the recipe's, its step budget and seed, and its status server. */
 const training = {
   ...recipe,
@@ -118,7 +121,23 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
                     train from a recipe: checkpoints, lossless resume (resume.mode auto by default),
                     metrics.jsonl and trained.jsonl in run.dir (default runs/<recipe name>); a multi-agent
                     recipe (agents.environment, agents.roles, policies) trains every policy and saves each one's
-                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)${STEPS_USAGE}${STATUS_USAGE}`,
+                    final weights under run.dir/policies/<name> (a model directory or a PEFT adapter)${RECIPE_USAGE}${STEPS_USAGE}${STATUS_USAGE}`,
+  },
+  recipes: {
+    name: 'rxrl recipes',
+    flags: {},
+    usage: `  rxrl recipes
+                    list the recipes shipped in the package (rxrl:<name>, one line each, and what a recipe needs
+                    beyond the package)`,
+  },
+  init: {
+    name: 'rxrl init',
+    flags: { out: value },
+    positionals: ['[name]'],
+    usage: `  rxrl init [name] [--out FILE]
+                    copy a bundled recipe (default reverse; rxrl recipes lists them) into the working directory
+                    as rxrl-recipe.yaml (or FILE; .json writes JSON) to edit and run with rxrl run FILE; an
+                    existing file is never overwritten`,
   },
   trainer: {
     name: 'rxrl trainer',
@@ -128,7 +147,7 @@ export const COMMANDS: Readonly<Record<CommandName, CommandUsage>> = {
                     kafka.topicPrefix); weights are written to kafka.weightsDir (default <run.dir>/weights), which
                     the workers must be able to read; checkpoints and resume as in 'rxrl run' (a multi-agent
                     recipe: each policy's weights under its name, a LoRA policy's as its adapter alone); its
-                    status shows each worker's heartbeat (kafka.heartbeatMs) and the ones gone${STEPS_USAGE}${STATUS_USAGE}`,
+                    status shows each worker's heartbeat (kafka.heartbeatMs) and the ones gone${RECIPE_USAGE}${STEPS_USAGE}${STATUS_USAGE}`,
   },
   worker: {
     name: 'rxrl worker',

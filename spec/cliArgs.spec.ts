@@ -36,6 +36,17 @@ describe('parseCommand', () => {
     expect(parseCommand(run, ['r.yaml', '--set', 'a=1', '--set=b=2', '--set', 'a=3']).values.set).toEqual(['a=1', 'b=2', 'a=3']);
   });
 
+  it('takes an optional positional ([name]) when given and does without it, still refusing one too many', () => {
+    const init: CommandSpec = { name: 'rxrl init', flags: { out: { type: 'string' } }, positionals: ['[name]'] };
+    expect(parseCommand(init, []).positionals).toEqual([]);
+    expect(parseCommand(init, ['reverse', '--out', 'r.yaml'])).toEqual({
+      help: false,
+      values: { out: 'r.yaml' },
+      positionals: ['reverse'],
+    });
+    expect(() => parseCommand(init, ['a', 'b'])).toThrow("rxrl init: unexpected argument 'b' (see rxrl init --help)");
+  });
+
   it('refuses an unknown flag, a missing or empty value, a value on a switch, and a wrong number of arguments, naming each', () => {
     const cases: [string[], string][] = [
       [['r.yaml', '--stpes', '3'], "rxrl run: unknown option '--stpes' (see rxrl run --help)"],
