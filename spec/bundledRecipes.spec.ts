@@ -145,7 +145,7 @@ describe('bundled recipes', () => {
     expect(config.stdout).toContain(join(cwd, 'runs', 'reverse'));
     const unknown = await rxrl(['run', 'rxrl:nope'], cwd);
     expect(unknown.code).toBe(2);
-    expect(unknown.stderr).toMatch(/^rxrl: UsageError: no bundled recipe 'rxrl:nope'/);
+    expect(unknown.stderr).toMatch(/^rxrl: UsageError: rxrl run: no bundled recipe 'rxrl:nope' .* \(see rxrl run --help\)\n$/);
     expect((await rxrl(['run', '--help'], cwd)).stdout).toContain('may also be rxrl:<name>');
   }, 120_000);
 });

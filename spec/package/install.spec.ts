@@ -226,7 +226,7 @@ describe('the packed package', () => {
     expect(config.code, show('rxrl config rxrl-recipe.yaml', config)).toBe(0);
     const unknown = await rxrl('run', 'rxrl:nope');
     expect(unknown.code).toBe(2);
-    expect(unknown.stderr).toMatch(/^rxrl: UsageError: no bundled recipe 'rxrl:nope' \(bundled: rxrl:reverse, /);
+    expect(unknown.stderr).toMatch(/^rxrl: UsageError: rxrl run: no bundled recipe 'rxrl:nope' \(bundled: rxrl:reverse, /);
     // A recipe whose model the package cannot ship fails in one line that names where the model was looked for.
     const home = await mkdtemp(join(work, 'home-'));
     const smol = await exec(join(project, 'node_modules', '.bin', 'rxrl'), ['run', 'rxrl:smollm2-arithmetic', '--set', 'run.steps=1'], {
