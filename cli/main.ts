@@ -11,9 +11,7 @@ import { printable } from '../lib/observe/terminal.js';
 
 /** A string flag's value, else the environment variable `env`'s (when given), else undefined. */
 function text(args: ParsedCommand, name: string, env?: string): string | undefined {
-  const value = args.values[name];
-  if (typeof value === 'string') return value;
-  return env === undefined ? undefined : process.env[env];
+  return setting(args, name, env)?.value;
 }
 
 /** A flag's value as given: on the command line (`--steps`), else in its environment variable (`RXRL_STEPS`). */
@@ -192,12 +190,6 @@ async function resolvedConfig(args: ParsedCommand): Promise<{ config: import('..
   const { recipeFile } = await import('./bundled.js');
   const file = recipeFile(args.positionals[0]);
   const set = (args.values.set as string[] | undefined) ?? [];
-  const malformedSet = set.find((assignment) => assignment.indexOf('=') <= 0);
-  if (malformedSet !== undefined) {
-    throw new UsageError(`--set must be key=value (e.g. --set trainer.learningRate=1e-5), got '${malformedSet}'`, {
-      context: { flag: '--set' },
-    });
-  }
   const steps = integer(setting(args, 'steps', 'RXRL_STEPS'));
   const seed = integer(setting(args, 'seed', 'RXRL_SEED'));
   const overrides = [...(steps === undefined ? [] : [`run.steps=${steps}`]), ...(seed === undefined ? [] : [`run.seed=${seed}`])];

@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { extname } from 'node:path';
 import convict from 'convict';
 import { parse as parseYaml } from 'yaml';
-import { ConfigError } from '../core/errors.js';
+import { ConfigError, UsageError } from '../core/errors.js';
 import { parseShardSize } from '../core/sizes.js';
 import { unknownKeyProblem, unknownKeys } from './keys.js';
 import { resolveSetPath } from './paths.js';
@@ -804,8 +804,11 @@ export function loadConfig(options: LoadConfigOptions = {}): RxrlConfig {
   }
   for (const assignment of options.set ?? []) {
     const eq = assignment.indexOf('=');
+    // The command line's own form: a usage error (the CLI names its command and exits 2).
     if (eq <= 0) {
-      throw new ConfigError(`--set ${assignment}: not key=value (e.g. --set trainer.learningRate=1e-5)`, { context: { set: assignment } });
+      throw new UsageError(`--set must be key=value (e.g. --set trainer.learningRate=1e-5), got '${assignment}'`, {
+        context: { flag: '--set' },
+      });
     }
     const key = assignment.slice(0, eq);
     if (!schemaKeys.has(key)) throw new ConfigError(unknownKeyProblem(key, schemaKeys), { context: { key, set: assignment } });

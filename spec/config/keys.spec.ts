@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 
 import { FOREIGN_KEYS, editDistance, foreignKey, nearestKeys, unknownKeyProblem, unknownKeys } from '../../lib/config/keys.js';
 import { SCHEMA, loadConfig } from '../../lib/config/schema.js';
-import { ConfigError } from '../../lib/core/errors.js';
+import { ConfigError, UsageError } from '../../lib/core/errors.js';
 
 /** Every leaf key of the schema, as `--set` names it. */
 function leaves(tree: object, prefix = ''): string[] {
@@ -161,9 +161,15 @@ describe('loadConfig: unknown keys in a recipe and in --set', () => {
     expect(refusal(() => loadConfig({ env: {}, set: ['beta=0.04'] }))).toMatch(
       /^config: 'beta' is TRL's name; in rxrl it is 'trainer\.klLoss\.coef'/,
     );
-    expect(refusal(() => loadConfig({ env: {}, set: ['norun'] }))).toBe(
-      '--set norun: not key=value (e.g. --set trainer.learningRate=1e-5)',
-    );
+    // Not key=value at all: the command line's form is wrong, a usage error (the CLI exits 2).
+    let malformed: unknown;
+    try {
+      loadConfig({ env: {}, set: ['norun'] });
+    } catch (error) {
+      malformed = error;
+    }
+    expect(malformed).toBeInstanceOf(UsageError);
+    expect((malformed as Error).message).toBe("--set must be key=value (e.g. --set trainer.learningRate=1e-5), got 'norun'");
     expect(loadConfig({ env: {}, set: ['trainer.learningRate=1e-5'] }).trainer.learningRate).toBe(1e-5);
   });
 });
