@@ -6,7 +6,7 @@
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { SCHEMA } from './schema.js';
+import { SCHEMA, schemaLeaves } from './schema.js';
 
 /** Where the reference is written, relative to the repository root. */
 export const CONFIG_REFERENCE_FILE = 'docs/configuration-reference.md';
@@ -52,18 +52,6 @@ export interface ConfigKey {
 }
 
 /** A leaf of the schema as it is read here: convict's own fields. */
-interface Leaf {
-  readonly doc: string;
-  readonly format: unknown;
-  readonly default: unknown;
-  readonly env?: string;
-  readonly sensitive?: boolean;
-}
-
-function isLeaf(node: object): node is Leaf {
-  return typeof (node as { doc?: unknown }).doc === 'string' && 'format' in node && 'default' in node;
-}
-
 /** The words for a leaf's format: a registered format's text, a list of allowed values, or any string. */
 function formatText(key: string, format: unknown): string {
   if (format === String) return 'string';
@@ -83,27 +71,19 @@ function formatText(key: string, format: unknown): string {
  * @throws Error naming the key for a leaf without doc text or with a format the reference has no words for.
  */
 export function configKeys(schema: object = SCHEMA): ConfigKey[] {
-  const keys: ConfigKey[] = [];
-  const walk = (node: object, path: readonly string[]): void => {
-    for (const [name, child] of Object.entries(node) as [string, object][]) {
-      const key = [...path, name].join('.');
-      if (!isLeaf(child)) {
-        walk(child, [...path, name]);
-        continue;
-      }
-      if (child.doc.trim() === '') throw new Error(`${key}: the schema gives no doc text (add one in lib/config/schema.ts)`);
-      keys.push({
-        key,
-        format: formatText(key, child.format),
-        default: JSON.stringify(child.default),
-        env: child.env,
-        sensitive: child.sensitive === true,
-        doc: child.doc.trim(),
-      });
+  return schemaLeaves(schema).map(({ key, leaf }) => {
+    if (typeof leaf.doc !== 'string' || leaf.doc.trim() === '') {
+      throw new Error(`${key}: the schema gives no doc text (add one in lib/config/schema.ts)`);
     }
-  };
-  walk(schema, []);
-  return keys;
+    return {
+      key,
+      format: formatText(key, leaf.format),
+      default: JSON.stringify(leaf.default),
+      env: leaf.env,
+      sensitive: leaf.sensitive === true,
+      doc: leaf.doc.trim(),
+    };
+  });
 }
 
 /** Text made safe for a Markdown table cell. */

@@ -211,7 +211,7 @@ convict.addParser([
  * (any string, empty too), and a default: its type is checked against the format's where {@link loadConfig} hands
  * SCHEMA to convict, its value by convict's validation of every load.
  */
-interface SchemaLeaf {
+export interface SchemaLeaf {
   readonly doc: string;
   readonly format: FormatName | readonly string[] | StringConstructor;
   readonly default: unknown;
@@ -1014,14 +1014,21 @@ function parseSetValue(raw: string): unknown {
   }
 }
 
-function leafKeys(schema: object, prefix = ''): Set<string> {
-  const out = new Set<string>();
-  for (const [key, value] of Object.entries(schema)) {
-    const path = prefix ? `${prefix}.${key}` : key;
-    if (typeof value === 'object' && value !== null && !('doc' in value)) for (const k of leafKeys(value, path)) out.add(k);
-    else out.add(path);
-  }
-  return out;
+function leafKeys(schema: object): Set<string> {
+  return new Set(schemaLeaves(schema).map(({ key }) => key));
+}
+
+/**
+ * Every leaf of a schema (a node with `doc`) under its dotted key, in the schema's order: what `--set` and a recipe
+ * may name, and what the configuration reference lists.
+ *
+ * @param schema - a convict schema of nested groups and leaves.
+ */
+export function schemaLeaves(schema: object, prefix = ''): { key: string; leaf: SchemaLeaf }[] {
+  return Object.entries(schema).flatMap(([name, node]: [string, object]) => {
+    const key = prefix ? `${prefix}.${name}` : name;
+    return typeof node === 'object' && node !== null && !('doc' in node) ? schemaLeaves(node, key) : [{ key, leaf: node as SchemaLeaf }];
+  });
 }
 
 /** The configuration as JSON, secrets masked by the one rule of {@link redactSecrets} (MLflow's params follow it too). */
