@@ -346,6 +346,11 @@ export const SCHEMA = {
     },
     temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
     topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
+    ignoreEos: {
+      doc: "Stop tokens end no response: every sample runs to rollout.maxTokens (finish reason 'length'), as vLLM's ignore_eos.",
+      format: 'flag',
+      default: false,
+    },
     weightSync: {
       doc: 'In-flight generations on a new version: continue, or interrupt and resume.',
       format: ['continue', 'interrupt'],
