@@ -50,6 +50,9 @@ describe('loadConfig', () => {
     expect(loopSettings(set).ignoreEos).toBe(true);
     expect(loopSettings(loadConfig({ env: {} })).ignoreEos).toBe(false);
     expect(rejection(() => loadConfig({ values: { rollout: { ignoreEos: 'yes' } }, env: {} })).message).toMatch(/rollout\.ignoreEos/);
+    expect(rejection(() => loadConfig({ values: { rollout: { ignoreEos: true, agent: { command: 'a' } } }, env: {} })).message).toMatch(
+      /rollout\.ignoreEos: not with rollout\.agent/,
+    );
   });
 
   it('rejects a wrong type, naming the key', () => {
