@@ -21,6 +21,11 @@ export interface RolloutOptions {
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
   readonly topP?: number | undefined;
+  /**
+   * Stop tokens end no response: every generation runs to `maxTokens` (finish reason `length`), as vLLM's
+   * `ignore_eos`. Default false.
+   */
+  readonly ignoreEos?: boolean | undefined;
   /** Base seed; each sample's seed is derived from it, its group id and run id. Default 0. */
   readonly seed?: number | undefined;
   /** Tag written on trajectories. Default `engine.modelTag`. */
@@ -117,6 +122,7 @@ async function generateAndScore(
       maxTokens: options.maxTokens,
       temperature: options.temperature ?? 1,
       topP: options.topP ?? 1,
+      ignoreEos: options.ignoreEos ?? false,
     },
     signal,
   );

@@ -33,6 +33,11 @@ export interface RolloutEpisodesOptions {
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
   readonly topP?: number | undefined;
+  /**
+   * Stop tokens end no response: every generation runs to `maxTokens` (finish reason `length`), as vLLM's
+   * `ignore_eos`. Default false.
+   */
+  readonly ignoreEos?: boolean | undefined;
   /** Base seed; each turn's seed is derived from it, its slot's group id and the run id. Default 0. */
   readonly seed?: number | undefined;
   /** One trajectory per (agent, turn) or per agent. Default `turn`. */
@@ -208,7 +213,7 @@ async function playEpisode(
           maxTokens: options.maxTokens,
           temperature: options.temperature ?? 1,
           topP: options.topP ?? 1,
-          stopTokens: engine.tokenizer.stopIds,
+          stopTokens: options.ignoreEos === true ? [] : engine.tokenizer.stopIds,
           seed: hashSeed(seed, `${taskGroup}/${agent}/${turn}`, String(runId)),
         },
       ],

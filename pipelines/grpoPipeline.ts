@@ -79,6 +79,11 @@ export interface LoopSettings {
   readonly temperature?: number | undefined;
   /** Nucleus mass. Default 1. */
   readonly topP?: number | undefined;
+  /**
+   * Stop tokens end no response: every sample generates exactly `maxTokens` tokens (finish reason `length`), as
+   * vLLM's `ignore_eos`. Default false.
+   */
+  readonly ignoreEos?: boolean | undefined;
   /** Stop after this many train steps, admitting at most `steps · generationBatchSize` tasks (0 or absent: when the loader is exhausted). */
   readonly steps?: number | undefined;
   /** Base seed of the sampling streams. Default 0. */
@@ -188,6 +193,7 @@ export function grpoPipeline(config: GrpoPipelineConfig): Observable<StepResult>
         maxTokens: config.maxTokens,
         temperature: config.temperature,
         topP: config.topP,
+        ignoreEos: config.ignoreEos,
         seed: config.seed,
         modelTag,
         ...(config.worker ? { worker: config.worker } : {}),

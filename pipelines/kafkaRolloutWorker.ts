@@ -425,7 +425,8 @@ class WorkerRun {
   private sampler(m: TaskMessage, engines: ReadonlyMap<ModelTag, LocalEngine>, engine: LocalEngine): OperatorFunction<Task, RolloutOutput> {
     const { config } = this;
     const { episodes } = config;
-    const sampling = { maxTokens: m.sampling.maxTokens, temperature: m.sampling.temperature, topP: m.sampling.topP, seed: m.sampling.seed };
+    const { maxTokens, temperature, topP, seed, ignoreEos } = m.sampling;
+    const sampling = { maxTokens, temperature, topP, seed, ignoreEos: ignoreEos === true };
     if (episodes) {
       return rolloutEpisodes(engines, {
         environment: episodes.environment,

@@ -171,7 +171,13 @@ export function kafkaTrainer(config: KafkaTrainerConfig): Observable<PolicyStepR
       producer: link.producer,
       run,
       slots,
-      sampling: { maxTokens: config.maxTokens, temperature: config.temperature ?? 1, topP: config.topP ?? 1, seed: config.seed ?? 0 },
+      sampling: {
+        maxTokens: config.maxTokens,
+        temperature: config.temperature ?? 1,
+        topP: config.topP ?? 1,
+        seed: config.seed ?? 0,
+        ...(config.ignoreEos === true ? { ignoreEos: true } : {}),
+      },
       // Topics, producer, LoRA bases and first versions, before the first task goes out.
       open: async () => {
         await link.open(topics, config.partitions);

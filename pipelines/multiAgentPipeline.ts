@@ -96,6 +96,7 @@ export function multiAgentPipeline(config: MultiAgentPipelineConfig): Observable
         maxTokens: config.maxTokens,
         temperature: config.temperature,
         topP: config.topP,
+        ignoreEos: config.ignoreEos,
         seed: config.seed,
         granularity,
         ...(config.episodeTimeoutMs === undefined ? {} : { episodeTimeoutMs: config.episodeTimeoutMs }),

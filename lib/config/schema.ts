@@ -346,6 +346,11 @@ export const SCHEMA = {
     },
     temperature: { doc: 'Sampling temperature.', format: 'non-negative-number', default: 1 },
     topP: { doc: 'Nucleus sampling mass.', format: 'unit-interval', default: 1 },
+    ignoreEos: {
+      doc: "Stop tokens end no training sample: each runs to rollout.maxTokens (finish reason 'length'), as vLLM's ignore_eos; not with rollout.agent.",
+      format: 'flag',
+      default: false,
+    },
     weightSync: {
       doc: 'In-flight generations on a new version: continue, or interrupt and resume.',
       format: ['continue', 'interrupt'],
@@ -858,6 +863,8 @@ function requireWhen(c: RxrlConfig): void {
   if ((c.rollout.agent.command !== null || c.rollout.agent.module !== null) && c.rollout.worker.module !== null) {
     missing.push('rollout.agent: an agent is the rollout worker; leave rollout.worker.module unset');
   }
+  if (c.rollout.ignoreEos && (c.rollout.agent.command !== null || c.rollout.agent.module !== null))
+    missing.push("rollout.ignoreEos: not with rollout.agent (an agent's turns end at the model's stop tokens)");
   if (c.rollout.chatTemplate === 'model' && c.model.path === null)
     missing.push("model.path: required when rollout.chatTemplate is 'model'");
   try {

@@ -137,6 +137,8 @@ interface TokenIdExtensions {
   return_tokens_as_token_ids?: boolean;
   return_token_ids?: boolean;
   stop_token_ids?: number[];
+  /** vLLM's and SGLang's: the model's end-of-sequence tokens end no completion. */
+  ignore_eos?: boolean;
 }
 
 /** Fields an rxrl or vLLM server may add to a response. */
@@ -438,6 +440,8 @@ export class OpenAIEngine implements RolloutEngine, ChatEngine {
       logprobs: 0,
       ...(request.seed === undefined ? {} : { seed: request.seed }),
       ...(request.stopTokens === undefined ? {} : { stop_token_ids: [...request.stopTokens] }),
+      // No stop tokens: the server's own end-of-sequence tokens must not end the completion either.
+      ...(request.stopTokens?.length === 0 ? { ignore_eos: true } : {}),
       return_tokens_as_token_ids: true,
     };
     const startVersion = this.current;

@@ -36,6 +36,11 @@ export interface RolloutWorkerInput {
   readonly temperature: number;
   /** Nucleus mass. */
   readonly topP: number;
+  /**
+   * Stop tokens end no generation: each runs to `maxTokens` (finish reason `length`), as vLLM's `ignore_eos`.
+   * Absent: false.
+   */
+  readonly ignoreEos?: boolean;
 }
 
 /** One unscored sample: the token-level record a trajectory needs, and the text to score. */
@@ -71,8 +76,8 @@ export type RolloutWorker = (input: RolloutWorkerInput, signal: AbortSignal) => 
 
 /**
  * The default worker: one completion of the task's prompt (encoded with the tokenizer's own special tokens, such
- * as a leading BOS) from the engine, stopping at any of the tokenizer's `stopIds`, every response token trained
- * on. The response text is decoded without special tokens.
+ * as a leading BOS) from the engine, stopping at any of the tokenizer's `stopIds` (at none with `ignoreEos`), every
+ * response token trained on. The response text is decoded without special tokens.
  */
 export const singleTurnWorker: RolloutWorker = async (input, signal) =>
   completeOnce(input, input.engine.tokenizer.encode(input.task.prompt, { addBos: true }), signal);
@@ -170,7 +175,7 @@ async function completeOnce(input: RolloutWorkerInput, promptTokens: number[], s
         maxTokens: input.maxTokens,
         temperature: input.temperature,
         topP: input.topP,
-        stopTokens: engine.tokenizer.stopIds,
+        stopTokens: input.ignoreEos === true ? [] : engine.tokenizer.stopIds,
         seed: input.seed,
       },
     ],

@@ -69,6 +69,8 @@ export function encodeTaskMessage(message: TaskMessage): Uint8Array {
       temperature: finite(sampling.temperature, 'sampling.temperature'),
       topP: finite(sampling.topP, 'sampling.topP'),
       seed: finite(sampling.seed, 'sampling.seed'),
+      // Written only when set, so a record without it is byte for byte what writers before the field wrote.
+      ...(sampling.ignoreEos === true ? { ignoreEos: true } : {}),
     },
     task: taskInit(message.task),
   });
@@ -80,7 +82,7 @@ export function decodeTaskMessage(bytes: Uint8Array): TaskMessage {
   const { sampling } = record;
   if (record.samples < 1) throw fail('samples', 'a task needs at least one sample');
   if (sampling === undefined) throw fail('sampling', 'missing');
-  const { maxTokens, temperature, topP, seed } = sampling;
+  const { maxTokens, temperature, topP, seed, ignoreEos } = sampling;
   if (!(temperature >= 0 && Number.isFinite(temperature))) {
     throw fail('sampling.temperature', `temperature ${temperature} is negative or not finite`);
   }
@@ -91,7 +93,7 @@ export function decodeTaskMessage(bytes: Uint8Array): TaskMessage {
     index: record.index,
     minVersion: record.minVersion,
     samples: record.samples,
-    sampling: { maxTokens, temperature, topP, seed },
+    sampling: { maxTokens, temperature, topP, seed, ...(ignoreEos === true ? { ignoreEos } : {}) },
     task: taskOf(record.task, 'task'),
   };
 }

@@ -76,6 +76,11 @@ export interface TaskSampling {
   readonly topP: number;
   /** Base seed; each sample's seed derives from it, its group id and its run id. */
   readonly seed: number;
+  /**
+   * Stop tokens end no response: every sample runs to `maxTokens` (finish reason `length`), as vLLM's `ignore_eos`.
+   * Absent: false (records written before the field existed, and by writers that leave it out, read as false).
+   */
+  readonly ignoreEos?: boolean;
 }
 
 /** A rollout output (a trajectory or a failed sample) on the `trajectories` topic. */

@@ -34,8 +34,8 @@ export function checkModel(ctx: ServeContext, body: JsonObject): ServeContext {
 
 /**
  * Reads and validates `n`, `temperature`, `top_p`, `seed`, `stop` and the vLLM extensions; refuses penalties and
- * logit bias. Generation always stops at the tokenizer's `stopIds`, at one-token stop strings and at
- * `stop_token_ids`.
+ * logit bias. Generation stops at the tokenizer's `stopIds` (unless `ignore_eos`, vLLM's: then it runs to `max_tokens`
+ * past them), at one-token stop strings and at `stop_token_ids`.
  */
 export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
   refuse(body, 'presence_penalty', (v) => v === 0, 'penalties');
@@ -53,13 +53,14 @@ export function readSampling(ctx: ServeContext, body: JsonObject): Sampling {
       return [];
     }
   });
+  const ignoreEos = readBoolean(body, 'ignore_eos', false);
   return {
     n,
     temperature: readNumber(body, 'temperature', 0, 2, 1),
     topP: readNumber(body, 'top_p', 0, 1, 1, true),
     seed: readInteger(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
     stop,
-    stopTokens: [...new Set([...ctx.tokenizer.stopIds, ...single, ...readTokenIds(body, 'stop_token_ids', V)])],
+    stopTokens: [...new Set([...(ignoreEos ? [] : ctx.tokenizer.stopIds), ...single, ...readTokenIds(body, 'stop_token_ids', V)])],
     tokensAsIds: readBoolean(body, 'return_tokens_as_token_ids', false),
     returnTokenIds: readBoolean(body, 'return_token_ids', false),
     includeStop: readBoolean(body, 'include_stop_str_in_output', false),

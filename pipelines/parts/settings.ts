@@ -69,6 +69,7 @@ export function loopSettings(config: Pick<RxrlConfig, 'algorithm' | 'rollout' | 
     groupSize: config.rollout.groupSize,
     temperature: config.rollout.temperature,
     topP: config.rollout.topP,
+    ignoreEos: config.rollout.ignoreEos,
     seed: config.run.seed,
     advantage: {
       normalizeByStd: config.algorithm.normalizeByStd,

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { describeConfig, loadConfig } from '../../lib/config/schema.js';
 import { ConfigError } from '../../lib/core/errors.js';
+import { loopSettings } from '../../pipelines/parts/settings.js';
 
 /** The ConfigError a load raises (fails the test if it does not raise one). */
 function rejection(load: () => unknown): ConfigError {
@@ -39,6 +40,19 @@ describe('loadConfig', () => {
     const file = join(dir, 'recipe.yaml');
     await writeFile(file, 'sync:\n  mode: fully-async\n  capacity: 64\nrollout:\n  groupSize: 4\n');
     expect(loadConfig({ file, env: {} })).toMatchObject({ sync: { mode: 'fully-async', capacity: 64 }, rollout: { groupSize: 4 } });
+  });
+
+  it('rollout.ignoreEos: false by default; true from a recipe or --set; a non-boolean refused; into the loop settings', () => {
+    expect(loadConfig({ env: {} }).rollout.ignoreEos).toBe(false);
+    expect(loadConfig({ values: { rollout: { ignoreEos: true } }, env: {} }).rollout.ignoreEos).toBe(true);
+    const set = loadConfig({ set: ['rollout.ignoreEos=true'], env: {} });
+    expect(set.rollout.ignoreEos).toBe(true);
+    expect(loopSettings(set).ignoreEos).toBe(true);
+    expect(loopSettings(loadConfig({ env: {} })).ignoreEos).toBe(false);
+    expect(rejection(() => loadConfig({ values: { rollout: { ignoreEos: 'yes' } }, env: {} })).message).toMatch(/rollout\.ignoreEos/);
+    expect(rejection(() => loadConfig({ values: { rollout: { ignoreEos: true, agent: { command: 'a' } } }, env: {} })).message).toMatch(
+      /rollout\.ignoreEos: not with rollout\.agent/,
+    );
   });
 
   it('rejects a wrong type, naming the key', () => {

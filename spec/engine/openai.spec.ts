@@ -95,6 +95,33 @@ describe('OpenAIEngine against rxrl serve', () => {
     }
   });
 
+  it('no stop tokens: sends ignore_eos, so the server runs past its end-of-sequence token to max_tokens', async () => {
+    const { engine } = await start(PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, writeAt(4, 'dcba'))));
+    const prompt = tokenizer.encode('ab=', { addBos: true });
+    const scripted = [...tokenizer.encode('dcba'), tokenizer.eosId];
+    const [stopped, running] = await engine.generate([
+      { promptTokens: prompt, maxTokens: 8, seed: 1 },
+      { promptTokens: prompt, maxTokens: 8, seed: 1, stopTokens: [] },
+    ]);
+    expect(stopped).toMatchObject({ tokens: scripted, finishReason: 'stop' });
+    // rxrl serve stops at its tokenizer's stop ids whatever stop_token_ids says, unless the body has ignore_eos.
+    expect(running.finishReason).toBe('length');
+    expect(running.tokens).toHaveLength(8);
+    expect(running.tokens.slice(0, 5)).toEqual(scripted);
+    const out = await lastValueFrom(
+      from([{ id: 'abcd', prompt: 'ab=', answer: 'dcba' }]).pipe(
+        rollout(engine, { samplesPerTask: 2, concurrency: 2, maxTokens: 7, evaluator: partialCreditEvaluator, ignoreEos: true }),
+        toArray(),
+      ),
+    );
+    expect(out.filter(isSampleFailure)).toEqual([]);
+    for (const t of out as Trajectory[]) {
+      expect(t.finishReason).toBe('length');
+      expect(t.responseTokens).toHaveLength(7);
+      expect(t.responseTokens.slice(0, 5)).toEqual(scripted);
+    }
+  });
+
   it('chats: parsed tool calls, prompt token ids and per-token log-probs', async () => {
     const { engine } = await start(
       PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, mergeScripts(writeAt(5, 'calc(2+3)'), writeAt(17, '5')))),

@@ -184,6 +184,24 @@ describe('codec: tasks', () => {
     expect(decodeTaskMessage(encodeTaskMessage(big))).toEqual(big);
   });
 
+  it('carries sampling.ignoreEos when set; without it (or false) the record is what writers before the field wrote', () => {
+    const ignoring: TaskMessage = { ...taskMessage, sampling: { ...taskMessage.sampling, ignoreEos: true } };
+    expect(decodeTaskMessage(encodeTaskMessage(ignoring))).toEqual(ignoring);
+    expect(decodeTaskMessage(encodeTaskMessage(ignoring)).sampling.ignoreEos).toBe(true);
+    const before = encodeTaskMessage(taskMessage);
+    expect(encodeTaskMessage({ ...taskMessage, sampling: { ...taskMessage.sampling, ignoreEos: false } })).toEqual(before);
+    expect(Object.keys(decodeTaskMessage(before).sampling)).toEqual(['maxTokens', 'temperature', 'topP', 'seed']);
+    // Field 5 of Sampling, a varint: the only bytes the field adds.
+    expect(encodeTaskMessage(ignoring).length - before.length).toBe(2);
+    expect(pb.decodeTaskRecord(encodeTaskMessage(ignoring)).sampling).toMatchObject({ ignoreEos: true });
+    // Written as false by another writer: read as not set.
+    const explicitFalse = pb.encodeTaskRecord({
+      ...pb.decodeTaskRecord(before),
+      sampling: { ...pb.decodeTaskRecord(before).sampling!, ignoreEos: false },
+    });
+    expect(decodeTaskMessage(explicitFalse)).toEqual(taskMessage);
+  });
+
   it('keeps text as it was: non-ASCII, long, and a leading U+FEFF (a byte-order mark is not dropped)', () => {
     for (const prompt of ['\uFEFFabc', '\uFEFF', 'é'.repeat(100), `\uFEFF${'x'.repeat(100)}`, '😀 ∑ \u0000 end']) {
       const message: TaskMessage = { ...taskMessage, task: { id: 't', prompt, answer: prompt } };

@@ -1,10 +1,15 @@
 import { firstValueFrom, from, lastValueFrom, take, toArray } from 'rxjs';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { rollout } from '../../operators/rollout.js';
 import { ConfigError, EngineError, EvaluationError } from '../../lib/core/errors.js';
 import type { Evaluator } from '../../lib/core/evaluator.js';
 import { isSampleFailure, type RolloutOutput, type Trajectory } from '../../lib/core/types.js';
+import { LocalEngine } from '../../lib/engine/local.js';
+import { initBackend } from '../../lib/model/backend.js';
+import { CharTokenizer } from '../../lib/model/tokenizer.js';
+import { PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { ScriptedEngine, task } from '../helpers/fixtures.js';
+import { scriptedWeights, writeAt } from '../helpers/scripted.js';
 
 const exact: Evaluator = { evaluate: (t, response) => ({ reward: response === t.answer ? 1 : 0, metrics: { len: response.length } }) };
 
@@ -187,5 +192,48 @@ describe('rollout', () => {
     await expect(done).rejects.toMatchObject({ name: 'AbortError' });
     expect(() => rollout(engine, { samplesPerTask: 0, concurrency: 1, maxTokens: 1, evaluator: exact })).toThrow(ConfigError);
     expect(() => rollout(engine, { samplesPerTask: 1, concurrency: Infinity, maxTokens: 1, evaluator: exact })).toThrow(ConfigError);
+  });
+});
+
+describe('rollout with ignoreEos, on an in-process engine', () => {
+  const tokenizer = new CharTokenizer();
+  const config: PolicyConfig = { vocabSize: tokenizer.vocabSize, dModel: 32, nLayers: 1, nHeads: 2, dFF: 32, maxSeqLen: 32 };
+  const noReward: Evaluator = { evaluate: () => ({ reward: 0 }) };
+
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: { info: () => undefined } });
+  });
+
+  /** Samples of 'ab=' from a real model that writes 'dcba' then its stop token (eos), with probability ≈ 1. */
+  async function samples(ignoreEos: boolean | undefined): Promise<Trajectory[]> {
+    const model = PolicyModel.fromWeights(config, scriptedWeights(config, tokenizer, writeAt(4, 'dcba')));
+    try {
+      const engine = new LocalEngine(model, { tokenizer });
+      const out = await lastValueFrom(
+        from([{ id: 't', prompt: 'ab=' }]).pipe(
+          rollout(engine, { samplesPerTask: 4, concurrency: 4, maxTokens: 9, evaluator: noReward, ignoreEos }),
+          toArray(),
+        ),
+      );
+      expect(out.filter(isSampleFailure)).toEqual([]);
+      return out as Trajectory[];
+    } finally {
+      model.dispose();
+    }
+  }
+
+  it('without it a sample ends at the stop token; with it every sample runs to exactly maxTokens past it', async () => {
+    const scripted = [...tokenizer.encode('dcba'), tokenizer.eosId];
+    for (const stopping of [await samples(undefined), await samples(false)]) {
+      for (const t of stopping) expect(t).toMatchObject({ responseTokens: scripted, finishReason: 'stop' });
+    }
+    const running = await samples(true);
+    expect(running).toHaveLength(4);
+    for (const t of running) {
+      expect(t.finishReason).toBe('length');
+      expect(t.responseTokens).toHaveLength(9);
+      expect(t.responseTokens.slice(0, 5)).toEqual(scripted);
+      expect(t.logprobs).toHaveLength(9);
+    }
   });
 });

@@ -190,6 +190,26 @@ describe('rolloutEpisodes', () => {
     expect(engine.maxInFlight).toBe(3);
   });
 
+  it("asks each turn to stop at the tokenizer's stop ids, or, with ignoreEos, at none (each turn runs to maxTokens)", async () => {
+    for (const ignoreEos of [undefined, false, true]) {
+      const stops: (readonly number[] | undefined)[] = [];
+      const engine = new ScriptedEngine((request) => {
+        stops.push(request.stopTokens);
+        return { tokens: [3, 2], logprobs: [-1, -1], finishReason: 'stop', policyVersion: 0 };
+      });
+      await play(
+        [task('t1')],
+        { ignoreEos },
+        new Map([
+          ['w', engine],
+          ['e', engine],
+        ]),
+      );
+      expect(stops).toHaveLength(2 * 3);
+      for (const stop of stops) expect(stop).toEqual(ignoreEos === true ? [] : engine.tokenizer.stopIds);
+    }
+  });
+
   it('rejects an agent without an engine, a duplicate agent and an unknown granularity', () => {
     const engines = new Map([['w', echo()]]);
     const base = { environment: env(), samplesPerTask: 1, concurrency: 1, maxTokens: 2 };

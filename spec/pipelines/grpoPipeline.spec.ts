@@ -81,6 +81,33 @@ describe.each(SPEC_BACKENDS)('grpoPipeline (%s backend)', (backend) => {
     dispose();
   });
 
+  it('ignoreEos: every trained sample ran to maxTokens, whatever tokens it sampled', async () => {
+    const { trainer, engine, trained, dispose } = setup();
+    try {
+      await lastValueFrom(
+        grpoPipeline({
+          tasks: task.train,
+          engines: [engine],
+          trainer,
+          evaluator: task.evaluator,
+          batchSize: 2,
+          groupSize: 4,
+          maxTokens: 5,
+          ignoreEos: true,
+          steps: 2,
+        }).pipe(toArray()),
+      );
+      expect(trained).toHaveLength(2);
+      for (const batch of trained) {
+        expect(batch.responseLength).toBe(5);
+        expect(batch.meta.finishReasons).toEqual(Array.from({ length: batch.size }, () => 'length'));
+        expect(batch.responseMask.every((m) => m === 1)).toBe(true);
+      }
+    } finally {
+      dispose();
+    }
+  });
+
   it('cancels on abort: the stream completes, rollouts stop, and no tensor is left behind', async () => {
     const tensors = tf.memory().numTensors;
     const { trainer, engine, dispose } = setup();

@@ -218,6 +218,7 @@ function validCompletion(rng: Rng): Json {
   if (chance(rng, 0.2)) body.return_token_ids = true;
   if (chance(rng, 0.2)) body.return_tokens_as_token_ids = chance(rng, 0.5);
   if (chance(rng, 0.1)) body.include_stop_str_in_output = true;
+  if (chance(rng, 0.1)) body.ignore_eos = true;
   if (chance(rng, 0.1))
     Object.assign(body, { echo: false, stream: false, best_of: body.n ?? 1, logit_bias: {}, presence_penalty: 0, suffix: '' });
   return body;
@@ -285,6 +286,7 @@ const COMPLETION_KEYS = [
   'return_token_ids',
   'return_tokens_as_token_ids',
   'include_stop_str_in_output',
+  'ignore_eos',
   'user',
   '__proto__',
 ];
