@@ -1,7 +1,7 @@
 /**
  * `npm run bench -- trl [--steps 50] [--seed 1 | --seeds 1,2,3] [--recipe recipes/smollm2-arithmetic.yaml]
  * [--out runs/bench-trl] [--threads 2] [--only rxrl|trl] [--backend tensorflow] [--val-every 10] [--target 0.75]
- * [--paired [--sampling-seed N]] [--set key=value ...]`
+ * [--paired [--sampling-seed N]] [--equal-work] [--set key=value ...]`
  *
  * rxrl beside TRL on the same GRPO run. From one recipe (by default SmolLM2-135M-Instruct learning arithmetic with
  * a LoRA adapter; build the model first with `npm run model:smollm2`):
@@ -27,18 +27,26 @@
  *    held-out reward first reached `--target`, null if it never did). A step's seconds leave validation out on both
  *    sides: TRL's clock restarts after it; rxrl's validation between steps delays the next step's wait, and its
  *    `timing/val_s` is taken back out of that step's wait and total;
- * 5. measures, in this process on rxrl's backend, an sgemm rate and a memory bandwidth, and prints the bounds they
- *    give one step of this model and shape with each side's measured medians over them
- *    (`{"bench":"trl-bounds",…}`, formulas in `bench/_bounds.ts`);
+ * 5. measures, in this process on rxrl's backend, an sgemm rate and a memory bandwidth (`bench/_rates.ts`), and
+ *    prints the bounds they give one step of this model and shape with each side's measured medians over them
+ *    (`{"bench":"trl-bounds",…}`, formulas in `bench/_bounds.ts`); with `--equal-work`, also the `trl-equal-work`
+ *    line (below);
  * 6. prints `{"bench":"trl-missed","rxrl":[…],"trl":[…],"both":[…]}`: the held-out task ids each side's last
  *    validation answered wrong (rxrl's from its `validation.generations` file, TRL's from its validation), and those
  *    both did;
  * 7. writes both curves to `<out>/metrics.jsonl` (metrics prefixed `rxrl/` and `trl/`, held-out scores at each
  *    validation) with their page `<out>/report.html` (as `rxrl report <out>` draws it), and ends with one line:
- *    `{"bench":"trl-summary","steps":N,"rxrl_gain":…,"trl_gain":…,"step_time_ratio":…,"target":…,
+ *    `{"bench":"trl-summary","steps":N,"rxrl_gain":…,"trl_gain":…,"work":"learning-run","step_time_ratio":…,"target":…,
  *    "rxrl_time_to_target_s":…,"trl_time_to_target_s":…,"time_to_target_ratio":…}`: each side's held-out reward
  *    after minus before, TRL's median seconds per step over rxrl's, and TRL's seconds to the target over rxrl's
  *    (above 1: rxrl is faster; null where a side never reached the target, or rxrl needed no step).
+ *
+ * The step ratio of a learning run compares the two runs as their recipes train: rxrl's dynamic sampling
+ * (`rxrl_only`) may generate more rows than TRL and train fewer, and its completions stop at their own lengths.
+ * With `--equal-work` both sides do the same work instead (`bench/_equalWork.ts`): every completion runs to
+ * `rollout.maxTokens` (rxrl's `rollout.ignoreEos`, TRL's `min_new_tokens`), dynamic sampling is off, every row trains;
+ * the summary's `work` is `equal` and its ratio `equal_work_step_ratio`, and a `trl-equal-work` line gives each side's
+ * median step in parts (sampling, forward/backward, optimizer, the rest) beside their bounds.
  *
  * With `--paired` rxrl's side starts from what TRL's run starts from: TRL's trainer, built as its run builds it,
  * gives the order its sampler visits the prompts in and (LoRA) the adapter as PEFT initialized it; rxrl reads the
@@ -63,13 +71,11 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, extname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import * as tf from '@tensorflow/tfjs-core';
-
 import { ConfigError } from '../lib/core/errors.js';
 import { loadChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import type { JinjaChatTemplate } from '../lib/chat/jinjaTemplate.js';
 import { loadConfig, resolvedLora, type RxrlConfig } from '../lib/config/schema.js';
-import { BACKEND_KINDS, initBackend, type BackendKind } from '../lib/model/backend.js';
+import { BACKEND_KINDS, type BackendKind } from '../lib/model/backend.js';
 import { policyConfigFromHf } from '../lib/model/modelDir.js';
 import { readRunMetrics, type MetricsRecord } from '../lib/observe/metricsFile.js';
 import { writeReport } from '../lib/observe/report.js';
@@ -77,7 +83,9 @@ import type { Task } from '../lib/core/types.js';
 import { loadRollout, recipeDir } from '../pipelines/parts/data.js';
 import type { GenerationLine } from '../pipelines/parts/generations.js';
 import { benchArgs } from './_args.js';
-import { modelSizes, stepBounds } from './_bounds.js';
+import { modelSizes, stepBounds, type StepBounds } from './_bounds.js';
+import { EQUAL_WORK_SET, equalWorkLine } from './_equalWork.js';
+import { measureRates } from './_rates.js';
 import { median } from './_stats.js';
 
 /**
@@ -93,6 +101,10 @@ export interface StepRow {
   readonly tokens_per_s: number;
   readonly pg_loss: number;
   readonly clipfrac: number;
+  /** Rows (completions) the step trained. */
+  readonly rows?: number;
+  /** Mean completion tokens of those rows. */
+  readonly mean_length?: number;
   /** Generating the batch's completions (rxrl: the union of its samples' spans; TRL: its generate calls). */
   readonly generate_s?: number;
   /** Scoring them (rxrl: the union of the evaluator's spans; TRL: its reward functions). */
@@ -103,9 +115,9 @@ export interface StepRow {
   readonly prepare_s?: number;
   /** rxrl: the trainer's step, of which the next two. */
   readonly trainer_s?: number;
-  /** rxrl: micro-batch losses and gradients, accumulation included. */
+  /** Micro-batch losses and gradients, accumulation included (TRL: its training less the optimizer's part). */
   readonly forward_backward_s?: number;
-  /** rxrl: the gradient norm, clip and Adam's update. */
+  /** The gradient norm, clip and Adam's update. */
   readonly optimizer_s?: number;
   /** rxrl: publishing the weights to the engine. */
   readonly sync_s?: number;
@@ -300,6 +312,8 @@ export function trlSettings(config: RxrlConfig): Record<string, unknown> {
     lossType: 'dapo',
     scaleRewards: algorithm.normalizeByStd ? 'group' : 'none',
     lora: policy?.specialization === 'lora' ? resolvedLora(policy) : null,
+    // Every completion runs to maxTokens (TRL's side: EOS kept out until then).
+    ignoreEos: rollout.ignoreEos,
   };
 }
 
@@ -392,6 +406,8 @@ function rxrlStep(step: number, m: Record<string, number>, valSeconds: number): 
     tokens_per_s: (m['response_length/mean'] * m['batch/rows']) / total,
     pg_loss: m['actor/pg_loss'],
     clipfrac: m['actor/pg_clipfrac'],
+    rows: m['batch/rows'],
+    mean_length: m['response_length/mean'],
     generate_s: m['timing/generate_s'],
     reward_s: m['timing/reward_s'],
     wait_s: wait,
@@ -456,8 +472,12 @@ export async function runTrl(args: {
         tokens_per_s: (Number(e.mean_length) * Number(e.samples)) / total,
         pg_loss: Number(e.pg_loss),
         clipfrac: Number(e.clipfrac),
+        rows: Number(e.samples),
+        mean_length: Number(e.mean_length),
         generate_s: Number(e.generate_s),
         reward_s: Number(e.reward_s),
+        forward_backward_s: Number(e.forward_backward_s),
+        optimizer_s: Number(e.optimizer_s),
       };
     });
   const first = vals[0] ?? {};
@@ -550,11 +570,17 @@ function sideSummary(side: string, result: SideResult, target: number): Record<s
 /**
  * The last line: each side's held-out gain, TRL's median step seconds over rxrl's, and each side's seconds to the
  * target with TRL's over rxrl's (null where a side never reached it, or rxrl needed no training to).
+ *
+ * `work` says what the step ratio measures. `learning-run`: `step_time_ratio`, the median steps of the two runs as
+ * their recipes train (rxrl's dynamic sampling may generate more rows and train fewer than TRL's). `equal` (`bench
+ * trl --equal-work`, `equalWorkRatio` given): `equal_work_step_ratio`, the same rows and tokens on both sides (null
+ * unless they were).
  */
 export function summaryLine(
   steps: number,
   target: number,
   sides: Readonly<Record<string, SideResult | undefined>>,
+  equalWorkRatio?: number | null,
 ): Record<string, unknown> {
   const stepTime = (s: SideResult | undefined): number => (s === undefined ? Number.NaN : median(s.steps.map((r) => r.total_s)));
   const ratio = stepTime(sides.trl) / stepTime(sides.rxrl);
@@ -566,7 +592,10 @@ export function summaryLine(
     steps,
     rxrl_gain: gain(sides.rxrl),
     trl_gain: gain(sides.trl),
-    step_time_ratio: Number.isFinite(ratio) ? round(ratio) : null,
+    work: equalWorkRatio === undefined ? 'learning-run' : 'equal',
+    ...(equalWorkRatio === undefined
+      ? { step_time_ratio: Number.isFinite(ratio) ? round(ratio) : null }
+      : { equal_work_step_ratio: equalWorkRatio }),
     target,
     rxrl_time_to_target_s: rxrlSeconds,
     trl_time_to_target_s: trlSeconds,
@@ -602,33 +631,6 @@ function comparisonLines(sides: Readonly<Record<string, SideResult>>): string {
 }
 
 /**
- * The machine's rates on `backend`, measured in this process: sgemm GFLOP/s of a `[512, 576] × [576, 1536]` product
- * (SmolLM2-135M's width and MLP), and memory GB/s of adding two 64 MB tensors (two reads and a write a float).
- */
-async function measureRates(backend: BackendKind): Promise<{ backend: string; gflops: number; bandwidthGBs: number }> {
-  await initBackend(backend, { logger: { info: () => undefined } });
-  const rate = async (reps: number, op: () => tf.Tensor): Promise<number> => {
-    tf.dispose(op()); // warm up: kernels, first allocations
-    const started = performance.now();
-    let last: tf.Tensor | undefined;
-    for (let i = 0; i < reps; i++) {
-      tf.dispose(last);
-      last = op();
-    }
-    await last!.data();
-    tf.dispose(last);
-    return reps / ((performance.now() - started) / 1000); // ops per second
-  };
-  const [a, b] = [tf.randomUniform([512, 576]), tf.randomUniform([576, 1536])];
-  const gflops = ((await rate(10, () => tf.matMul(a, b))) * 2 * 512 * 576 * 1536) / 1e9;
-  const floats = (64 * 2 ** 20) / 4;
-  const [x, y] = [tf.randomUniform([floats]), tf.randomUniform([floats])];
-  const bandwidthGBs = ((await rate(5, () => tf.add(x, y))) * 3 * floats * 4) / 1e9;
-  tf.dispose([a, b, x, y]);
-  return { backend: tf.getBackend(), gflops: round(gflops, 1), bandwidthGBs: round(bandwidthGBs, 1) };
-}
-
-/**
  * The `trl-bounds` line: the machine's rates, the step's bounds, and each side's measured medians over them. rxrl's
  * generation is held to the bound of the rows it generates (`rxrlRows`: more than TRL's under dynamic sampling).
  */
@@ -637,7 +639,7 @@ async function boundsLine(
   modelDir: string,
   shape: { readonly settings: Record<string, unknown>; readonly promptTokens: number; readonly rxrlRows: number },
   sides: Readonly<Record<string, SideResult>>,
-): Promise<Record<string, unknown>> {
+): Promise<{ line: Record<string, unknown>; bounds: StepBounds }> {
   const { settings, promptTokens } = shape;
   const rates = await measureRates(backend);
   const config = policyConfigFromHf(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')));
@@ -674,7 +676,7 @@ async function boundsLine(
     };
   }
   const r = (x: number): number => Number(x.toPrecision(4));
-  return {
+  const line = {
     bench: 'trl-bounds',
     ...rates,
     params: sizes.params,
@@ -687,6 +689,7 @@ async function boundsLine(
       : { rxrl_generate_rows: shape.rxrlRows, rxrl_generate_bound_s: r(rxrlGenerateBound) }),
     measured,
   };
+  return { line, bounds };
 }
 
 /** What one seed's comparison needs, read from the command line. */
@@ -703,6 +706,8 @@ interface BenchOptions {
   readonly paired: boolean;
   /** `--sampling-seed`: both sides' sampling draws seeded with it, all else the seed's (needs `--paired`). */
   readonly samplingSeed?: number | undefined;
+  /** `--equal-work`: both sides generate and train the same rows and tokens (see `bench/_equalWork.ts`). */
+  readonly equalWork: boolean;
 }
 
 /**
@@ -742,6 +747,7 @@ export function trlBenchOptions(argv: readonly string[]): BenchOptions & { reado
     // --set key=value (repeatable) changes the recipe for both sides, as `rxrl run --set` does; the bench's own keys win.
     overrides: argv.flatMap((a, i) => (a === '--set' && argv[i + 1] !== undefined ? [argv[i + 1]] : [])),
     paired: args.flag('paired'),
+    equalWork: args.flag('equal-work'),
     ...(samplingSeed === undefined ? {} : { samplingSeed }),
     seeds,
     out: resolve(args.value('out') ?? join('runs', `bench-trl-${basename(recipe, extname(recipe))}`)),
@@ -762,6 +768,7 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   // TRL's advantage epsilon is a constant: rxrl's side takes it too.
   const set = [
     ...options.overrides,
+    ...(options.equalWork ? EQUAL_WORK_SET : []),
     `run.steps=${steps}`,
     `run.seed=${seed}`,
     `run.dir=${join(out, 'rxrl')}`,
@@ -779,7 +786,8 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   const exported = await exportData(config, recipeDir(recipe), join(out, 'data'));
   const { modelDir, rows, promptTokens } = exported;
   const { samplingSeed } = options;
-  const header = { bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows };
+  const work = options.equalWork ? 'equal' : 'learning-run';
+  const header = { bench: 'trl', recipe, steps, seed, threads, target, val_every: valEvery, model: modelDir, train_prompts: rows, work };
   const paired = options.paired && only !== 'trl';
   const marks = { ...(paired ? { paired: true } : {}), ...(samplingSeed === undefined ? {} : { sampling_seed: samplingSeed }) };
   console.log(JSON.stringify({ ...header, settings, rxrl_only: rxrlOnly(config), ...marks }));
@@ -819,10 +827,18 @@ async function benchSeed(options: BenchOptions, seed: number, out: string): Prom
   await writeReport(out, { title: `rxrl and TRL: ${basename(recipe)}, ${steps} steps, seed ${seed}` });
   // Measured after both sides, never beside them.
   const rxrlRows = (config.sync.generationBatchSize ?? config.sync.batchSize) * config.rollout.groupSize;
-  console.log(JSON.stringify(await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides)));
+  const bounds = await boundsLine(backend, modelDir, { settings, promptTokens, rxrlRows }, sides);
+  console.log(JSON.stringify(bounds.line));
+  const equal = options.equalWork ? equalWorkLine({ rxrl: sides.rxrl?.steps, trl: sides.trl?.steps }, bounds.bounds) : undefined;
+  if (equal) console.log(JSON.stringify(equal));
   const missed = missedLine(sides);
   if (missed) console.log(JSON.stringify(missed));
-  const summary = { ...summaryLine(steps, target, sides), seed, rxrl_only: rxrlOnly(config), ...marks };
+  const summary = {
+    ...summaryLine(steps, target, sides, equal === undefined ? undefined : (equal.equal_work_step_ratio as number | null)),
+    seed,
+    rxrl_only: rxrlOnly(config),
+    ...marks,
+  };
   console.log(JSON.stringify(summary));
   return summary;
 }
@@ -845,7 +861,7 @@ export function seedsLine(summaries: readonly Record<string, unknown>[]): Record
       rxrl_gain: rxrl,
       trl_gain: trl,
       diff,
-      step_time_ratio: num(s.step_time_ratio),
+      ...(s.work === 'equal' ? { equal_work_step_ratio: num(s.equal_work_step_ratio) } : { step_time_ratio: num(s.step_time_ratio) }),
       time_to_target_ratio: num(s.time_to_target_ratio),
     };
   });
@@ -857,7 +873,9 @@ export function seedsLine(summaries: readonly Record<string, unknown>[]): Record
     diffs.length < 2 || diffMean === null
       ? null
       : round(Math.sqrt(diffs.reduce((sum, d) => sum + (d - diffMean) ** 2, 0) / (diffs.length - 1) / diffs.length));
-  const ratios = present(rows.map((r) => r.step_time_ratio));
+  const equal = summaries.some((s) => s.work === 'equal');
+  const ratioKey = equal ? 'equal_work_step_ratio' : 'step_time_ratio';
+  const ratios = present(rows.map((r) => (ratioKey in r ? (r as Record<string, number | null>)[ratioKey] : null)));
   return {
     bench: 'trl-seeds',
     seeds: rows,
@@ -866,7 +884,7 @@ export function seedsLine(summaries: readonly Record<string, unknown>[]): Record
     diff_mean: diffMean,
     diff_se: se,
     rxrl_at_least_trl: `${diffs.filter((d) => d >= 0).length}/${diffs.length}`,
-    step_time_ratio_min: ratios.length === 0 ? null : Math.min(...ratios),
+    [`${ratioKey}_min`]: ratios.length === 0 ? null : Math.min(...ratios),
   };
 }
 

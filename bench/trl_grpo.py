@@ -229,6 +229,9 @@ def grpo_config(settings: dict, out: str, steps: int, seed: int):
         data_seed=seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # Equal work (`bench trl --equal-work`): no completion ends before max_completion_length. EOS is kept out
+        # until then, so every row trains all its tokens too (rxrl's side ignores its stop tokens instead).
+        generation_kwargs={"min_new_tokens": settings["maxTokens"]} if settings.get("ignoreEos") else None,
     )
 
 
@@ -325,10 +328,12 @@ def train(trainer, args: argparse.Namespace, evaluate_at, rows: int, record: str
 
     # Generation and scoring are timed inside each step (and, within them, the generate calls and the rewards); the
     # rest of the step's wall time is training.
-    timing = {"last": 0.0, "rollout": 0.0, "generate": 0.0, "reward": 0.0}
+    timing = {"last": 0.0, "rollout": 0.0, "generate": 0.0, "reward": 0.0, "optimizer": 0.0, "optimizer_start": 0.0}
     timed(trainer, "_generate_and_score_completions", timing, "rollout")
     timed(trainer, "_generate_single_turn", timing, "generate")
     timed(trainer, "_calculate_rewards", timing, "reward")
+    # The optimizer's part of training as rxrl's `optimizer_s` counts it: the gradient norm and clip, then Adam.
+    timed(trainer, "_clip_grad_norm", timing, "optimizer")
     pending: dict = {}
     scored: dict = {"step": None}
 
@@ -340,11 +345,19 @@ def train(trainer, args: argparse.Namespace, evaluate_at, rows: int, record: str
         def on_train_begin(self, _args, state, control, **kwargs):
             timing["last"] = time.perf_counter()
 
+        # Adam's update, between these two calls.
+        def on_pre_optimizer_step(self, _args, state, control, **kwargs):
+            timing["optimizer_start"] = time.perf_counter()
+
+        def on_optimizer_step(self, _args, state, control, **kwargs):
+            timing["optimizer"] += time.perf_counter() - timing["optimizer_start"]
+
         def on_step_end(self, _args, state, control, **kwargs):
             now = time.perf_counter()
             total = now - timing["last"]
-            pending.update({"event": "step", "step": state.global_step - 1, "total_s": total, "rollout_s": timing["rollout"], "train_s": total - timing["rollout"], "generate_s": timing["generate"], "reward_s": timing["reward"]})
-            timing.update({"rollout": 0.0, "generate": 0.0, "reward": 0.0, "last": now})
+            train = total - timing["rollout"]
+            pending.update({"event": "step", "step": state.global_step - 1, "total_s": total, "rollout_s": timing["rollout"], "train_s": train, "generate_s": timing["generate"], "reward_s": timing["reward"], "optimizer_s": timing["optimizer"], "forward_backward_s": train - timing["optimizer"]})
+            timing.update({"rollout": 0.0, "generate": 0.0, "reward": 0.0, "optimizer": 0.0, "last": now})
             if state.global_step % args.val_every == 0:
                 emit(validate(state.global_step - 1))
                 # The validation's time belongs to no step.
