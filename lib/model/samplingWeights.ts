@@ -89,9 +89,12 @@ export function samplingWeightsFit(
   return bytes <= memoryBytes * SAMPLING_WEIGHTS_MEMORY_SHARE;
 }
 
-/** `w + scale·a·b` (or `w` itself without a pair): `[in, out]`. */
+/**
+ * `w + scale·a·b` (or `w` itself without a pair): `[in, out]`. The scale multiplies `a [in, r]` rather than the
+ * product `[in, out]`: one pass over a rank-sized matrix instead of one over the layer's.
+ */
 function merged(layer: BlockLinear): tf.Tensor2D {
-  return layer.lora === null ? layer.w : tf.add(layer.w, tf.mul(tf.matMul(layer.lora.a, layer.lora.b), layer.lora.scale));
+  return layer.lora === null ? layer.w : tf.add(layer.w, tf.matMul(tf.mul(layer.lora.a, layer.lora.scale), layer.lora.b));
 }
 
 /** Several layers of one input as one: merged weights concatenated over output columns, biases likewise. */

@@ -309,3 +309,55 @@ describe('PolicyModel', () => {
     trainee.dispose();
   });
 });
+
+describe('a tied head over a large vocabulary', () => {
+  // From 1,024 tokens a tied head is computed vocabulary-major, (E·hᵀ)ᵀ; the same weights untied (lm_head a copy of
+  // the embedding) take the row-major product: both must give the same logits, log-probs, gradients and tokens.
+  const LARGE: PolicyConfig = {
+    vocabSize: 1500,
+    dModel: 16,
+    nLayers: 2,
+    nHeads: 4,
+    nKvHeads: 2,
+    dFF: 32,
+    maxSeqLen: 12,
+    tieWordEmbeddings: true,
+  };
+  let tied: PolicyModel;
+  let untied: PolicyModel;
+  beforeAll(async () => {
+    await initBackend('cpu', { logger: quiet });
+    tied = PolicyModel.create(LARGE, 5);
+    const weights = new Map(tied.getWeights());
+    weights.set('lm_head.weight', weights.get('model.embed_tokens.weight') as WeightArray);
+    untied = PolicyModel.fromWeights({ ...LARGE, tieWordEmbeddings: false }, weights);
+  });
+  afterAll(() => {
+    tied.dispose();
+    untied.dispose();
+  });
+
+  it('gives the logits, log-probs and gradients of the row-major product', () => {
+    const [a, b] = [probe(tied), probe(untied)];
+    // logits, log-probs, entropies and the loss, then one gradient per variable
+    for (let i = 0; i < 4; i++) expect(maxAbsDiff(a[i], b[i])).toBeLessThan(TOLERANCE);
+    const byName = (m: PolicyModel, out: Float32Array[]): Map<string, Float32Array> =>
+      new Map(m.weightNames().map((name, i) => [name, out[4 + i]]));
+    const [ga, gb] = [byName(tied, a), byName(untied, b)];
+    expect([...gb.keys()].filter((n) => !ga.has(n))).toEqual(['lm_head.weight']);
+    // The tied embedding's gradient `[V, d]` is the untied embedding's plus lm_head's (a variable `[d, V]`).
+    const { vocabSize: V, dModel: d } = LARGE;
+    const head = gb.get('lm_head.weight') as Float32Array;
+    const embedding = (gb.get('model.embed_tokens.weight') as Float32Array).map((x, at) => x + head[(at % d) * V + Math.floor(at / d)]);
+    for (const [name, grad] of ga) {
+      const expected = name === 'model.embed_tokens.weight' ? embedding : (gb.get(name) as Float32Array);
+      expect({ name, close: maxAbsDiff(grad, expected) < TOLERANCE }).toEqual({ name, close: true });
+    }
+  });
+
+  it('samples the same tokens with the KV cache', async () => {
+    const requests = [7, 8].map((seed) => ({ promptTokens: [1, 900, 1499, 3], maxTokens: 6, temperature: 1, seed, stopTokens: [] }));
+    const [a, b] = [await tied.generate(requests), await untied.generate(requests)];
+    expect(a.map((r) => r.tokens)).toEqual(b.map((r) => r.tokens));
+  });
+});
