@@ -12,8 +12,9 @@
  *   once through the blocks (a group's samples share their prompt), each row's response tokens through the blocks
  *   and the head: `2 · body · (prompts · promptTokens + rows · maxTokens) + 2 · head · rows · maxTokens`, `÷ sgemm`.
  *   The bound is the larger of the two.
- * - **training** runs every row whole, per PPO epoch: a forward pass (`2 · body` a token, `2 · head` a response
- *   token) and a backward pass: with a LoRA adapter the frozen weights need only the gradients of their inputs (as
+ * - **training** runs, per PPO epoch, each distinct prompt once (a group's rows share their prompt's keys and values,
+ *   and its gradient sums over them, as rxrl's trainer computes it) and each row's response tokens: a forward pass
+ *   (`2 · body` a token, `2 · head` a response token) and a backward pass: with a LoRA adapter the frozen weights need only the gradients of their inputs (as
  *   much again; the adapter's own weight gradients are left out, rank ≪ width); full fine-tuning also takes each
  *   weight's gradient (twice the forward). A KL loss without reference log-probs in the batch adds the reference
  *   model's forward pass. `FLOPs ÷ sgemm` is the bound.
@@ -88,7 +89,7 @@ export interface StepBounds {
   readonly generate_flops_bound_s: number;
   /** The larger of the two generation bounds. */
   readonly generate_bound_s: number;
-  /** Tokens a training pass runs through the blocks: rows × (prompt + longest response). */
+  /** Tokens a training pass runs through the blocks: each prompt once, and every row's longest response. */
   readonly train_tokens: number;
   /** FLOPs of the training step (forward, backward, every PPO epoch, the reference forward if any). */
   readonly train_flops: number;
@@ -105,7 +106,7 @@ export function stepBounds(input: BoundsInput): StepBounds {
   const responseTokens = rows * maxTokens;
   const headFlops = 2 * sizes.headParams * responseTokens;
   const generateFlops = 2 * sizes.bodyParams * ((rows / input.groupSize) * promptTokens + responseTokens) + headFlops;
-  const trainTokens = rows * (promptTokens + maxTokens);
+  const trainTokens = (rows / input.groupSize) * promptTokens + responseTokens;
   const forward = 2 * sizes.bodyParams * trainTokens + headFlops;
   const backward = (input.lora ? 1 : 2) * forward;
   const trainFlops = (forward + backward) * input.ppoEpochs + (input.referenceForward ? forward : 0);

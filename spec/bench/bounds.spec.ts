@@ -35,9 +35,10 @@ describe('bench bounds', () => {
     expect(lora.generate_flops).toBe(generate);
     expect(lora.generate_flops_bound_s).toBeCloseTo(generate / 1e10, 12);
     expect(lora.generate_bound_s).toBe(Math.max(lora.decode_memory_bound_s, lora.generate_flops_bound_s));
-    expect(lora.train_tokens).toBe(64);
-    // Training runs every row whole through the blocks, the head at response tokens; LoRA's backward as much again.
-    const forward = 2 * 4e5 * 64 + 2 * 1e5 * 40;
+    // Training runs each prompt once and every response through the blocks, the head at response tokens; LoRA's
+    // backward as much again.
+    expect(lora.train_tokens).toBe(2 * 6 + 4 * 10);
+    const forward = 2 * 4e5 * 52 + 2 * 1e5 * 40;
     expect(lora.train_flops).toBe(2 * forward);
     expect(lora.train_bound_s).toBeCloseTo((2 * forward) / 1e10, 12);
     // Full fine-tuning adds the weight gradients; two PPO epochs twice that; a reference forward once more.
