@@ -1,7 +1,8 @@
 /**
  * `bench trl --equal-work`: rxrl's and TRL's steps compared on the same work. Both sides generate the same rows to
  * the same length (`rollout.ignoreEos` on rxrl's side, `min_new_tokens` on TRL's, so no completion stops early) and
- * train every one of them (no dynamic sampling, no zero-variance filtering), so a step's seconds on each side buy
+ * train every one of them (no dynamic sampling, no zero-variance filtering, and every micro-batch differentiated,
+ * `trainer.skipZeroAdvantage` false, as TRL's trainer differentiates its rows whatever their advantages), so a step's seconds on each side buy
  * the same rows and tokens. The `trl-equal-work` line gives each side's median step and its parts (sampling,
  * forward/backward, optimizer, the rest), the same parts' lower bounds on this machine (`bench/_bounds.ts`), each
  * part over its bound, and TRL's seconds over rxrl's: `equal_work_step_ratio` for the whole step.
@@ -13,12 +14,13 @@ import { median } from './_stats.js';
 
 /**
  * The `--set` assignments that make rxrl's side do the work TRL's does: every completion to `rollout.maxTokens`,
- * one rollout batch of `sync.batchSize` prompts a step, every row trained.
+ * one rollout batch of `sync.batchSize` prompts a step, every row trained through a backward pass.
  */
 export const EQUAL_WORK_SET: readonly string[] = [
   'rollout.ignoreEos=true',
   'algorithm.filterZeroVariance=false',
   'sync.generationBatchSize=null',
+  'trainer.skipZeroAdvantage=false',
 ];
 
 /** What an equal-work comparison reads of one step of either side. */

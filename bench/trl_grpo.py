@@ -7,8 +7,9 @@ mapped from the rxrl recipe, checks that the tokenizer here encodes every prompt
 
 1. scores the model on the held-out prompts (greedy, as rxrl's validation), before training;
 2. trains ``--steps`` GRPO steps (LoRA through ``peft`` when the settings have one), timing each step's wall time
-   and the part of it spent generating and scoring (the rest is training), and within that part the generate calls
-   and the reward functions; every ``--val-every`` steps it scores the held-out prompts again (outside the steps'
+   and the part of it spent generating and scoring (the rest is training), within that part the generate calls
+   and the reward functions, and within training the optimizer's part (gradient norm and clip, then Adam; the rest
+   is forward and backward); every ``--val-every`` steps it scores the held-out prompts again (outside the steps'
    clock: the next step's starts after it);
 3. scores the held-out prompts after the last step (unless step 2 just did).
 

@@ -449,6 +449,11 @@ export const SCHEMA = {
     miniBatches: { doc: 'Optimizer updates per pass.', format: 'positive-int', default: 1 },
     maxGradNorm: { doc: 'Global gradient-norm clip.', format: 'positive-number', default: 1 },
     entropyCoef: { doc: 'Entropy bonus coefficient.', format: 'non-negative-number', default: 0 },
+    skipZeroAdvantage: {
+      doc: 'Score a micro-batch whose rows all have zero advantage forward only (its gradient is exactly 0); false differentiates it anyway, as TRL does (equal-work benchmarks).',
+      format: 'flag',
+      default: true,
+    },
     maxStaleness: {
       doc: 'Drop rows staler than this at train time (null = keep all).',
       format: 'optional-non-negative-int',

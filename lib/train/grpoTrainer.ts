@@ -63,6 +63,13 @@ export interface GrpoTrainerOptions {
   readonly maxLength?: number;
   /** Coefficient of an entropy bonus. Default 0. */
   readonly entropyCoef?: number;
+  /**
+   * Score a micro-batch whose every row has a zero advantage forward only, when the loss is the clipped surrogate
+   * with no entropy bonus and no KL term (its gradient is exactly 0, so the update, losses and metrics are the same).
+   * `false` differentiates it anyway, as TRL's `GRPOTrainer` does: the same work on both sides of a benchmark.
+   * Default true.
+   */
+  readonly skipZeroAdvantage?: boolean;
   /** KL to the reference policy as a loss term (needs `batch.refLogprobs` or a `reference` model). */
   readonly klLoss?: { readonly coef: number; readonly estimator?: KlEstimatorName };
   /** Frozen reference policy used for the KL loss when a batch carries no reference log-probs. */
@@ -463,7 +470,8 @@ export class GrpoTrainer implements Trainer {
   private inertRows(batch: Batch): boolean[] {
     const R = batch.responseLength;
     const rows = [...Array<boolean>(batch.size)].fill(false);
-    if (this.options.loss === 'cross-entropy' || this.options.entropyCoef !== 0 || this.options.klLoss) return rows;
+    const { loss, entropyCoef, klLoss, skipZeroAdvantage } = this.options;
+    if (loss === 'cross-entropy' || entropyCoef !== 0 || klLoss || skipZeroAdvantage === false) return rows;
     return rows.map((_, b) => {
       for (let i = b * R; i < (b + 1) * R; i++) if (batch.lossMask[i] !== 0 && batch.advantages[i] !== 0) return false;
       return true;

@@ -29,6 +29,7 @@ export function grpoTrainerOptions(config: Pick<RxrlConfig, 'run' | 'trainer'>):
     miniBatches: t.miniBatches,
     maxGradNorm: t.maxGradNorm,
     entropyCoef: t.entropyCoef,
+    skipZeroAdvantage: t.skipZeroAdvantage,
     ...(t.maxStaleness === null ? {} : { maxStaleness: t.maxStaleness }),
     ...(t.importanceCap === null ? {} : { importanceCap: t.importanceCap }),
     ...(t.klLoss.coef > 0 ? { klLoss: { coef: t.klLoss.coef, estimator: t.klLoss.estimator } } : {}),

@@ -18,7 +18,12 @@ describe('bench trl --equal-work', () => {
   it('turns dynamic sampling off and every completion to its length on rxrl’s side', () => {
     expect(trlBenchOptions(['--equal-work']).equalWork).toBe(true);
     expect(trlBenchOptions([]).equalWork).toBe(false);
-    expect(EQUAL_WORK_SET).toEqual(['rollout.ignoreEos=true', 'algorithm.filterZeroVariance=false', 'sync.generationBatchSize=null']);
+    expect(EQUAL_WORK_SET).toEqual([
+      'rollout.ignoreEos=true',
+      'algorithm.filterZeroVariance=false',
+      'sync.generationBatchSize=null',
+      'trainer.skipZeroAdvantage=false',
+    ]);
   });
 
   it('splits a side’s median step into sampling, forward/backward, optimizer and the rest', () => {

@@ -224,6 +224,32 @@ describe.each(ALL_BACKENDS)('GrpoTrainer (%s backend)', (backend) => {
     model.dispose();
   });
 
+  it('differentiates zero-advantage micro-batches too with skipZeroAdvantage false (the same work as TRL)', async () => {
+    const model = PolicyModel.create(config, 11);
+    const skipping = new GrpoTrainer(model, { microBatchSize: 2 });
+    const whole = new GrpoTrainer(model, { microBatchSize: 2, skipZeroAdvantage: false });
+    const kernels = async (trainer: GrpoTrainer, advantages: number[]): Promise<number> =>
+      (
+        await tf.profile(async () => {
+          await trainer.computeGradients(batchOf(model, advantages));
+          return [];
+        })
+      ).kernels.length;
+    // Every micro-batch differentiated: as many kernels as a batch whose rows all carry a signal.
+    expect(await kernels(whole, [1, -1, 0, 0])).toBe(await kernels(whole, [1, -1, 1e-30, -1e-30]));
+    expect(await kernels(whole, [0, 0, 0, 0])).toBeGreaterThan(await kernels(skipping, [0, 0, 0, 0]));
+    // ...and the same gradients.
+    const [a, b] = [
+      await skipping.computeGradients(batchOf(model, [1, -1, 0, 0])),
+      await whole.computeGradients(batchOf(model, [1, -1, 0, 0])),
+    ];
+    for (const [name, g] of a.gradients) g.data.forEach((x, i) => expect(x).toBeCloseTo(b.gradients.get(name)!.data[i], 6));
+    expect(b.microBatchLosses).toEqual(a.microBatchLosses);
+    skipping.dispose();
+    whole.dispose();
+    model.dispose();
+  });
+
   it('skips the update on a NaN loss and reports it, leaving weights unchanged', async () => {
     const model = PolicyModel.create(config, 7);
     const trainer = new GrpoTrainer(model);
