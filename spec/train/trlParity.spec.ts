@@ -340,9 +340,10 @@ describe.each(SPEC_BACKENDS)('GrpoTrainer vs TRL 1.16 GRPOTrainer on recorded ba
     const c = fixture.cases[name];
 
     it("the bench maps this recipe onto the GRPOConfig of TRL's run", () => {
-      const { lora, ...settings } = trlSettings(recipe(name));
+      const { lora, ignoreEos, ...settings } = trlSettings(recipe(name));
       expect(settings).toEqual(c.settings);
       expect(lora).toEqual(name === 'full' ? null : fixture.lora);
+      expect(ignoreEos).toBe(false); // every completion ends at its EOS, as in TRL's recorded run
     });
 
     it("rxrl's own advantage epsilon (1e-6, verl's) moves the advantages off TRL's (1e-4) by under 3e-4", async () => {
