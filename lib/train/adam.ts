@@ -1,14 +1,14 @@
 /**
- * Adam (Kingma & Ba 2015, Algorithm 1 with the efficient ordering of §2) over a fixed list of variables, in the
- * few kernels of the standard TF.js ops: the variables of one shape are updated as one stacked tensor (a model's
- * 30 blocks share six shapes), so a step runs about fifteen kernels a shape instead of twelve a variable; the step's
- * scalars are made once a step, and the global-norm clip is folded into those scalars.
+ * Adam (Kingma & Ba 2015, Algorithm 1 with the efficient ordering of §2) over a fixed list of variables: on the
+ * native backend in TensorFlow's fused in-place kernel, elsewhere in a few TF.js ops over the variables of one shape
+ * stacked (see `adamKernels.ts`). The bias corrections are two numbers a step, and the global-norm clip a factor.
  *
  * @packageDocumentation
  */
 import * as tf from '@tensorflow/tfjs-core';
 
 import { ConfigError } from '../core/errors.js';
+import { adamKernel, type AdamKernel } from './adamKernels.js';
 
 /** Hyper-parameters of {@link Adam}. */
 export interface AdamOptions {
@@ -72,16 +72,13 @@ export function gradientSquares(grads: readonly (tf.Tensor | undefined)[]): { sq
  */
 export class Adam {
   private steps = 0;
-  /** The variables by shape, each group's moments stacked `[n, ...shape]` (a lone variable's in its own shape). */
-  private readonly groups: readonly ShapeGroup[];
-  private m: tf.Variable[] | null = null;
-  private v: tf.Variable[] | null = null;
+  private readonly kernel: AdamKernel;
   private readonly beta1: number;
   private readonly beta2: number;
   private readonly epsilon: number;
 
   /**
-   * @param variables - the variables it updates, in the order gradients are given.
+   * @param variables - the variables it updates, in the order gradients are given (on the active backend).
    * @param options - learning rate, betas and ε.
    */
   constructor(
@@ -99,7 +96,7 @@ export class Adam {
       if (!(beta >= 0 && beta < 1)) throw new ConfigError(`${name} must be in [0, 1), got ${beta}`);
     }
     if (!(this.epsilon >= 0)) throw new ConfigError(`epsilon must be >= 0, got ${this.epsilon}`);
-    this.groups = groupByShape(variables);
+    this.kernel = adamKernel(variables);
   }
 
   /** Updates taken so far. */
@@ -107,15 +104,19 @@ export class Adam {
     return this.steps;
   }
 
+  /** How updates are computed: `fused` (TensorFlow's in-place kernel, native backend) or `ops` (TF.js ops). */
+  get kernelName(): 'fused' | 'ops' {
+    return this.kernel.name;
+  }
+
   /**
-   * One update. The arithmetic is elementwise, so stacking a shape's variables gives each weight the values it
-   * would get alone, bit for bit.
+   * One update.
    *
    * @param grads - the gradient of each variable (same order and shapes as {@link Adam.variables}), or
    *   `undefined` for a variable to leave alone. Not disposed.
-   * @param options - `scale`: factor on every gradient (a global-norm clip), folded into the step's scalars,
-   *   default 1; `squares`: each gradient's elementwise square, when the caller has them ({@link gradientSquares}),
-   *   saving a kernel for a variable of a shape no other has. Not disposed.
+   * @param options - `scale`: factor on every gradient (a global-norm clip), default 1; `squares`: each
+   *   gradient's elementwise square, when the caller has them ({@link gradientSquares}), which the `ops` kernel
+   *   uses for a variable of a shape no other has. Not disposed.
    */
   apply(grads: readonly (tf.Tensor | undefined)[], options: AdamApplyOptions = {}): void {
     const n = this.variables.length;
@@ -123,72 +124,22 @@ export class Adam {
     if (grads.length !== n || (squares !== undefined && squares.length !== n)) {
       throw new ConfigError(`Adam.apply: ${grads.length} gradients (${squares?.length ?? 'no'} squares) for ${n} variables`);
     }
-    const { m, v } = this.moments();
     const t = this.steps + 1;
-    const correction1 = 1 - this.beta1 ** t;
     const root2 = Math.sqrt(1 - this.beta2 ** t);
-    tf.tidy(() => {
-      const step: StepScalars = {
-        beta1: tf.scalar(this.beta1),
-        beta2: tf.scalar(this.beta2),
-        gain1: tf.scalar((1 - this.beta1) * scale),
-        gain2: tf.scalar((1 - this.beta2) * scale * scale),
-        epsilon: tf.scalar(this.epsilon * root2),
-        rate: tf.scalar((this.options.learningRate * root2) / correction1),
-      };
-      // One tidy a group, so a group's intermediates are released before the next group's are made.
-      this.groups.forEach(({ members }, k) =>
-        tf.tidy(() => {
-          const given = members.filter((i) => grads[i] !== undefined);
-          if (given.length === 0) return;
-          if (members.length === 1) {
-            const [i] = members;
-            const g = grads[i]!;
-            const next = adamUpdate(this.variables[i], g, squares?.[i] ?? tf.square(g), m[k], v[k], step);
-            assignAll([m[k], v[k], this.variables[i]], next);
-          } else if (given.length === members.length) {
-            const g = tf.stack(members.map((i) => grads[i]!));
-            const next = adamUpdate(tf.stack(members.map((i) => this.variables[i])), g, tf.square(g), m[k], v[k], step);
-            assignAll([m[k], v[k]], next);
-            tf.unstack(next[2]).forEach((w, j) => this.variables[members[j]].assign(w));
-          } else {
-            this.applySome(members, k, grads, step);
-          }
-        }),
-      );
+    this.kernel.update(grads, squares, {
+      beta1: this.beta1,
+      beta2: this.beta2,
+      scale,
+      epsilon: this.epsilon * root2,
+      rate: (this.options.learningRate * root2) / (1 - this.beta1 ** t),
     });
     this.steps = t;
   }
 
-  /** A stacked group of which only some variables have gradients: those are updated one by one, the rest kept. */
-  private applySome(members: readonly number[], k: number, grads: readonly (tf.Tensor | undefined)[], step: StepScalars): void {
-    const { m, v } = this.moments();
-    const [ms, vs] = [tf.unstack(m[k]), tf.unstack(v[k])];
-    members.forEach((i, j) => {
-      const g = grads[i];
-      if (g === undefined) return;
-      const [m1, v1, w1] = adamUpdate(this.variables[i], g, tf.square(g), ms[j], vs[j], step);
-      [ms[j], vs[j]] = [m1, v1];
-      this.variables[i].assign(w1);
-    });
-    assignAll([m[k], v[k]], [tf.stack(ms), tf.stack(vs)]);
-  }
-
-  /** A copy of the state (with no moments before the first update or a {@link Adam.setState} with some). */
+  /** A copy of the state (with no moments before the first update or a {@link Adam.setState} with none). */
   async state(): Promise<AdamState> {
-    if (this.m === null || this.v === null) return { step: this.steps, m: [], v: [] };
-    const read = async (stacked: readonly tf.Variable[]): Promise<Float32Array[]> => {
-      const out = new Array<Float32Array>(this.variables.length);
-      await Promise.all(
-        this.groups.map(async ({ members }, k) => {
-          const values = (await stacked[k].data()) as Float32Array;
-          const size = values.length / members.length;
-          members.forEach((i, j) => (out[i] = values.slice(j * size, (j + 1) * size)));
-        }),
-      );
-      return out;
-    };
-    return { step: this.steps, m: await read(this.m), v: await read(this.v) };
+    const moments = await this.kernel.read();
+    return { step: this.steps, m: moments?.m ?? [], v: moments?.v ?? [] };
   }
 
   /**
@@ -210,81 +161,12 @@ export class Adam {
           throw new ConfigError(`Adam.setState: moment ${i} has ${x.length} values, variable ${w.name} has ${w.size}`);
       }
     });
-    this.disposeMoments();
+    this.kernel.write(none ? null : { m: state.m, v: state.v });
     this.steps = state.step;
-    if (none) return;
-    const stacked = (moments: readonly Float32Array[]): tf.Variable[] =>
-      this.groups.map(({ members, shape }) => {
-        const values = new Float32Array(members.length * tf.util.sizeFromShape([...shape]));
-        members.forEach((i, j) => values.set(moments[i], j * moments[i].length));
-        return tf.tidy(() => tf.variable(tf.tensor(values, stackedShape(members, shape)), false));
-      });
-    this.m = stacked(state.m);
-    this.v = stacked(state.v);
   }
 
   /** Releases the moments (the variables belong to the caller). */
   dispose(): void {
-    this.disposeMoments();
+    this.kernel.dispose();
   }
-
-  private moments(): { m: tf.Variable[]; v: tf.Variable[] } {
-    const zeros = (): tf.Variable[] =>
-      this.groups.map(({ members, shape }) => tf.tidy(() => tf.variable(tf.zeros(stackedShape(members, shape)), false)));
-    this.m ??= zeros();
-    this.v ??= zeros();
-    return { m: this.m, v: this.v };
-  }
-
-  private disposeMoments(): void {
-    tf.dispose([...(this.m ?? []), ...(this.v ?? [])]);
-    this.m = null;
-    this.v = null;
-  }
-}
-
-/** Variables of one shape and dtype, by their index in {@link Adam.variables}. */
-interface ShapeGroup {
-  readonly members: readonly number[];
-  readonly shape: readonly number[];
-}
-
-/** The scalars of one Adam step (see {@link Adam}). */
-interface StepScalars {
-  readonly beta1: tf.Scalar;
-  readonly beta2: tf.Scalar;
-  readonly gain1: tf.Scalar;
-  readonly gain2: tf.Scalar;
-  readonly epsilon: tf.Scalar;
-  readonly rate: tf.Scalar;
-}
-
-/** The variables grouped by shape and dtype, in order of first appearance. */
-function groupByShape(variables: readonly tf.Variable[]): ShapeGroup[] {
-  const groups = new Map<string, { members: number[]; shape: readonly number[] }>();
-  variables.forEach((w, i) => {
-    const key = `${w.dtype}:${w.shape.join('x')}`;
-    const group = groups.get(key) ?? { members: [], shape: w.shape };
-    group.members.push(i);
-    groups.set(key, group);
-  });
-  return [...groups.values()];
-}
-
-/** A group's stacked shape: `[n, ...shape]`, or the shape itself for a lone variable. */
-function stackedShape(members: readonly number[], shape: readonly number[]): number[] {
-  return members.length === 1 ? [...shape] : [members.length, ...shape];
-}
-
-/** Adam's new first moment, second moment and weight from the current ones (eleven elementwise kernels). */
-function adamUpdate(w: tf.Tensor, g: tf.Tensor, square: tf.Tensor, m: tf.Tensor, v: tf.Tensor, s: StepScalars): tf.Tensor[] {
-  const m1 = tf.add(tf.mul(m, s.beta1), tf.mul(g, s.gain1));
-  const v1 = tf.add(tf.mul(v, s.beta2), tf.mul(square, s.gain2));
-  const w1 = tf.sub(w, tf.mul(tf.div(m1, tf.add(tf.sqrt(v1), s.epsilon)), s.rate));
-  return [m1, v1, w1];
-}
-
-/** `targets[i].assign(values[i])` for each. */
-function assignAll(targets: readonly tf.Variable[], values: readonly tf.Tensor[]): void {
-  targets.forEach((x, i) => x.assign(values[i]));
 }
