@@ -8,7 +8,7 @@
  *   `tf.train.adam` (`tfjs`) against rxrl's {@link Adam} (`rxrl`);
  * - `phases`: the step taken apart, the way the trainer did it before rxrl's Adam (`baseline`: forward+backward
  *   of each micro-batch, accumulation by `tf.add`, global norm, clip, TF.js's `applyGradients`, `weightsChanged`)
- *   and the way it does now (`rxrl`: the same gradients, the squares and their norm, rxrl's Adam with the clip
+ *   and the way it does now (`rxrl`: the same gradients, their global norm, rxrl's Adam with the clip
  *   folded in), each part timed and its kernels counted (`tf.profile`, deterministic);
  * - `step`: the whole step, `GrpoTrainer.trainStep` (`trainer`) against that replica of the old step
  *   (`baseline`), with the kernels of each.
@@ -32,7 +32,7 @@ import { loadModelDir } from '../lib/model/modelDir.js';
 import type { PolicyModel } from '../lib/model/transformer.js';
 import { createRng } from '../lib/core/random.js';
 import { modelScorer } from '../lib/engine/teacher.js';
-import { Adam, gradientSquares } from '../lib/train/adam.js';
+import { Adam } from '../lib/train/adam.js';
 import { GrpoTrainer } from '../lib/train/grpoTrainer.js';
 import type { Batch, Trajectory } from '../lib/core/types.js';
 import { median } from './_stats.js';
@@ -243,13 +243,13 @@ async function baselineStep(model: PolicyModel, batch: Batch, optimizer: tf.Opti
 }
 
 /**
- * The step as the trainer takes it now: {@link stepGradients}, the squares and their norm
- * ({@link gradientSquares}), rxrl's {@link Adam} with the clip folded in and the squares reused, `weightsChanged`.
+ * The step as the trainer takes it now: {@link stepGradients}, the global norm ({@link Adam.gradientNorm}, with the
+ * squares where Adam's kernel reuses them), rxrl's {@link Adam} with the clip, `weightsChanged`.
  */
 async function rxrlStep(model: PolicyModel, batch: Batch, optimizer: Adam, part: Part): Promise<void> {
   const grads = await stepGradients(model, batch, part);
   const ordered = model.trainableVariables().map((v) => grads[v.name]);
-  const { squares, norm } = await part('norm', () => gradientSquares(ordered));
+  const { squares, norm } = await part('norm', () => optimizer.gradientNorm(ordered));
   const scale = Math.min(1, RECIPE.maxGradNorm / (norm + 1e-6));
   await part('adam', () => optimizer.apply(ordered, { scale, squares }));
   await part('weights_changed', () => model.weightsChanged());

@@ -8,7 +8,9 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 import { ConfigError } from '../core/errors.js';
-import { adamKernel, type AdamKernel } from './adamKernels.js';
+import { adamKernel, type AdamKernel, type GradientNorm } from './adamKernels.js';
+
+export { gradientSquares, type GradientNorm } from './adamKernels.js';
 
 /** Hyper-parameters of {@link Adam}. */
 export interface AdamOptions {
@@ -36,27 +38,8 @@ export interface AdamState {
 export interface AdamApplyOptions {
   /** Factor on every gradient (a global-norm clip's). Default 1. */
   readonly scale?: number;
-  /** Each gradient's elementwise square (as {@link gradientSquares} returns them), or computed. */
+  /** Each gradient's elementwise square (as {@link Adam.gradientNorm} returns them), or computed. */
   readonly squares?: readonly (tf.Tensor | undefined)[];
-}
-
-/**
- * The elementwise square of each gradient and their global L2 norm `√(Σ g²)` (`undefined` gradients count 0):
- * two kernels a gradient, and the squares serve {@link Adam.apply} after a clip by that norm.
- *
- * @param grads - gradients (not disposed).
- * @returns the squares (the caller disposes them) and the norm (NaN or ∞ when a gradient is not finite).
- */
-export function gradientSquares(grads: readonly (tf.Tensor | undefined)[]): { squares: (tf.Tensor | undefined)[]; norm: number } {
-  const squares = grads.map((g) => (g === undefined ? undefined : tf.square(g)));
-  const present = squares.filter((x): x is tf.Tensor => x !== undefined);
-  if (present.length === 0) return { squares, norm: 0 };
-  const total = tf.tidy(() => tf.addN(present.map((x) => tf.sum(x)))); // []
-  try {
-    return { squares, norm: Math.sqrt(total.dataSync()[0]) };
-  } finally {
-    total.dispose();
-  }
 }
 
 /**
@@ -115,7 +98,7 @@ export class Adam {
    * @param grads - the gradient of each variable (same order and shapes as {@link Adam.variables}), or
    *   `undefined` for a variable to leave alone. Not disposed.
    * @param options - `scale`: factor on every gradient (a global-norm clip), default 1; `squares`: each
-   *   gradient's elementwise square, when the caller has them ({@link gradientSquares}), which the `ops` kernel
+   *   gradient's elementwise square, when the caller has them ({@link Adam.gradientNorm}), which the `ops` kernel
    *   uses for a variable of a shape no other has. Not disposed.
    */
   apply(grads: readonly (tf.Tensor | undefined)[], options: AdamApplyOptions = {}): void {
@@ -134,6 +117,18 @@ export class Adam {
       rate: (this.options.learningRate * root2) / (1 - this.beta1 ** t),
     });
     this.steps = t;
+  }
+
+  /**
+   * The global L2 norm `√(Σ g²)` of `grads` (`undefined` gradients count 0; NaN or ∞ when one is not finite), as
+   * a clip takes it, with each gradient's elementwise square where this optimizer's kernel reuses them in
+   * {@link Adam.apply} (the `ops` kernel; the fused kernel reads each gradient once, in one reduction).
+   *
+   * @param grads - gradients (not disposed).
+   * @returns the norm and the squares (`undefined` where not made; the caller disposes them).
+   */
+  gradientNorm(grads: readonly (tf.Tensor | undefined)[]): GradientNorm {
+    return this.kernel.norm(grads);
   }
 
   /** A copy of the state (with no moments before the first update or a {@link Adam.setState} with none). */

@@ -38,6 +38,37 @@ export interface AdamMoments {
   readonly v: readonly Float32Array[];
 }
 
+/** A set of gradients' global L2 norm, and each one's elementwise square where they were made. */
+export interface GradientNorm {
+  /** `√(Σ g²)`: NaN or ∞ when a gradient is not finite. */
+  readonly norm: number;
+  /** One per gradient, `undefined` where none was made; the caller disposes them. */
+  readonly squares: (tf.Tensor | undefined)[];
+}
+
+/**
+ * The elementwise square of each gradient and their global L2 norm `√(Σ g²)` (`undefined` gradients count 0):
+ * two kernels a gradient, and the squares serve {@link StackedOpsKernel.update} after a clip by that norm.
+ *
+ * @param grads - gradients (not disposed).
+ */
+export function gradientSquares(grads: readonly (tf.Tensor | undefined)[]): GradientNorm {
+  const squares = grads.map((g) => (g === undefined ? undefined : tf.square(g)));
+  const present = squares.filter((x): x is tf.Tensor => x !== undefined);
+  return { squares, norm: Math.sqrt(readSum(present, (x) => tf.sum(x))) };
+}
+
+/** `Σ part(x)` over `xs`, each part a scalar, read back (0 for none). */
+function readSum(xs: readonly tf.Tensor[], part: (x: tf.Tensor) => tf.Tensor): number {
+  if (xs.length === 0) return 0;
+  const total = tf.tidy(() => tf.addN(xs.map(part))); // []
+  try {
+    return total.dataSync()[0];
+  } finally {
+    total.dispose();
+  }
+}
+
 /** What computes {@link Adam}'s updates and holds its moments. */
 export interface AdamKernel {
   /** `fused` (TensorFlow's kernel, in place) or `ops` (TF.js ops over stacked shapes). */
@@ -49,6 +80,8 @@ export interface AdamKernel {
    * @param squares - each gradient's elementwise square, where the caller has them (the ops kernel uses them).
    */
   update(grads: readonly (tf.Tensor | undefined)[], squares: readonly (tf.Tensor | undefined)[] | undefined, step: AdamStep): void;
+  /** The gradients' global norm, with their squares where {@link AdamKernel.update} uses them. */
+  norm(grads: readonly (tf.Tensor | undefined)[]): GradientNorm;
   /** A copy of the moments, or `null` before the first update. */
   read(): Promise<AdamMoments | null>;
   /** Replaces the moments (checked by the caller), or drops them (`null`: zeros at the next update). */
@@ -187,6 +220,14 @@ export class FusedAdamKernel implements AdamKernel {
     });
   }
 
+  /** TensorFlow's `L2Loss` (`Σ g² / 2`) of each gradient: one read of it, no temporary. */
+  norm(grads: readonly (tf.Tensor | undefined)[]): GradientNorm {
+    const present = grads.filter((g): g is tf.Tensor => g !== undefined);
+    const T = { name: 'T', type: this.ops.binding.TF_ATTR_TYPE, value: this.ops.binding.TF_FLOAT };
+    const half = readSum(present, (g) => this.ops.executeSingleOutput('L2Loss', [T], [g]));
+    return { norm: Math.sqrt(2 * half), squares: grads.map(() => undefined) };
+  }
+
   async read(): Promise<AdamMoments | null> {
     if (!this.hasMoments) return null;
     const values = (k: 1 | 2): Promise<Float32Array[]> =>
@@ -317,6 +358,10 @@ export class StackedOpsKernel implements AdamKernel {
         }),
       );
     });
+  }
+
+  norm(grads: readonly (tf.Tensor | undefined)[]): GradientNorm {
+    return gradientSquares(grads);
   }
 
   async read(): Promise<AdamMoments | null> {

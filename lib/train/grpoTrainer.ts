@@ -14,7 +14,7 @@ import { ConfigError, assertNever, throwIfAborted } from '../core/errors.js';
 import type { PolicyModel } from '../model/transformer.js';
 import { createRng, shuffledIndices } from '../core/random.js';
 import type { Batch, BatchMeta, Defined, Metrics, ModelTag } from '../core/types.js';
-import { Adam, gradientSquares } from './adam.js';
+import { Adam } from './adam.js';
 import type { StepResult, Trainer } from './types.js';
 
 /** What a trainer minimizes: the clipped policy gradient (GRPO, distillation), or the cross-entropy (SFT). */
@@ -304,7 +304,12 @@ export class GrpoTrainer implements Trainer {
         const gradients = this.model.namedWeightsOf(
           new Map(this.trainedVariables.map((v, i) => [this.trainedNames[i], grads.get(v.name)!])),
         );
-        return { gradients, loss: losses.reduce((a, b) => a + b, 0), microBatchLosses: losses, gradNorm: globalNorm([...grads.values()]) };
+        return {
+          gradients,
+          loss: losses.reduce((a, b) => a + b, 0),
+          microBatchLosses: losses,
+          gradNorm: this.globalNorm([...grads.values()]),
+        };
       } finally {
         tf.dispose([...grads.values()]);
       }
@@ -541,15 +546,22 @@ export class GrpoTrainer implements Trainer {
     return { loss: loss as tf.Scalar, metrics };
   }
 
+  /** Global L2 norm of a set of tensors (as the clip computes it). */
+  private globalNorm(tensors: readonly tf.Tensor[]): number {
+    const { squares, norm } = this.optimizer.gradientNorm(tensors);
+    tf.dispose(squares.filter((x): x is tf.Tensor => x !== undefined));
+    return norm;
+  }
+
   /**
    * Clips `grads` (by variable name) to the global norm and applies them when `finite`; disposes them. The clip is
-   * a factor Adam folds into its scalars, and the squares the norm sums serve Adam's second moment.
+   * a factor on Adam's gradients, and the squares the norm sums serve Adam's second moment where its kernel uses them.
    */
   private applyClipped(grads: tf.NamedTensorMap, finite: boolean): { norm: number; applied: boolean } {
     const ordered = this.trainedVariables.map((v): tf.Tensor | undefined => grads[v.name]);
     let squares: (tf.Tensor | undefined)[] = [];
     try {
-      const out = gradientSquares(ordered);
+      const out = this.optimizer.gradientNorm(ordered);
       squares = out.squares;
       const norm = out.norm;
       if (!finite || !Number.isFinite(norm)) return { norm, applied: false };
@@ -607,13 +619,6 @@ function dropStale(batch: Batch, step: number, maxStaleness: number): { batch: B
     }
   });
   return { batch: dropped > 0 ? { ...batch, lossMask } : batch, dropped };
-}
-
-/** Global L2 norm of a set of tensors (as the clip computes it). */
-function globalNorm(tensors: readonly tf.Tensor[]): number {
-  const { squares, norm } = gradientSquares(tensors);
-  tf.dispose(squares.filter((x): x is tf.Tensor => x !== undefined));
-  return norm;
 }
 
 /** The rows `index` of a step's inputs, as one micro-batch sees them (the proximal log-probs as the old ones). */

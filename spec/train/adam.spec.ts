@@ -140,7 +140,8 @@ describe.each(ALL_BACKENDS)('Adam (%s backend)', (backend) => {
     adam.apply(g); // the moments are made here
     const before = tf.memory().numTensors;
     const count = async (fn: () => void): Promise<number> => (await tf.profile(fn)).kernels.length;
-    const { squares, norm } = gradientSquares(g);
+    const { squares, norm } = adam.gradientNorm(g);
+    expect(squares.every((x) => x === undefined)).toBe(adam.kernelName === 'fused'); // the fused kernel needs none
     if (adam.kernelName === 'ops') {
       expect(await count(() => adam.apply(g))).toBe(12 * SHAPES.length);
       expect(await count(() => adam.apply(g, { squares, scale: 0.5 }))).toBe(11 * SHAPES.length);
@@ -151,6 +152,17 @@ describe.each(ALL_BACKENDS)('Adam (%s backend)', (backend) => {
     }
     const expectedNorm = Math.sqrt(grads[0].reduce((s, x) => s + x.reduce((a, b) => a + b * b, 0), 0));
     expect(Math.abs(norm - expectedNorm) / expectedNorm).toBeLessThan(1e-6);
+    const normOf = (xs: (tf.Tensor | undefined)[], kernel = adam.gradientNorm.bind(adam)): number => {
+      const out = kernel(xs);
+      tf.dispose(out.squares.filter((x): x is tf.Tensor => x !== undefined));
+      return out.norm;
+    };
+    expect(Math.abs(normOf(g, gradientSquares) - norm) / norm).toBeLessThan(1e-6);
+    const [nan, inf] = [tf.tensor1d([1, NaN]), tf.tensor1d([Infinity])];
+    expect(normOf([nan, undefined, undefined, undefined])).toBeNaN();
+    expect(normOf([undefined, undefined, inf, undefined])).toBe(Infinity);
+    expect(normOf([undefined, undefined, undefined, undefined])).toBe(0);
+    tf.dispose([nan, inf]);
     tf.dispose([...g, ...squares.filter((x): x is tf.Tensor => x !== undefined)]);
     expect(tf.memory().numTensors).toBe(before - SHAPES.length);
     adam.dispose();
