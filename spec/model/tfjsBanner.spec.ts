@@ -17,11 +17,14 @@ import { nativeBackendInstalled } from '../../lib/model/backend.js';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const BANNER = 'looks like you are running TensorFlow.js in Node.js';
 
-/** Runs a script that imports the built `rxrl` and computes on the cpu, then the wasm backend; its whole output. */
-async function computeOutput(env: NodeJS.ProcessEnv): Promise<string> {
+/**
+ * Runs a script that imports the built `rxrl` and computes on the cpu, then the wasm backend (and the native one
+ * where installed, or only `kinds`); its whole output.
+ */
+async function computeOutput(env: NodeJS.ProcessEnv, only?: readonly string[]): Promise<string> {
   const built = join(root, 'dist', 'lib', 'index.js');
   // The native backend too where it is installed: libtensorflow's own note at load is off as well.
-  const kinds = nativeBackendInstalled() ? ['cpu', 'wasm', 'tensorflow'] : ['cpu', 'wasm'];
+  const kinds = only ?? (nativeBackendInstalled() ? ['cpu', 'wasm', 'tensorflow'] : ['cpu', 'wasm']);
   expect(existsSync(built), 'dist/ is not built: npm run build').toBe(true);
   const script = `
     const { initBackend } = await import(${JSON.stringify(pathToFileURL(built).href)});
@@ -46,5 +49,17 @@ describe("TF.js's Node.js banner", () => {
 
   it('comes back with RXRL_TFJS_WARNINGS=1 (so the check above can fail)', async () => {
     expect(await computeOutput({ ...process.env, RXRL_TFJS_WARNINGS: '1' })).toContain(BANNER);
+  }, 60_000);
+});
+
+// libtensorflow says at its first op whether its oneDNN kernels are on (an informational line, shown here).
+const ONEDNN = 'oneDNN custom operations are on';
+
+describe.runIf(nativeBackendInstalled())('the native backend', () => {
+  it("runs TensorFlow's oneDNN kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise", async () => {
+    const env = { ...process.env, RXRL_TFJS_WARNINGS: '1' };
+    delete env.TF_ENABLE_ONEDNN_OPTS;
+    expect(await computeOutput(env, ['tensorflow'])).toContain(ONEDNN);
+    expect(await computeOutput({ ...env, TF_ENABLE_ONEDNN_OPTS: '0' }, ['tensorflow'])).not.toContain(ONEDNN);
   }, 60_000);
 });
