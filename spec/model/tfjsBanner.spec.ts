@@ -57,7 +57,7 @@ const ONEDNN = 'oneDNN custom operations are on';
 
 describe.runIf(nativeBackendInstalled())('the native backend', () => {
   it("runs TensorFlow's oneDNN kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise", async () => {
-    const env = { ...process.env, RXRL_TFJS_WARNINGS: '1' };
+    const env: NodeJS.ProcessEnv = { ...process.env, RXRL_TFJS_WARNINGS: '1' };
     delete env.TF_ENABLE_ONEDNN_OPTS;
     expect(await computeOutput(env, ['tensorflow'])).toContain(ONEDNN);
     expect(await computeOutput({ ...env, TF_ENABLE_ONEDNN_OPTS: '0' }, ['tensorflow'])).not.toContain(ONEDNN);
