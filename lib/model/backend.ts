@@ -170,6 +170,17 @@ function unavailable(name: BackendName, cause: unknown): BackendUnavailableError
   });
 }
 
+/**
+ * Whether the active backend is the native `tensorflow` one with TensorFlow's oneDNN CPU kernels (on by default, see
+ * {@link initBackend}; `TF_ENABLE_ONEDNN_OPTS=0` turns them off). Their matrix product streams a wide weight faster as
+ * the transposed right operand of `x·Wᵀ` (stored `[out, in]`) than as `[in, out]`, which layouts of sampling
+ * weights follow (`samplingWeights.ts`).
+ */
+export function oneDnnKernels(): boolean {
+  // libtensorflow reads the variable once, as it loads; this build's own default is off.
+  return tf.getBackend() === 'tensorflow' && /^(1|true)$/i.test(process.env.TF_ENABLE_ONEDNN_OPTS ?? '');
+}
+
 async function loadNative(packages: readonly string[]): Promise<void> {
   const failures: unknown[] = [];
   // libtensorflow's informational log lines (its CPU-feature note at load) off, unless asked for.

@@ -237,6 +237,7 @@ export class PolicyModel {
         const pair = adapter?.pair(i, target) ?? null;
         return {
           w: get(`${p}.${group}.${target}.weight`) as tf.Tensor as tf.Tensor2D,
+          outMajor: false,
           bias: bias ? opt(`${p}.${group}.${target}.bias`) : null,
           lora:
             pair === null || adapter === null
@@ -787,7 +788,7 @@ export class PolicyModel {
 
   /** `x·W (+ bias)` of one of a block's linear layers, plus the adapter's `(α/r)·(x·A)·B` where it has one. */
   private project(x: tf.Tensor2D, layer: BlockLinear): tf.Tensor2D {
-    const y = linear(x, layer.w, layer.bias);
+    const y = linear(x, layer);
     if (layer.lora === null) return y;
     const low = tf.mul(tf.matMul(x, layer.lora.a), layer.lora.scale); // [N, r]
     return tf.add(y, tf.matMul(low, layer.lora.b));
@@ -941,9 +942,9 @@ function checkWeights(specs: readonly PolicyParamSpec[], weights: NamedWeights):
   }
 }
 
-/** `x · w (+ bias)` for `x [N, in]`, `w [in, out]`, `bias [out]`: `[N, out]`. */
-function linear(x: tf.Tensor2D, w: tf.Tensor2D, bias: tf.Tensor | null): tf.Tensor2D {
-  const y: tf.Tensor2D = tf.matMul(x, w); // [N, out]
+/** `x · w (+ bias)` for `x [N, in]`, `w [in, out]` (or `x · wᵀ` for `w [out, in]`), `bias [out]`: `[N, out]`. */
+function linear(x: tf.Tensor2D, { w, outMajor, bias }: BlockLinear): tf.Tensor2D {
+  const y: tf.Tensor2D = tf.matMul(x, w, false, outMajor); // [N, out]
   return bias === null ? y : (tf.add(y, bias) as tf.Tensor2D);
 }
 

@@ -5,7 +5,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { collate } from '../../lib/data/collate.js';
 import type { GenerateRequest, NamedWeights } from '../../lib/model/types.js';
-import { initBackend } from '../../lib/model/backend.js';
+import { initBackend, nativeBackendInstalled, oneDnnKernels } from '../../lib/model/backend.js';
 import { padPrompts } from '../../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
@@ -267,6 +267,48 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
     expect(tf.memory().numTensors).toBeGreaterThan(before); // the copy is cached for the next generation
     base.setSamplingWeights(false);
     expect(tf.memory().numTensors).toBe(before);
+    adapter.dispose();
+    base.dispose();
+  });
+});
+
+describe.runIf(nativeBackendInstalled())('sampling weights on the native backend', () => {
+  beforeAll(async () => {
+    await initBackend('tensorflow', { logger: quiet });
+  });
+
+  it("stores the fused gate/up transposed with oneDNN's kernels (in-major without), and either gives the variables' logits", async () => {
+    const { model: base } = await loadModelDir(join(FIXTURES, 'tiny-llama'));
+    const adapter = randomAdapter(base.config, 11);
+    const view = PolicyModel.withAdapter(base, adapter);
+    const { dModel: d, dFF: f } = base.config;
+    const layouts: { variable: string; outMajor: boolean; shape: number[] }[] = [];
+    const previous = process.env.TF_ENABLE_ONEDNN_OPTS;
+    try {
+      for (const variable of ['1', '0']) {
+        process.env.TF_ENABLE_ONEDNN_OPTS = variable;
+        expect(oneDnnKernels()).toBe(variable === '1');
+        for (const model of [base, view]) {
+          model.weightsChanged(); // the next lease builds a copy under this setting
+          const lease = model.samplingLeaseInternal();
+          const gateUp = lease.blocks[0].gateUp;
+          expect(gateUp).toHaveLength(1);
+          layouts.push({ variable, outMajor: gateUp[0].outMajor, shape: gateUp[0].w.shape });
+          lease.release();
+          expect(maxDiff(stepLogits(model, true), stepLogits(model, false))).toBeLessThan(LOGIT_TOLERANCE);
+        }
+      }
+    } finally {
+      if (previous === undefined) delete process.env.TF_ENABLE_ONEDNN_OPTS;
+      else process.env.TF_ENABLE_ONEDNN_OPTS = previous;
+    }
+    expect(layouts).toEqual([
+      { variable: '1', outMajor: true, shape: [2 * f, d] },
+      { variable: '1', outMajor: true, shape: [2 * f, d] },
+      { variable: '0', outMajor: false, shape: [d, 2 * f] },
+      { variable: '0', outMajor: false, shape: [d, 2 * f] },
+    ]);
+    view.dispose();
     adapter.dispose();
     base.dispose();
   });
