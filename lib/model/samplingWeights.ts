@@ -12,9 +12,10 @@
  * ```
  * A block is then four matrix products instead of 7 base and 14 adapter products, 7 scale multiplies and 7 adds.
  * With TensorFlow's oneDNN kernels ({@link oneDnnKernels}) `W_gateup` is stored transposed, `[2·dFF, d]`, and
- * multiplied as `h·W_gateupᵀ`: oneDNN's product reads a weight this wide (3,072 columns for SmolLM2-135M) 1.4–1.5×
- * faster that way (16 rows: 2.9 → 1.9 ms; 216 rows: 16.3 → 11.4 ms); the narrower ones run about even either way,
- * and Eigen's (oneDNN off) and wasm's products are slower with a transposed operand.
+ * multiplied as `h·W_gateupᵀ`: oneDNN's product of a weight this wide (3,072 columns for SmolLM2-135M) runs up to
+ * 1.8× faster that way at a prefill's 216 rows, and as fast or up to 1.5× faster at 16 rows (it varies with the
+ * machine's load); the narrower ones run about even either way, and Eigen's (oneDNN off) and wasm's products are
+ * slower with a transposed operand.
  * The fused copy costs one float32 copy of the block's fused and merged matrices (for SmolLM2-135M with an adapter
  * on all seven projections, 30 · 3.54 M values ≈ 425 MB; without an adapter, q/k/v and gate/up only ≈ 280 MB), so
  * it is built only where it fits ({@link samplingWeightsFit}) and freed as soon as the weights change.
