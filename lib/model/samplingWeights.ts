@@ -111,14 +111,15 @@ function merged(layer: BlockLinear): tf.Tensor2D {
  */
 function fuse(layers: readonly BlockLinear[], outMajor = false): BlockLinear {
   if (layers.length === 1 && !outMajor) return { w: merged(layers[0]), outMajor, bias: layers[0].bias, lora: null };
-  const w = outMajor ? tf.transpose(tf.concat(layers.map(merged), 1)) : tf.concat(layers.map(merged), 1);
+  const joined = tf.concat(layers.map(merged), 1); // [in, Σ out]
+  const w = outMajor ? tf.transpose(joined) : joined;
   const bias = layers.every((l) => l.bias === null)
     ? null
     : tf.concat(
         layers.map((l) => l.bias ?? tf.zeros([l.w.shape[1]])),
         0,
       ); // [Σ out]
-  return { w: w as tf.Tensor2D, outMajor, bias, lora: null };
+  return { w, outMajor, bias, lora: null };
 }
 
 /** The fused sampling copy of a block, and the tensors it made (the norms and unmerged layers are the block's own). */
