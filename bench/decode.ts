@@ -2,13 +2,16 @@
  * Cost of one KV-cache decoding step of SmolLM2-135M (the model directory at `~/.cache/rxrl-models/SmolLM2-135M-Instruct`,
  * or a random model of its shape when that is absent), 16 rows and a 45-token prompt as a GRPO group samples, on the
  * base model and on a view with a rank-16 LoRA adapter on all seven projections; for each, generation reading the
- * variables (the unfused path, as training reads them) and the fused, adapter-merged sampling weights. The variants
- * run interleaved in one process (the machine's load drifts); kernels per step are counted with `tf.profile`.
+ * variables (the unfused path, as training reads them) and the fused, adapter-merged sampling weights; and on the
+ * native backend each of those op by op (`eager`) and as one TensorFlow graph (`graph`, `PolicyModel.setGraphDecoding`).
+ * The variants run interleaved in one process (the machine's load drifts); kernels per step (those dispatched from
+ * JavaScript) are counted with `tf.profile`.
  *
  * Usage: `npm run bench -- decode [--backend tensorflow] [--rows 16] [--prompt 45] [--reps 10] [--new 16] [--model-dir DIR]`.
  * Prints the cost of building the fused copy (first build, and a rebuild as after each training step), one JSON
  * line per variant (`generateSeconds`: a whole `generate` of `--new` tokens per row, the fused one including a
- * rebuild of the copy), then a `decode-summary` line with the fused/variables ratios.
+ * rebuild of the copy), then a `decode-summary` line with the fused/variables ratios (eager) and the graph/eager
+ * ratios.
  *
  * @packageDocumentation
  */
@@ -18,6 +21,7 @@ import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 
 import { initBackend, type BackendName } from '../lib/model/backend.js';
+import { graphSessionsAvailable } from '../lib/model/tfGraph.js';
 import { padPrompts, type PromptBatch } from '../lib/model/generate.js';
 import { LORA_TARGETS, LoraAdapter } from '../lib/model/lora.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
@@ -34,6 +38,8 @@ function flag(args: readonly string[], name: string, fallback: string): string {
 interface Variant {
   readonly model: string;
   readonly path: 'variables' | 'fused';
+  /** Op by op, or as one graph. */
+  readonly exec: 'eager' | 'graph';
   readonly policy: PolicyModel;
   /** The blocks read (undefined: the variables). */
   blocks: readonly BlockWeights[] | undefined;
@@ -49,6 +55,7 @@ function disposeCaches(caches: Caches): void {
 
 /** One decoding step after the prompt (the caches are left as they are); resolves when its logits are read. */
 async function step(v: Variant, caches: Caches, batch: PromptBatch): Promise<void> {
+  v.policy.setGraphDecoding(v.exec === 'graph');
   const b = batch.rows;
   const tokens = Int32Array.from({ length: b }, (_, r) => 5 + r);
   const positions = Int32Array.from({ length: b }, () => batch.width);
@@ -127,8 +134,10 @@ export async function main(args: readonly string[]): Promise<void> {
       fuseMs.push(Math.round(performance.now() - start));
     }
     leases.push(lease);
-    variants.push({ model: name, path: 'variables', policy, blocks: undefined, stepMs: [], prefillMs: [] });
-    variants.push({ model: name, path: 'fused', policy, blocks: lease.blocks, stepMs: [], prefillMs: [] });
+    for (const exec of graphSessionsAvailable() ? (['eager', 'graph'] as const) : (['eager'] as const)) {
+      variants.push({ model: name, path: 'variables', exec, policy, blocks: undefined, stepMs: [], prefillMs: [] });
+      variants.push({ model: name, path: 'fused', exec, policy, blocks: lease.blocks, stepMs: [], prefillMs: [] });
+    }
     console.log(
       JSON.stringify({ bench: 'decode-fuse', model: name, fuseMs, samplingWeightBytes: samplingWeightBytes(base.config, policy.adapter) }),
     );
@@ -137,6 +146,7 @@ export async function main(args: readonly string[]): Promise<void> {
   const results: {
     model: string;
     path: string;
+    exec: string;
     decodeMsPerStep: number;
     prefillSeconds: number;
     kernelsPerStep: number;
@@ -144,12 +154,14 @@ export async function main(args: readonly string[]): Promise<void> {
   }[] = [];
   for (const v of variants) {
     v.policy.setSamplingWeights(v.path === 'fused');
+    v.policy.setGraphDecoding(v.exec === 'graph');
     const seconds = await generateSeconds(v.policy, prompts, newTokens);
     const row = {
       bench: 'decode',
       modelDir: found ? dir : null,
       model: v.model,
       path: v.path,
+      exec: v.exec,
       rows,
       promptLength,
       decodeMsPerStep: Number(median(v.stepMs).toFixed(1)),
@@ -161,24 +173,45 @@ export async function main(args: readonly string[]): Promise<void> {
     results.push(row);
     console.log(JSON.stringify(row));
   }
-  const ratio = (model: string, key: 'decodeMsPerStep' | 'prefillSeconds' | 'kernelsPerStep' | 'generateSeconds'): number => {
-    const of = (path: string): number => results.find((r) => r.model === model && r.path === path)![key];
-    return Number((of('fused') / of('variables')).toFixed(3));
+  type Key = 'decodeMsPerStep' | 'prefillSeconds' | 'kernelsPerStep' | 'generateSeconds';
+  const of = (model: string, path: string, exec: string, key: Key): number | undefined =>
+    results.find((r) => r.model === model && r.path === path && r.exec === exec)?.[key];
+  /** Each measure of `a` over `b`, where both ran. */
+  const ratios = (a: (key: Key) => number | undefined, b: (key: Key) => number | undefined): Partial<Record<Key, number>> => {
+    const keys: Key[] = ['decodeMsPerStep', 'prefillSeconds', 'kernelsPerStep', 'generateSeconds'];
+    return Object.fromEntries(
+      keys.flatMap((key) => {
+        const [x, y] = [a(key), b(key)];
+        return x === undefined || y === undefined ? [] : [[key, Number((x / y).toFixed(3))]];
+      }),
+    );
   };
+  const models = ['base', 'lora'];
   console.log(
     JSON.stringify({
       bench: 'decode-summary',
       fusedOverVariables: Object.fromEntries(
-        ['base', 'lora'].map((m) => [
+        models.map((m) => [
           m,
-          {
-            decodeMsPerStep: ratio(m, 'decodeMsPerStep'),
-            prefillSeconds: ratio(m, 'prefillSeconds'),
-            kernelsPerStep: ratio(m, 'kernelsPerStep'),
-            generateSeconds: ratio(m, 'generateSeconds'),
-          },
+          ratios(
+            (k) => of(m, 'fused', 'eager', k),
+            (k) => of(m, 'variables', 'eager', k),
+          ),
         ]),
       ),
+      graphOverEager: graphSessionsAvailable()
+        ? Object.fromEntries(
+            models.flatMap((m) =>
+              ['fused', 'variables'].map((p) => [
+                `${m}-${p}`,
+                ratios(
+                  (k) => of(m, p, 'graph', k),
+                  (k) => of(m, p, 'eager', k),
+                ),
+              ]),
+            ),
+          )
+        : null,
     }),
   );
   for (const lease of leases) lease.release();

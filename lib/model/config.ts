@@ -71,6 +71,10 @@ export type ResolvedPolicyConfig = Defined<PolicyConfig>;
 export const RMS_NORM_EPS = 1e-6;
 /** Default RoPE base θ. */
 export const ROPE_THETA = 10_000;
+/** Additive attention bias of masked (future or padding) keys; finite so fully masked rows stay finite. */
+export const MASK_BIAS = -1e9;
+/** Vocabulary size from which a tied output head is computed vocabulary-major, `(E·hᵀ)ᵀ` (see `PolicyModel.head`). */
+export const VOCAB_MAJOR_HEAD = 1024;
 
 /**
  * Validates a configuration and fills in its defaults.

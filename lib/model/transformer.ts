@@ -40,10 +40,19 @@ import { yieldToEventLoop } from '../core/turns.js';
 import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
 import type { LoraTarget, ModelAdapter } from './adapter.js';
 import { SamplingWeightsCache, samplingWeightsFit, type BlockLinear, type BlockWeights, type SamplingLease } from './samplingWeights.js';
-import { configMismatches, validatePolicyConfig, type PolicyConfig, type ResolvedPolicyConfig } from './config.js';
+import {
+  MASK_BIAS,
+  VOCAB_MAJOR_HEAD,
+  configMismatches,
+  validatePolicyConfig,
+  type PolicyConfig,
+  type ResolvedPolicyConfig,
+} from './config.js';
+import { DecodeGraph, type DecodeWeights, type LayerCache } from './decodeGraph.js';
+import { graphSessionsAvailable } from './tfGraph.js';
 import { createRng, normalArray } from '../core/random.js';
 
-export { MODEL_TYPES, RMS_NORM_EPS, ROPE_THETA, configMismatches, validatePolicyConfig } from './config.js';
+export { MASK_BIAS, MODEL_TYPES, RMS_NORM_EPS, ROPE_THETA, configMismatches, validatePolicyConfig } from './config.js';
 export type { ModelType, PolicyConfig, ResolvedPolicyConfig, RopeScaling } from './config.js';
 
 /** Log-probabilities of the observed next tokens and the entropies of the predicted distributions. */
@@ -54,8 +63,6 @@ export interface TokenLogprobs {
   readonly entropy: tf.Tensor2D;
 }
 
-/** Additive attention bias of masked (future or padding) keys; finite so fully masked rows stay finite. */
-export const MASK_BIAS = -1e9;
 /** Standard deviation of the normal initialization of embeddings and projections (`initializer_range`). */
 export const INIT_STD = 0.02;
 
@@ -152,12 +159,6 @@ export function policyParamSpecs(config: PolicyConfig): PolicyParamSpec[] {
   return specs;
 }
 
-/** Keys and values of one block for a batch: `k [b, Hkv, L, dh]`, `v [b, Hkv, L, dh]`. */
-type LayerCache = {
-  readonly k: tf.Tensor4D;
-  readonly v: tf.Tensor4D;
-};
-
 /** Rotary tables for `N` tokens: `cos [N, 1, dh]`, `sin [N, 1, dh]`. */
 /** Attention of a block: queries, keys and values `[N, ·]` after RoPE in, merged heads `[N, H·dh]` out. */
 type Attention = (q: tf.Tensor2D, k: tf.Tensor2D, v: tf.Tensor2D) => tf.Tensor2D;
@@ -214,6 +215,10 @@ export class PolicyModel {
   private readonly rotateHalf: tf.Tensor2D;
   /** The LoRA adapter of a view made by {@link PolicyModel.withAdapter}; its base's variables are not owned. */
   readonly adapter: ModelAdapter | null;
+  /** Whether decoding steps run as one graph (see {@link PolicyModel.setGraphDecoding}); unset: where the backend can. */
+  private graphDecoding: boolean | undefined;
+  /** The compiled decoding step and the weight structure it was built for. */
+  private decodeGraph: { readonly structure: string; readonly graph: DecodeGraph } | null = null;
   private disposed = false;
 
   private constructor(
@@ -384,6 +389,7 @@ export class PolicyModel {
     const own = this.adapter === null ? [...this.params.values()] : [];
     disposeEach([
       () => this.sampling.invalidate(this.adapter === null ? undefined : this.adapter),
+      () => this.decodeGraph?.graph.dispose(),
       ...[...own, this.invFreq, this.rotateHalf].map((tensor) => () => tensor.dispose()),
     ]);
   }
@@ -612,6 +618,27 @@ export class PolicyModel {
   setSamplingWeights(fused: boolean): void {
     this.fusedSampling = fused;
     if (!fused) this.sampling.invalidate(this.adapter);
+  }
+
+  /**
+   * Chooses whether a decoding step runs as one TensorFlow graph (one session call instead of about 45 eager ops a
+   * block) or op by op. Default: as a graph on the native `tensorflow` backend, which alone can run one. Both compute
+   * the same logits to float32 rounding.
+   */
+  setGraphDecoding(enabled: boolean): void {
+    this.graphDecoding = enabled;
+  }
+
+  /** The compiled step for `weights`, built on first use and again when their structure changes; null: eager. */
+  private stepGraph(weights: DecodeWeights): DecodeGraph | null {
+    if (!(this.graphDecoding ?? true) || !graphSessionsAvailable()) return null;
+    const structure = DecodeGraph.structureOf(weights);
+    if (this.decodeGraph?.structure !== structure) {
+      this.decodeGraph?.graph.dispose();
+      this.decodeGraph = null;
+      this.decodeGraph = { structure, graph: new DecodeGraph(this.config, weights, ropeInverseFrequencies(this.config)) };
+    }
+    return this.decodeGraph.graph;
   }
 
   /** The blocks a generation reads, until it releases them: the fused copy, or the variables. */
@@ -878,6 +905,15 @@ export class PolicyModel {
     caches: readonly LayerCache[],
     blocks: readonly BlockWeights[] = this.blocks,
   ): { logits: tf.Tensor2D; caches: LayerCache[] } {
+    const weights: DecodeWeights = {
+      embedTokens: this.embedTokens,
+      finalNorm: this.finalNorm,
+      lmHead: this.lmHead,
+      rotateHalf: this.rotateHalf,
+      blocks,
+    };
+    const graph = this.stepGraph(weights);
+    if (graph !== null) return tf.tidy(() => graph.step(weights, { tokens, positions, keyMask, caches }));
     return tf.tidy(() => {
       const b = tokens.length;
       const L1 = keyMask.length / b;
@@ -1039,9 +1075,6 @@ function promptBatchOf(inputIds: tf.Tensor2D, attentionMask: tf.Tensor2D, positi
     positionIds: cut(positionIds.dataSync() as Int32Array, (n) => new Int32Array(n)),
   };
 }
-
-/** Vocabulary size from which a tied output head is computed vocabulary-major (see `PolicyModel.head`). */
-const VOCAB_MAJOR_HEAD = 1024;
 
 /**
  * Rows of one prefill forward pass: a larger batch is prefilled in slices of this many rows, one slice per turn of

@@ -1,0 +1,78 @@
+/** Decoding helpers shared by the specs of the fused sampling copy and of the graph decoding step. */
+import * as tf from '@tensorflow/tfjs-core';
+
+import type { GenerateRequest, NamedWeights } from '../../lib/model/types.js';
+import { padPrompts } from '../../lib/model/generate.js';
+import { LORA_TARGETS, LoraAdapter } from '../../lib/model/lora.js';
+import type { PolicyConfig, PolicyModel } from '../../lib/model/transformer.js';
+import { createRng, normalArray } from '../../lib/core/random.js';
+
+/** Fused (merged, concatenated) and unfused products round differently: float32 sums in another order. */
+export const LOGIT_TOLERANCE = 2e-4;
+export const DECODE_STEPS = 4;
+
+/** An adapter on every projection with every tensor random (a fresh adapter's B is 0, which would hide a wrong merge). */
+export function randomAdapter(config: PolicyConfig, seed: number, std = 0.05): LoraAdapter {
+  const lora = { rank: 4, alpha: 8, targetModules: LORA_TARGETS };
+  const fresh = LoraAdapter.create(config, lora, seed);
+  const rng = createRng(seed, 'random-adapter');
+  const weights: NamedWeights = new Map(
+    [...fresh.getWeights()].map(([name, w]) => [name, { shape: w.shape, data: normalArray(w.data.length, std, rng) }]),
+  );
+  fresh.dispose();
+  return LoraAdapter.fromWeights(config, lora, weights);
+}
+
+/** Left-padded prompts of three lengths. */
+export function prompts(vocab: number): number[][] {
+  return [
+    [5, 9, 14, 3, 22, 7],
+    [31 % vocab, 4],
+    [8, 8, 17, 2],
+  ];
+}
+
+/**
+ * Prefill and `DECODE_STEPS` decode steps (feeding fixed tokens) through `blocks` (a fused copy, or the variables when
+ * undefined): each step's logits.
+ */
+export function stepLogits(model: PolicyModel, fused: boolean): Float32Array[] {
+  const lease = fused ? model.samplingLeaseInternal() : null;
+  const blocks = lease?.blocks;
+  const batch = padPrompts(prompts(model.config.vocabSize));
+  const b = batch.rows;
+  const out: Float32Array[] = [];
+  let { logits, caches } = model.prefillInternal(batch, blocks);
+  let mask = batch.attentionMask;
+  for (let step = 0; ; step++) {
+    out.push(logits.dataSync() as Float32Array);
+    logits.dispose();
+    if (step === DECODE_STEPS) break;
+    const L = mask.length / b;
+    const next = new Float32Array(b * (L + 1));
+    for (let r = 0; r < b; r++) {
+      next.set(mask.subarray(r * L, (r + 1) * L), r * (L + 1));
+      next[r * (L + 1) + L] = 1;
+    }
+    const positions = Int32Array.from({ length: b }, (_, r) => batch.positionIds[(r + 1) * batch.width - 1] + 1 + step);
+    const tokens = Int32Array.from({ length: b }, (_, r) => (3 + 5 * r + step) % model.config.vocabSize);
+    const o = model.decodeInternal(tokens, positions, next, caches, blocks);
+    for (const c of caches) tf.dispose([c.k, c.v]);
+    ({ logits, caches } = o);
+    mask = next;
+  }
+  for (const c of caches) tf.dispose([c.k, c.v]);
+  lease?.release();
+  return out;
+}
+
+export function maxDiff(a: readonly Float32Array[], b: readonly Float32Array[]): number {
+  let worst = 0;
+  a.forEach((x, i) => x.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - b[i][k])))));
+  return worst;
+}
+
+/** Greedy requests: the same tokens whatever the seed, so two generations differ only through the weights. */
+export function greedy(vocab: number): GenerateRequest[] {
+  return prompts(vocab).map((promptTokens) => ({ promptTokens, maxTokens: 5, temperature: 0, stopTokens: [] }));
+}
