@@ -1,6 +1,6 @@
 /**
  * `npm run bench -- decodeParts [--model DIR] [--rows 16] [--new 16] [--prompt 54] [--group 4] [--lora 16]
- * [--backend tensorflow]`
+ * [--backend tensorflow] [--exec graph|eager]`
  *
  * Where one decoding step of the sampling loop goes, beside its memory bound: the shape of `bench trl`'s generation
  * (SmolLM2-135M-Instruct, `--rows` completions of `--new` tokens, `--group` of them sharing each prompt of
@@ -8,6 +8,9 @@
  * SmolLM2-135M's architecture with seeded random weights (a step's time does not depend on the weights' values).
  * `bench decode` compares the fused sampling copy with the variables; this one splits the step that runs. `--lora R` samples through a rank-R adapter on all
  * seven projections, as `recipes/smollm2-arithmetic.yaml` trains (`--lora 0`: the base alone, as full fine-tuning).
+ * `--exec` chooses how a decoding step runs on the native backend (`PolicyModel.setGraphDecoding`): `graph` (the
+ * default there) runs it as one TensorFlow session call, whose kernels `tf.profile` does not see (they fall in
+ * `overhead_s`), `eager` op by op, split into kernels by kind.
  *
  * Prints one JSON line, `{"bench":"decode-parts",…}`: the machine's rates (`bench/_rates.ts`), the step's memory bound
  * (every weight read once: `decode_bound_s`), and measured medians of three runs each:
@@ -26,6 +29,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
+import { ConfigError } from '../lib/core/errors.js';
 import { createRng } from '../lib/core/random.js';
 import type { BackendKind } from '../lib/model/backend.js';
 import { LORA_TARGETS, LoraAdapter } from '../lib/model/lora.js';
@@ -130,6 +134,10 @@ export async function main(argv: readonly string[]): Promise<void> {
   const rates = await measureRates(backend);
   const dir = args.value('model') ?? defaultModelDir();
   const { model, base } = await samplingModel(dir, lora);
+  const exec = args.value('exec') ?? 'graph';
+  if (exec !== 'graph' && exec !== 'eager')
+    throw new ConfigError(`--exec must be graph or eager, got ${exec}`, { context: { key: 'exec' } });
+  model.setGraphDecoding(exec === 'graph');
   const vocab = model.config.vocabSize;
   const shape = { rows, group: args.int('group', 4), prompt: args.int('prompt', 54), vocab };
   const all = requests(shape, steps);
@@ -156,6 +164,7 @@ export async function main(argv: readonly string[]): Promise<void> {
       ...rates,
       model: dir ?? 'SmolLM2-135M shape, random weights',
       lora: lora > 0 ? lora : null,
+      exec,
       rows,
       new_tokens: steps,
       prompt_tokens: shape.prompt,

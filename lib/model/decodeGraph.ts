@@ -1,12 +1,14 @@
 /**
- * A KV-cache decoding step as one TensorFlow graph (native backend): the same computation as the eager step of
- * `PolicyModel` (same ops in the same order, so the same logits to float32 rounding), run as one session call
- * instead of about 1,400 eager dispatches from JavaScript.
+ * The prefill and the KV-cache decoding step as TensorFlow graphs (native backend): the same computation as the eager
+ * passes of `PolicyModel` (same ops in the same order, so the same logits to float32 rounding), each run as one
+ * session call instead of about 45 eager dispatches from JavaScript a block.
  *
- * The graph's inputs are the weights (read in place), the step's tokens, its RoPE tables and attention bias (made
- * here in plain memory, a few thousand values), and each block's cache; its outputs are the logits `[b, V]` and the
- * extended caches. Batch size and cache length are left open, so one graph serves every step of every generation
- * of a model whose blocks have the same structure (fused or not, biases, adapter pairs, q/k norms).
+ * A graph's inputs are the weights (read in place), the pass's tokens, their RoPE tables and attention bias and the
+ * shapes that split heads (made here in plain memory, a few thousand values), and for a step each block's cache; its
+ * outputs are the next-token logits `[b, V]` of each row's last position and each block's keys and values (the
+ * prompt's, or the cache extended by the step's). Batch size, positions a row and cache length are left open, so one
+ * graph serves every pass of a kind for a model whose blocks have the same structure (fused or not, biases, adapter
+ * pairs, q/k norms).
  *
  * @packageDocumentation
  */
@@ -33,13 +35,20 @@ export interface DecodeWeights {
   readonly blocks: readonly BlockWeights[];
 }
 
-/** One step's inputs: the new token and position of each row, the keys' mask `[b, L+1]` and the caches `[b, Hkv, L, dh]`. */
+/**
+ * One pass's inputs: `t` new tokens a row and their positions (row-major `[b, t]`), the keys' mask `[b, L+t]`, and
+ * for a step the caches `[b, Hkv, L, dh]` (a prefill has none: `L` is 0).
+ */
 export interface DecodeStepInput {
+  readonly rows: number;
   readonly tokens: Int32Array;
   readonly positions: Int32Array;
   readonly keyMask: Float32Array;
-  readonly caches: readonly LayerCache[];
+  readonly caches: readonly LayerCache[] | null;
 }
+
+/** What a graph computes: a prompt batch from nothing, or one more position of each row after its cache. */
+export type DecodePass = 'prefill' | 'step';
 
 /** The weights a step feeds, flattened in graph-input order, with the structure that decides the graph. */
 function flatten(weights: DecodeWeights): { tensors: tf.Tensor[]; structure: string } {
@@ -94,7 +103,12 @@ class Ops {
   }
 
   reshape(x: string, shape: readonly number[]): string {
-    return this.f('Reshape', [x, this.g.ints(shape)], { Tshape: { type: 'int32' } });
+    return this.reshapeTo(x, this.g.ints(shape));
+  }
+
+  /** A reshape to a shape the graph computes or is fed (an int32 vector). */
+  reshapeTo(x: string, shape: string): string {
+    return this.f('Reshape', [x, shape], { Tshape: { type: 'int32' } });
   }
 
   transpose(x: string, perm: readonly number[]): string {
@@ -131,11 +145,12 @@ class Ops {
 }
 
 /**
- * A compiled decoding step for one model structure: build it once ({@link DecodeGraph.structureOf} says when another
- * is needed), run it every step with the current weights.
+ * A compiled prefill or decoding step for one model structure: build it once ({@link DecodeGraph.structureOf} says when
+ * another is needed), run it every pass with the current weights.
  */
 export class DecodeGraph {
   private readonly session: GraphSession;
+  private readonly pass: DecodePass;
   private readonly invFreq: Float32Array;
   /** A fused q/k/v row without q/k norms: one RoPE pass over the whole row (else queries and keys apart). */
   private readonly fusedRope: boolean;
@@ -152,34 +167,75 @@ export class DecodeGraph {
     private readonly config: ResolvedPolicyConfig,
     weights: DecodeWeights,
     invFreq: Float32Array,
+    pass: DecodePass,
   ) {
     this.invFreq = invFreq;
+    this.pass = pass;
     const first = weights.blocks[0];
     this.fusedRope = first !== undefined && first.qkv.length === 1 && first.qNorm === null;
     const g = new GraphBuilder();
-    const built = new StepGraph(new Ops(g), config, weights, this.fusedRope).build();
+    const built = new StepGraph(new Ops(g), config, weights, this.fusedRope, pass === 'step').build();
     this.session = new GraphSession(g, built.inputs, built.outputs);
   }
 
   /**
-   * One step: the logits `[b, V]` and the caches extended by the step's keys and values (the given ones are left to
-   * the caller). Tensors made here for the step are disposed by the caller's `tf.tidy`.
+   * One pass: the next-token logits `[b, V]` of each row's last position, and each block's keys and values (the
+   * prompt's, or the given caches extended by the step's; those are left to the caller). Tensors made here for the
+   * pass are disposed by the caller's `tf.tidy`.
    */
-  step(weights: DecodeWeights, input: DecodeStepInput): { logits: tf.Tensor2D; caches: LayerCache[] } {
-    const b = input.tokens.length;
-    const L1 = input.keyMask.length / b;
-    const bias = Float32Array.from(input.keyMask, (m) => (m - 1) * -MASK_BIAS);
-    const tables = this.ropeTables(input.positions).map((t) => tf.tensor2d(t.values, [b, t.width]));
+  run(weights: DecodeWeights, input: DecodeStepInput): { logits: tf.Tensor2D; caches: LayerCache[] } {
+    const { rows: b, tokens } = input;
+    const t = tokens.length / b;
+    if ((input.caches !== null) !== (this.pass === 'step'))
+      throw new Error(`DecodeGraph: a ${this.pass} graph given ${input.caches === null ? 'no caches' : 'caches'}`);
+    const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
+    const g = H / Hkv;
+    const shapes = (
+      this.pass === 'step'
+        ? []
+        : [
+            [b, t, H, dh],
+            [b, t, Hkv, dh],
+            [b, Hkv, g * t, dh],
+            [b, H, t, dh],
+          ]
+    ).map((shape) => tf.tensor1d(shape, 'int32'));
+    const tables = this.ropeTables(input.positions).map((table) => tf.tensor2d(table.values, [b * t, table.width]));
     const feeds = [
       ...flatten(weights).tensors,
-      tf.tensor1d(input.tokens, 'int32'),
+      tf.tensor1d(tokens, 'int32'),
+      tf.tensor1d(
+        Int32Array.from({ length: b }, (_, r) => r * t + t - 1),
+        'int32',
+      ),
+      ...shapes,
       ...tables,
-      tf.tensor4d(bias, [b, 1, 1, L1]),
-      ...input.caches.flatMap((c) => [c.k, c.v]),
+      this.bias(input.keyMask, b, t),
+      ...(input.caches ?? []).flatMap((c) => [c.k, c.v]),
     ];
     const [logits, ...kv] = this.session.run(feeds);
-    const caches = input.caches.map((_, i) => ({ k: kv[2 * i] as tf.Tensor4D, v: kv[2 * i + 1] as tf.Tensor4D }));
+    const caches = Array.from({ length: kv.length / 2 }, (_, i) => ({ k: kv[2 * i] as tf.Tensor4D, v: kv[2 * i + 1] as tf.Tensor4D }));
     return { logits: logits as tf.Tensor2D, caches };
+  }
+
+  /**
+   * The additive attention bias of `t` queries a row over `K = L + t` keys, repeated for the `g` query heads of a
+   * group, `[b, 1, g·t, K]`: 0 where query `i` may see key `j` (the key is real, and cached or `j − L ≤ i`),
+   * {@link MASK_BIAS} elsewhere (as the eager passes' `attentionBias` and `groupBias`).
+   */
+  private bias(keyMask: Float32Array, b: number, t: number): tf.Tensor4D {
+    const K = keyMask.length / b;
+    const L = K - t;
+    const g = this.config.nHeads / this.config.nKvHeads;
+    const values = new Float32Array(b * g * t * K);
+    for (let r = 0; r < b; r++) {
+      for (let i = 0; i < t; i++) {
+        const row = new Float32Array(K);
+        for (let j = 0; j < K; j++) row[j] = keyMask[r * K + j] === 1 && (j < L || j - L <= i) ? 0 : MASK_BIAS;
+        for (let h = 0; h < g; h++) values.set(row, ((r * g + h) * t + i) * K);
+      }
+    }
+    return tf.tensor4d(values, [b, 1, g * t, K]);
   }
 
   /**
@@ -234,6 +290,8 @@ class StepGraph {
     private readonly config: ResolvedPolicyConfig,
     private readonly weights: DecodeWeights,
     private readonly fusedRope: boolean,
+    /** A decoding step (one position a row after its cache), else a prefill (positions from the first). */
+    private readonly cached: boolean,
   ) {
     this.shapes = flatten(weights).tensors.map((t) => t.shape);
   }
@@ -260,22 +318,33 @@ class StepGraph {
     const blocks = weights.blocks.map((block) => this.blockWeights(block));
     const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
     const tokens = this.input('tokens', 'int32', [null]);
+    const last = this.input('last', 'int32', [null]);
+    const split = this.cached
+      ? null
+      : {
+          q: this.input('shape_q', 'int32', [4]),
+          kv: this.input('shape_kv', 'int32', [4]),
+          qg: this.input('shape_qg', 'int32', [4]),
+          o: this.input('shape_o', 'int32', [4]),
+        };
     const table = (name: string, heads: number): RopeInputs => ({
       cos: this.input(`${name}_cos`, 'float32', [null, heads * dh]),
       sin: this.input(`${name}_sin`, 'float32', [null, heads * dh]),
     });
     const tables = this.fusedRope ? { qkv: table('qkv', H + 2 * Hkv) } : { q: table('q', H), k: table('k', Hkv) };
-    const bias = this.input('bias', 'float32', [null, 1, 1, null]);
+    const bias = this.input('bias', 'float32', [null, 1, null, null]);
     const cache = (name: string): string => this.input(name, 'float32', [null, Hkv, null, dh]);
-    const caches = blocks.map((_, i) => ({ k: cache(`k${i}`), v: cache(`v${i}`) }));
-    let x = ops.gather(embed, tokens); // [b, d]
+    const caches = this.cached ? blocks.map((_, i) => ({ k: cache(`k${i}`), v: cache(`v${i}`) })) : null;
+    let x = ops.gather(embed, tokens); // [b·t, d]
     const outputs: string[] = [];
     blocks.forEach((block, i) => {
-      const step = this.block(x, block, { rotate, tables, bias, cache: caches[i] });
+      const attention =
+        split === null ? this.stepAttention(bias, (caches as { k: string; v: string }[])[i]) : this.promptAttention(bias, split);
+      const step = this.block(x, block, { rotate, tables, attention });
       x = step.x;
       outputs.push(step.k, step.v);
     });
-    const h = this.rmsNorm(x, finalNorm);
+    const h = this.rmsNorm(ops.gather(x, last), finalNorm); // each row's last position, [b, d]
     return { inputs: this.inputs, outputs: [this.head(h, embed, lmHead), ...outputs] };
   }
 
@@ -296,16 +365,41 @@ class StepGraph {
     return { inputNorm, postNorm, norms, qkv, o, gateUp, down: linear(block.down) };
   }
 
-  private block(x: string, block: GraphBlock, at: BlockInputs): { x: string; k: string; v: string } {
+  /**
+   * A step's attention, one position a row: the new key and value appended to the cache, the `g` query heads of a
+   * group stacked (reshapes only, as the eager step).
+   */
+  private stepAttention(bias: string, cache: { k: string; v: string }): GraphAttention {
     const { ops } = this;
     const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
+    return (q, k, v) => {
+      const qg = ops.reshape(q, [-1, Hkv, H / Hkv, dh]); // [b, Hkv, g, dh]
+      const keys = ops.concat([cache.k, ops.reshape(k, [-1, Hkv, 1, dh])], 2); // [b, Hkv, L+1, dh]
+      const values = ops.concat([cache.v, ops.reshape(v, [-1, Hkv, 1, dh])], 2);
+      const probs = ops.unary('Softmax', ops.add(ops.batchMatMul(qg, keys, true), bias)); // [b, Hkv, g, L+1]
+      return { heads: ops.reshape(ops.batchMatMul(probs, values), [-1, H * dh]), k: keys, v: values };
+    };
+  }
+
+  /** A prompt's attention, `t` positions a row: heads split by the fed shapes, as the eager prefill. */
+  private promptAttention(bias: string, shape: { q: string; kv: string; qg: string; o: string }): GraphAttention {
+    const { ops } = this;
+    const { nHeads: H, headDim: dh } = this.config;
+    const heads = (x: string, to: string): string => ops.transpose(ops.reshapeTo(x, to), [0, 2, 1, 3]); // [b, heads, t, dh]
+    return (q, k, v) => {
+      const keys = heads(k, shape.kv);
+      const values = heads(v, shape.kv);
+      const qg = ops.reshapeTo(heads(q, shape.q), shape.qg); // [b, Hkv, g·t, dh]
+      const probs = ops.unary('Softmax', ops.add(ops.batchMatMul(qg, keys, true), bias)); // [b, Hkv, g·t, t]
+      const o = ops.transpose(ops.reshapeTo(ops.batchMatMul(probs, values), shape.o), [0, 2, 1, 3]); // [b, t, H, dh]
+      return { heads: ops.reshape(o, [-1, H * dh]), k: keys, v: values };
+    };
+  }
+
+  private block(x: string, block: GraphBlock, at: BlockInputs): { x: string; k: string; v: string } {
+    const { ops } = this;
     const [q, k, v] = this.qkv(this.rmsNorm(x, block.inputNorm), block, at);
-    const g = H / Hkv;
-    const qg = ops.reshape(q, [-1, Hkv, g, dh]); // [b, Hkv, g, dh]
-    const keys = ops.concat([at.cache.k, ops.reshape(k, [-1, Hkv, 1, dh])], 2); // [b, Hkv, L+1, dh]
-    const values = ops.concat([at.cache.v, ops.reshape(v, [-1, Hkv, 1, dh])], 2);
-    const probs = ops.unary('Softmax', ops.add(ops.batchMatMul(qg, keys, true), at.bias)); // [b, Hkv, g, L+1]
-    const heads = ops.reshape(ops.batchMatMul(probs, values), [-1, H * dh]); // [b, H·dh]
+    const { heads, k: keys, v: values } = at.attention(q, k, v);
     const mid = ops.add(x, this.project(heads, block.o));
     const h = this.rmsNorm(mid, block.postNorm);
     const parts = block.gateUp.map((layer) => this.project(h, layer));
@@ -384,9 +478,11 @@ interface GraphBlock {
 interface BlockInputs {
   readonly rotate: string;
   readonly tables: { qkv: RopeInputs } | { q: RopeInputs; k: RopeInputs };
-  readonly bias: string;
-  readonly cache: { readonly k: string; readonly v: string };
+  readonly attention: GraphAttention;
 }
+
+/** Attention of a block: queries, keys and values `[b·t, ·]` in; merged heads `[b·t, H·dh]` and the block's keys and values out. */
+type GraphAttention = (q: string, k: string, v: string) => { heads: string; k: string; v: string };
 
 interface RopeInputs {
   readonly cos: string;

@@ -48,7 +48,7 @@ import {
   type PolicyConfig,
   type ResolvedPolicyConfig,
 } from './config.js';
-import { DecodeGraph, type DecodeWeights, type LayerCache } from './decodeGraph.js';
+import { DecodeGraph, type DecodePass, type DecodeWeights, type LayerCache } from './decodeGraph.js';
 import { graphSessionsAvailable } from './tfGraph.js';
 import { createRng, normalArray } from '../core/random.js';
 
@@ -217,8 +217,11 @@ export class PolicyModel {
   readonly adapter: ModelAdapter | null;
   /** Whether decoding steps run as one graph (see {@link PolicyModel.setGraphDecoding}); unset: where the backend can. */
   private graphDecoding: boolean | undefined;
-  /** The compiled decoding step and the weight structure it was built for. */
-  private decodeGraph: { readonly structure: string; readonly graph: DecodeGraph } | null = null;
+  /**
+   * Compiled decoding steps by the structure of the weights they read (the fused copy's and the variables', at most a
+   * few a model; a graph holds no weights).
+   */
+  private readonly decodeGraphs = new Map<string, DecodeGraph>();
   private disposed = false;
 
   private constructor(
@@ -389,7 +392,7 @@ export class PolicyModel {
     const own = this.adapter === null ? [...this.params.values()] : [];
     disposeEach([
       () => this.sampling.invalidate(this.adapter === null ? undefined : this.adapter),
-      () => this.decodeGraph?.graph.dispose(),
+      ...[...this.decodeGraphs.values()].map((graph) => () => graph.dispose()),
       ...[...own, this.invFreq, this.rotateHalf].map((tensor) => () => tensor.dispose()),
     ]);
   }
@@ -613,7 +616,9 @@ export class PolicyModel {
    * Chooses whether generation reads fused, adapter-merged copies of the blocks (one q/k/v and one gate/up product
    * per block; one extra float32 copy of the fused matrices, about 425 MB for SmolLM2-135M with an adapter on every
    * projection) or the variables themselves. Default: the copy where the weights and it fit in
-   * {@link rxrl!SAMPLING_WEIGHTS_MEMORY_SHARE} of the backend's memory. Both compute the same logits to float32 rounding.
+   * {@link rxrl!SAMPLING_WEIGHTS_MEMORY_SHARE} of the backend's memory, except where decoding steps run as a graph
+   * ({@link PolicyModel.setGraphDecoding}): a graph reads the variables as fast as the copy (adapter pairs included),
+   * so the copy's build after each weight change would be lost time. Both compute the same logits to float32 rounding.
    */
   setSamplingWeights(fused: boolean): void {
     this.fusedSampling = fused;
@@ -629,22 +634,30 @@ export class PolicyModel {
     this.graphDecoding = enabled;
   }
 
-  /** The compiled step for `weights`, built on first use and again when their structure changes; null: eager. */
-  private stepGraph(weights: DecodeWeights): DecodeGraph | null {
-    if (!(this.graphDecoding ?? true) || !graphSessionsAvailable()) return null;
-    const structure = DecodeGraph.structureOf(weights);
-    if (this.decodeGraph?.structure !== structure) {
-      this.decodeGraph?.graph.dispose();
-      this.decodeGraph = null;
-      this.decodeGraph = { structure, graph: new DecodeGraph(this.config, weights, ropeInverseFrequencies(this.config)) };
+  /** Whether decoding steps run as a graph. */
+  private graphSteps(): boolean {
+    return (this.graphDecoding ?? true) && graphSessionsAvailable();
+  }
+
+  /** The compiled pass for `blocks`, built at the first pass of its kind and their structure; null: eager. */
+  private passGraph(pass: DecodePass, blocks: readonly BlockWeights[]): { graph: DecodeGraph; weights: DecodeWeights } | null {
+    if (!this.graphSteps()) return null;
+    const { embedTokens, finalNorm, lmHead, rotateHalf } = this;
+    const weights: DecodeWeights = { embedTokens, finalNorm, lmHead, rotateHalf, blocks };
+    const key = `${pass}:${DecodeGraph.structureOf(weights)}`;
+    let graph = this.decodeGraphs.get(key);
+    if (graph === undefined) {
+      graph = new DecodeGraph(this.config, weights, ropeInverseFrequencies(this.config), pass);
+      this.decodeGraphs.set(key, graph);
     }
-    return this.decodeGraph.graph;
+    return { graph, weights };
   }
 
   /** The blocks a generation reads, until it releases them: the fused copy, or the variables. */
   /** @internal */
   samplingLeaseInternal(): SamplingLease {
-    if (!(this.fusedSampling ?? samplingWeightsFit(this.config, this.adapter))) return { blocks: this.blocks, release: () => undefined };
+    const fused = this.fusedSampling ?? (!this.graphSteps() && samplingWeightsFit(this.config, this.adapter));
+    if (!fused) return { blocks: this.blocks, release: () => undefined };
     return this.sampling.acquire(this.adapter, this.blocks);
   }
 
@@ -880,6 +893,11 @@ export class PolicyModel {
    */
   /** @internal */
   prefillInternal(batch: PromptBatch, blocks: readonly BlockWeights[] = this.blocks): { logits: tf.Tensor2D; caches: LayerCache[] } {
+    const graph = this.passGraph('prefill', blocks);
+    if (graph !== null) {
+      const { rows, inputIds: tokens, positionIds: positions, attentionMask: keyMask } = batch;
+      return tf.tidy(() => graph.graph.run(graph.weights, { rows, tokens, positions, keyMask, caches: null }));
+    }
     return tf.tidy(() => {
       const { rows: b, width: P } = batch;
       const ids = tf.tensor2d(batch.inputIds, [b, P], 'int32');
@@ -905,15 +923,8 @@ export class PolicyModel {
     caches: readonly LayerCache[],
     blocks: readonly BlockWeights[] = this.blocks,
   ): { logits: tf.Tensor2D; caches: LayerCache[] } {
-    const weights: DecodeWeights = {
-      embedTokens: this.embedTokens,
-      finalNorm: this.finalNorm,
-      lmHead: this.lmHead,
-      rotateHalf: this.rotateHalf,
-      blocks,
-    };
-    const graph = this.stepGraph(weights);
-    if (graph !== null) return tf.tidy(() => graph.step(weights, { tokens, positions, keyMask, caches }));
+    const graph = this.passGraph('step', blocks);
+    if (graph !== null) return tf.tidy(() => graph.graph.run(graph.weights, { rows: tokens.length, tokens, positions, keyMask, caches }));
     return tf.tidy(() => {
       const b = tokens.length;
       const L1 = keyMask.length / b;

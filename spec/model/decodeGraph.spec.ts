@@ -20,7 +20,7 @@ describe('graph sessions', () => {
   });
 });
 
-describe.runIf(nativeBackendInstalled())('the decoding step as one graph (native backend)', () => {
+describe.runIf(nativeBackendInstalled())('the prefill and the decoding step as graphs (native backend)', () => {
   beforeAll(async () => {
     await initBackend('tensorflow', { logger: quiet });
   });
@@ -54,7 +54,7 @@ describe.runIf(nativeBackendInstalled())('the decoding step as one graph (native
   });
 
   for (const name of ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3']) {
-    it(`${name}: the graph's steps give the eager steps' logits (fused copy or variables, base or adapter view)`, async () => {
+    it(`${name}: the graphs' prefill and steps give the eager passes' logits (fused copy or variables, base or adapter view)`, async () => {
       const { model: base } = await loadModelDir(join(FIXTURES, name));
       const adapter = randomAdapter(base.config, 13);
       const view = PolicyModel.withAdapter(base, adapter);
@@ -65,7 +65,7 @@ describe.runIf(nativeBackendInstalled())('the decoding step as one graph (native
           model.setGraphDecoding(true);
           const before = tf.memory().numTensors;
           const graph = stepLogits(model, fused);
-          expect(tf.memory().numTensors).toBe(before); // the step's feeds and the old caches are freed
+          expect(tf.memory().numTensors).toBe(before); // the passes' feeds and the old caches are freed
           expect(graph).toHaveLength(DECODE_STEPS + 1);
           expect(maxDiff(graph, eager)).toBeLessThan(LOGIT_TOLERANCE);
         }
@@ -82,6 +82,25 @@ describe.runIf(nativeBackendInstalled())('the decoding step as one graph (native
       base.dispose();
     });
   }
+
+  it('reads the variables by default (no fused copy to rebuild after each update), the copy when asked for', async () => {
+    const [{ model: graph }, { model: eager }] = [
+      await loadModelDir(join(FIXTURES, 'tiny-llama')),
+      await loadModelDir(join(FIXTURES, 'tiny-llama')),
+    ];
+    const blocksRead = (model: PolicyModel): number => {
+      const lease = model.samplingLeaseInternal();
+      lease.release();
+      return lease.blocks[0].qkv.length;
+    };
+    expect(blocksRead(graph)).toBe(3); // the variables: q, k and v apart
+    graph.setSamplingWeights(true);
+    expect(blocksRead(graph)).toBe(1); // the fused copy
+    eager.setGraphDecoding(false);
+    expect(blocksRead(eager)).toBe(1); // eager decoding takes the copy where it fits
+    graph.dispose();
+    eager.dispose();
+  });
 
   it('an untied head and a changed structure (fused copy, then variables) each get their graph', async () => {
     const config = { vocabSize: 1100, dModel: 32, nLayers: 2, nHeads: 4, nKvHeads: 2, dFF: 64, maxSeqLen: 64 };

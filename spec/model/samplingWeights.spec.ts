@@ -212,6 +212,8 @@ describe.runIf(nativeBackendInstalled())('sampling weights on the native backend
     const view = PolicyModel.withAdapter(base, adapter);
     const { dModel: d, dFF: f } = base.config;
     const layouts: { variable: string; outMajor: boolean; shape: number[] }[] = [];
+    // Graph decoding (the native default) reads the variables; the copy is asked for.
+    for (const model of [base, view]) model.setSamplingWeights(true);
     const previous = process.env.TF_ENABLE_ONEDNN_OPTS;
     try {
       for (const variable of ['1', '0']) {
