@@ -247,7 +247,7 @@ export class DecodeGraph {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
     const scale = Math.fround(1 / Math.sqrt(dh));
     const half = dh / 2;
-    const angles = positions.length === 0 ? [] : Array.from(positions, (p) => Array.from(this.invFreq, (f) => Math.fround(p * f)));
+    const angles = Array.from(positions, (p) => Array.from(this.invFreq, (f) => Math.fround(p * f)));
     /** Heads side by side: `[count, factor]`, factor null for value heads (cos 1, sin 0). */
     const table = (heads: readonly (readonly [number, number | null])[], trig: (a: number) => number, identity: number) => {
       const width = heads.reduce((w, [n]) => w + n * dh, 0);
