@@ -206,12 +206,18 @@ export class GraphSession {
     private readonly outputs: readonly string[],
   ) {
     this.backend = sessionBackend();
-    const dir = mkdtempSync(join(tmpdir(), 'rxrl-graph-'));
+    let dir: string | undefined;
     try {
+      dir = mkdtempSync(join(tmpdir(), 'rxrl-graph-'));
       writeFileSync(join(dir, 'saved_model.pb'), graph.savedModel(inputs, outputs));
       this.id = this.backend.loadSavedModelMetaGraph(dir, 'serve');
+    } catch (error) {
+      throw new BackendUnavailableError(
+        `could not load a TensorFlow graph (${(error as Error).message}); PolicyModel.setGraphDecoding(false) samples op by op instead`,
+        { cause: error },
+      );
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      if (dir !== undefined) rmSync(dir, { recursive: true, force: true });
     }
     // Only the name is read for float32 and int32 inputs (other types would be converted).
     this.infos = inputs.map((name) => ({ name, tfDtype: 'DT_FLOAT' }));

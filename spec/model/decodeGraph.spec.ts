@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 
+import { BackendUnavailableError } from '../../lib/core/errors.js';
 import { initBackend, nativeBackendInstalled } from '../../lib/model/backend.js';
 import { GraphBuilder, GraphSession, graphSessionsAvailable } from '../../lib/model/tfGraph.js';
 import { loadModelDir } from '../../lib/model/modelDir.js';
@@ -51,6 +52,14 @@ describe.runIf(nativeBackendInstalled())('the prefill and the decoding step as g
     }
     session.dispose();
     expect(() => session.run([])).toThrow(/disposed/);
+  });
+
+  it('a graph TensorFlow refuses is a BackendUnavailableError that says how to sample op by op', () => {
+    const g = new GraphBuilder();
+    const x = g.placeholder('x', 'float32');
+    const y = g.op('NoSuchOp', [x], { T: { type: 'float32' } });
+    expect(() => new GraphSession(g, [x], [y])).toThrow(BackendUnavailableError);
+    expect(() => new GraphSession(g, [x], [y])).toThrow(/setGraphDecoding\(false\)/);
   });
 
   for (const name of ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3']) {
