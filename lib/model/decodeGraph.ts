@@ -24,7 +24,7 @@ export type LayerCache = {
   readonly v: tf.Tensor4D;
 };
 
-/** What a decoding step reads besides its blocks. */
+/** What a pass reads besides its blocks. */
 export interface DecodeWeights {
   readonly embedTokens: tf.Tensor;
   readonly finalNorm: tf.Tensor;
@@ -50,8 +50,14 @@ export interface DecodeStepInput {
 /** What a graph computes: a prompt batch from nothing, or one more position of each row after its cache. */
 export type DecodePass = 'prefill' | 'step';
 
-/** The weights a step feeds, flattened in graph-input order, with the structure that decides the graph. */
-function flatten(weights: DecodeWeights): { tensors: tf.Tensor[]; structure: string } {
+/** A pass's weights flattened in graph-input order, with the structure that decides the graph (equal strings: the same graph). */
+export interface DecodeFeeds {
+  readonly tensors: readonly tf.Tensor[];
+  readonly structure: string;
+}
+
+/** The weights a pass feeds, in graph-input order, and their structure: one walk over the blocks a pass. */
+export function decodeFeeds(weights: DecodeWeights): DecodeFeeds {
   const tensors: tf.Tensor[] = [weights.embedTokens, weights.finalNorm, weights.rotateHalf];
   const parts: string[] = [weights.lmHead === null ? 'tied' : 'head'];
   if (weights.lmHead !== null) tensors.push(weights.lmHead);
@@ -145,8 +151,8 @@ class Ops {
 }
 
 /**
- * A compiled prefill or decoding step for one model structure: build it once ({@link DecodeGraph.structureOf} says when
- * another is needed), run it every pass with the current weights.
+ * A compiled prefill or decoding step for one model structure: build it once (a new {@link DecodeFeeds.structure} needs
+ * another), run it every pass with the current weights.
  */
 export class DecodeGraph {
   private readonly session: GraphSession;
@@ -155,12 +161,8 @@ export class DecodeGraph {
   /** A fused q/k/v row without q/k norms: one RoPE pass over the whole row (else queries and keys apart). */
   private readonly fusedRope: boolean;
 
-  /** The structure of a model's weights that decides its graph (equal strings: the same graph). */
-  static structureOf(weights: DecodeWeights): string {
-    return flatten(weights).structure;
-  }
-
   /**
+   * @param weights - The weights whose structure (and shapes) the graph is written for ({@link decodeFeeds}).
    * @param invFreq - Rotary inverse frequencies `[dh/2]` (the model's, scaling applied).
    */
   constructor(
@@ -183,7 +185,7 @@ export class DecodeGraph {
    * prompt's, or the given caches extended by the step's; those are left to the caller). Tensors made here for the
    * pass are disposed by the caller's `tf.tidy`.
    */
-  run(weights: DecodeWeights, input: DecodeStepInput): { logits: tf.Tensor2D; caches: LayerCache[] } {
+  run(feeds: DecodeFeeds, input: DecodeStepInput): { logits: tf.Tensor2D; caches: LayerCache[] } {
     const { rows: b, tokens } = input;
     const t = tokens.length / b;
     if ((input.caches !== null) !== (this.pass === 'step'))
@@ -201,8 +203,8 @@ export class DecodeGraph {
           ]
     ).map((shape) => tf.tensor1d(shape, 'int32'));
     const tables = this.ropeTables(input.positions).map((table) => tf.tensor2d(table.values, [b * t, table.width]));
-    const feeds = [
-      ...flatten(weights).tensors,
+    const inputs = [
+      ...feeds.tensors,
       tf.tensor1d(tokens, 'int32'),
       tf.tensor1d(
         Int32Array.from({ length: b }, (_, r) => r * t + t - 1),
@@ -213,7 +215,7 @@ export class DecodeGraph {
       this.bias(input.keyMask, b, t),
       ...(input.caches ?? []).flatMap((c) => [c.k, c.v]),
     ];
-    const [logits, ...kv] = this.session.run(feeds);
+    const [logits, ...kv] = this.session.run(inputs);
     const caches = Array.from({ length: kv.length / 2 }, (_, i) => ({ k: kv[2 * i] as tf.Tensor4D, v: kv[2 * i + 1] as tf.Tensor4D }));
     return { logits: logits as tf.Tensor2D, caches };
   }
@@ -279,10 +281,10 @@ export class DecodeGraph {
   }
 }
 
-/** Writes the step's nodes: inputs in {@link flatten}'s order, then the step's own, then the caches. */
+/** Writes a pass's nodes: the weights' inputs in {@link decodeFeeds}'s order, then the pass's own, then a step's caches. */
 class StepGraph {
   private readonly inputs: string[] = [];
-  /** The weights' shapes, in {@link flatten}'s order. */
+  /** The weights' shapes, in {@link decodeFeeds}'s order. */
   private readonly shapes: readonly (readonly number[])[];
 
   constructor(
@@ -293,10 +295,10 @@ class StepGraph {
     /** A decoding step (one position a row after its cache), else a prefill (positions from the first). */
     private readonly cached: boolean,
   ) {
-    this.shapes = flatten(weights).tensors.map((t) => t.shape);
+    this.shapes = decodeFeeds(weights).tensors.map((t) => t.shape);
   }
 
-  /** A placeholder for the next weight of {@link flatten}'s order, of its shape. */
+  /** A placeholder for the next weight of {@link decodeFeeds}'s order, of its shape. */
   private weight(): string {
     const shape = this.shapes[this.inputs.length];
     return this.input(`w${this.inputs.length}`, 'float32', shape);
@@ -348,7 +350,7 @@ class StepGraph {
     return { inputs: this.inputs, outputs: [this.head(h, embed, lmHead), ...outputs] };
   }
 
-  /** Placeholders of a block's weights, in {@link flatten}'s order. */
+  /** Placeholders of a block's weights, in {@link decodeFeeds}'s order. */
   private blockWeights(block: BlockWeights): GraphBlock {
     const inputNorm = this.weight();
     const postNorm = this.weight();

@@ -174,17 +174,15 @@ interface SessionBackend {
   deleteSavedModel(id: number): void;
 }
 
-function sessionBackend(): SessionBackend {
+/** The active backend where it can run sessions (the native `tensorflow` one), else null. */
+function sessionBackend(): SessionBackend | null {
   const backend = tf.backend() as unknown as Partial<SessionBackend>;
-  if (tf.getBackend() !== 'tensorflow' || typeof backend.loadSavedModelMetaGraph !== 'function') {
-    throw new BackendUnavailableError('a graph session needs the native tensorflow backend (npm run native)');
-  }
-  return backend as SessionBackend;
+  return tf.getBackend() === 'tensorflow' && typeof backend.loadSavedModelMetaGraph === 'function' ? (backend as SessionBackend) : null;
 }
 
 /** Whether graphs can run here: the active backend is the native `tensorflow` one. */
 export function graphSessionsAvailable(): boolean {
-  return tf.getBackend() === 'tensorflow' && typeof (tf.backend() as unknown as Partial<SessionBackend>).runSavedModel === 'function';
+  return sessionBackend() !== null;
 }
 
 /** A graph loaded into a TensorFlow session, run with inputs fed by placeholder name. */
@@ -192,6 +190,7 @@ export class GraphSession {
   private readonly backend: SessionBackend;
   private readonly id: number;
   private readonly infos: { name: string; tfDtype: string }[];
+  private readonly outputs: string[];
   private disposed = false;
 
   /**
@@ -200,12 +199,11 @@ export class GraphSession {
    * @param inputs - Placeholder outputs, in the order {@link GraphSession.run} takes their tensors.
    * @param outputs - Tensors {@link GraphSession.run} returns, in order.
    */
-  constructor(
-    graph: GraphBuilder,
-    inputs: readonly string[],
-    private readonly outputs: readonly string[],
-  ) {
-    this.backend = sessionBackend();
+  constructor(graph: GraphBuilder, inputs: readonly string[], outputs: readonly string[]) {
+    const backend = sessionBackend();
+    if (backend === null) throw new BackendUnavailableError('a graph session needs the native tensorflow backend (npm run native)');
+    this.backend = backend;
+    this.outputs = [...outputs];
     let dir: string | undefined;
     try {
       dir = mkdtempSync(join(tmpdir(), 'rxrl-graph-'));
@@ -226,7 +224,7 @@ export class GraphSession {
   /** Runs the graph: one tensor per input, in order; returns the outputs (owned by the caller). */
   run(inputs: tf.Tensor[]): tf.Tensor[] {
     if (this.disposed) throw new Error('GraphSession: already disposed');
-    return this.backend.runSavedModel(this.id, inputs, this.infos, [...this.outputs]);
+    return this.backend.runSavedModel(this.id, inputs, this.infos, this.outputs);
   }
 
   dispose(): void {

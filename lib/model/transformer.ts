@@ -48,7 +48,7 @@ import {
   type PolicyConfig,
   type ResolvedPolicyConfig,
 } from './config.js';
-import { DecodeGraph, type DecodePass, type DecodeWeights, type LayerCache } from './decodeGraph.js';
+import { DecodeGraph, decodeFeeds, type DecodeFeeds, type DecodePass, type DecodeWeights, type LayerCache } from './decodeGraph.js';
 import { graphSessionsAvailable } from './tfGraph.js';
 import { createRng, normalArray } from '../core/random.js';
 
@@ -218,8 +218,8 @@ export class PolicyModel {
   /** Whether decoding steps run as one graph (see {@link PolicyModel.setGraphDecoding}); unset: where the backend can. */
   private graphDecoding: boolean | undefined;
   /**
-   * Compiled decoding steps by the structure of the weights they read (the fused copy's and the variables', at most a
-   * few a model; a graph holds no weights).
+   * Compiled prefills and decoding steps by pass and the structure of the weights they read (the fused copy's and the
+   * variables', at most a few a model; a graph holds no weights).
    */
   private readonly decodeGraphs = new Map<string, DecodeGraph>();
   private disposed = false;
@@ -626,31 +626,32 @@ export class PolicyModel {
   }
 
   /**
-   * Chooses whether a decoding step runs as one TensorFlow graph (one session call instead of about 45 eager ops a
-   * block) or op by op. Default: as a graph on the native `tensorflow` backend, which alone can run one. Both compute
+   * Chooses whether the prompts' forward pass and each decoding step run as one TensorFlow graph each (one session
+   * call instead of about 45 eager ops a block) or op by op. Default: as a graph on the native `tensorflow` backend, which alone can run one. Both compute
    * the same logits to float32 rounding.
    */
   setGraphDecoding(enabled: boolean): void {
     this.graphDecoding = enabled;
   }
 
-  /** Whether decoding steps run as a graph. */
+  /** Whether the prefill and decoding steps run as graphs. */
   private graphSteps(): boolean {
     return (this.graphDecoding ?? true) && graphSessionsAvailable();
   }
 
   /** The compiled pass for `blocks`, built at the first pass of its kind and their structure; null: eager. */
-  private passGraph(pass: DecodePass, blocks: readonly BlockWeights[]): { graph: DecodeGraph; weights: DecodeWeights } | null {
+  private passGraph(pass: DecodePass, blocks: readonly BlockWeights[]): { graph: DecodeGraph; weights: DecodeFeeds } | null {
     if (!this.graphSteps()) return null;
     const { embedTokens, finalNorm, lmHead, rotateHalf } = this;
     const weights: DecodeWeights = { embedTokens, finalNorm, lmHead, rotateHalf, blocks };
-    const key = `${pass}:${DecodeGraph.structureOf(weights)}`;
+    const feeds = decodeFeeds(weights);
+    const key = `${pass}:${feeds.structure}`;
     let graph = this.decodeGraphs.get(key);
     if (graph === undefined) {
       graph = new DecodeGraph(this.config, weights, ropeInverseFrequencies(this.config), pass);
       this.decodeGraphs.set(key, graph);
     }
-    return { graph, weights };
+    return { graph, weights: feeds };
   }
 
   /** The blocks a generation reads, until it releases them: the fused copy, or the variables. */
