@@ -33,8 +33,8 @@ import { ConfigError } from '../lib/core/errors.js';
 import { createRng } from '../lib/core/random.js';
 import type { BackendKind } from '../lib/model/backend.js';
 import { LORA_TARGETS, LoraAdapter } from '../lib/model/lora.js';
+import { readStep, sampleRow } from '../lib/model/generate.js';
 import { loadModelDir } from '../lib/model/modelDir.js';
-import { sampleToken } from '../lib/model/sampling.js';
 import { PolicyModel } from '../lib/model/transformer.js';
 import type { GenerateRequest } from '../lib/model/types.js';
 import { benchArgs } from './_args.js';
@@ -107,19 +107,22 @@ async function kernelsByKind(
   return { ms, count: profile.kernels.filter((k) => k.name !== 'unnamed scope').length };
 }
 
-/** Seconds to read `[rows, V]` logits to host memory, and to draw every row's token from them. */
+/**
+ * Seconds to read `[rows, V]` logits to host memory (with the softmax numerators the native backend computes beside
+ * them: `lib/model/expGraph.ts`), and to draw every row's token from them, as the sampling loop does.
+ */
 async function hostParts(rows: number, vocab: number): Promise<{ read: number; sample: number }> {
   const reads: number[] = [];
   const draws: number[] = [];
   const rng = createRng(4, 'bench-decode-host');
+  const params = { temperature: 1, topP: 1 };
   for (let i = 0; i < RUNS + 2; i++) {
-    const logits = tf.randomNormal([rows, vocab]);
+    const logits = tf.randomNormal<tf.Rank.R2>([rows, vocab]);
     const started = performance.now();
-    const values = (await logits.data()) as Float32Array;
+    const step = await readStep(logits, true);
     reads.push((performance.now() - started) / 1000);
-    logits.dispose();
     const drawing = performance.now();
-    for (let r = 0; r < rows; r++) sampleToken(values, r * vocab, vocab, { temperature: 1, topP: 1 }, rng);
+    for (let r = 0; r < rows; r++) sampleRow(step, r, params, rng);
     draws.push((performance.now() - drawing) / 1000);
   }
   return { read: median(reads), sample: median(draws) };

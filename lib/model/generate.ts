@@ -11,7 +11,8 @@ import { AbortError, ConfigError } from '../core/errors.js';
 import type { FinishReason, PolicyVersion } from '../core/types.js';
 import { createRng, type Rng } from '../core/random.js';
 import { yieldToEventLoop } from '../core/turns.js';
-import { sampleToken } from './sampling.js';
+import { rowExps, type RowExps } from './expGraph.js';
+import { drawsWholeSoftmax, sampleFromExps, sampleToken, type SampledToken, type SamplingParams } from './sampling.js';
 
 /** Options of a generate call. */
 export interface GenerateOptions {
@@ -166,7 +167,7 @@ export async function runGeneration(
       return s.finishReason === undefined;
     });
     if (active.length > 0) {
-      await decodeLoop(decoder, active, options.signal, limits.vocabSize);
+      await decodeLoop(decoder, active, options.signal);
     }
     return states.map((s) => ({
       tokens: s.tokens,
@@ -179,19 +180,14 @@ export async function runGeneration(
   }
 }
 
-async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortSignal | undefined, vocab: number): Promise<void> {
+async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortSignal | undefined): Promise<void> {
   let active = rows;
   let logits = await decoder.start(padPrompts(active.map((s) => s.request.promptTokens)));
   for (;;) {
-    let values: Float32Array;
-    try {
-      values = (await logits.data()) as Float32Array;
-    } finally {
-      logits.dispose();
-    }
+    const step = await readStep(logits, active.some(drawsWholeSoftmax));
     const keep: number[] = [];
     active.forEach((s, row) => {
-      const { token, logprob } = sampleToken(values, row * vocab, vocab, s, s.rng);
+      const { token, logprob } = sampleRow(step, row, s, s.rng);
       s.tokens.push(token);
       s.logprobs.push(logprob);
       if (s.request.onToken !== undefined) tell(s.request.onToken, token, logprob);
@@ -223,6 +219,43 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
     const positions = Int32Array.from(active, (s) => s.request.promptTokens.length + s.tokens.length - 1);
     logits = decoder.step(tokens, positions);
   }
+}
+
+/** A step's next-token logits `[b, V]` in host memory, with the device's softmax numerators where it computed them. */
+export interface StepValues {
+  readonly vocab: number;
+  readonly logits: Float32Array;
+  /** `exp(logits − rowMax)` and the row maxima, or null (the sampler exponentiates on the host). */
+  readonly exps: { readonly values: Float32Array; readonly max: Float32Array } | null;
+}
+
+/**
+ * Reads a step's logits to host memory (disposing them) and, when some row draws from the whole softmax and the
+ * backend computes them ({@link rowExps}: the native one), `exp(logit − max)` beside them.
+ */
+export async function readStep(logits: tf.Tensor2D, wholeSoftmax: boolean): Promise<StepValues> {
+  let exps: RowExps | null = null;
+  try {
+    if (wholeSoftmax) exps = rowExps(logits);
+    const [values, e, max] = await Promise.all([logits.data(), exps?.exps.data(), exps?.max.data()]);
+    return {
+      vocab: logits.shape[1],
+      logits: values as Float32Array,
+      exps: e === undefined || max === undefined ? null : { values: e as Float32Array, max: max as Float32Array },
+    };
+  } finally {
+    logits.dispose();
+    exps?.exps.dispose();
+    exps?.max.dispose();
+  }
+}
+
+/** Draws row `row`'s next token from a step read by {@link readStep}. */
+export function sampleRow(step: StepValues, row: number, params: SamplingParams, rng: Rng): SampledToken {
+  const { vocab, logits, exps } = step;
+  return exps !== null && drawsWholeSoftmax(params)
+    ? sampleFromExps(logits, exps.values, row * vocab, vocab, exps.max[row], rng)
+    : sampleToken(logits, row * vocab, vocab, params, rng);
 }
 
 /** Passes a sampled token to a request's listener; a listener's error must not end the batch of other requests. */

@@ -10,6 +10,8 @@
  * against probabilities written by transformers (`scripts/sampling_reference.py`).
  *
  * Reading the logits back and sampling in plain JS (float64) is exactly reproducible from a seeded {@link Rng}.
+ * On the native backend, rows that draw from the whole softmax at temperature 1 take the exponentials from
+ * TensorFlow (float32, both cores: `lib/model/expGraph.ts`) and sum and scan them here ({@link sampleFromExps}).
  *
  * @packageDocumentation
  */
@@ -150,16 +152,60 @@ function sampleWhole(logits: Float32Array, offset: number, vocabSize: number, te
     weights[v] = Math.exp(weights[v] - max);
     total += weights[v];
   }
-  const target = rng.next() * total;
+  const token = drawFrom(weights, 0, vocabSize, rng.next() * total);
+  const logZ = temperature === 1 ? max + Math.log(total) : logSumExp(logits, offset, vocabSize);
+  return { token, logprob: logits[offset + token] - logZ };
+}
+
+/**
+ * Whether {@link sampleToken} draws from the whole softmax at temperature 1 (no top-k, no top-p): the rows
+ * {@link sampleFromExps} can sample.
+ */
+export function drawsWholeSoftmax(params: SamplingParams): boolean {
+  return params.temperature === 1 && (params.topK ?? 0) === 0 && params.topP >= 1;
+}
+
+/**
+ * {@link sampleToken} for a row that {@link drawsWholeSoftmax}, from the row's softmax numerators
+ * `exp(logit − max)` computed elsewhere (in float32 by TensorFlow: `lib/model/expGraph.ts`): the same draw, one
+ * uniform, summed and scanned in float64. The probabilities differ from those of the host's float64 exponentials by
+ * the float32 rounding of each term (relative 1e-7).
+ *
+ * @param logits - Row-major logits `[rows, vocabSize]` (the sampled token's log-probability is read from them).
+ * @param exps - `exp(logits − rowMax)`, laid out as `logits`.
+ * @param offset - Index of the row's first logit.
+ * @param vocabSize - `V`.
+ * @param max - The row's largest logit.
+ * @param rng - Seeded uniforms (one draw).
+ */
+export function sampleFromExps(
+  logits: Float32Array,
+  exps: Float32Array,
+  offset: number,
+  vocabSize: number,
+  max: number,
+  rng: Rng,
+): SampledToken {
+  let total = 0;
+  for (let v = offset; v < offset + vocabSize; v++) total += exps[v];
+  const token = drawFrom(exps, offset, vocabSize, rng.next() * total);
+  return { token, logprob: logits[offset + token] - (max + Math.log(total)) };
+}
+
+/**
+ * The first token whose running sum of `weights` passes `target` (rounding may leave `target` at the very top: the
+ * last token with mass then), as an index from `offset`.
+ */
+function drawFrom(weights: Float64Array | Float32Array, offset: number, vocabSize: number, target: number): number {
   let token = -1;
   let acc = 0;
   for (let v = 0; v < vocabSize; v++) {
-    acc += weights[v];
-    if (weights[v] > 0) token = v; // rounding may leave `target` at the very top: the last token with mass then
+    const w = weights[offset + v];
+    acc += w;
+    if (w > 0) token = v;
     if (target < acc) break;
   }
-  const logZ = temperature === 1 ? max + Math.log(total) : logSumExp(logits, offset, vocabSize);
-  return { token, logprob: logits[offset + token] - logZ };
+  return token;
 }
 
 /** `log Σ exp(logits[offset + v])` over the row, in float64. */
