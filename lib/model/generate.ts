@@ -12,7 +12,7 @@ import type { FinishReason, PolicyVersion } from '../core/types.js';
 import { createRng, type Rng } from '../core/random.js';
 import { yieldToEventLoop } from '../core/turns.js';
 import { rowExps, type RowExps } from './expGraph.js';
-import { drawsWholeSoftmax, sampleFromExps, sampleToken, type SampledToken, type SamplingParams } from './sampling.js';
+import { samplesFromExps, sampleFromExps, sampleToken, type SampledToken, type SamplingParams } from './sampling.js';
 
 /** Options of a generate call. */
 export interface GenerateOptions {
@@ -184,7 +184,7 @@ async function decodeLoop(decoder: StepDecoder, rows: RowState[], signal: AbortS
   let active = rows;
   let logits = await decoder.start(padPrompts(active.map((s) => s.request.promptTokens)));
   for (;;) {
-    const step = await readStep(logits, active.some(drawsWholeSoftmax));
+    const step = await readStep(logits, active.some(samplesFromExps));
     const keep: number[] = [];
     active.forEach((s, row) => {
       const { token, logprob } = sampleRow(step, row, s, s.rng);
@@ -230,13 +230,20 @@ export interface StepValues {
 }
 
 /**
- * Reads a step's logits to host memory (disposing them) and, when some row draws from the whole softmax and the
- * backend computes them ({@link rowExps}: the native one), `exp(logit − max)` beside them.
+ * Logits a step must have (rows × vocabulary) before the device computes their exponentials: below it, a session
+ * call and a second read cost more than the host's `Math.exp` (13 ns a logit).
  */
-export async function readStep(logits: tf.Tensor2D, wholeSoftmax: boolean): Promise<StepValues> {
+export const DEVICE_EXPS_MIN_LOGITS = 1 << 15;
+
+/**
+ * Reads a step's logits to host memory (disposing them) and, when some row {@link samplesFromExps}, the step
+ * has at least {@link DEVICE_EXPS_MIN_LOGITS} logits and the backend computes them ({@link rowExps}: the native
+ * one), `exp(logit − max)` beside them.
+ */
+export async function readStep(logits: tf.Tensor2D, exponentiate: boolean): Promise<StepValues> {
   let exps: RowExps | null = null;
   try {
-    if (wholeSoftmax) exps = rowExps(logits);
+    if (exponentiate && logits.size >= DEVICE_EXPS_MIN_LOGITS) exps = rowExps(logits);
     const [values, e, max] = await Promise.all([logits.data(), exps?.exps.data(), exps?.max.data()]);
     return {
       vocab: logits.shape[1],
@@ -253,8 +260,8 @@ export async function readStep(logits: tf.Tensor2D, wholeSoftmax: boolean): Prom
 /** Draws row `row`'s next token from a step read by {@link readStep}. */
 export function sampleRow(step: StepValues, row: number, params: SamplingParams, rng: Rng): SampledToken {
   const { vocab, logits, exps } = step;
-  return exps !== null && drawsWholeSoftmax(params)
-    ? sampleFromExps(logits, exps.values, row * vocab, vocab, exps.max[row], rng)
+  return exps !== null && samplesFromExps(params)
+    ? sampleFromExps(logits, exps.values, row * vocab, vocab, exps.max[row], params, rng)
     : sampleToken(logits, row * vocab, vocab, params, rng);
 }
 

@@ -10,8 +10,8 @@
  * against probabilities written by transformers (`scripts/sampling_reference.py`).
  *
  * Reading the logits back and sampling in plain JS (float64) is exactly reproducible from a seeded {@link Rng}.
- * On the native backend, rows that draw from the whole softmax at temperature 1 take the exponentials from
- * TensorFlow (float32, both cores: `lib/model/expGraph.ts`) and sum and scan them here ({@link sampleFromExps}).
+ * On the native backend, greedy rows and rows that draw from the whole softmax at temperature 1 take the exponentials
+ * from TensorFlow (float32, both cores: `lib/model/expGraph.ts`) and sum and scan them here ({@link sampleFromExps}).
  *
  * @packageDocumentation
  */
@@ -158,25 +158,26 @@ function sampleWhole(logits: Float32Array, offset: number, vocabSize: number, te
 }
 
 /**
- * Whether {@link sampleToken} draws from the whole softmax at temperature 1 (no top-k, no top-p): the rows
- * {@link sampleFromExps} can sample.
+ * Whether {@link sampleFromExps} can pick a row's token: greedy rows (temperature 0: the arg-max, and the log-softmax
+ * at it) and rows that draw from the whole softmax at temperature 1 (no top-k, no top-p).
  */
-export function drawsWholeSoftmax(params: SamplingParams): boolean {
-  return params.temperature === 1 && (params.topK ?? 0) === 0 && params.topP >= 1;
+export function samplesFromExps(params: SamplingParams): boolean {
+  return params.temperature === 0 || (params.temperature === 1 && (params.topK ?? 0) === 0 && params.topP >= 1);
 }
 
 /**
- * {@link sampleToken} for a row that {@link drawsWholeSoftmax}, from the row's softmax numerators
- * `exp(logit − max)` computed elsewhere (in float32 by TensorFlow: `lib/model/expGraph.ts`): the same draw, one
- * uniform, summed and scanned in float64. The probabilities differ from those of the host's float64 exponentials by
- * the float32 rounding of each term (relative 1e-7).
+ * {@link sampleToken} for a row that {@link samplesFromExps}, from the row's softmax numerators `exp(logit − max)`
+ * computed elsewhere (in float32 by TensorFlow: `lib/model/expGraph.ts`): the greedy arg-max, or the same draw from
+ * the whole softmax for the same uniform, summed and scanned in float64. Its probabilities and log-probabilities differ
+ * from those of the host's float64 exponentials by the float32 rounding of each term (relative 1e-7).
  *
- * @param logits - Row-major logits `[rows, vocabSize]` (the sampled token's log-probability is read from them).
+ * @param logits - Row-major logits `[rows, vocabSize]` (the token's log-probability is read from them).
  * @param exps - `exp(logits − rowMax)`, laid out as `logits`.
  * @param offset - Index of the row's first logit.
  * @param vocabSize - `V`.
  * @param max - The row's largest logit.
- * @param rng - Seeded uniforms (one draw).
+ * @param params - Temperature 0 or 1 (see {@link samplesFromExps}).
+ * @param rng - Seeded uniforms (one draw when not greedy).
  */
 export function sampleFromExps(
   logits: Float32Array,
@@ -184,11 +185,12 @@ export function sampleFromExps(
   offset: number,
   vocabSize: number,
   max: number,
+  params: SamplingParams,
   rng: Rng,
 ): SampledToken {
   let total = 0;
   for (let v = offset; v < offset + vocabSize; v++) total += exps[v];
-  const token = drawFrom(exps, offset, vocabSize, rng.next() * total);
+  const token = params.temperature === 0 ? argmaxOf(logits, offset, vocabSize) : drawFrom(exps, offset, vocabSize, rng.next() * total);
   return { token, logprob: logits[offset + token] - (max + Math.log(total)) };
 }
 
