@@ -1,7 +1,8 @@
 /**
  * Each row's softmax numerators, `exp(logit − rowMax)`, computed by TensorFlow for the sampler: whole-vocabulary
- * sampling at temperature 1 (GRPO's usual setting) then sums and scans them on the host instead of exponentiating
- * every logit there (`Math.exp` over `[rows, V]` was a seventh of a decoding step of a 49,152-token model).
+ * sampling at temperature 1 (GRPO's usual setting) and greedy decoding then sum them on the host instead of
+ * exponentiating every logit there (`Math.exp` over 16 rows of 49,152 logits takes about 14 ms, a sixth of a decoding
+ * step of SmolLM2-135M; the graph takes about 1 ms over both cores).
  *
  * @packageDocumentation
  */
