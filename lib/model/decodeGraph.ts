@@ -4,9 +4,9 @@
  * session call instead of about 45 eager dispatches from JavaScript a block.
  *
  * A graph's inputs are the weights (read in place), the pass's tokens, their RoPE tables and attention bias and the
- * shapes that split heads (made here in plain memory, a few thousand values), and for a step each block's cache; its
- * outputs are the next-token logits `[b, V]` of each row's last position and each block's keys and values (the
- * prompt's, or the cache extended by the step's). Batch size, positions a row and cache length are left open, so one
+ * shapes that split heads (made here in plain memory, a few thousand values), and for a step or an extension each
+ * block's cache; its outputs are the next-token logits `[b, V]` of each row's last position and each block's keys and
+ * values (the prompt's, or the cache extended by the pass's positions). Batch size, positions a row and cache length are left open, so one
  * graph serves every pass of a kind for a model whose blocks have the same structure (fused or not, biases, adapter
  * pairs, q/k norms).
  *
@@ -47,8 +47,11 @@ export interface DecodeStepInput {
   readonly caches: readonly LayerCache[] | null;
 }
 
-/** What a graph computes: a prompt batch from nothing, or one more position of each row after its cache. */
-export type DecodePass = 'prefill' | 'step';
+/**
+ * What a graph computes: a prompt batch from nothing (`prefill`), one more position of each row after its cache
+ * (`step`), or several more (`extend`: the rest of prompts whose shared beginning is cached).
+ */
+export type DecodePass = 'prefill' | 'step' | 'extend';
 
 /** A pass's weights flattened in graph-input order, with the structure that decides the graph (equal strings: the same graph). */
 export interface DecodeFeeds {
@@ -176,7 +179,7 @@ export class DecodeGraph {
     const first = weights.blocks[0];
     this.fusedRope = first !== undefined && first.qkv.length === 1 && first.qNorm === null;
     const g = new GraphBuilder();
-    const built = new StepGraph(new Ops(g), config, weights, this.fusedRope, pass === 'step').build();
+    const built = new StepGraph(new Ops(g), config, weights, this.fusedRope, pass).build();
     this.session = new GraphSession(g, built.inputs, built.outputs);
   }
 
@@ -188,7 +191,7 @@ export class DecodeGraph {
   run(feeds: DecodeFeeds, input: DecodeStepInput): { logits: tf.Tensor2D; caches: LayerCache[] } {
     const { rows: b, tokens } = input;
     const t = tokens.length / b;
-    if ((input.caches !== null) !== (this.pass === 'step'))
+    if ((input.caches !== null) !== (this.pass !== 'prefill'))
       throw new Error(`DecodeGraph: a ${this.pass} graph given ${input.caches === null ? 'no caches' : 'caches'}`);
     const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
     const g = H / Hkv;
@@ -292,8 +295,7 @@ class StepGraph {
     private readonly config: ResolvedPolicyConfig,
     private readonly weights: DecodeWeights,
     private readonly fusedRope: boolean,
-    /** A decoding step (one position a row after its cache), else a prefill (positions from the first). */
-    private readonly cached: boolean,
+    private readonly pass: DecodePass,
   ) {
     this.shapes = decodeFeeds(weights).tensors.map((t) => t.shape);
   }
@@ -321,14 +323,15 @@ class StepGraph {
     const { nHeads: H, nKvHeads: Hkv, headDim: dh } = this.config;
     const tokens = this.input('tokens', 'int32', [null]);
     const last = this.input('last', 'int32', [null]);
-    const split = this.cached
-      ? null
-      : {
-          q: this.input('shape_q', 'int32', [4]),
-          kv: this.input('shape_kv', 'int32', [4]),
-          qg: this.input('shape_qg', 'int32', [4]),
-          o: this.input('shape_o', 'int32', [4]),
-        };
+    const split =
+      this.pass === 'step'
+        ? null
+        : {
+            q: this.input('shape_q', 'int32', [4]),
+            kv: this.input('shape_kv', 'int32', [4]),
+            qg: this.input('shape_qg', 'int32', [4]),
+            o: this.input('shape_o', 'int32', [4]),
+          };
     const table = (name: string, heads: number): RopeInputs => ({
       cos: this.input(`${name}_cos`, 'float32', [null, heads * dh]),
       sin: this.input(`${name}_sin`, 'float32', [null, heads * dh]),
@@ -336,12 +339,12 @@ class StepGraph {
     const tables = this.fusedRope ? { qkv: table('qkv', H + 2 * Hkv) } : { q: table('q', H), k: table('k', Hkv) };
     const bias = this.input('bias', 'float32', [null, 1, null, null]);
     const cache = (name: string): string => this.input(name, 'float32', [null, Hkv, null, dh]);
-    const caches = this.cached ? blocks.map((_, i) => ({ k: cache(`k${i}`), v: cache(`v${i}`) })) : null;
+    const caches = this.pass === 'prefill' ? null : blocks.map((_, i) => ({ k: cache(`k${i}`), v: cache(`v${i}`) }));
     let x = ops.gather(embed, tokens); // [b·t, d]
     const outputs: string[] = [];
     blocks.forEach((block, i) => {
-      const attention =
-        split === null ? this.stepAttention(bias, (caches as { k: string; v: string }[])[i]) : this.promptAttention(bias, split);
+      const cached = caches?.[i] ?? null;
+      const attention = split === null ? this.stepAttention(bias, cached!) : this.promptAttention(bias, split, cached);
       const step = this.block(x, block, { rotate, tables, attention });
       x = step.x;
       outputs.push(step.k, step.v);
@@ -383,16 +386,23 @@ class StepGraph {
     };
   }
 
-  /** A prompt's attention, `t` positions a row: heads split by the fed shapes, as the eager prefill. */
-  private promptAttention(bias: string, shape: { q: string; kv: string; qg: string; o: string }): GraphAttention {
+  /**
+   * A prompt's attention, `t` positions a row: heads split by the fed shapes, as the eager prefill; after `cache`'s
+   * keys and values where the pass extends one.
+   */
+  private promptAttention(
+    bias: string,
+    shape: { q: string; kv: string; qg: string; o: string },
+    cache: { k: string; v: string } | null,
+  ): GraphAttention {
     const { ops } = this;
     const { nHeads: H, headDim: dh } = this.config;
     const heads = (x: string, to: string): string => ops.transpose(ops.reshapeTo(x, to), [0, 2, 1, 3]); // [b, heads, t, dh]
     return (q, k, v) => {
-      const keys = heads(k, shape.kv);
-      const values = heads(v, shape.kv);
+      const keys = cache === null ? heads(k, shape.kv) : ops.concat([cache.k, heads(k, shape.kv)], 2); // [b, Hkv, L+t, dh]
+      const values = cache === null ? heads(v, shape.kv) : ops.concat([cache.v, heads(v, shape.kv)], 2);
       const qg = ops.reshapeTo(heads(q, shape.q), shape.qg); // [b, Hkv, g·t, dh]
-      const probs = ops.unary('Softmax', ops.add(ops.batchMatMul(qg, keys, true), bias)); // [b, Hkv, g·t, t]
+      const probs = ops.unary('Softmax', ops.add(ops.batchMatMul(qg, keys, true), bias)); // [b, Hkv, g·t, L+t]
       const o = ops.transpose(ops.reshapeTo(ops.batchMatMul(probs, values), shape.o), [0, 2, 1, 3]); // [b, t, H, dh]
       return { heads: ops.reshape(o, [-1, H * dh]), k: keys, v: values };
     };

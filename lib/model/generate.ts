@@ -120,6 +120,63 @@ export function distinctPromptRows(batch: PromptBatch): { readonly distinct: Pro
   return { distinct, index };
 }
 
+/**
+ * Token positions a shared beginning must save before a batch is prefilled in two passes (the beginning once, then
+ * the rest of every row after it): `(rows − 1) × shared tokens`. A second pass reads every weight once more, which
+ * costs about as much as prefilling a few dozen positions.
+ */
+export const MIN_SHARED_POSITIONS = 64;
+
+/** A prompt batch split at the beginning its rows share (see {@link splitSharedPrefix}). */
+export interface SharedPrefix {
+  /** The shared first tokens, as one row. */
+  readonly prefix: PromptBatch;
+  /** The rest of each row after them, left-padded, at the positions they have in the row. */
+  readonly rest: PromptBatch;
+  /** Keys' mask of each whole row as the two passes lay it out, `[rows, prefix + rest width]`: the prefix's, then the rest's. */
+  readonly keyMask: Float32Array;
+}
+
+/** Row `r`'s real tokens and their positions, in order. */
+function realTokens(batch: PromptBatch, r: number): { tokens: number[]; positions: number[] } {
+  const tokens: number[] = [];
+  const positions: number[] = [];
+  for (let i = r * batch.width; i < (r + 1) * batch.width; i++) {
+    if (batch.attentionMask[i] !== 1) continue;
+    tokens.push(batch.inputIds[i]);
+    positions.push(batch.positionIds[i]);
+  }
+  return { tokens, positions };
+}
+
+/**
+ * The longest beginning (tokens and positions) that every row of a prompt batch shares, short of each row's last
+ * token, and the rest of each row after it: a chat template's system prompt, say, which every prompt of a batch
+ * repeats. Null when it saves fewer than {@link MIN_SHARED_POSITIONS} positions.
+ */
+export function splitSharedPrefix(batch: PromptBatch): SharedPrefix | null {
+  const rows = Array.from({ length: batch.rows }, (_, r) => realTokens(batch, r));
+  if (rows.length < 2) return null;
+  const [first] = rows;
+  const shortest = Math.min(...rows.map((row) => row.tokens.length));
+  let shared = 0;
+  const agree = (i: number): boolean => rows.every((row) => row.tokens[i] === first.tokens[i] && row.positions[i] === first.positions[i]);
+  while (shared < shortest - 1 && agree(shared)) shared++;
+  if ((rows.length - 1) * shared < MIN_SHARED_POSITIONS) return null;
+  const prefix = padPrompts([first.tokens.slice(0, shared)]);
+  prefix.positionIds.set(first.positions.slice(0, shared));
+  const rest = padPrompts(rows.map((row) => row.tokens.slice(shared)));
+  const keyMask = new Float32Array(rows.length * (shared + rest.width));
+  rows.forEach((row, r) => {
+    const pad = rest.width - (row.tokens.length - shared);
+    rest.positionIds.set(row.positions.slice(shared), r * rest.width + pad);
+    const at = r * (shared + rest.width);
+    keyMask.fill(1, at, at + shared);
+    keyMask.set(rest.attentionMask.subarray(r * rest.width, (r + 1) * rest.width), at + shared);
+  });
+  return { prefix, rest, keyMask };
+}
+
 /** Padding id used for left padding of prompts. */
 export const PROMPT_PAD_ID = 0;
 

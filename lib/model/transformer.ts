@@ -37,7 +37,16 @@ import { ShapeError, assertNever } from '../core/errors.js';
 import { installBackendFixes, readCopy } from './backend.js';
 import { disposeEach } from '../core/release.js';
 import { yieldToEventLoop } from '../core/turns.js';
-import { distinctPromptRows, promptRows, runGeneration, type GenerateOptions, type PromptBatch, type StepDecoder } from './generate.js';
+import {
+  distinctPromptRows,
+  promptRows,
+  runGeneration,
+  splitSharedPrefix,
+  type GenerateOptions,
+  type PromptBatch,
+  type SharedPrefix,
+  type StepDecoder,
+} from './generate.js';
 import type { LoraTarget, ModelAdapter } from './adapter.js';
 import { SamplingWeightsCache, samplingWeightsFit, type BlockLinear, type BlockWeights, type SamplingLease } from './samplingWeights.js';
 import {
@@ -912,9 +921,9 @@ export class PolicyModel {
   }
 
   /**
-   * One decoding step with the cache: `tokens [b]` at `positions [b]`, keys masked by `keyMask [b, L+1]`
-   * (which includes the new token). Returns the logits `[b, V]` and the extended caches (the old ones are
-   * left to the caller).
+   * Extends cached rows by `t` positions each (`t` is 1 for a decoding step): `tokens [b·t]` at `positions [b·t]`
+   * (row-major), keys masked by `keyMask [b, L+t]` (the cached keys' mask, then the new positions'). Returns the
+   * logits `[b, V]` of each row's last new position and the extended caches (the old ones are left to the caller).
    */
   /** @internal */
   decodeInternal(
@@ -924,29 +933,26 @@ export class PolicyModel {
     caches: readonly LayerCache[],
     blocks: readonly BlockWeights[] = this.blocks,
   ): { logits: tf.Tensor2D; caches: LayerCache[] } {
-    const graph = this.passGraph('step', blocks);
-    if (graph !== null) return tf.tidy(() => graph.graph.run(graph.weights, { rows: tokens.length, tokens, positions, keyMask, caches }));
+    const b = caches[0].k.shape[0];
+    const t = tokens.length / b;
+    const graph = this.passGraph(t === 1 ? 'step' : 'extend', blocks);
+    if (graph !== null) return tf.tidy(() => graph.graph.run(graph.weights, { rows: b, tokens, positions, keyMask, caches }));
     return tf.tidy(() => {
-      const b = tokens.length;
-      const L1 = keyMask.length / b;
-      let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b, d]
+      const K = keyMask.length / b;
+      let x = this.embed(tf.tensor1d(tokens, 'int32')); // [b·t, d]
       const rot = this.rotary(tf.tensor1d(positions, 'int32'));
-      const bias = this.groupBias(
-        tf.reshape(
-          tf.mul(tf.sub(tf.tensor2d(keyMask, [b, L1], 'float32'), 1), -MASK_BIAS), // [b, L+1]
-          [b, 1, 1, L1],
-        ) as tf.Tensor4D,
-      ); // [b, 1, g, L+1]
+      const bias = this.groupBias(attentionBias(tf.tensor2d(keyMask, [b, K], 'float32'), t, K - t)); // [b, 1, g·t, L+t]
       const next: LayerCache[] = [];
       blocks.forEach((block, i) => {
-        const attention = this.attention({ b, t: 1 }, bias, (k, v) => {
-          const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+1, dh]
+        const attention = this.attention({ b, t }, bias, (k, v) => {
+          const cache = { k: tf.concat([caches[i].k, k], 2), v: tf.concat([caches[i].v, v], 2) }; // [b, Hkv, L+t, dh]
           next.push(cache);
           return cache;
         });
         x = this.block(x, block, rot, attention);
       });
-      const logits = this.head(rmsNorm(x, this.finalNorm, this.config.rmsNormEps)); // [b, V]
+      const last = t === 1 ? x : (tf.reshape(tf.slice(tf.reshape(x, [b, t, -1]), [0, t - 1, 0], [b, 1, -1]), [b, -1]) as tf.Tensor2D);
+      const logits = this.head(rmsNorm(last, this.finalNorm, this.config.rmsNormEps)); // [b, V]
       return { logits, caches: next };
     });
   }
@@ -1105,11 +1111,19 @@ class KvCacheDecoder implements StepDecoder {
 
   constructor(private readonly model: PolicyModel) {}
 
-  /** Prefills each distinct prompt once (a group's rows share theirs) and gives every row its copy. */
+  /**
+   * Prefills each distinct prompt once (a group's rows share theirs) and gives every row its copy; a beginning every
+   * distinct prompt shares ({@link splitSharedPrefix}) is run once, and the rest of each prompt after it.
+   */
   async start(batch: PromptBatch): Promise<tf.Tensor2D> {
     this.lease = this.model.samplingLeaseInternal();
+    const { blocks } = this.lease;
     const rows = distinctPromptRows(batch);
-    let prefilled = await this.prefill(rows?.distinct ?? batch, this.lease.blocks);
+    const prompts = rows?.distinct ?? batch;
+    const shared = splitSharedPrefix(prompts);
+    let prefilled = shared === null ? await this.prefill(prompts, blocks) : await this.prefillShared(shared, blocks);
+    // The keys' mask as the prefill laid the rows out (a shared prefix puts each row's padding after it).
+    let keyMask = shared === null ? prompts.attentionMask : shared.keyMask;
     if (rows !== null) {
       const distinct = prefilled;
       prefilled = tf.tidy(() => {
@@ -1120,43 +1134,37 @@ class KvCacheDecoder implements StepDecoder {
         };
       });
       disposeParts([distinct]);
+      keyMask = gatherRows(keyMask, keyMask.length / prompts.rows, rows.index);
     }
     this.caches = prefilled.caches;
-    this.keyMask = batch.attentionMask.slice();
+    this.keyMask = keyMask.slice();
     this.rows = batch.rows;
     return prefilled.logits;
   }
 
-  /** The prompts' logits and caches, in slices of {@link PREFILL_ROWS} rows with a turn of the event loop between. */
-  private async prefill(batch: PromptBatch, blocks: readonly BlockWeights[]): Promise<{ logits: tf.Tensor2D; caches: LayerCache[] }> {
-    const parts: { logits: tf.Tensor2D; caches: LayerCache[] }[] = [];
+  /** The prompts' logits and caches, in slices of {@link PREFILL_ROWS} rows. */
+  private prefill(batch: PromptBatch, blocks: readonly BlockWeights[]): Promise<PrefillPart> {
+    return inSlices(batch.rows, (first, count) => this.model.prefillInternal(promptRows(batch, first, count), blocks));
+  }
+
+  /** The shared prefix's pass, then the rest of the prompts after its keys and values, in slices of {@link PREFILL_ROWS} rows. */
+  private async prefillShared(shared: SharedPrefix, blocks: readonly BlockWeights[]): Promise<PrefillPart> {
+    const prefix = this.model.prefillInternal(shared.prefix, blocks);
     try {
-      for (let first = 0; first < batch.rows; first += PREFILL_ROWS) {
-        if (first > 0) await yieldToEventLoop();
-        parts.push(this.model.prefillInternal(promptRows(batch, first, Math.min(PREFILL_ROWS, batch.rows - first)), blocks));
-      }
-      if (parts.length === 1) return parts[0];
-      const joined = tf.tidy(() => ({
-        logits: tf.concat(
-          parts.map((p) => p.logits),
-          0,
-        ),
-        caches: parts[0].caches.map((_, i) => ({
-          k: tf.concat(
-            parts.map((p) => p.caches[i].k),
-            0,
-          ),
-          v: tf.concat(
-            parts.map((p) => p.caches[i].v),
-            0,
-          ),
-        })),
-      }));
-      disposeParts(parts);
-      return joined;
-    } catch (error) {
-      disposeParts(parts);
-      throw error;
+      const { rest, keyMask } = shared;
+      const width = keyMask.length / rest.rows;
+      return await inSlices(rest.rows, (first, count) => {
+        const slice = promptRows(rest, first, count);
+        const caches = tf.tidy(() => prefix.caches.map((c) => ({ k: tf.tile(c.k, [count, 1, 1, 1]), v: tf.tile(c.v, [count, 1, 1, 1]) })));
+        try {
+          const mask = keyMask.subarray(first * width, (first + count) * width);
+          return this.model.decodeInternal(slice.inputIds, slice.positionIds, mask, caches, blocks);
+        } finally {
+          for (const c of caches) tf.dispose([c.k, c.v]);
+        }
+      });
+    } finally {
+      disposeParts([prefix]);
     }
   }
 
@@ -1212,6 +1220,52 @@ function disposeParts(parts: readonly { logits: tf.Tensor2D; caches: readonly La
       c.v.dispose();
     }
   }
+}
+
+/** A prefill's next-token logits and caches. */
+type PrefillPart = { logits: tf.Tensor2D; caches: LayerCache[] };
+
+/**
+ * `pass` over rows `[0, rows)` in slices of {@link PREFILL_ROWS}, with a turn of the event loop between, joined into
+ * one part (the parts are disposed).
+ */
+async function inSlices(rows: number, pass: (first: number, count: number) => PrefillPart): Promise<PrefillPart> {
+  const parts: PrefillPart[] = [];
+  try {
+    for (let first = 0; first < rows; first += PREFILL_ROWS) {
+      if (first > 0) await yieldToEventLoop();
+      parts.push(pass(first, Math.min(PREFILL_ROWS, rows - first)));
+    }
+    if (parts.length === 1) return parts[0];
+    const joined = tf.tidy(() => ({
+      logits: tf.concat(
+        parts.map((p) => p.logits),
+        0,
+      ),
+      caches: parts[0].caches.map((_, i) => ({
+        k: tf.concat(
+          parts.map((p) => p.caches[i].k),
+          0,
+        ),
+        v: tf.concat(
+          parts.map((p) => p.caches[i].v),
+          0,
+        ),
+      })),
+    }));
+    disposeParts(parts);
+    return joined;
+  } catch (error) {
+    disposeParts(parts);
+    throw error;
+  }
+}
+
+/** Rows `index` of a row-major `[rows, width]` array. */
+function gatherRows(values: Float32Array, width: number, index: Int32Array): Float32Array {
+  const out = new Float32Array(index.length * width);
+  index.forEach((r, i) => out.set(values.subarray(r * width, (r + 1) * width), i * width));
+  return out;
 }
 
 /** Recompute decoder: the whole sequence every step (reference for the cache). */

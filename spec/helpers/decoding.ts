@@ -32,9 +32,13 @@ export function prompts(vocab: number): number[][] {
   ];
 }
 
+/** Positions of the extension after the decode steps (see {@link stepLogits}). */
+export const EXTEND_POSITIONS = 3;
+
 /**
  * Prefill and `DECODE_STEPS` decode steps (feeding fixed tokens) through `blocks` (a fused copy, or the variables when
- * undefined): each step's logits.
+ * undefined), then one extension of {@link EXTEND_POSITIONS} positions a row (the second row's first one a pad, as
+ * a shared prefix's rest lays a shorter row out): each pass's logits.
  */
 export function stepLogits(model: PolicyModel, fused: boolean): Float32Array[] {
   const lease = fused ? model.samplingLeaseInternal() : null;
@@ -47,15 +51,21 @@ export function stepLogits(model: PolicyModel, fused: boolean): Float32Array[] {
   for (let step = 0; ; step++) {
     out.push(logits.dataSync() as Float32Array);
     logits.dispose();
-    if (step === DECODE_STEPS) break;
+    if (step === DECODE_STEPS + 1) break;
+    const t = step === DECODE_STEPS ? EXTEND_POSITIONS : 1;
     const L = mask.length / b;
-    const next = new Float32Array(b * (L + 1));
+    const next = new Float32Array(b * (L + t));
+    const positions = new Int32Array(b * t);
+    const tokens = new Int32Array(b * t);
     for (let r = 0; r < b; r++) {
-      next.set(mask.subarray(r * L, (r + 1) * L), r * (L + 1));
-      next[r * (L + 1) + L] = 1;
+      next.set(mask.subarray(r * L, (r + 1) * L), r * (L + t));
+      for (let i = 0; i < t; i++) {
+        const pad = t > 1 && r === 1 && i === 0;
+        next[r * (L + t) + L + i] = pad ? 0 : 1;
+        positions[r * t + i] = batch.positionIds[(r + 1) * batch.width - 1] + 1 + step + i - (r === 1 && t > 1 ? 1 : 0);
+        tokens[r * t + i] = pad ? 0 : (3 + 5 * r + step + i) % model.config.vocabSize;
+      }
     }
-    const positions = Int32Array.from({ length: b }, (_, r) => batch.positionIds[(r + 1) * batch.width - 1] + 1 + step);
-    const tokens = Int32Array.from({ length: b }, (_, r) => (3 + 5 * r + step) % model.config.vocabSize);
     const o = model.decodeInternal(tokens, positions, next, caches, blocks);
     for (const c of caches) tf.dispose([c.k, c.v]);
     ({ logits, caches } = o);
@@ -72,7 +82,11 @@ export function maxDiff(a: readonly Float32Array[], b: readonly Float32Array[]):
   return worst;
 }
 
-/** Greedy requests: the same tokens whatever the seed, so two generations differ only through the weights. */
-export function greedy(vocab: number): GenerateRequest[] {
-  return prompts(vocab).map((promptTokens) => ({ promptTokens, maxTokens: 5, temperature: 0, stopTokens: [] }));
+/**
+ * Greedy requests: the same tokens whatever the seed, so two generations differ only through the weights. With
+ * `sharedPrefix` tokens before each prompt, the prefill runs them once and the prompts' rest after them.
+ */
+export function greedy(vocab: number, sharedPrefix = 0): GenerateRequest[] {
+  const prefix = Array.from({ length: sharedPrefix }, (_, i) => (7 + 3 * i) % vocab);
+  return prompts(vocab).map((prompt) => ({ promptTokens: [...prefix, ...prompt], maxTokens: 5, temperature: 0, stopTokens: [] }));
 }

@@ -63,7 +63,7 @@ describe.runIf(nativeBackendInstalled())('the prefill and the decoding step as g
   });
 
   for (const name of ['tiny-llama', 'tiny-qwen2', 'tiny-qwen3']) {
-    it(`${name}: the graphs' prefill and steps give the eager passes' logits (fused copy or variables, base or adapter view)`, async () => {
+    it(`${name}: the graphs' prefill, steps and extension give the eager passes' logits (fused copy or variables, base or adapter view)`, async () => {
       const { model: base } = await loadModelDir(join(FIXTURES, name));
       const adapter = randomAdapter(base.config, 13);
       const view = PolicyModel.withAdapter(base, adapter);
@@ -75,7 +75,7 @@ describe.runIf(nativeBackendInstalled())('the prefill and the decoding step as g
           const before = tf.memory().numTensors;
           const graph = stepLogits(model, fused);
           expect(tf.memory().numTensors).toBe(before); // the passes' feeds and the old caches are freed
-          expect(graph).toHaveLength(DECODE_STEPS + 1);
+          expect(graph).toHaveLength(DECODE_STEPS + 2);
           expect(maxDiff(graph, eager)).toBeLessThan(LOGIT_TOLERANCE);
         }
       }
@@ -83,9 +83,12 @@ describe.runIf(nativeBackendInstalled())('the prefill and the decoding step as g
       expect(maxDiff(stepLogits(view, false), stepLogits(base, false))).toBeGreaterThan(1e-2);
       const V = base.config.vocabSize;
       view.setGraphDecoding(true);
-      const cached = await view.generate(greedy(V));
-      const recomputed = await view.generateRecompute(greedy(V));
-      expect(cached.map((r) => r.tokens)).toEqual(recomputed.map((r) => r.tokens));
+      // Without and with a shared prefix (run once, then each prompt's rest through the extension graph).
+      for (const shared of [0, 33]) {
+        const cached = await view.generate(greedy(V, shared));
+        const recomputed = await view.generateRecompute(greedy(V, shared));
+        expect(cached.map((r) => r.tokens)).toEqual(recomputed.map((r) => r.tokens));
+      }
       view.dispose();
       adapter.dispose();
       base.dispose();

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { GenerateRequest, GenerateResponse } from '../../lib/model/types.js';
 import { AbortError, ConfigError } from '../../lib/core/errors.js';
 import { initBackend } from '../../lib/model/backend.js';
-import { distinctPromptRows, padPrompts } from '../../lib/model/generate.js';
+import { MIN_SHARED_POSITIONS, distinctPromptRows, padPrompts, splitSharedPrefix } from '../../lib/model/generate.js';
 import { CharTokenizer } from '../../lib/model/tokenizer.js';
 import { PREFILL_ROWS, PolicyModel, type PolicyConfig } from '../../lib/model/transformer.js';
 import { createRng, normalArray } from '../../lib/core/random.js';
@@ -33,6 +33,21 @@ function expectSame(a: GenerateResponse[], b: GenerateResponse[]): void {
   a.forEach((r, i) => {
     r.logprobs.forEach((lp, t) => expect(Math.abs(lp - b[i].logprobs[t])).toBeLessThanOrEqual(LOGPROB_TOLERANCE));
   });
+}
+
+/** `model.generate(requests)`, with the `[rows, width]` of each prefill pass it ran. */
+async function generateSpied(model: PolicyModel, requests: GenerateRequest[]): Promise<{ all: GenerateResponse[]; prefilled: number[][] }> {
+  const prefilled: number[][] = [];
+  const prefill = model.prefillInternal.bind(model);
+  const spy = vi.spyOn(model, 'prefillInternal').mockImplementation((batch) => {
+    prefilled.push([batch.rows, batch.width]);
+    return prefill(batch);
+  });
+  try {
+    return { all: await model.generate(requests), prefilled };
+  } finally {
+    spy.mockRestore();
+  }
 }
 
 describe('PolicyModel.generate', () => {
@@ -110,26 +125,64 @@ describe('PolicyModel.generate', () => {
   it('prefills each distinct prompt once: a group of rows sharing a prompt samples what each row samples alone', async () => {
     const [a, b] = [requests()[0], requests()[2]];
     const grouped = [a, a, b, a, b, b].map((r, i) => ({ ...r, maxTokens: 6, stopTokens: [], seed: 10 + i }));
-    const prefilled: number[] = [];
-    const prefill = model.prefillInternal.bind(model);
-    const spy = vi.spyOn(model, 'prefillInternal').mockImplementation((batch) => {
-      prefilled.push(batch.rows);
-      return prefill(batch);
-    });
     const tensors = tf.memory().numTensors;
-    let all: GenerateResponse[];
-    try {
-      all = await model.generate(grouped);
-    } finally {
-      spy.mockRestore();
-    }
-    expect(prefilled).toEqual([2]);
+    const { all, prefilled } = await generateSpied(model, grouped);
+    expect(prefilled.map(([rows]) => rows)).toEqual([2]);
     expect(tf.memory().numTensors).toBe(tensors);
     expectSame(all, await model.generateRecompute(grouped));
     for (const i of [0, 3, 5]) {
       const [alone] = await model.generate([grouped[i]]);
       expect(alone.tokens).toEqual(all[i].tokens);
     }
+  });
+
+  it("prefills a beginning every prompt shares once, then each prompt's rest after it: what full recompute and each row alone sample", async () => {
+    const system = 'system: be brief. q: ';
+    const rests = ['1+2=', '30*4=', 'abc', 'x'];
+    const shared = rests.flatMap((rest, p) =>
+      [0, 1].map((k) => ({
+        promptTokens: tok.encode(system + rest, { addBos: true }),
+        maxTokens: 6,
+        stopTokens: [],
+        seed: 20 + 2 * p + k,
+      })),
+    );
+    const prefix = tok.encode(system, { addBos: true }).length;
+    expect((rests.length - 1) * prefix).toBeGreaterThanOrEqual(MIN_SHARED_POSITIONS);
+    const tensors = tf.memory().numTensors;
+    const { all, prefilled } = await generateSpied(model, shared);
+    expect(prefilled).toEqual([[1, prefix]]);
+    expect(tf.memory().numTensors).toBe(tensors);
+    expectSame(all, await model.generateRecompute(shared));
+    for (const i of [0, 3, 6]) {
+      const [alone] = await model.generate([shared[i]]);
+      expect(alone.tokens).toEqual(all[i].tokens);
+      alone.logprobs.forEach((lp, t) => expect(Math.abs(lp - all[i].logprobs[t])).toBeLessThanOrEqual(LOGPROB_TOLERANCE));
+    }
+  });
+
+  it("splitSharedPrefix: the longest common beginning short of each row's last token, the rest left-padded at its positions", () => {
+    const long = Array.from({ length: 40 }, (_, i) => 3 + i);
+    const split = splitSharedPrefix(padPrompts([[...long, 7, 8, 9], [...long, 7], long, [...long, 5, 6]]));
+    // The third prompt is the beginning itself: its last token stays in the rest.
+    expect(split?.prefix.rows).toBe(1);
+    expect([...(split?.prefix.inputIds ?? [])]).toEqual(long.slice(0, 39));
+    expect([...(split?.prefix.positionIds ?? [])]).toEqual([...long.keys()].slice(0, 39));
+    expect(split?.rest.width).toBe(4);
+    expect([...(split?.rest.inputIds ?? [])]).toEqual([42, 7, 8, 9, 0, 0, 42, 7, 0, 0, 0, 42, 0, 42, 5, 6]);
+    expect([...(split?.rest.positionIds ?? [])]).toEqual([39, 40, 41, 42, 0, 0, 39, 40, 0, 0, 0, 39, 0, 39, 40, 41]);
+    expect([...(split?.keyMask.subarray(0, 43) ?? [])]).toEqual(Array<number>(43).fill(1));
+    expect([...(split?.keyMask.subarray(2 * 43 + 39, 3 * 43) ?? [])]).toEqual([0, 0, 0, 1]);
+    // Saving fewer than MIN_SHARED_POSITIONS positions, or one row: no split.
+    expect(
+      splitSharedPrefix(
+        padPrompts([
+          [...long.slice(0, 20), 1],
+          [...long.slice(0, 20), 2],
+        ]),
+      ),
+    ).toBeNull();
+    expect(splitSharedPrefix(padPrompts([[...long, 1]]))).toBeNull();
   });
 
   it('distinctPromptRows: rows equal in ids and mask share one row; a padded row differs from an unpadded one with a 0 token', () => {

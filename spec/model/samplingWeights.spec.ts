@@ -35,7 +35,7 @@ describe('sampling weights (fused, adapter-merged blocks)', () => {
       for (const model of [base, view]) {
         const reference = stepLogits(model, false);
         const fused = stepLogits(model, true);
-        expect(fused).toHaveLength(DECODE_STEPS + 1);
+        expect(fused).toHaveLength(DECODE_STEPS + 2);
         expect(maxDiff(fused, reference)).toBeLessThan(LOGIT_TOLERANCE);
         expect(maxDiff(fused, reference)).toBeGreaterThanOrEqual(0);
       }
