@@ -672,8 +672,9 @@ export class PolicyModel {
   }
 
   /**
-   * Samples one response per request with a KV cache: the left-padded prompts are run once (prefill), then
-   * each step feeds one new token per row and attends to the cached keys and values. Rows that finish leave
+   * Samples one response per request with a KV cache: the left-padded prompts are run once (prefill: each distinct
+   * prompt once, and a beginning they all share, such as a chat template's system prompt, once before their rests),
+   * then each step feeds one new token per row and attends to the cached keys and values. Rows that finish leave
    * the batch (their cache rows are dropped).
    *
    * Sampling happens on the CPU from logits read back each step, with one seeded stream per request: equal
