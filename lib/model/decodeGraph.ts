@@ -6,9 +6,9 @@
  * A graph's inputs are the weights (read in place), the pass's tokens, their RoPE tables and attention bias and the
  * shapes that split heads (made here in plain memory, a few thousand values), and for a step or an extension each
  * block's cache; its outputs are the next-token logits `[b, V]` of each row's last position and each block's keys and
- * values (the prompt's, or the cache extended by the pass's positions). Batch size, positions a row and cache length are left open, so one
- * graph serves every pass of a kind for a model whose blocks have the same structure (fused or not, biases, adapter
- * pairs, q/k norms).
+ * values (the prompt's, or the cache extended by the pass's positions). Batch size, positions a row and cache length
+ * are left open, so one graph serves every pass of a kind for a model whose blocks have the same structure (fused or
+ * not, biases, adapter pairs, q/k norms).
  *
  * @packageDocumentation
  */

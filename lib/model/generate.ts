@@ -105,19 +105,21 @@ export function distinctPromptRows(batch: PromptBatch): { readonly distinct: Pro
     }
   }
   if (kept.length === rows) return null;
-  const pick = <A extends Int32Array | Float32Array>(a: A, make: (n: number) => A): A => {
-    const out = make(kept.length * width);
-    kept.forEach((r, i) => out.set(a.subarray(r * width, (r + 1) * width), i * width));
-    return out;
-  };
   const distinct: PromptBatch = {
     rows: kept.length,
     width,
-    inputIds: pick(batch.inputIds, (n) => new Int32Array(n)),
-    attentionMask: pick(batch.attentionMask, (n) => new Float32Array(n)),
-    positionIds: pick(batch.positionIds, (n) => new Int32Array(n)),
+    inputIds: pickRows(batch.inputIds, width, kept),
+    attentionMask: pickRows(batch.attentionMask, width, kept),
+    positionIds: pickRows(batch.positionIds, width, kept),
   };
   return { distinct, index };
+}
+
+/** Rows `index` (in that order, repeats allowed) of a row-major `[rows, width]` array, as a new array. */
+export function pickRows<A extends Int32Array | Float32Array>(values: A, width: number, index: ArrayLike<number>): A {
+  const out = new (values.constructor as new (n: number) => A)(index.length * width);
+  for (let i = 0; i < index.length; i++) out.set(values.subarray(index[i] * width, (index[i] + 1) * width), i * width);
+  return out;
 }
 
 /**

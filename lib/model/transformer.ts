@@ -39,6 +39,7 @@ import { disposeEach } from '../core/release.js';
 import { yieldToEventLoop } from '../core/turns.js';
 import {
   distinctPromptRows,
+  pickRows,
   promptRows,
   runGeneration,
   splitSharedPrefix,
@@ -1135,7 +1136,7 @@ class KvCacheDecoder implements StepDecoder {
         };
       });
       disposeParts([distinct]);
-      keyMask = gatherRows(keyMask, keyMask.length / prompts.rows, rows.index);
+      keyMask = pickRows(keyMask, keyMask.length / prompts.rows, rows.index);
     }
     this.caches = prefilled.caches;
     this.keyMask = keyMask.slice();
@@ -1192,9 +1193,7 @@ class KvCacheDecoder implements StepDecoder {
     });
     this.disposeCaches();
     this.caches = next;
-    const mask = new Float32Array(rows.length * L);
-    rows.forEach((r, i) => mask.set(this.keyMask.subarray(r * L, (r + 1) * L), i * L));
-    this.keyMask = mask;
+    this.keyMask = pickRows(this.keyMask, L, rows);
     this.rows = rows.length;
   }
 
@@ -1260,13 +1259,6 @@ async function inSlices(rows: number, pass: (first: number, count: number) => Pr
     disposeParts(parts);
     throw error;
   }
-}
-
-/** Rows `index` of a row-major `[rows, width]` array. */
-function gatherRows(values: Float32Array, width: number, index: Int32Array): Float32Array {
-  const out = new Float32Array(index.length * width);
-  index.forEach((r, i) => out.set(values.subarray(r * width, (r + 1) * width), i * width));
-  return out;
 }
 
 /** Recompute decoder: the whole sequence every step (reference for the cache). */
