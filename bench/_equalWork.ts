@@ -5,7 +5,9 @@
  * `trainer.skipZeroAdvantage` false, as TRL's trainer differentiates its rows whatever their advantages), so a step's seconds on each side buy
  * the same rows and tokens. The `trl-equal-work` line gives each side's median step and its parts (sampling,
  * forward/backward, optimizer, the rest), the same parts' lower bounds on this machine (`bench/_bounds.ts`), each
- * part over its bound, and TRL's seconds over rxrl's: `equal_work_step_ratio` for the whole step.
+ * part over its bound, and TRL's seconds over rxrl's: `equal_work_step_ratio` for the whole step. Sampling is also
+ * set beside reading every weight once a token alone (`sampling_memory`), with `arithmetic_over_memory`: the
+ * generation's FLOPs at the measured sgemm rate over that read, the least any sampler on this machine is over it.
  *
  * @packageDocumentation
  */
@@ -72,7 +74,7 @@ function workOf(steps: readonly WorkStep[]): { rows: number[]; tokens_per_row: n
  */
 export function equalWorkLine(
   sides: { readonly rxrl?: readonly WorkStep[] | undefined; readonly trl?: readonly WorkStep[] | undefined },
-  bounds: Pick<StepBounds, 'generate_bound_s' | 'train_bound_s'>,
+  bounds: Pick<StepBounds, 'generate_bound_s' | 'train_bound_s' | 'decode_memory_bound_s' | 'generate_flops_bound_s'>,
 ): Record<string, unknown> {
   const rxrl = sides.rxrl === undefined ? undefined : stepParts(sides.rxrl);
   const trl = sides.trl === undefined ? undefined : stepParts(sides.trl);
@@ -88,6 +90,7 @@ export function equalWorkLine(
   const overBound = (parts: Record<Part, number | null> | undefined): Record<string, number | null> | undefined =>
     parts && {
       sampling: ratio(parts.sampling_s, bounds.generate_bound_s),
+      sampling_memory: ratio(parts.sampling_s, bounds.decode_memory_bound_s),
       forward_backward: ratio(parts.forward_backward_s, bounds.train_bound_s),
     };
   return {
@@ -96,8 +99,14 @@ export function equalWorkLine(
     work,
     rxrl,
     trl,
-    bounds: { sampling_s: round(bounds.generate_bound_s), forward_backward_s: round(bounds.train_bound_s) },
+    bounds: {
+      sampling_s: round(bounds.generate_bound_s),
+      sampling_memory_s: round(bounds.decode_memory_bound_s),
+      forward_backward_s: round(bounds.train_bound_s),
+    },
     over_bound: { rxrl: overBound(rxrl), trl: overBound(trl) },
+    // The least any sampler can be over the memory bound here: the generation's arithmetic at the sgemm rate.
+    arithmetic_over_memory: ratio(bounds.generate_flops_bound_s, bounds.decode_memory_bound_s),
     // TRL's seconds over rxrl's, part by part (above 1: rxrl is faster).
     trl_over_rxrl: Object.fromEntries(PARTS.map((p) => [p, ratio(trl?.[p], rxrl?.[p])])),
     equal_work_step_ratio: same ? ratio(trl?.step_s, rxrl?.step_s) : null,

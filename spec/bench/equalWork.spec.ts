@@ -12,7 +12,7 @@ const step = (total: number, parts: Partial<WorkStep> = {}): WorkStep => ({
   optimizer_s: 0.1,
   ...parts,
 });
-const bounds = { generate_bound_s: 1, train_bound_s: 2 };
+const bounds = { generate_bound_s: 1, train_bound_s: 2, decode_memory_bound_s: 0.5, generate_flops_bound_s: 1 };
 
 describe('bench trl --equal-work', () => {
   it('turns dynamic sampling off and every completion to its length on rxrl’s side', () => {
@@ -49,8 +49,12 @@ describe('bench trl --equal-work', () => {
       bench: 'trl-equal-work',
       same_work: true,
       work: { rxrl: { rows: [16], tokens_per_row: [16] }, trl: { rows: [16], tokens_per_row: [16] } },
-      bounds: { sampling_s: 1, forward_backward_s: 2 },
-      over_bound: { rxrl: { sampling: 2, forward_backward: 0.5 }, trl: { sampling: 5, forward_backward: 1.25 } },
+      bounds: { sampling_s: 1, sampling_memory_s: 0.5, forward_backward_s: 2 },
+      over_bound: {
+        rxrl: { sampling: 2, sampling_memory: 4, forward_backward: 0.5 },
+        trl: { sampling: 5, sampling_memory: 10, forward_backward: 1.25 },
+      },
+      arithmetic_over_memory: 2,
       trl_over_rxrl: { step_s: 2.5, sampling_s: 2.5, forward_backward_s: 2.5, optimizer_s: 1 },
       equal_work_step_ratio: 2.5,
     });
